@@ -1,0 +1,166 @@
+"""`diffusion-rl` command line: train, sample, init-tiny, config show|reference.
+
+User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvision notices of image processors
+
+from diffusion_rl.errors import UserError  # noqa: E402
+
+logger = logging.getLogger("diffusion_rl")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def cmd_train(args) -> None:
+    from diffusion_rl.config import load
+    from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer
+
+    cfg = load(args.config, args.overrides)
+    rows = PolicyGradientTrainer(cfg).train()
+    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
+    vals = [r["val/reward/mean"] for r in rows if r.get("val/reward/mean") is not None]
+    if rewards:
+        logger.info("reward/mean: first %.5g, last %.5g", rewards[0], rewards[-1])
+    if len(vals) >= 2:
+        logger.info("val/reward/mean: before %.5g, after %.5g", vals[0], vals[-1])
+    logger.info("run directory: %s", cfg.run.dir)
+
+
+def cmd_sample(args) -> None:
+    import torch
+
+    from diffusion_rl.config import ModelConfig
+    from diffusion_rl.models.loader import load_model
+    from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+    from diffusion_rl.sampling.window import default_window
+    from diffusion_rl.tracking import image_grid, save_png
+    from diffusion_rl.utils.seeding import seed_for
+
+    if args.steps < 2 and args.sde_type != "ode":
+        raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {args.steps}")
+    if args.n < 1:
+        raise UserError(f"--n must be ≥ 1, got {args.n}")
+    model = load_model(
+        ModelConfig(
+            path=args.model,
+            device=args.device,
+            max_sequence_length=args.max_sequence_length,
+            lora=ModelConfig().lora.__class__(enabled=False),
+        )
+    )
+    prompts = [p for p in args.prompt for _ in range(args.n)]
+    settings = SamplerSettings(
+        args.steps,
+        args.guidance,
+        args.height,
+        args.width,
+        args.sde_type if args.sde_type != "ode" else "sde",
+        args.noise_level,
+    )
+    window = None if args.sde_type == "ode" else default_window(args.steps)
+    seeds = [seed_for(args.seed, i) for i in range(len(prompts))]
+    cond = model.encode_prompts(prompts, [args.negative_prompt] * len(prompts))
+    with torch.no_grad():
+        traj = rollout(model, cond, settings, window, init_seeds=seeds, noise_seeds=seeds)
+    grid = image_grid(traj["images"].cpu().numpy(), prompts, ncols=args.n)
+    path = save_png(grid, args.out)
+    logger.info("wrote %s (%d images, %d×%d)", path, len(prompts), args.height, args.width)
+
+
+def cmd_init_tiny(args) -> None:
+    from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
+
+    out = Path(args.dir)
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise UserError(f"{out} exists and is not empty; pass --force to overwrite")
+    save_tiny_model(out, TINY_PRESETS[args.preset], seed=args.seed)
+    logger.info("wrote the tiny model (%s preset) to %s", args.preset, out)
+
+
+def cmd_config(args) -> None:
+    from diffusion_rl.config import Config, load
+    from diffusion_rl.config_io import describe, to_yaml
+
+    if args.action == "show":
+        print(to_yaml(load(args.config, args.overrides)), end="")
+    else:
+        print(describe(Config))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="diffusion-rl", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="RL-train a model from a YAML config")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.total_steps=10")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("sample", help="sample a labelled image grid")
+    p.add_argument("--model", required=True, help="local diffusers model directory")
+    p.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
+    p.add_argument("--negative-prompt", default="")
+    p.add_argument("--n", type=int, default=1, help="images per prompt")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--guidance", type=float, default=4.5)
+    p.add_argument("--height", type=int, default=64)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
+    p.add_argument("--noise-level", type=float, default=0.7)
+    p.add_argument("--max-sequence-length", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default="grid.png")
+    p.set_defaults(fn=cmd_sample)
+
+    p = sub.add_parser("init-tiny", help="write the tiny random-weight model (SD3 format) to a directory")
+    p.add_argument("dir")
+    p.add_argument("--preset", default="base", choices=["base", "small"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(fn=cmd_init_tiny)
+
+    p = sub.add_parser("config", help="show the resolved config, or the reference of every key")
+    p.add_argument("action", choices=["show", "reference"])
+    p.add_argument("config", nargs="?", default=None)
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        args.fn(args)
+    except UserError as e:
+        print(f"diffusion-rl: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

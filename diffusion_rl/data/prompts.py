@@ -1,0 +1,301 @@
+"""Prompt datasets: one `PromptRecord` per prompt, read from .txt, .jsonl or .parquet (plain or verl-style rows).
+
+File layouts:
+  .txt      one prompt per line; lines are stripped and blank lines skipped.
+  .jsonl    one object per line: {"prompt": str, "negative_prompt"?: str, "ground_truth"?: str,
+            "data_source"?: str, "metadata"?: object}; blank lines skipped.
+  .parquet  rows with the .jsonl columns, or verl-style rows: "prompt" as chat messages
+            [{"role": "user", "content": ...}], "reward_model": {"ground_truth": ..., "style": ...},
+            "data_source", "extra_info" (becomes metadata; may hold "negative_prompt"), "ability".
+
+`write_prompts` writes .jsonl, or .parquet in the verl layout, so that `load_prompts` reads back the same records.
+"""
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diffusion_rl.errors import UserError, did_you_mean
+
+logger = logging.getLogger(__name__)
+
+READABLE_EXTENSIONS = (".txt", ".jsonl", ".parquet")
+WRITABLE_EXTENSIONS = (".jsonl", ".parquet")
+DEFAULT_DATA_SOURCE = "default"
+
+_JSONL_KEYS = ("prompt", "negative_prompt", "ground_truth", "data_source", "metadata")
+# verl rows carry "reward_model", "extra_info" and "ability" next to the plain columns.
+_PARQUET_COLUMNS = (*_JSONL_KEYS, "reward_model", "extra_info", "ability")
+_EXAMPLE_LINE = '{"prompt": "a red apple on a wooden table"}'
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt of a dataset and what a reward function may need to score its images."""
+
+    prompt: str  # the text the model is conditioned on; non-empty
+    negative_prompt: str | None = None  # for classifier-free guidance; None = the pipeline's default
+    ground_truth: str | None = None  # the reference answer for rule-based rewards (e.g. the text to render)
+    data_source: str = DEFAULT_DATA_SOURCE  # names the subset, so rewards and metrics can be split by it
+    metadata: dict[str, Any] = field(default_factory=dict)  # anything else a reward function reads
+
+    def __post_init__(self):
+        problem = _field_problem(self.prompt, self.negative_prompt, self.ground_truth, self.data_source, self.metadata)
+        if problem:
+            raise UserError(f"invalid PromptRecord: {problem}")
+
+
+def load_prompts(path: str | Path) -> list[PromptRecord]:
+    """Read a prompt dataset; the format follows the extension (.txt, .jsonl, .parquet)."""
+    path = Path(path)
+    ext = path.suffix.lower()
+    if ext not in READABLE_EXTENSIONS:
+        raise UserError(
+            f"{path}: unknown prompt file extension '{path.suffix}'; supported: {', '.join(READABLE_EXTENSIONS)}"
+        )
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise UserError(f"prompt file {path} {what}; check the path (relative paths start from {Path.cwd()})")
+    if ext == ".txt":
+        records = _load_txt(path)
+    elif ext == ".jsonl":
+        records = _load_jsonl(path)
+    else:
+        records = _load_parquet(path)
+    if not records:
+        raise UserError(f"{path}: no prompts found; expected at least one non-blank line or row")
+    logger.info("loaded %d prompts from %s", len(records), path)
+    return records
+
+
+def write_prompts(records: Iterable[PromptRecord], path: str | Path) -> None:
+    """Write records as .jsonl or verl-style .parquet; `load_prompts` reads them back unchanged.
+
+    Parquet limits (from its typed columns): a metadata key must hold the same type in every record, and
+    metadata entries whose value is None are not kept.
+    """
+    path = Path(path)
+    ext = path.suffix.lower()
+    if ext not in WRITABLE_EXTENSIONS:
+        raise UserError(f"{path}: cannot write prompts as '{path.suffix}'; supported: {', '.join(WRITABLE_EXTENSIONS)}")
+    records = list(records)
+    if not records:
+        raise UserError(f"{path}: no records to write; load_prompts rejects an empty dataset")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if ext == ".jsonl":
+        _write_jsonl(records, path)
+    else:
+        _write_parquet(records, path)
+
+
+# ---- validation shared by PromptRecord and the readers ----
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _field_problem(prompt, negative_prompt, ground_truth, data_source, metadata) -> str | None:
+    """What is wrong with these field values, or None when they make a valid record."""
+    if not isinstance(prompt, str):
+        return f"'prompt' must be a string, got {_type_name(prompt)}"
+    if not prompt.strip():
+        return "'prompt' is empty; expected non-empty text"
+    for name, value in (("negative_prompt", negative_prompt), ("ground_truth", ground_truth)):
+        if value is not None and not isinstance(value, str):
+            return f"'{name}' must be a string or null, got {_type_name(value)}"
+    if not isinstance(data_source, str) or not data_source:
+        return f"'data_source' must be a non-empty string, got {data_source!r}"
+    if not isinstance(metadata, dict):
+        return f"'metadata' must be an object (key → value), got {_type_name(metadata)}"
+    return None
+
+
+def _make_record(where: str, prompt, negative_prompt, ground_truth, data_source, metadata) -> PromptRecord:
+    data_source = DEFAULT_DATA_SOURCE if data_source is None else data_source
+    metadata = {} if metadata is None else metadata
+    problem = _field_problem(prompt, negative_prompt, ground_truth, data_source, metadata)
+    if problem:
+        raise UserError(f"{where}: {problem}")
+    return PromptRecord(prompt, negative_prompt, ground_truth, data_source, metadata)
+
+
+def _prompt_text(value: Any, where: str) -> Any:
+    """A plain prompt, or the content of the last user message of a chat-style prompt (verl)."""
+    if not isinstance(value, list):
+        return value  # _field_problem reports non-strings
+    user_contents = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+    if not user_contents:
+        roles = [m.get("role") if isinstance(m, dict) else _type_name(m) for m in value]
+        raise UserError(
+            f"{where}: chat-style 'prompt' has no message with role 'user' (roles found: {roles}); "
+            f'expected [{{"role": "user", "content": "..."}}] or a plain string'
+        )
+    content = user_contents[-1]
+    if not isinstance(content, str):
+        raise UserError(f"{where}: the user message's 'content' must be a string, got {_type_name(content)}")
+    return content
+
+
+def _read_text(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: drop a byte-order mark some editors write
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8") from None
+    # split on "\n" only: str.splitlines also splits at U+2028 etc., which would shift line numbers
+    return [line.rstrip("\r") for line in text.split("\n")]
+
+
+# ---- readers ----
+
+
+def _load_txt(path: Path) -> list[PromptRecord]:
+    return [PromptRecord(prompt=line.strip()) for line in _read_text(path) if line.strip()]
+
+
+def _load_jsonl(path: Path) -> list[PromptRecord]:
+    records = []
+    for line_no, line in enumerate(_read_text(path), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {line_no}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(
+                f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected one object per line, e.g. "
+                f"{_EXAMPLE_LINE}"
+            ) from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object, got {_type_name(obj)}; e.g. {_EXAMPLE_LINE}")
+        for key in obj:
+            if key not in _JSONL_KEYS:
+                raise UserError(
+                    f"{where}: unknown key '{key}'{did_you_mean(key, _JSONL_KEYS)}; known keys: "
+                    f"{', '.join(_JSONL_KEYS)} (put anything else under 'metadata')"
+                )
+        if "prompt" not in obj:
+            raise UserError(f"{where}: missing 'prompt'; expected a non-empty string, e.g. {_EXAMPLE_LINE}")
+        records.append(
+            _make_record(
+                where,
+                prompt=_prompt_text(obj["prompt"], where),
+                negative_prompt=obj.get("negative_prompt"),
+                ground_truth=obj.get("ground_truth"),
+                data_source=obj.get("data_source"),
+                metadata=obj.get("metadata"),
+            )
+        )
+    return records
+
+
+def _load_parquet(path: Path) -> list[PromptRecord]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"{path}: cannot read as parquet ({e})") from None
+    for column in table.column_names:
+        if column not in _PARQUET_COLUMNS:
+            raise UserError(
+                f"{path}: unknown column '{column}'{did_you_mean(column, _PARQUET_COLUMNS)}; known columns: "
+                f"{', '.join(_PARQUET_COLUMNS)} (put anything else in 'metadata' or 'extra_info')"
+            )
+    if "prompt" not in table.column_names:
+        raise UserError(
+            f"{path}: no 'prompt' column (columns: {', '.join(table.column_names)}); expected 'prompt' holding "
+            "a string or verl-style chat messages"
+        )
+    return [_parquet_row_record(row, f"{path}, row {i} (0-based)") for i, row in enumerate(table.to_pylist())]
+
+
+def _without_nulls(mapping: Any, name: str, where: str) -> dict[str, Any]:
+    # A struct column has the union of all rows' keys, with null where a row lacked one: drop those.
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict):
+        raise UserError(f"{where}: '{name}' must be an object (key → value), got {_type_name(mapping)}")
+    return {k: v for k, v in mapping.items() if v is not None}
+
+
+def _one_of(row: dict[str, Any], name: str, nested: dict[str, Any], nested_name: str, where: str) -> Any:
+    """A field given as a top-level column or inside a verl struct column; both is fine only when they agree."""
+    top, inner = row.get(name), nested.pop(name, None)
+    if top is not None and inner is not None and top != inner:
+        raise UserError(f"{where}: '{name}' ({top!r}) and '{nested_name}.{name}' ({inner!r}) differ; keep only one")
+    return top if top is not None else inner
+
+
+def _parquet_row_record(row: dict[str, Any], where: str) -> PromptRecord:
+    extra_info = _without_nulls(row.get("extra_info"), "extra_info", where)
+    reward_model = _without_nulls(row.get("reward_model"), "reward_model", where)
+    negative_prompt = _one_of(row, "negative_prompt", extra_info, "extra_info", where)
+    ground_truth = _one_of(row, "ground_truth", reward_model, "reward_model", where)
+    metadata = {**extra_info, **_without_nulls(row.get("metadata"), "metadata", where)}
+    if row.get("ability") is not None:
+        metadata.setdefault("ability", row["ability"])
+    return _make_record(
+        where,
+        prompt=_prompt_text(row.get("prompt"), where),
+        negative_prompt=negative_prompt,
+        ground_truth=ground_truth,
+        data_source=row.get("data_source"),
+        metadata=metadata,
+    )
+
+
+# ---- writers ----
+
+
+def _write_jsonl(records: list[PromptRecord], path: Path) -> None:
+    lines = []
+    for i, r in enumerate(records):
+        obj: dict[str, Any] = {"prompt": r.prompt}
+        if r.negative_prompt is not None:
+            obj["negative_prompt"] = r.negative_prompt
+        if r.ground_truth is not None:
+            obj["ground_truth"] = r.ground_truth
+        if r.data_source != DEFAULT_DATA_SOURCE:
+            obj["data_source"] = r.data_source
+        if r.metadata:
+            obj["metadata"] = r.metadata
+        try:
+            lines.append(json.dumps(obj, ensure_ascii=False))
+        except (TypeError, ValueError) as e:
+            raise UserError(f"{path}: record {i} (0-based) cannot be written as JSON ({e})") from None
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _write_parquet(records: list[PromptRecord], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for i, r in enumerate(records):
+        if "negative_prompt" in r.metadata:
+            raise UserError(
+                f"{path}: record {i} (0-based) has 'negative_prompt' in its metadata, which would collide with "
+                "the negative prompt stored in extra_info; rename that metadata key"
+            )
+        rows.append(
+            {
+                "data_source": r.data_source,
+                "prompt": [{"role": "user", "content": r.prompt}],
+                "reward_model": {"ground_truth": r.ground_truth, "style": "rule"},
+                # negative_prompt is always present so extra_info never becomes a struct without fields,
+                # which parquet cannot store
+                "extra_info": {"negative_prompt": r.negative_prompt, **r.metadata},
+            }
+        )
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    except pa.ArrowException as e:
+        raise UserError(
+            f"{path}: cannot store this metadata in parquet ({e}); each metadata key must hold the same type in "
+            "every record and nested objects must not be empty — or write .jsonl instead"
+        ) from None

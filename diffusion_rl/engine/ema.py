@@ -1,0 +1,43 @@
+"""An exponential moving average of the trained weights, used for validation when enabled."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+class EmaWeights:
+    def __init__(self, parameters: list[nn.Parameter], decay: float):
+        self.parameters = parameters
+        self.decay = decay
+        self.shadow = [p.detach().float().clone() for p in parameters]  # fp32: bf16 loses small EMA increments
+
+    @torch.no_grad()
+    def update(self) -> None:
+        for s, p in zip(self.shadow, self.parameters):
+            s.lerp_(p.detach().float(), 1.0 - self.decay)
+
+    @contextlib.contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """Run the block with the EMA weights in place of the trained ones."""
+        saved = [p.detach().clone() for p in self.parameters]
+        with torch.no_grad():
+            for p, s in zip(self.parameters, self.shadow):
+                p.copy_(s)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, s in zip(self.parameters, saved):
+                    p.copy_(s)
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "shadow": [s.clone() for s in self.shadow]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["shadow"]) != len(self.shadow):
+            raise ValueError("EMA state does not match the trainable parameters of this model")
+        self.shadow = [s.clone() for s in state["shadow"]]

@@ -1,0 +1,14 @@
+"""Errors that are the user's to fix: the CLI prints them as one line, without a traceback."""
+
+import difflib
+from collections.abc import Iterable
+
+
+class UserError(Exception):
+    """Bad input from the user (config, file, CLI argument). The message says what and where, and what to do."""
+
+
+def did_you_mean(name: str, options: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest option, or '' when nothing is close."""
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,80 @@
+"""The model interface every family implements. Nothing outside models/ knows which family it runs.
+
+Times are the flow-matching σ ∈ [0, 1] everywhere outside this package: x_σ = (1 − σ)·x0 + σ·ε, and the
+model's velocity v ≈ ε − x0. Each adapter converts σ to its network's own timestep units.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from diffusion_rl.models.policies import PolicySet
+
+
+class FlowModel(ABC):
+    """A text-to-image flow-matching model: text encoders, a trainable transformer (`policies`), a VAE."""
+
+    family: str
+    policies: PolicySet
+    device: torch.device
+    dtype: torch.dtype
+
+    # -- conditioning -------------------------------------------------------------------------------------
+    @abstractmethod
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
+        """Text conditioning, batch [B] (negative embeddings included for classifier-free guidance)."""
+
+    # -- the network ------------------------------------------------------------------------------------------
+    @abstractmethod
+    def velocity(self, latents: torch.Tensor, sigma: torch.Tensor | float, cond: TensorDict, guidance: float):
+        """v(x_σ, σ) of the active policy with CFG applied when guidance > 1; fp32, same shape as latents."""
+
+    @abstractmethod
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """Shape of one sample's latents (without batch) for an image of height × width pixels."""
+
+    @abstractmethod
+    def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        """σ_0 = 1 > … > σ_T = 0, float32 [num_steps + 1], with the model's shift applied."""
+
+    @abstractmethod
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Images as uint8 [B, H, W, 3] on the CPU."""
+
+    # -- policies (shared by all families) ---------------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return self.policies.trainable_parameters()
+
+    def reference(self) -> contextlib.AbstractContextManager[None]:
+        return self.policies.reference()
+
+    def using(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return self.policies.using(name)
+
+    @contextlib.contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        module = self.policies.trained
+        was_training = module.training
+        module.eval()
+        try:
+            yield
+        finally:
+            module.train(was_training)
+
+
+def images_to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] images [B, 3, H, W] → uint8 [B, H, W, 3] on the CPU."""
+    images = (images.float() / 2 + 0.5).clamp(0, 1)
+    return (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
+
+
+def as_sigma_batch(sigma: torch.Tensor | float, batch: int, device: torch.device) -> torch.Tensor:
+    """σ as a float32 tensor of shape [B] on `device`."""
+    sigma = torch.as_tensor(sigma, dtype=torch.float32, device=device)
+    return sigma.expand(batch) if sigma.dim() == 0 else sigma

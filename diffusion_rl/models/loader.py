@@ -1,0 +1,87 @@
+"""Load a FlowModel from a local diffusers-format directory; the family comes from model_index.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.policies import LoraSettings
+
+logger = logging.getLogger(__name__)
+
+# diffusers pipeline class (model_index.json "_class_name") → our family name
+PIPELINE_FAMILIES = {"StableDiffusion3Pipeline": "sd3"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def detect_family(path: Path) -> str:
+    index = path / "model_index.json"
+    if not path.is_dir():
+        raise UserError(
+            f"model directory '{path}' does not exist (create the tiny one with `diffusion-rl init-tiny {path}`)"
+        )
+    if not index.is_file():
+        found = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
+        raise UserError(
+            f"'{path}' is not a diffusers model directory: no model_index.json (found: {found}). "
+            "Point model.path at a directory saved with `save_pretrained` or downloaded from the hub."
+        )
+    try:
+        class_name = json.loads(index.read_text())["_class_name"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise UserError(f"{index}: cannot read the pipeline class ({e})") from e
+    if class_name not in PIPELINE_FAMILIES:
+        raise UserError(
+            f"{index}: pipeline '{class_name}' is not supported; supported: {', '.join(sorted(PIPELINE_FAMILIES))}"
+        )
+    return PIPELINE_FAMILIES[class_name]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"model.device={name} but no CUDA device is available; use model.device=cpu")
+    return torch.device(name)
+
+
+def load_model(cfg) -> FlowModel:
+    """Build the FlowModel for a `ModelConfig` (see diffusion_rl.config)."""
+    path = Path(cfg.path).expanduser()
+    family = cfg.family if cfg.family != "auto" else detect_family(path)
+    if cfg.family != "auto":
+        detect_family(path)  # still fail early and clearly on a bad directory
+    device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
+    if family == "sd3":
+        from diffusers import StableDiffusion3Pipeline
+
+        from diffusion_rl.models.sd3 import SD3Model
+
+        pipeline = StableDiffusion3Pipeline.from_pretrained(path, dtype=dtype)
+        pipeline.set_progress_bar_config(disable=True)
+        pipeline.to(device)
+        model_cls = SD3Model
+    else:  # pragma: no cover - detect_family only returns known names
+        raise UserError(f"unknown model family '{family}'")
+    lora = None
+    if cfg.lora.enabled:
+        targets = tuple(cfg.lora.target_modules) or model_cls.default_lora_targets
+        lora = LoraSettings(rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=targets)
+    model = model_cls(
+        pipeline,
+        lora=lora,
+        device=device,
+        dtype=dtype,
+        max_sequence_length=cfg.max_sequence_length,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+    )
+    n_train = sum(p.numel() for p in model.trainable_parameters())
+    logger.info(
+        "loaded %s model from %s (%s, %s): %.2fM trainable parameters", family, path, cfg.dtype, device, n_train / 1e6
+    )
+    return model

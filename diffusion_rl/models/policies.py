@@ -1,0 +1,165 @@
+"""The trained network and its named variants.
+
+A run trains one network (the `default` policy). Some algorithms keep more: a frozen `reference` for the KL
+term, an `old` policy (DiffusionNFT), an `ema` policy (AWM). With LoRA they are adapters of one peft model
+(the reference is the base with adapters disabled); with full fine-tuning they are frozen copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int
+    alpha: int
+    target_modules: tuple[str, ...]
+    init: str = "gaussian"  # peft init: B=0 so the adapter starts as the identity
+
+
+class PolicySet:
+    def __init__(self, transformer: nn.Module, lora: LoraSettings | None):
+        self.lora = lora
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            transformer.requires_grad_(False)
+            self._lora_config = LoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                target_modules=list(lora.target_modules),
+                init_lora_weights=lora.init,
+            )
+            self.trained: nn.Module = get_peft_model(transformer, self._lora_config, adapter_name=DEFAULT)
+            self._copies: dict[str, nn.Module] = {}
+        else:
+            transformer.requires_grad_(True)
+            self.trained = transformer
+            self._copies = {}
+        self._active = DEFAULT
+        self._reference: nn.Module | None = None
+
+    # -- which network a forward pass calls ---------------------------------------------------------------
+    @property
+    def module(self) -> nn.Module:
+        """The network to call now: the active adapter (LoRA) or the active copy (full fine-tuning)."""
+        if self.lora is None and self._active != DEFAULT:
+            return self._copies[self._active]
+        return self.trained
+
+    def names(self) -> list[str]:
+        if self.lora is not None:
+            return list(self.trained.peft_config)
+        return [DEFAULT, *self._copies]
+
+    @contextlib.contextmanager
+    def using(self, name: str) -> Iterator[None]:
+        """Run the block with policy `name` active (no gradients flow into a non-default policy)."""
+        if name not in self.names():
+            raise KeyError(f"no policy named '{name}'; have {self.names()}")
+        previous = self._active
+        self._switch(name)
+        try:
+            yield
+        finally:
+            self._switch(previous)
+
+    def _switch(self, name: str) -> None:
+        if self.lora is not None and name != self._active:
+            self.trained.set_adapter(name)
+            # peft marks the active adapter trainable: keep the trained one, and only it, trainable
+            for n, p in self.trained.named_parameters():
+                p.requires_grad_(f".{DEFAULT}." in n and "lora_" in n)
+        self._active = name
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """The frozen starting point: LoRA disabled, or a frozen copy made before training."""
+        if self.lora is not None:
+            with self.trained.disable_adapter():
+                yield
+            return
+        if self._reference is None:
+            raise RuntimeError("no reference copy: call PolicySet.keep_reference() before training")
+        previous = self._active
+        self._active = "__reference__"
+        try:
+            yield
+        finally:
+            self._active = previous
+
+    def keep_reference(self) -> None:
+        """Full fine-tuning only: freeze a copy of the current weights as the reference."""
+        if self.lora is None and self._reference is None:
+            self._reference = _frozen_copy(self.trained)
+            self._copies["__reference__"] = self._reference
+
+    # -- named copies ---------------------------------------------------------------------------------------
+    def add(self, name: str) -> None:
+        """A new policy `name` starting as a copy of `default`."""
+        if name in self.names():
+            return
+        if self.lora is not None:
+            self.trained.add_adapter(name, self._lora_config)
+            self.trained.set_adapter(self._active)
+            self._switch(self._active)
+            self.copy(name, DEFAULT)
+        else:
+            self._copies[name] = _frozen_copy(self.trained)
+
+    def _named_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        if self.lora is not None:
+            key = f".{name}."
+            return {n.replace(key, "."): p for n, p in self.trained.named_parameters() if key in n and "lora_" in n}
+        module = self.trained if name == DEFAULT else self._copies[name]
+        return dict(module.named_parameters())
+
+    @torch.no_grad()
+    def copy(self, target: str, source: str = DEFAULT) -> None:
+        self.ema_update(target, source, decay=0.0)
+
+    @torch.no_grad()
+    def ema_update(self, target: str, source: str = DEFAULT, decay: float = 0.0) -> None:
+        """target ← decay·target + (1 − decay)·source."""
+        dst, src = self._named_tensors(target), self._named_tensors(source)
+        for n, p in dst.items():
+            p.lerp_(src[n].to(p.dtype), 1.0 - decay)
+
+    # -- trainable weights -----------------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.trained.parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained policy's weights (LoRA tensors, or the whole transformer), names without adapter tags."""
+        return {n: p.detach().clone() for n, p in self._named_tensors(DEFAULT).items()}
+
+    def state_dict_of(self, name: str) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self._named_tensors(name).items()}
+
+    @torch.no_grad()
+    def load_state_dict_of(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        dst = self._named_tensors(name)
+        missing = sorted(set(dst) - set(tensors))
+        unexpected = sorted(set(tensors) - set(dst))
+        if missing or unexpected:
+            raise ValueError(
+                f"policy '{name}' weights do not match this model: missing {missing[:5]}, unexpected "
+                f"{unexpected[:5]} — was the checkpoint made with the same model and LoRA settings?"
+            )
+        for n, p in dst.items():
+            p.copy_(tensors[n])
+
+
+def _frozen_copy(module: nn.Module) -> nn.Module:
+    clone = copy.deepcopy(module)
+    clone.requires_grad_(False)
+    return clone

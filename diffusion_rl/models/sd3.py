@@ -1,0 +1,119 @@
+"""Stable Diffusion 3 / 3.5 (and the tiny family, which is an SD3 pipeline with random weights)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from tensordict import TensorDict
+
+from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8
+from diffusion_rl.models.policies import LoraSettings, PolicySet
+
+# flow_grpo's SD3 targets: every attention projection of the joint blocks, image and text streams
+SD3_LORA_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+)
+
+
+class SD3Model(FlowModel):
+    family = "sd3"
+    default_lora_targets = SD3_LORA_TARGETS
+
+    def __init__(
+        self,
+        pipeline,
+        *,
+        lora: LoraSettings | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_sequence_length: int = 256,
+        gradient_checkpointing: bool = False,
+    ):
+        self.pipeline = pipeline
+        self.device, self.dtype = device, dtype
+        self.max_sequence_length = max_sequence_length
+        for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
+            module = getattr(pipeline, name, None)
+            if module is not None:
+                module.requires_grad_(False).eval()
+        transformer = pipeline.transformer
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self.policies = PolicySet(transformer, lora)
+        self.vae = pipeline.vae
+        self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        self.timestep_scale = float(pipeline.scheduler.config.num_train_timesteps)  # SD3 timestep = 1000·σ
+        self._scheduler_config = pipeline.scheduler.config
+
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
+        # A step repeats each prompt group_size times: encode each distinct (prompt, negative) pair once.
+        negative = negative if negative is not None else [""] * len(prompts)
+        pairs = list(zip(prompts, negative))
+        unique = list(dict.fromkeys(pairs))
+        with torch.no_grad():
+            embeds, neg_embeds, pooled, neg_pooled = self.pipeline.encode_prompt(
+                prompt=[p for p, _ in unique],
+                prompt_2=None,
+                prompt_3=None,
+                device=self.device,
+                do_classifier_free_guidance=True,
+                negative_prompt=[n for _, n in unique],
+                max_sequence_length=self.max_sequence_length,
+            )
+        index = torch.tensor([unique.index(pair) for pair in pairs], device=self.device)
+        return TensorDict(
+            {
+                "prompt_embeds": embeds[index].to(self.dtype),
+                "pooled_prompt_embeds": pooled[index].to(self.dtype),
+                "negative_prompt_embeds": neg_embeds[index].to(self.dtype),
+                "negative_pooled_prompt_embeds": neg_pooled[index].to(self.dtype),
+            },
+            batch_size=[len(prompts)],
+            device=self.device,
+        )
+
+    def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
+        batch = latents.shape[0]
+        timestep = as_sigma_batch(sigma, batch, latents.device) * self.timestep_scale
+        x = latents.to(self.dtype)
+        embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
+        if guidance > 1.0:  # one forward over [uncond; cond]
+            x = torch.cat([x, x])
+            timestep = torch.cat([timestep, timestep])
+            embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+            pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])
+        v = self.policies.module(
+            hidden_states=x,
+            timestep=timestep,
+            encoder_hidden_states=embeds,
+            pooled_projections=pooled,
+            return_dict=False,
+        )[0].float()
+        if guidance > 1.0:
+            v_uncond, v_cond = v.chunk(2)
+            v = v_uncond + guidance * (v_cond - v_uncond)
+        return v
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        if height % (self.vae_scale * 2) or width % (self.vae_scale * 2):
+            raise ValueError(f"height and width must be multiples of {self.vae_scale * 2}, got {height}×{width}")
+        return (self.vae.config.latent_channels, height // self.vae_scale, width // self.vae_scale)
+
+    def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        scheduler = type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
+        scheduler.set_timesteps(num_steps, device="cpu")
+        return scheduler.sigmas.float().cpu()
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        config = self.vae.config
+        latents = latents.to(self.vae.dtype) / config.scaling_factor + config.shift_factor
+        return images_to_uint8(self.vae.decode(latents, return_dict=False)[0])

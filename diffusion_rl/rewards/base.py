@@ -1,0 +1,99 @@
+"""The reward contract, the reward registry, and `make_reward` (built-in name or user function).
+
+A reward is a callable
+
+    reward(images, prompts, metadata) -> scores
+
+- `images`: np.ndarray uint8 [B, H, W, 3] (RGB);
+- `prompts`: list[str] of length B;
+- `metadata`: list[dict] of length B (the dataset row's extra fields, e.g. "data_source");
+- `scores`: float array [B] (float32 preferred; any float dtype is accepted and cast), NaN for a sample the
+  reward could not score. A failed sample is counted and left out of training, never scored 0.
+
+`REWARDS` holds factories: a function or class registered by name that takes the config's `kwargs` as keyword
+arguments and returns the reward callable.
+"""
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.registry import Registry
+from diffusion_rl.rewards.user_fn import is_user_function_spec, load_user_function
+
+RewardFn = Callable[[np.ndarray, list[str], list[dict[str, Any]]], Any]
+
+REWARDS: Registry[Callable[..., RewardFn]] = Registry("reward")
+
+
+class RewardOutputError(TypeError):
+    """A reward returned something that breaks the contract (wrong type, dtype or shape). A bug, not a failed sample."""
+
+
+def make_reward(name: str, **kwargs: Any) -> RewardFn:
+    """The reward callable for `name`.
+
+    `name` is a registered reward ("jpeg_incompressibility"), or a user function "package.module:function" or
+    "path/to/file.py:function". A user function is the reward callable itself; `kwargs` given for it are bound
+    with functools.partial. A registered name's factory is called with `kwargs`.
+    """
+    if is_user_function_spec(name):
+        fn = load_user_function(name)
+        return functools.partial(fn, **kwargs) if kwargs else fn
+    factory = REWARDS.get(name)
+    _check_kwargs(name, factory, kwargs)
+    return factory(**kwargs)
+
+
+def _check_kwargs(name: str, factory: Callable[..., RewardFn], kwargs: dict[str, Any]) -> None:
+    """A typo in a reward's kwargs is a UserError listing the accepted ones, not a TypeError deep in a factory."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # builtins without a signature: let the call itself complain
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as e:
+        accepted = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
+        raise UserError(
+            f"reward '{name}': bad kwargs {sorted(kwargs)} ({e}); accepted: {', '.join(accepted) or 'none'}"
+        ) from None
+
+
+def check_reward_output(name: str, scores: Any, batch_size: int) -> np.ndarray:
+    """`scores` as float32 [batch_size], or RewardOutputError naming the reward and what it returned."""
+    if not isinstance(scores, (np.ndarray, list, tuple)):
+        raise RewardOutputError(
+            f"reward '{name}' returned {type(scores).__name__}; a reward must return a float np.ndarray of shape "
+            f"[B] (NaN for a sample it failed on)"
+        )
+    array = np.asarray(scores)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise RewardOutputError(
+            f"reward '{name}' returned dtype {array.dtype}; a reward must return floats (float32), NaN for a "
+            f"sample it failed on"
+        )
+    if array.shape != (batch_size,):
+        raise RewardOutputError(
+            f"reward '{name}' returned shape {array.shape} for a batch of {batch_size}; a reward must return one "
+            f"score per image, shape ({batch_size},)"
+        )
+    return array.astype(np.float32, copy=False)
+
+
+def check_reward_inputs(images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> int:
+    """The batch size, after checking the inputs follow the contract (a caller bug otherwise: ValueError)."""
+    if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        desc = f"{images.dtype} {images.shape}" if isinstance(images, np.ndarray) else type(images).__name__
+        raise ValueError(f"reward images must be np.ndarray uint8 [B, H, W, 3]; got {desc}")
+    batch_size = images.shape[0]
+    if len(prompts) != batch_size or len(metadata) != batch_size:
+        raise ValueError(
+            f"reward inputs disagree on the batch size: {batch_size} images, {len(prompts)} prompts, "
+            f"{len(metadata)} metadata"
+        )
+    return batch_size

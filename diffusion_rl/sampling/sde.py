@@ -1,0 +1,283 @@
+"""One sampler step of a flow-matching model, deterministic or stochastic, with the log-probability of its result.
+
+The model predicts a velocity v at noise level sigma (x_sigma = (1 - sigma)·x0 + sigma·noise, so v ≈ noise - x0);
+a step moves x from `sigma` down to `sigma_next`. RL on such a model needs steps that draw noise and report the
+Gaussian log-density of what they drew. Step types, registered by name in `STEP_TYPES`:
+
+- `ode`: the plain Euler step of the flow ODE. No noise, log-prob 0.
+- `sde`: the reverse-time SDE with the same marginals as the ODE, discretised with Euler–Maruyama, as in
+  Flow-GRPO. Its noise scale blows up as sigma → 1 and its log-prob has the usual Gaussian normaliser.
+- `cps`: the coefficients-preserving step (as implemented in flow_grpo and verl-omni). It rebuilds x_next from the
+  predicted clean image and predicted noise so that the clean/noise coefficients match the schedule exactly, and
+  adds fresh noise in place of part of the predicted noise. Its log-prob is the bare squared error, with no
+  variance or constant terms.
+- `dance_sde`: DanceGRPO's step: an Euler step plus a score correction, with noise std eta·sqrt(sigma - sigma_next).
+
+Every step function has the signature of `StepFn` and returns a `StepOutput`. The math runs in fp32 whatever the
+input dtype. `std` in the output is the step's std_dev_t as each method defines it; the noise actually added has
+std `std·sqrt(sigma - sigma_next)` for `sde` and `std` for `cps` and `dance_sde`.
+
+A row whose std is 0 (noise_level 0, or `cps` with sigma_next 0) is deterministic: its prev_sample is the mean
+(unless one is given) and its log_prob is 0, as for `ode`. Noise is still drawn for such rows, so a generator
+advances the same way whatever the noise level.
+"""
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.registry import Registry
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class StepOutput(NamedTuple):
+    prev_sample: Tensor  # [B, ...] fp32: x at sigma_next (drawn, or the given prev_sample)
+    log_prob: Tensor  # [B] fp32: mean over non-batch dims of the elementwise log-density of prev_sample
+    mean: Tensor  # [B, ...] fp32: mean of the step's Gaussian
+    std: Tensor  # [B] fp32: the step's std_dev_t (see the module docstring for how it scales the noise)
+
+
+class StepFn(Protocol):
+    def __call__(
+        self,
+        x: Tensor,
+        v: Tensor,
+        sigma: float | Tensor,
+        sigma_next: float | Tensor,
+        noise_level: float,
+        *,
+        prev_sample: Tensor | None = None,
+        generator: Generators = None,
+    ) -> StepOutput: ...
+
+
+class UnknownStepTypeError(UserError, ValueError):
+    """An unknown step type name: a user config error that is also a ValueError for callers that catch those."""
+
+
+STEP_TYPES: Registry[StepFn] = Registry("step type")
+
+
+def get_step(name: str) -> StepFn:
+    """The step function registered under `name`; an unknown name raises a ValueError listing the valid ones."""
+    try:
+        return STEP_TYPES.get(name)
+    except UserError as e:
+        raise UnknownStepTypeError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared plumbing: validation, broadcasting, noise, log-densities
+
+
+class _Inputs(NamedTuple):
+    x: Tensor  # [B, ...] fp32
+    v: Tensor  # [B, ...] fp32
+    sigma_B: Tensor  # [B] fp32
+    sigma_next_B: Tensor  # [B] fp32
+    prev_sample: Tensor | None  # [B, ...] fp32
+
+
+def _per_row(value: float | Tensor, batch: int, device: torch.device, name: str) -> Tensor:
+    value_B = torch.as_tensor(value, dtype=torch.float32, device=device)
+    if value_B.ndim == 0:
+        return value_B.expand(batch)
+    if value_B.shape != (batch,):
+        raise ValueError(f"{name} must be a float or a tensor of shape [B]=[{batch}], got shape {tuple(value_B.shape)}")
+    return value_B
+
+
+def _prepare(
+    x: Tensor,
+    v: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    noise_level: float,
+    prev_sample: Tensor | None,
+) -> _Inputs:
+    if x.ndim < 2:
+        raise ValueError(f"x must have shape [B, ...] with at least one non-batch dim, got shape {tuple(x.shape)}")
+    if v.shape != x.shape:
+        raise ValueError(f"v must have the shape of x {tuple(x.shape)}, got {tuple(v.shape)}")
+    if prev_sample is not None and prev_sample.shape != x.shape:
+        raise ValueError(f"prev_sample must have the shape of x {tuple(x.shape)}, got {tuple(prev_sample.shape)}")
+    if noise_level < 0:
+        raise ValueError(f"noise_level must be >= 0 (0 gives the deterministic step), got {noise_level}")
+    batch = x.shape[0]
+    sigma_B = _per_row(sigma, batch, x.device, "sigma")
+    sigma_next_B = _per_row(sigma_next, batch, x.device, "sigma_next")
+    bad_B = sigma_next_B >= sigma_B
+    if bool(bad_B.any()):
+        i = int(bad_B.nonzero()[0, 0])
+        raise ValueError(
+            "sampling runs from noise to data, so sigma_next must be < sigma; "
+            f"got sigma={sigma_B[i].item():g}, sigma_next={sigma_next_B[i].item():g} (row {i})"
+        )
+    if bool((sigma_next_B < 0).any()):
+        raise ValueError(f"sigma_next must be >= 0, got {sigma_next_B.min().item():g}")
+    return _Inputs(
+        x=x.float(),
+        v=v.float(),
+        sigma_B=sigma_B,
+        sigma_next_B=sigma_next_B,
+        prev_sample=None if prev_sample is None else prev_sample.float(),
+    )
+
+
+def _rows(value_B: Tensor, like: Tensor) -> Tensor:
+    """[B] → [B, 1, ..., 1] so it broadcasts against `like` ([B, ...])."""
+    return value_B.view(-1, *([1] * (like.ndim - 1)))
+
+
+def _row_mean(value: Tensor) -> Tensor:
+    """[B, ...] → [B]: mean over all non-batch dims."""
+    return value.mean(dim=tuple(range(1, value.ndim)))
+
+
+def _noise(like: Tensor, generator: Generators) -> Tensor:
+    """Standard normal noise of like's shape, fp32 on like's device.
+
+    One generator draws the whole batch at once; a list draws row i with generator[i], so a sample's noise does
+    not depend on how the batch is split. A generator draws on its own device (usually the CPU).
+    """
+    shape = like.shape
+    if generator is None:
+        return torch.randn(shape, dtype=torch.float32, device=like.device)
+    if isinstance(generator, torch.Generator):
+        return torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device).to(like.device)
+    if len(generator) != shape[0]:
+        raise ValueError(f"a list of generators needs one per row: got {len(generator)} for a batch of {shape[0]}")
+    rows = [torch.randn(shape[1:], generator=g, dtype=torch.float32, device=g.device) for g in generator]
+    return torch.stack(rows).to(like.device)
+
+
+def _sample(mean: Tensor, noise_std_B: Tensor, prev_sample: Tensor | None, generator: Generators) -> Tensor:
+    if prev_sample is not None:
+        return prev_sample
+    return mean + _rows(noise_std_B, mean) * _noise(mean, generator)
+
+
+def _gaussian_log_prob(sample: Tensor, mean: Tensor, noise_std_B: Tensor) -> Tensor:
+    """[B]: mean over non-batch dims of log N(sample; mean, noise_std²); 0 for rows whose std is 0."""
+    random_B = noise_std_B > 0
+    # The std-0 rows get a stand-in std of 1 so that neither the value nor its gradient turns into NaN there.
+    safe_std = _rows(torch.where(random_B, noise_std_B, torch.ones_like(noise_std_B)), mean)
+    # The sample is an action taken: gradients flow through the mean only.
+    log_density = -((sample.detach() - mean) ** 2) / (2 * safe_std**2) - torch.log(safe_std) - _LOG_SQRT_2PI
+    return torch.where(random_B, _row_mean(log_density), torch.zeros_like(noise_std_B))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Step types
+
+
+@STEP_TYPES.register("ode")
+def ode_step(
+    x: Tensor,
+    v: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    noise_level: float,
+    *,
+    prev_sample: Tensor | None = None,
+    generator: Generators = None,
+) -> StepOutput:
+    """Euler step of the flow ODE: x + v·dt. Ignores noise_level and generator; log_prob is 0."""
+    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
+    dt = _rows(inp.sigma_next_B - inp.sigma_B, inp.x)
+    mean = inp.x + inp.v * dt
+    zeros_B = torch.zeros_like(inp.sigma_B)
+    return StepOutput(mean if inp.prev_sample is None else inp.prev_sample, zeros_B, mean, zeros_B)
+
+
+@STEP_TYPES.register("sde")
+def sde_step(
+    x: Tensor,
+    v: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    noise_level: float,
+    *,
+    prev_sample: Tensor | None = None,
+    generator: Generators = None,
+) -> StepOutput:
+    """Flow-GRPO's Euler–Maruyama step. std = noise_level·sqrt(sigma / (1 - sigma)); noise std std·sqrt(-dt)."""
+    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
+    if bool((inp.sigma_B > 1).any()):
+        raise ValueError(
+            f"the sde step needs sigma <= 1 (its std has 1 - sigma under a root), got {inp.sigma_B.max():g}"
+        )
+    # sigma / (1 - sigma) is infinite at sigma = 1 (pure noise, the first step); the reference uses the next
+    # sigma in the denominator there, which keeps the first step's std finite (though large).
+    sigma_tilde_B = torch.where(inp.sigma_B == 1, inp.sigma_next_B, inp.sigma_B)
+    std_B = noise_level * torch.sqrt(inp.sigma_B / (1 - sigma_tilde_B))
+    std, s = _rows(std_B, inp.x), _rows(inp.sigma_B, inp.x)  # [B, 1, ...]
+    dt = _rows(inp.sigma_next_B, inp.x) - s
+    # Drift v - (std²/2)·∇log p keeps the ODE's marginals; for the linear path ∇log p = -(x + (1-s)·v)/s.
+    mean = inp.x * (1 + std**2 / (2 * s) * dt) + inp.v * (1 + std**2 * (1 - s) / (2 * s)) * dt
+    noise_std_B = std_B * torch.sqrt(inp.sigma_B - inp.sigma_next_B)  # std·sqrt(-dt): Brownian increment over |dt|
+    sample = _sample(mean, noise_std_B, inp.prev_sample, generator)
+    return StepOutput(sample, _gaussian_log_prob(sample, mean, noise_std_B), mean, std_B)
+
+
+@STEP_TYPES.register("cps")
+def cps_step(
+    x: Tensor,
+    v: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    noise_level: float,
+    *,
+    prev_sample: Tensor | None = None,
+    generator: Generators = None,
+) -> StepOutput:
+    """Coefficients-preserving step: std = sigma_next·sin(noise_level·π/2); log_prob = -(x' - mean)², row-mean."""
+    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
+    std_B = inp.sigma_next_B * math.sin(noise_level * math.pi / 2)
+    std, s, s_next = (_rows(t, inp.x) for t in (std_B, inp.sigma_B, inp.sigma_next_B))  # [B, 1, ...]
+    x0 = inp.x - s * inp.v  # predicted clean image
+    x1 = inp.x + (1 - s) * inp.v  # predicted noise
+    # Clean part keeps its coefficient (1 - sigma_next); of the noise coefficient sigma_next, the share std goes to
+    # fresh noise and the rest to the predicted noise, so that the total noise variance stays sigma_next².
+    mean = x0 * (1 - s_next) + x1 * torch.sqrt(s_next**2 - std**2)  # >= 0: |sin| <= 1 and fp32 rounding is monotone
+    sample = _sample(mean, std_B, inp.prev_sample, generator)
+    # The reference's log-prob drops the 1/(2·std²) scale and the normaliser: a per-step constant and scale that
+    # it considers harmless for the ratio-based loss. Kept as is so results compare with it.
+    log_prob_B = _row_mean(-((sample.detach() - mean) ** 2))
+    log_prob_B = torch.where(std_B > 0, log_prob_B, torch.zeros_like(log_prob_B))
+    return StepOutput(sample, log_prob_B, mean, std_B)
+
+
+@STEP_TYPES.register("dance_sde")
+def dance_sde_step(
+    x: Tensor,
+    v: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    noise_level: float,
+    *,
+    prev_sample: Tensor | None = None,
+    generator: Generators = None,
+) -> StepOutput:
+    """DanceGRPO's step with eta = noise_level: Euler step + score term; std = eta·sqrt(sigma - sigma_next)."""
+    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
+    s = _rows(inp.sigma_B, inp.x)  # [B, 1, ...]
+    dt = _rows(inp.sigma_next_B, inp.x) - s
+    x0 = inp.x - s * inp.v
+    # Score of the Gaussian around the predicted clean image: -(x - (1 - sigma)·x0) / sigma². sigma > 0 always,
+    # since sigma > sigma_next >= 0.
+    score = -(inp.x - x0 * (1 - s)) / s**2
+    mean = inp.x + dt * inp.v - 0.5 * noise_level**2 * score * dt
+    std_B = noise_level * torch.sqrt(inp.sigma_B - inp.sigma_next_B)
+    sample = _sample(mean, std_B, inp.prev_sample, generator)
+    return StepOutput(sample, _gaussian_log_prob(sample, mean, std_B), mean, std_B)
+
+
+STEP_TYPE_NAMES: tuple[str, ...] = tuple(STEP_TYPES.names())

@@ -1,0 +1,88 @@
+"""Which sampler steps are stochastic: a contiguous window of SDE steps; every other step is a plain ODE step.
+
+Only the window's steps draw noise and carry a log-prob, so only they are trained. A short window that moves
+from one training step to the next (as in Flow-GRPO's windowed / "fast" variants) cuts the training cost; the
+default window makes every step but the last stochastic.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from diffusion_rl.sampling.sde import get_step
+from diffusion_rl.utils.seeding import make_generator
+
+_WINDOW_STREAM = "sde_window"  # names the random stream, so it differs from others drawn from (seed, step)
+
+
+@dataclass(frozen=True)
+class SdeWindow:
+    """Steps start, ..., start + size - 1 are SDE steps."""
+
+    start: int  # index of the first SDE step (0 = the step from pure noise)
+    size: int  # number of consecutive SDE steps
+
+    def __post_init__(self):
+        if self.start < 0:
+            raise ValueError(f"SdeWindow.start must be >= 0, got {self.start}")
+        if self.size < 1:
+            raise ValueError(f"SdeWindow.size must be >= 1, got {self.size}")
+
+    @property
+    def steps(self) -> range:
+        return range(self.start, self.start + self.size)
+
+    def contains(self, step: int) -> bool:
+        return self.start <= step < self.start + self.size
+
+
+def default_window(num_steps: int) -> SdeWindow:
+    """Every step but the last is SDE.
+
+    The last step is ODE so the final image carries no injected noise. (flow_grpo draws that step with the SDE too
+    but never trains on it; making it deterministic gives a cleaner image for the reward at no cost.)
+    """
+    if num_steps < 2:
+        raise ValueError(
+            f"the default SDE window needs num_steps >= 2 (one SDE step + a final ODE step), got {num_steps}"
+        )
+    return SdeWindow(start=0, size=num_steps - 1)
+
+
+def random_window(num_steps: int, size: int, lo: int, hi: int, generator: torch.Generator) -> SdeWindow:
+    """A window of `size` steps inside [lo, hi); its start is uniform over the integers lo, ..., hi - size."""
+    if size < 1:
+        raise ValueError(f"the SDE window size must be >= 1, got {size}")
+    if lo < 0:
+        raise ValueError(f"the SDE window range must start at step >= 0, got lo={lo}")
+    if hi > num_steps:
+        raise ValueError(f"the SDE window range must end at or before num_steps={num_steps}, got hi={hi}")
+    if lo > hi - size:
+        raise ValueError(
+            f"an SDE window of size {size} does not fit in steps [lo, hi)=[{lo}, {hi}): need hi - lo >= size"
+        )
+    start = int(torch.randint(lo, hi - size + 1, (1,), generator=generator).item())
+    return SdeWindow(start=start, size=size)
+
+
+def window_generator(seed: int, step: int) -> torch.Generator:
+    """The generator for the window drawn at training step `step` of a run seeded with `seed`.
+
+    Seeded from a hash of (seed, step, "sde_window"), so every worker draws the same window at a given step,
+    however the batch is split, and a resumed run draws the same windows as a straight one.
+    """
+    return make_generator(seed, step, _WINDOW_STREAM)
+
+
+def step_types(num_steps: int, window: SdeWindow | None, sde_type: str) -> list[str]:
+    """The step type name of each of the `num_steps` steps: `sde_type` inside the window, "ode" outside it.
+
+    window None means no SDE step (e.g. for evaluation).
+    """
+    get_step(sde_type)  # unknown names fail here, with the list of valid ones
+    if window is not None and window.start + window.size > num_steps:
+        raise ValueError(
+            f"SDE window steps {window.start}..{window.start + window.size - 1} go past the last step "
+            f"{num_steps - 1} (num_steps={num_steps})"
+        )
+    return [sde_type if window is not None and window.contains(j) else "ode" for j in range(num_steps)]

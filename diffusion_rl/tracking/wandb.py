@@ -1,0 +1,76 @@
+"""Weights & Biases. Optional: `pip install "diffusion-rl[wandb]"`. Offline mode needs no network or account."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.tracking.base import check_image, to_scalar
+
+MODES = ("online", "offline", "disabled")
+
+
+def import_wandb() -> Any:
+    """The wandb module, or a UserError that says how to install it."""
+    try:
+        import wandb
+    except ImportError as error:
+        raise UserError(
+            'W&B logging needs the wandb package: pip install "diffusion-rl[wandb]" (or turn W&B logging off)'
+        ) from error
+    return wandb
+
+
+class WandbTracker:
+    """One W&B run whose local files (`<run_dir>/wandb/...`) live inside the run directory.
+
+    Offline runs can be uploaded later with `wandb sync <run_dir>/wandb/offline-run-*`.
+    """
+
+    def __init__(
+        self,
+        project: str,
+        name: str | None = None,
+        run_dir: str | os.PathLike[str] = ".",
+        config: Mapping[str, Any] | None = None,
+        mode: str = "online",
+        tags: Iterable[str] = (),
+    ) -> None:
+        if mode not in MODES:
+            raise UserError(f"wandb mode {mode!r} is not one of {', '.join(MODES)}")
+        self._wandb = import_wandb()
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._run = self._wandb.init(
+            project=project,
+            name=name,
+            dir=str(run_dir),
+            config=dict(config) if config is not None else None,
+            mode=mode,
+            tags=([tags] if isinstance(tags, str) else list(tags)) or None,
+            # our runs are independent objects; never hand back or silently finish another tracker's run
+            reinit="create_new",
+        )
+
+    @property
+    def run(self) -> Any:
+        """The underlying `wandb.Run`, for callers that need something this class does not wrap."""
+        return self._run
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        # wandb stores NaN/inf itself, so values pass through unchanged
+        self._run.log({name: to_scalar(name, value) for name, value in metrics.items()}, step=step)
+
+    def log_images(self, tag: str, image: np.ndarray, step: int, caption: str = "") -> None:
+        picture = self._wandb.Image(check_image(tag, image), caption=caption or None)
+        self._run.log({tag: picture}, step=step)
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None

@@ -1,0 +1,206 @@
+"""The trainer skeleton shared by every algorithm family: data, rewards, engine, checkpoints, validation, logging.
+
+A family subclasses `Trainer` and implements `train_step(step) -> metrics`; the loop in `train()` is the same
+for all. Steps count completed training steps: checkpoint `step_000010` holds the state after 10 steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from diffusion_rl.config import Config
+from diffusion_rl.config_io import to_dict, to_yaml
+from diffusion_rl.data.prompts import load_prompts
+from diffusion_rl.data.sampler import PromptSampler
+from diffusion_rl.engine.local import make_engine
+from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
+from diffusion_rl.rewards import RewardCombiner, WeightedReward, make_reward
+from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.tracking import image_grid, make_trackers, plot_metrics, read_metrics, save_png
+from diffusion_rl.trainer.checkpoint import CheckpointManager, step_dir_name, step_of
+from diffusion_rl.trainer.timing import PhaseTimer
+from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
+from diffusion_rl.utils.seeding import seed_for
+
+logger = logging.getLogger(__name__)
+
+
+def ensure_model(cfg: Config) -> None:
+    """Create the tiny model at model.path when asked to and it is absent."""
+    path = Path(cfg.model.path)
+    if cfg.model.create_tiny_if_missing and not path.exists():
+        logger.info("creating the tiny model (%s preset) at %s", cfg.model.create_tiny_if_missing, path)
+        save_tiny_model(path, TINY_PRESETS[cfg.model.create_tiny_if_missing])
+
+
+def build_rewards(cfg: Config) -> RewardCombiner:
+    return RewardCombiner(
+        [WeightedReward(s.name, s.weight, make_reward(s.name, **s.kwargs), s.required) for s in cfg.rewards]
+    )
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        if cfg.engine.num_threads:
+            torch.set_num_threads(cfg.engine.num_threads)
+        self.run_dir = Path(cfg.run.dir)
+        self.records = load_prompts(cfg.data.train)
+        self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
+        self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts else []
+        self.rewards = build_rewards(cfg)
+        ensure_model(cfg)
+        self.engine = make_engine(cfg)
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
+        self.step = 0
+        self.trackers = None
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def train(self) -> list[dict]:
+        cfg = self.cfg
+        resume_from = self.checkpoints.resolve_resume(cfg.run.resume)
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        self.trackers = make_trackers(
+            self.run_dir,
+            jsonl=cfg.log.jsonl,
+            tensorboard=cfg.log.tensorboard,
+            console_every=0,
+            wandb=self._wandb_settings(),
+            config=to_dict(cfg),
+        )
+        self.trackers.resume_from(self.step)
+        try:
+            with logging_redirect_tqdm():
+                self._loop()
+        finally:
+            self.trackers.close()
+        return self.finish()
+
+    def _loop(self) -> None:
+        cfg = self.cfg
+        if cfg.val.before_train and self.step == 0 and self.val_records:
+            self.trackers.log_metrics(self.validate(), 0)
+        bar = tqdm(
+            total=cfg.train.total_steps,
+            initial=self.step,
+            desc="train",
+            disable=None if cfg.log.progress_bar else True,
+            dynamic_ncols=True,
+        )
+        while self.step < cfg.train.total_steps:
+            start = time.perf_counter()
+            metrics = self.train_step(self.step)
+            self.step += 1
+            timer = PhaseTimer()
+            last = self.step == cfg.train.total_steps
+            if last or (cfg.train.save_every > 0 and self.step % cfg.train.save_every == 0):
+                with timer("checkpoint"):
+                    self.save_checkpoint()
+            if self.val_records and (last or (cfg.val.every > 0 and self.step % cfg.val.every == 0)):
+                with timer("validate"):
+                    metrics.update(self.validate())
+            metrics.update(timer.metrics())
+            metrics["timing/step"] = time.perf_counter() - start
+            self.trackers.log_metrics(metrics, self.step)
+            self._console(metrics, bar)
+        bar.close()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def _console(self, metrics: dict, bar) -> None:
+        bar.update(1)
+        shown = {"reward": "reward/mean", "val": "val/reward/mean", "loss": "loss", "s/step": "timing/step"}
+        bar.set_postfix({k: f"{metrics[m]:.4g}" for k, m in shown.items() if m in metrics}, refresh=False)
+        every = self.cfg.log.console_every
+        if every and self.step % every == 0:
+            text = " ".join(f"{k}={metrics[m]:.4g}" for k, m in shown.items() if m in metrics)
+            logger.info("step %d/%d %s", self.step, self.cfg.train.total_steps, text)
+
+    def finish(self) -> list[dict]:
+        rows = read_metrics(self.run_dir / "metrics.jsonl") if self.cfg.log.jsonl else []
+        if rows:
+            plot_metrics(rows, self.run_dir / "reward.png")
+        return rows
+
+    def _wandb_settings(self) -> dict | None:
+        w = self.cfg.log.wandb
+        if not w.enabled:
+            return None
+        return {"project": w.project, "mode": w.mode, "tags": list(w.tags), "name": self.cfg.run.name}
+
+    # -- validation -----------------------------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """ODE samples of the fixed validation prompts with fixed seeds; rewards, best@n and an image grid."""
+        cfg, val = self.cfg, self.cfg.val
+        records = [r for r in self.val_records for _ in range(val.n)]
+        seeds = [seed_for(val.seed, "validation", i) for i in range(len(records))]
+        guidance = val.guidance if val.guidance is not None else cfg.sampling.guidance
+        settings = SamplerSettings(val.num_steps, guidance, cfg.sampling.height, cfg.sampling.width)
+        images = []
+        for start in range(0, len(records), cfg.train.micro_batch_size):
+            chunk = records[start : start + cfg.train.micro_batch_size]
+            images.append(
+                self.engine.sample_images(
+                    [r.prompt for r in chunk],
+                    [r.negative_prompt for r in chunk],
+                    seeds[start : start + len(chunk)],
+                    settings,
+                )
+            )
+        images = torch.cat(images).numpy()
+        metadata = [{**r.metadata, "ground_truth": r.ground_truth, "data_source": r.data_source} for r in records]
+        result = self.rewards(images, [r.prompt for r in records], metadata)
+        metrics = {f"val/{k}": v for k, v in result.metrics.items()}
+        per_prompt = result.total.reshape(len(self.val_records), val.n)
+        metrics["val/reward/best@n"] = float(np.nanmean(np.nanmax(per_prompt, axis=1)))
+        captions = [f"{r.prompt} | {s:.4g}" for r, s in zip(records, result.total)]
+        grid = image_grid(images, captions, ncols=val.n * min(4, len(self.val_records)))
+        save_png(grid, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png")
+        self.trackers.log_images("val/samples", grid, self.step, caption=f"step {self.step}")
+        return metrics
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        def write(directory: Path) -> None:
+            self.engine.save(directory)
+            torch.save(
+                {
+                    "step": self.step,
+                    "sampler": self.sampler.state_dict(),
+                    "rng": capture_rng_state(),
+                    "trainer": self.extra_state(),
+                },
+                directory / "run_state.pt",
+            )
+            (directory / "config.yaml").write_text(to_yaml(self.cfg))
+
+        return self.checkpoints.save(self.step, write)
+
+    def load_checkpoint(self, path: Path) -> None:
+        state = torch.load(path / "run_state.pt", map_location="cpu", weights_only=False)
+        self.sampler.load_state_dict(state["sampler"])
+        self.engine.load(path)
+        self.step = state["step"]
+        if self.step != step_of(path):
+            raise RuntimeError(f"checkpoint {path} holds step {self.step}, not the step its name says")
+        self.load_extra_state(state["trainer"])
+        restore_rng_state(state["rng"])
+        logger.info("resumed from %s (step %d)", path, self.step)
+
+    def extra_state(self) -> dict:
+        """State a family keeps beyond the engine's (e.g. a window schedule); saved with each checkpoint."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass

@@ -1,0 +1,193 @@
+"""Checkpoint directories that are either complete or absent, with a `latest` pointer and pruning.
+
+Layout:
+    <run_dir>/checkpoints/step_000010/    one complete checkpoint (contents are up to the caller's write_fn)
+    <run_dir>/checkpoints/latest          text file holding the newest checkpoint's directory name
+    <run_dir>/checkpoints/.tmp-*          work in progress, or leftovers of a crash: never listed, removed by save()
+
+Invariant: a `step_*` directory only ever appears by an atomic rename of a fully written and fsynced temp
+directory, so every `step_*` directory is complete. One process (rank 0) saves at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from diffusion_rl.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_FILE = "latest"
+TMP_PREFIX = ".tmp-"
+_STEP_DIR = re.compile(r"step_(\d+)")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def step_of(path: str | os.PathLike[str]) -> int:
+    """The step of a checkpoint directory from its name (`step_000010` -> 10)."""
+    match = _STEP_DIR.fullmatch(Path(path).name)
+    if match is None:
+        raise UserError(f"{path} is not a checkpoint directory: its name should be step_NNNNNN")
+    return int(match.group(1))
+
+
+def _fsync_path(path: Path, directory: bool = False) -> None:
+    if directory and os.name != "posix":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory under root, so the rename that publishes it cannot outrun the data."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            file = Path(folder) / name
+            if not file.is_symlink():
+                _fsync_path(file)
+        _fsync_path(Path(folder), directory=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class CheckpointManager:
+    """Saves, finds and prunes the checkpoints of one run directory.
+
+    keep_last: how many of the newest checkpoints to keep; <= 0 keeps all.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], keep_last: int = 0) -> None:
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / CHECKPOINTS_DIR
+        self.keep_last = keep_last
+
+    step_of = staticmethod(step_of)
+
+    def save(self, step: int, write_fn: Callable[[Path], None]) -> Path:
+        """Has write_fn fill a temp dir, publishes it as step_NNNNNN, points `latest` at it, prunes old ones.
+
+        If write_fn raises, its temp dir is removed, `latest` and existing checkpoints are untouched, and the
+        error propagates. An existing checkpoint of the same step is replaced.
+        """
+        if step < 0:
+            raise ValueError(f"checkpoint step must be >= 0, got {step}")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
+        name = step_dir_name(step)
+        tmp = self.dir / f"{TMP_PREFIX}{name}-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            write_fn(tmp)
+            _fsync_tree(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+        final = self.dir / name
+        if final.exists():
+            # Move the old one aside first: a rename cannot replace a non-empty directory. A crash between the
+            # two renames leaves no step_ dir for this step (latest() then falls back to the previous one) and
+            # the old copy under .tmp-, removed by the next save.
+            old = self.dir / f"{TMP_PREFIX}old-{name}-{os.getpid()}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_path(self.dir, directory=True)
+        self._write_latest(name)
+        self._prune(keep=final)
+        logger.info("saved checkpoint %s", final)
+        return final
+
+    def list(self) -> list[tuple[int, Path]]:
+        """The complete checkpoints as (step, path), oldest first. Temp dirs are never listed."""
+        if not self.dir.is_dir():
+            return []
+        found = []
+        for entry in self.dir.iterdir():
+            match = _STEP_DIR.fullmatch(entry.name)
+            if match and entry.is_dir():
+                found.append((int(match.group(1)), entry))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        """The checkpoint `latest` points to; the highest step when the pointer is missing or stale; else None."""
+        pointer = self.dir / LATEST_FILE
+        if pointer.is_file():
+            name = pointer.read_text(encoding="utf-8").strip()
+            target = self.dir / name
+            if _STEP_DIR.fullmatch(name) and target.is_dir():
+                return target
+            logger.warning("%s names %r, which is not a checkpoint here; using the highest step", pointer, name)
+        found = self.list()
+        return found[-1][1] if found else None
+
+    def resolve_resume(self, resume: str) -> Path | None:
+        """The checkpoint to resume from for `run.resume`, or None for a fresh start.
+
+        "never": None. "auto": latest() of this run (None when there is none). Anything else is a path: a
+        checkpoint directory (step_NNNNNN), a run directory (its latest checkpoint) or its checkpoints/ folder.
+        """
+        if resume == "never":
+            return None
+        if resume == "auto":
+            return self.latest()
+        path = Path(resume).expanduser()
+        if not resume or not path.exists():
+            raise UserError(f"run.resume={resume!r} does not exist; use auto, never, or a checkpoint directory")
+        if path.is_dir() and _STEP_DIR.fullmatch(path.name):
+            return path.resolve()
+        if path.is_dir() and (path / CHECKPOINTS_DIR).is_dir():
+            run_dir = path
+        elif path.is_dir() and path.name == CHECKPOINTS_DIR:
+            run_dir = path.parent
+        else:
+            raise UserError(
+                f"run.resume={resume!r} is not a checkpoint: expected a step_NNNNNN directory or a run directory "
+                f"with a {CHECKPOINTS_DIR}/ folder (or use auto, never)"
+            )
+        checkpoint = CheckpointManager(run_dir).latest()
+        if checkpoint is None:
+            raise UserError(f"run.resume={resume!r}: {run_dir / CHECKPOINTS_DIR} holds no checkpoint yet")
+        return checkpoint.resolve()
+
+    def _write_latest(self, name: str) -> None:
+        tmp = self.dir / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as file:
+            file.write(name + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, self.dir / LATEST_FILE)
+        _fsync_path(self.dir, directory=True)
+
+    def _remove_leftovers(self) -> None:
+        for entry in self.dir.iterdir():
+            if entry.name.startswith(TMP_PREFIX):
+                logger.warning("removing %s, left by an interrupted save", entry)
+                _remove(entry)
+
+    def _prune(self, keep: Path) -> None:
+        if self.keep_last <= 0:
+            return
+        found = self.list()
+        for _, path in found[: max(0, len(found) - self.keep_last)]:
+            if path != keep:
+                shutil.rmtree(path)

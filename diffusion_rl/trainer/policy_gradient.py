@@ -1,0 +1,47 @@
+"""Policy-gradient family (Flow-GRPO and variants): generate → reward → advantage → update."""
+
+from __future__ import annotations
+
+import torch
+
+from diffusion_rl.algorithms.advantages import compute_group_advantages
+from diffusion_rl.data.sampler import make_step_prompts
+from diffusion_rl.sampling.window import SdeWindow, default_window, random_window, window_generator
+from diffusion_rl.trainer.base import Trainer
+from diffusion_rl.trainer.timing import PhaseTimer
+
+
+class PolicyGradientTrainer(Trainer):
+    def window_for(self, step: int) -> SdeWindow:
+        s = self.cfg.sampling
+        if s.window.size is None:
+            return default_window(s.num_steps)
+        hi = s.num_steps - 1 if s.window.hi is None else s.window.hi
+        return random_window(s.num_steps, s.window.size, s.window.lo, hi, window_generator(self.cfg.run.seed, step))
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg, timer = self.cfg, PhaseTimer()
+        with timer("generate"):
+            prompts = make_step_prompts(self.records, self.sampler, step, cfg.data.group_size)
+            window = self.window_for(step)
+            batch = self.engine.generate(prompts, step, window)
+        with timer("reward"):
+            scored = self.rewards(batch["images"].cpu().numpy(), prompts.prompts, prompts.metadata)
+        with timer("advantage"):
+            adv = cfg.algorithm.advantage
+            advantages = compute_group_advantages(
+                torch.from_numpy(scored.total),
+                prompts.group_index,
+                global_std=adv.global_std,
+                std_ddof=adv.std_ddof,
+                eps=adv.eps,
+                normalize_by_std=adv.normalize_by_std,
+            )
+            batch["rewards"] = torch.from_numpy(scored.total).to(batch.device)
+            batch["advantages"] = advantages.advantages.to(batch.device)
+        with timer("update"):
+            update_metrics = self.engine.update(batch, step)
+        metrics = {**scored.metrics, **advantages.metrics, **update_metrics, **timer.metrics()}
+        metrics["window/start"] = window.start
+        metrics["images_per_second"] = len(prompts) / sum(timer.seconds.values())
+        return metrics

@@ -1,0 +1,334 @@
+"""Strict YAML + command-line config loading into dataclasses (diffusion_rl.config_io)."""
+
+from __future__ import annotations  # the schema's annotations are strings: config_io must resolve them
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pytest
+import yaml
+
+from diffusion_rl.config_io import (
+    apply_overrides,
+    describe,
+    field_help,
+    from_dict,
+    load_config,
+    to_dict,
+    to_yaml,
+)
+from diffusion_rl.errors import UserError
+
+
+@dataclass
+class Reward:
+    name: str = field(metadata={"help": "Registered reward name."})
+    weight: float = field(default=1.0, metadata={"help": "Weight in the summed reward."})
+    kwargs: dict[str, Any] = field(default_factory=dict, metadata={"help": "Extra arguments for the reward."})
+
+
+@dataclass
+class Train:
+    lr: float = field(default=3e-4, metadata={"help": "Peak learning rate."})
+    steps: int = field(default=100, metadata={"help": "Optimizer steps."})
+    bf16: bool = field(default=True, metadata={"help": "Compute in bfloat16."})
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}; set train.lr to e.g. 1e-4")
+
+
+@dataclass
+class Lora:
+    rank: int = field(default=32, metadata={"help": "LoRA rank."})
+    targets: tuple[str, ...] = field(default=("to_q", "to_k"), metadata={"help": "Modules that get adapters."})
+
+
+@dataclass
+class Sample:
+    model: str = field(metadata={"help": "Model path or hub id."})
+    train: Train = field(default_factory=Train, metadata={"help": "Optimization."})
+    rewards: list[Reward] = field(default_factory=lambda: [Reward("aesthetic")], metadata={"help": "Rewards."})
+    sampler: Literal["sde", "ode", "cps"] = field(default="sde", metadata={"help": "Sampler kind."})
+    lora: Lora | None = field(default=None, metadata={"help": "LoRA adapters; null trains all weights."})
+    resolution: tuple[int, int] = field(default=(512, 512), metadata={"help": "Image height and width."})
+    seed: int | None = field(default=None, metadata={"help": "Random seed."})
+    tags: dict[str, str] = field(default_factory=dict, metadata={"help": "Free-form run tags."})
+    extra: Any = None
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def _error(fn, *args) -> str:
+    with pytest.raises(UserError) as info:
+        fn(*args)
+    return str(info.value)
+
+
+# --- defaults and loading ---------------------------------------------------------------------------------------
+
+
+def test_missing_keys_take_field_defaults():
+    cfg = from_dict(Sample, {"model": "tiny"})
+    assert cfg == Sample(model="tiny")
+    assert cfg.train.lr == 3e-4 and cfg.rewards == [Reward("aesthetic")] and cfg.lora is None
+
+
+def test_load_config_builds_nested_sections_lists_and_tuples(tmp_path):
+    path = _write(
+        tmp_path,
+        """
+model: tiny
+train: {steps: 7, bf16: false}
+rewards:
+  - name: clip
+    weight: 2
+  - {name: ocr, kwargs: {lang: en}}
+sampler: cps
+lora: {rank: 8, targets: [to_v]}
+resolution: [256, 384]
+tags: {owner: me}
+""",
+    )
+    cfg = load_config(Sample, path)
+    assert cfg.train == Train(lr=3e-4, steps=7, bf16=False)
+    assert cfg.rewards == [Reward("clip", 2.0), Reward("ocr", kwargs={"lang": "en"})]
+    assert isinstance(cfg.rewards[0].weight, float)
+    assert cfg.sampler == "cps"
+    assert cfg.lora == Lora(rank=8, targets=("to_v",))
+    assert cfg.resolution == (256, 384)
+    assert cfg.tags == {"owner": "me"}
+
+
+def test_empty_file_and_no_file_give_defaults(tmp_path):
+    assert load_config(Sample, _write(tmp_path, ""), ["model=m"]) == Sample(model="m")
+    assert load_config(Sample, None, ["model=m"]) == Sample(model="m")
+
+
+def test_exponent_floats_parse_as_floats_in_yaml_and_overrides(tmp_path):
+    # PyYAML's YAML 1.1 rules read 1e-4 as a string; config_io must not.
+    cfg = load_config(Sample, _write(tmp_path, "model: m\ntrain: {lr: 1e-4}\nextra: 3e-4\n"))
+    assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
+    assert cfg.extra == 3e-4  # an Any field gets a float too, not the string '3e-4'
+    cfg = load_config(Sample, None, ["model=m", "train.lr=3e-4", "extra=1E5"])
+    assert cfg.train.lr == 3e-4 and cfg.extra == 1e5
+
+
+def test_quoted_numeric_string_is_accepted_for_a_float_field():
+    assert from_dict(Train, {"lr": "3e-4"}).lr == 3e-4
+    assert from_dict(Train, {"lr": "2"}).lr == 2.0
+
+
+def test_yes_and_no_stay_strings():
+    # YAML 1.1 would turn these into booleans (the "Norway problem").
+    assert apply_overrides({}, ["a=yes", "b=no", "c=on", "d=true"]) == {"a": "yes", "b": "no", "c": "on", "d": True}
+
+
+# --- overrides --------------------------------------------------------------------------------------------------
+
+
+def test_overrides_set_scalars_nested_keys_and_list_entries(tmp_path):
+    path = _write(tmp_path, "model: tiny\nrewards: [{name: clip}, {name: ocr}]\n")
+    cfg = load_config(Sample, path, ["model=other", "train.steps=5", "rewards.1.weight=2", "seed=null"])
+    assert cfg.model == "other"
+    assert cfg.train.steps == 5
+    assert cfg.rewards[1] == Reward("ocr", 2.0)
+    assert cfg.seed is None
+
+
+def test_overrides_create_missing_sections():
+    assert apply_overrides({"model": "m"}, ["lora.rank=4"]) == {"model": "m", "lora": {"rank": 4}}
+    assert load_config(Sample, None, ["model=m", "lora.rank=4"]).lora == Lora(rank=4)
+    # a section written as null in YAML (`lora:`) is filled the same way
+    assert apply_overrides({"lora": None}, ["lora.rank=4"]) == {"lora": {"rank": 4}}
+
+
+def test_override_values_are_yaml():
+    data = apply_overrides({}, ["a=[1, 2]", "b={k: v}", "c=null", "d=hello world", "e=x=y"])
+    assert data == {"a": [1, 2], "b": {"k": "v"}, "c": None, "d": "hello world", "e": "x=y"}
+
+
+def test_apply_overrides_leaves_its_input_unchanged():
+    data = {"train": {"lr": 1.0}}
+    apply_overrides(data, ["train.lr=2"])
+    assert data == {"train": {"lr": 1.0}}
+
+
+@pytest.mark.parametrize("bad", ["train.lr", "=3", "train..lr=1", "train.=1"])
+def test_malformed_override_shows_argument_and_expected_form(bad):
+    message = _error(apply_overrides, {}, [bad])
+    assert repr(bad) in message and "dotted.key=value" in message
+
+
+def test_override_list_index_out_of_range():
+    message = _error(apply_overrides, {"rewards": [{"name": "clip"}]}, ["rewards.3.weight=2"])
+    assert "'rewards' is a list of 1 entries" in message and "'3'" in message
+
+
+def test_override_of_unlisted_list_entry_explains_what_to_do():
+    # rewards is not written in the file, so rewards.0 cannot index the default list
+    message = _error(load_config, Sample, None, ["model=m", "rewards.0.weight=2"])
+    assert "must be written out in the config file" in message
+
+
+def test_override_typo_gets_suggestion_and_names_the_override():
+    message = _error(load_config, Sample, None, ["model=m", "train.lr_rate=1e-4"])
+    assert "command-line override 'train.lr_rate=1e-4'" in message
+    assert "unknown config key 'train.lr_rate' (did you mean 'train.lr'?)" in message
+
+
+# --- errors -----------------------------------------------------------------------------------------------------
+
+
+def test_unknown_key_names_full_key_suggests_and_lists_valid_keys():
+    message = _error(from_dict, Sample, {"model": "m", "train": {"stpes": 3}})
+    assert message == (
+        "unknown config key 'train.stpes' (did you mean 'train.steps'?); valid keys in 'train': lr, steps, bf16"
+    )
+
+
+def test_unknown_key_in_the_wrong_section_points_to_where_it_lives():
+    message = _error(from_dict, Sample, {"model": "m", "rank": 3})
+    assert "unknown config key 'rank' (did you mean 'lora.rank'?)" in message
+
+
+def test_unknown_key_in_a_file_names_the_file(tmp_path):
+    path = _write(tmp_path, "model: m\nsampelr: sde\n")
+    message = _error(load_config, Sample, path)
+    assert message.startswith(f"{path}: unknown config key 'sampelr' (did you mean 'sampler'?)")
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"train": {"lr": "abc"}}, "config key 'train.lr' expects float, got str 'abc'"),
+        ({"train": {"steps": True}}, "config key 'train.steps' expects int, got bool True"),
+        ({"train": {"steps": 1.5}}, "config key 'train.steps' expects int, got float 1.5"),
+        ({"train": {"bf16": 1}}, "config key 'train.bf16' expects bool, got int 1"),
+        ({"train": {"lr": False}}, "config key 'train.lr' expects float, got bool False"),
+        ({"model": 3}, "config key 'model' expects str, got int 3"),
+        ({"train": None}, "config key 'train' expects a mapping (the Train section), got null"),
+        ({"train": [1]}, "config key 'train' expects a mapping (the Train section), got list [1]"),
+        ({"rewards": {"name": "clip"}}, "config key 'rewards' expects list[Reward], got dict"),
+        ({"rewards": [{"name": "a", "weight": "x"}]}, "config key 'rewards.0.weight' expects float, got str 'x'"),
+        ({"resolution": [1, 2, 3]}, "config key 'resolution' expects tuple[int, int] (2 entries), got 3"),
+        ({"lora": {"targets": [1]}}, "config key 'lora.targets.0' expects str, got int 1"),
+        ({"seed": "x"}, "config key 'seed' expects int | null, got str 'x'"),
+        ({"tags": {"a": 1}}, "config key 'tags.a' expects str, got int 1"),
+    ],
+)
+def test_wrong_type_names_key_expected_and_actual(data, expected):
+    assert expected in _error(from_dict, Sample, {"model": "m", **data})
+
+
+def test_int_is_accepted_for_float():
+    lr = from_dict(Train, {"lr": 1}).lr
+    assert lr == 1.0 and isinstance(lr, float)
+
+
+def test_literal_error_lists_allowed_values():
+    message = _error(from_dict, Sample, {"model": "m", "sampler": "sdee"})
+    assert message == "config key 'sampler' must be one of 'sde', 'ode', 'cps'; got str 'sdee' (did you mean 'sde'?)"
+
+
+def test_missing_required_key_is_named_with_its_path():
+    assert _error(from_dict, Sample, {}).startswith("missing required key 'model'")
+    assert _error(from_dict, Sample, {"model": "m", "rewards": [{"weight": 2}]}).startswith(
+        "missing required key 'rewards.0.name'"
+    )
+
+
+def test_post_init_value_error_becomes_user_error_with_section():
+    message = _error(from_dict, Sample, {"model": "m", "train": {"lr": -1}})
+    assert message == "invalid config in 'train': lr must be positive, got -1.0; set train.lr to e.g. 1e-4"
+
+
+def test_missing_file_names_the_path(tmp_path):
+    path = tmp_path / "nope.yaml"
+    assert _error(load_config, Sample, path) == f"config file not found: {path}"
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = _write(tmp_path, "model: m\ntrain:\n  lr: [1, 2\n  steps: 3\n")
+    message = _error(load_config, Sample, path)
+    assert str(path) in message and "line 4" in message
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path):
+    path = _write(tmp_path, "model: m\ntrain:\n  lr: 1\n  lr: 2\n")
+    message = _error(load_config, Sample, path)
+    assert "duplicate key 'lr'" in message and "line 4" in message
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    message = _error(load_config, Sample, _write(tmp_path, "- a\n- b\n"))
+    assert "top level of a config file must be a mapping" in message
+
+
+# --- writing and documenting ------------------------------------------------------------------------------------
+
+
+def _full_sample() -> Sample:
+    return Sample(
+        model="tiny",
+        train=Train(lr=1e-5, steps=3, bf16=False),
+        rewards=[Reward("clip", 0.5, {"k": [1, 2]}), Reward("1e-4")],
+        sampler="ode",
+        lora=Lora(rank=4, targets=("a", "b")),
+        resolution=(64, 32),
+        seed=7,
+        tags={"yes": "no"},
+        extra={"nested": [1.5, None]},
+    )
+
+
+def test_to_dict_is_plain_data_and_round_trips():
+    cfg = _full_sample()
+    data = to_dict(cfg)
+    assert data["resolution"] == [64, 32] and data["lora"]["targets"] == ["a", "b"]
+    assert from_dict(Sample, data) == cfg
+
+
+def test_to_yaml_round_trips_through_load_config(tmp_path):
+    cfg = _full_sample()
+    text = to_yaml(cfg)
+    assert text.startswith("model: tiny\ntrain:\n")  # field order, not sorted
+    assert load_config(Sample, _write(tmp_path, text)) == cfg
+    # strings that look like other types are quoted, so plain yaml.safe_load reads them back as strings too
+    assert yaml.safe_load(text)["tags"] == {"yes": "no"}
+    assert yaml.safe_load(text)["rewards"][1]["name"] == "1e-4"
+
+
+def test_field_help_maps_every_dotted_key_to_its_help():
+    helps = field_help(Sample)
+    assert helps["train.lr"] == "Peak learning rate."
+    assert helps["rewards.*.weight"] == "Weight in the summed reward."
+    assert helps["lora.rank"] == "LoRA rank."
+    assert helps["extra"] == ""
+    expected = {"model", "train", "rewards", "sampler", "lora", "resolution", "seed", "tags", "extra"}
+    assert {k for k in helps if "." not in k} == expected
+
+
+def test_describe_lists_every_key_with_type_default_and_help():
+    text = describe(Sample)
+    for key in field_help(Sample):
+        assert f"\n{key}: " in "\n" + text
+    assert "train.lr: float = 0.0003\n    Peak learning rate.\n" in text
+    assert "model: str = (required)\n" in text
+    assert "sampler: one of 'sde', 'ode', 'cps' = sde\n" in text
+    assert "train: section Train\n" in text
+
+
+def test_init_false_fields_are_not_config_keys():
+    @dataclass
+    class WithDerived:
+        a: int = 1
+        b: int = dataclasses.field(init=False, default=0)
+
+    assert to_dict(WithDerived()) == {"a": 1}
+    assert "unknown config key 'b'" in _error(from_dict, WithDerived, {"b": 2})

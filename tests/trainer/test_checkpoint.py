@@ -1,0 +1,168 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.trainer.checkpoint import CheckpointManager, step_of
+from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
+
+
+def _writer(text):
+    def write(directory):
+        (directory / "state.txt").write_text(text)
+        (directory / "sub").mkdir()
+        (directory / "sub" / "weights.bin").write_bytes(b"\0" * 16)
+
+    return write
+
+
+def _entries(manager):
+    return sorted(p.name for p in manager.dir.iterdir())
+
+
+def test_save_publishes_the_dir_and_points_latest_at_it(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=0)
+    assert manager.latest() is None
+    path = manager.save(10, _writer("ten"))
+    assert path == tmp_path / "checkpoints" / "step_000010"
+    assert (path / "state.txt").read_text() == "ten"
+    assert (path / "sub" / "weights.bin").is_file()
+    assert (manager.dir / "latest").read_text().strip() == "step_000010"
+    assert manager.latest() == path
+    assert manager.step_of(path) == step_of(path) == 10
+    assert _entries(manager) == ["latest", "step_000010"]
+
+
+def test_keep_last_prunes_the_oldest(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step in (10, 20, 30, 40):
+        manager.save(step, _writer(str(step)))
+    assert [step for step, _ in manager.list()] == [30, 40]
+    assert manager.latest() == manager.dir / "step_000040"
+
+
+def test_keep_last_never_prunes_the_checkpoint_just_written(tmp_path):
+    # e.g. resumed from step 10 of a run that had already saved step 20 and 30
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    for step in (10, 20, 30):
+        CheckpointManager(tmp_path).save(step, _writer(str(step)))
+    manager.save(15, _writer("15"))
+    assert [step for step, _ in manager.list()] == [15, 30]
+    assert manager.latest() == manager.dir / "step_000015"
+
+
+def test_keep_last_zero_keeps_all(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=0)
+    for step in range(5):
+        manager.save(step, _writer(str(step)))
+    assert len(manager.list()) == 5
+
+
+def test_failing_write_leaves_no_partial_dir_and_latest_unchanged(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(10, _writer("ten"))
+
+    def broken(directory):
+        (directory / "half.bin").write_bytes(b"x")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        manager.save(20, broken)
+    assert _entries(manager) == ["latest", "step_000010"]
+    assert manager.latest() == manager.dir / "step_000010"
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    manager.save(10, _writer("first"))
+    path = manager.save(10, _writer("second"))
+    assert (path / "state.txt").read_text() == "second"
+    assert _entries(manager) == ["latest", "step_000010"]
+
+
+def test_stale_tmp_dir_is_ignored_then_cleaned_by_the_next_save(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=0)
+    manager.save(10, _writer("ten"))
+    stale = manager.dir / ".tmp-step_000020-99999"  # a crash in the middle of writing step 20
+    stale.mkdir()
+    (stale / "state.txt").write_text("partial")
+    assert [step for step, _ in manager.list()] == [10]
+    assert manager.latest() == manager.dir / "step_000010"
+
+    manager.save(30, _writer("thirty"))
+    assert _entries(manager) == ["latest", "step_000010", "step_000030"]
+
+
+def test_latest_falls_back_to_the_highest_step_when_the_pointer_is_missing_or_stale(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    manager.save(10, _writer("ten"))
+    manager.save(20, _writer("twenty"))
+    (manager.dir / "latest").unlink()
+    assert manager.latest() == manager.dir / "step_000020"
+    (manager.dir / "latest").write_text("step_000099\n")
+    assert manager.latest() == manager.dir / "step_000020"
+
+
+def test_resolve_resume_auto_and_never(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    assert manager.resolve_resume("auto") is None  # fresh start
+    manager.save(10, _writer("ten"))
+    assert manager.resolve_resume("auto") == manager.dir / "step_000010"
+    assert manager.resolve_resume("never") is None
+
+
+def test_resolve_resume_accepts_a_checkpoint_or_run_directory(tmp_path):
+    old_run = CheckpointManager(tmp_path / "old_run")
+    first = old_run.save(10, _writer("ten"))
+    second = old_run.save(20, _writer("twenty"))
+    manager = CheckpointManager(tmp_path / "new_run")
+    assert manager.resolve_resume(str(first)) == first.resolve()
+    assert manager.resolve_resume(str(tmp_path / "old_run")) == second.resolve()
+    assert manager.resolve_resume(str(tmp_path / "old_run" / "checkpoints")) == second.resolve()
+
+
+def test_resolve_resume_rejects_missing_paths_and_non_checkpoints(tmp_path):
+    manager = CheckpointManager(tmp_path / "run")
+    with pytest.raises(UserError, match="does not exist; use auto, never, or a checkpoint directory"):
+        manager.resolve_resume(str(tmp_path / "nope"))
+    (tmp_path / "random_dir").mkdir()
+    with pytest.raises(UserError, match="is not a checkpoint"):
+        manager.resolve_resume(str(tmp_path / "random_dir"))
+    (tmp_path / "empty_run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(UserError, match="holds no checkpoint"):
+        manager.resolve_resume(str(tmp_path / "empty_run"))
+
+
+def test_step_of_rejects_other_names(tmp_path):
+    with pytest.raises(UserError, match="step_NNNNNN"):
+        step_of(tmp_path / "best")
+
+
+def _draws():
+    return (random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist())
+
+
+def test_rng_restore_reproduces_the_next_draws_after_a_save_and_load(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    np.random.randn()  # leaves numpy with a cached gaussian, which is part of the state
+    state = capture_rng_state()
+    expected = _draws()
+
+    torch.save(state, tmp_path / "rng.pt")
+    _draws()  # move all streams on
+    restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert _draws() == expected
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rng_restore_reproduces_cuda_draws():
+    torch.cuda.manual_seed_all(4)
+    state = capture_rng_state()
+    expected = torch.rand(4, device="cuda").tolist()
+    torch.rand(4, device="cuda")
+    restore_rng_state(state)
+    assert torch.rand(4, device="cuda").tolist() == expected
