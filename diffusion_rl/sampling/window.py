@@ -86,3 +86,38 @@ def step_types(num_steps: int, window: SdeWindow | None, sde_type: str) -> list[
             f"{num_steps - 1} (num_steps={num_steps})"
         )
     return [sde_type if window is not None and window.contains(j) else "ode" for j in range(num_steps)]
+
+
+def sliding_window(
+    step: int,
+    num_steps: int,
+    size: int,
+    *,
+    iters_per_window: int,
+    stride: int,
+    strategy: str,
+    generator: torch.Generator | None = None,
+) -> SdeWindow:
+    """MixGRPO's sliding window of `size` steps inside [0, num_steps − 2): the SDE part moves along the trajectory.
+
+    `progressive`: the start s begins at 0, stays for `iters_per_window` training steps, then s += `stride`;
+    once s would pass max_start = num_steps − 2 − size it returns to 0. `random`: s is uniform over
+    [0, max_start] at every training step (from `generator`). A pure function of `step`, so a resumed run
+    continues exactly where it left. (MixGRPO's code truncates windows near the end; ours always hold `size`.)
+    """
+    max_start = num_steps - 2 - size
+    if size < 1 or max_start < 0:
+        raise ValueError(
+            f"a sliding SDE window of size {size} needs num_steps ≥ size + 2 (it stays inside "
+            f"[0, num_steps − 2)); got num_steps={num_steps}"
+        )
+    if iters_per_window < 1 or stride < 1:
+        raise ValueError(f"iters_per_window and stride must be ≥ 1, got {iters_per_window} and {stride}")
+    if strategy == "progressive":
+        positions = max_start // stride + 1  # 0, stride, 2·stride, … ≤ max_start
+        return SdeWindow(start=stride * ((step // iters_per_window) % positions), size=size)
+    if strategy == "random":
+        if generator is None:
+            raise ValueError("the random sliding-window strategy needs a generator")
+        return SdeWindow(start=int(torch.randint(0, max_start + 1, (1,), generator=generator).item()), size=size)
+    raise ValueError(f"unknown sliding-window strategy '{strategy}'; use progressive or random")

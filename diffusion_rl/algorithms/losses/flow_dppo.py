@@ -1,0 +1,77 @@
+"""Flow-DPPO: the plain policy gradient -A * ratio with a KL trust region in place of PPO's ratio clip.
+
+A sample is left out of the update when its step has already moved far from the rollout policy (the Gaussian
+KL between the current and the rollout step distributions is at least kl_mask_threshold) AND its gradient would
+move it further away (ratio > 1 with A > 0, or ratio < 1 with A < 0). Updates that pull back toward the rollout
+policy always stay.
+
+Per sample i (cfg: kl_mask_threshold, default 1e-5; add_kl_coefficient, default true; kl_beta, default 0):
+
+    ratio_i  = exp(log_prob_i - old_log_prob_i)
+    kl_i     = mean over the non-batch dims of (mean_i - old_mean_i)^2 / (2 * (std_i * sqrt_dt_i)^2)
+               (add_kl_coefficient false: mean of (mean_i - old_mean_i)^2 / 2)
+    masked_i = kl_i >= kl_mask_threshold and ((ratio_i > 1 and A_i > 0) or (ratio_i < 1 and A_i < 0))
+    loss     = mean over ALL i of weight_i * ((1 - masked_i) * (-A_i * ratio_i) + kl_beta * klref_i)
+
+- The advantages are NOT clamped and the ratio is not clipped: the mask is the only trust region.
+- Masked samples stay in the mean's denominator, so masking lowers the loss's scale rather than re-weighting
+  the kept samples. kl_i only decides the mask and is detached.
+- klref_i is the optional KL to the reference policy, exactly as in the `flow_grpo` loss (kl_beta > 0 needs
+  ref_mean); it is never masked. Flow-DPPO's recipe runs with kl_beta 0.
+"""
+
+import torch
+
+from diffusion_rl.algorithms.losses.base import LOSSES, LossOutput, PolicyLossInput
+
+
+@LOSSES.register("flow_dppo")
+def flow_dppo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
+    """cfg may carry kl_mask_threshold (default 1e-5), add_kl_coefficient (default True), kl_beta (default 0)."""
+    threshold = float(getattr(cfg, "kl_mask_threshold", 1e-5))
+    add_kl_coefficient = bool(getattr(cfg, "add_kl_coefficient", True))
+    kl_beta = float(getattr(cfg, "kl_beta", 0.0))
+    if threshold < 0:
+        raise ValueError(f"kl_mask_threshold must be ≥ 0, got {threshold}")
+    if kl_beta > 0 and inp.ref_mean is None:
+        raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
+
+    # fp32: bf16 rounds away most of the ratio's distance from 1 and of the mean difference
+    log_ratio_B = inp.log_prob.float() - inp.old_log_prob.detach().float()
+    ratio_B = torch.exp(log_ratio_B)
+    adv_B = inp.advantages.float()
+
+    with torch.no_grad():
+        sq_diff_BN = (inp.mean.float() - inp.old_mean.float()).pow(2).flatten(1)
+        if add_kl_coefficient:
+            noise_std_B = inp.std.float() * inp.sqrt_dt.float()
+            kl_B = (sq_diff_BN / (2 * noise_std_B[:, None] ** 2)).mean(dim=1)
+        else:
+            kl_B = sq_diff_BN.mean(dim=1) / 2
+        widening_B = ((ratio_B > 1) & (adv_B > 0)) | ((ratio_B < 1) & (adv_B < 0))
+        masked_B = (kl_B >= threshold) & widening_B
+
+    policy_B = torch.where(masked_B, torch.zeros_like(ratio_B), -adv_B * ratio_B)
+    if kl_beta > 0:
+        sq_ref_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1)
+        kl_ref_B = sq_ref_B / (2 * inp.std.float() ** 2)
+        per_sample_B = policy_B + kl_beta * kl_ref_B
+    else:
+        kl_ref_B = torch.zeros_like(policy_B)
+        per_sample_B = policy_B
+
+    if inp.weights is not None:
+        per_sample_B = per_sample_B * inp.weights.detach().float()
+    loss = per_sample_B.mean()
+
+    with torch.no_grad():
+        metrics = {
+            "policy_loss": policy_B.mean(),
+            "kl_ref": kl_ref_B.mean(),
+            "approx_kl": 0.5 * (log_ratio_B**2).mean(),
+            "ratio_mean": ratio_B.mean(),
+            "ratio_std": ratio_B.std(correction=0),
+            "dppo/masked_fraction": masked_B.float().mean(),
+            "dppo/kl_mean": kl_B.mean(),
+        }
+    return LossOutput(loss=loss, metrics={k: v.detach() for k, v in metrics.items()})

@@ -1,0 +1,78 @@
+"""GRPO-Guard: Flow-GRPO's PPO-clip with the likelihood ratio re-centred and rescaled per step.
+
+The plain per-step log-ratio of an SDE step has a mean that drifts away from 0 as the policy moves, and a size
+that varies strongly with the step's noise; a fixed clip range then clips some steps much more than others.
+GRPO-Guard (arXiv 2510.22319) adds back the drift of the step mean and multiplies the log-ratio by the step's
+noise scale, then divides the policy term by dt so every step's gradient has a comparable size.
+
+Per micro-batch at one step (cfg: clip_range, adv_clip_max, kl_beta), with means over the micro-batch's rows:
+
+    s        = mean(sqrt_dt) * mean(std)                                  one number per micro-batch and step
+    bias_i   = mean over the non-batch dims of (mean_i - old_mean_i)^2 / (2 * s^2)
+    ratio_i  = exp((log_prob_i - old_log_prob_i + bias_i) * s)
+    A_i      = clamp(advantage_i, -adv_clip_max, adv_clip_max)
+    policy_i = max(-A_i * ratio_i, -A_i * clamp(ratio_i, 1 - clip_range, 1 + clip_range)) / mean(sqrt_dt)^2
+    kl_i     = mean over the non-batch dims of (mean_i - ref_mean_i)^2 / (2 * std_i^2)          if kl_beta > 0
+    loss     = mean_i of weight_i * (policy_i + kl_beta * kl_i)                               (weight_i = 1 if None)
+
+bias_i is computed per sample, as verl-omni does. flow_grpo's GRPO-Guard script reduces the squared mean
+difference over an empty tuple of dims, which averages it over the whole batch; we follow verl-omni.
+The KL term is the one of the `flow_grpo` loss (not divided by dt).
+
+Recommended settings (the config defaults are Flow-GRPO's and do not suit this loss): clip_range 2e-6 and
+kl_beta 0. The log-ratio is multiplied by s < 1, so the ratio stays much closer to 1 than Flow-GRPO's and a
+clip range sized for Flow-GRPO would rarely clip.
+"""
+
+import torch
+
+from diffusion_rl.algorithms.losses.base import LOSSES, LossOutput, PolicyLossInput
+
+
+@LOSSES.register("grpo_guard")
+def grpo_guard_loss(inp: PolicyLossInput, cfg) -> LossOutput:
+    """cfg needs clip_range, adv_clip_max and kl_beta."""
+    clip_range, kl_beta = float(cfg.clip_range), float(cfg.kl_beta)
+    if kl_beta > 0 and inp.ref_mean is None:
+        raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
+
+    # The scale is a property of the step, not of the parameters: no gradient flows through it.
+    sqrt_dt_mean = inp.sqrt_dt.detach().float().mean()
+    scale = sqrt_dt_mean * inp.std.detach().float().mean()
+
+    # fp32: the mean drift is tiny next to the means, and the rescaled ratio sits very close to 1
+    drift_B = (inp.mean.float() - inp.old_mean.detach().float()).pow(2).flatten(1).mean(dim=1)
+    bias_B = drift_B / (2 * scale**2)
+    log_ratio_B = inp.log_prob.float() - inp.old_log_prob.detach().float()
+    ratio_B = torch.exp((log_ratio_B + bias_B) * scale)
+
+    adv_B = inp.advantages.float().clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
+    unclipped_B = -adv_B * ratio_B
+    clipped_B = -adv_B * ratio_B.clamp(1.0 - clip_range, 1.0 + clip_range)
+    policy_B = torch.maximum(unclipped_B, clipped_B) / sqrt_dt_mean**2
+
+    if kl_beta > 0:
+        sq_diff_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1)
+        kl_B = sq_diff_B / (2 * inp.std.float() ** 2)
+        per_sample_B = policy_B + kl_beta * kl_B
+    else:
+        kl_B = torch.zeros_like(policy_B)
+        per_sample_B = policy_B
+
+    if inp.weights is not None:
+        per_sample_B = per_sample_B * inp.weights.detach().float()
+    loss = per_sample_B.mean()
+
+    with torch.no_grad():
+        metrics = {
+            "policy_loss": policy_B.mean(),
+            "kl_ref": kl_B.mean(),
+            "clip_fraction": ((ratio_B - 1.0).abs() > clip_range).float().mean(),
+            # of the plain log-ratio, comparable with flow_grpo's
+            "approx_kl": 0.5 * (log_ratio_B**2).mean(),
+            "ratio_mean": ratio_B.mean(),
+            "ratio_std": ratio_B.std(correction=0),
+            "guard/bias_mean": bias_B.mean(),
+            "guard/scale": scale,
+        }
+    return LossOutput(loss=loss, metrics={k: v.detach() for k, v in metrics.items()})

@@ -1,0 +1,181 @@
+"""Rollout correction: per-step loss weights for rollouts whose policy differs from the one being trained.
+
+The rollout's log-probs come from the sampler (another engine, another precision, or weights a few updates
+old), so the rollout policy π_rollout may differ from the training policy. Shapes are [B, W]: B samples, W
+trained steps of the window; column j of the weights multiplies step j's per-sample loss (`PolicyLossInput.
+weights`). Weights are detached; a zero weight leaves the row in the mean's denominator.
+
+Two modes (what the caller passes as `logp_old_BW`):
+
+- bypass (default): the PPO anchor is the rollout's log-prob, so the loss's ratio π_θ / π_rollout already
+  carries the importance weight; no IS weight is applied (is_kind, threshold, icepop_* are unused). Only the
+  rejection mask applies, if rs_stat is set; it is computed from the CURRENT policy's log-probs of the same
+  steps (detached), passed as `logp_old_BW`, against the rollout's. rs_level sum/mean/max need all W
+  steps' current log-probs before any of them is weighted; a caller that forwards one step at a time can use
+  rs_level step (on [B, 1] tensors) instead.
+- decoupled: the caller recomputes the old log-probs with the current weights before the update and passes
+  them as `logp_old_BW`; they are the PPO anchor, and w = π_old / π_rollout corrects for the rollout policy:
+      log w = clamp(logp_old - logp_rollout, ±20)                              level: step
+      log w = clamp(sum over the window of (logp_old - logp_rollout), ±20)    level: sequence, every column
+      tis: w = min(w, threshold);  icepop: w if icepop_lo ≤ w ≤ icepop_hi else 0;  none: w = 1
+
+Rejection (either mode), from the per-step log w = clamp(logp_old - logp_rollout, ±20):
+    k1 = -log w, kept when log lo ≤ k1 ≤ log hi (i.e. w in [1/hi, 1/lo]); rs_bound h alone means (1/h, h)
+    k2 = (log w)^2 / 2 ≤ rs_bound;   k3 = w - 1 - log w ≤ rs_bound
+rs_level step rejects single steps; sum / mean / max reduce the statistic over the window first and reject
+the whole sample (every column). max of k1 is refused: a signed statistic's max bounds only one side.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+SAFETY_BOUND = 20.0  # |log w| cap: exp(20) ≈ 4.9e8 stays finite in fp32, and so does its square
+_OPTIONS = {
+    "mode": ("bypass", "decoupled"),
+    "level": ("step", "sequence"),
+    "is_kind": ("tis", "icepop", "none"),
+    "rs_stat": (None, "k1", "k2", "k3"),
+    "rs_level": ("step", "sum", "mean", "max"),
+}
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    mode: Literal["bypass", "decoupled"] = _opt("bypass", "bypass: old = rollout log-probs; decoupled: recomputed.")
+    level: Literal["step", "sequence"] = _opt("step", "IS weight per step, or one per sample (window sum).")
+    is_kind: Literal["tis", "icepop", "none"] = _opt("tis", "Decoupled only: truncate w, zero it outside, or w=1.")
+    threshold: float = _opt(2.0, "tis: w is capped at this (≥ 1).")
+    icepop_lo: float = _opt(0.5, "icepop: w below this becomes 0.")
+    icepop_hi: float = _opt(2.0, "icepop: w above this becomes 0.")
+    rs_stat: Literal["k1", "k2", "k3"] | None = _opt(None, "Rejection statistic; null = no rejection.")
+    rs_bound: float | tuple[float, float] | None = _opt(None, "k2/k3: upper bound; k1: [lo, hi] or h = [1/h, h].")
+    rs_level: Literal["step", "sum", "mean", "max"] = _opt("step", "Reject single steps, or samples by the window.")
+
+    def __post_init__(self):
+        for name, valid in _OPTIONS.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"rollout correction {name} must be one of {list(valid)}, got {getattr(self, name)!r}")
+        if self.threshold < 1:
+            raise ValueError(
+                f"threshold must be ≥ 1 (it caps w; below 1 it shrinks on-policy steps), got {self.threshold}"
+            )
+        if not 0 < self.icepop_lo <= 1 <= self.icepop_hi:
+            raise ValueError(
+                f"icepop bounds must satisfy 0 < icepop_lo ≤ 1 ≤ icepop_hi so on-policy steps (w = 1) are kept; "
+                f"got icepop_lo={self.icepop_lo}, icepop_hi={self.icepop_hi}"
+            )
+        if self.rs_stat is None:
+            if self.rs_bound is not None:
+                raise ValueError(f"rs_bound={self.rs_bound} is set but rs_stat is null; set rs_stat to k1, k2 or k3")
+            return
+        if self.rs_bound is None:
+            raise ValueError(f"rs_stat={self.rs_stat} needs rs_bound (k1: [lo, hi] or h; k2/k3: an upper bound)")
+        if self.rs_stat == "k1":
+            if isinstance(self.rs_bound, (list, tuple)):
+                if len(self.rs_bound) != 2:
+                    raise ValueError(f"k1 rs_bound must be [lo, hi] or one number h; got {self.rs_bound}")
+                lo, hi = (float(b) for b in self.rs_bound)
+            else:
+                lo, hi = 1.0 / float(self.rs_bound), float(self.rs_bound)
+            if not 0 < lo <= 1 <= hi:
+                raise ValueError(f"k1 rs_bound needs 0 < lo ≤ 1 ≤ hi (h ≥ 1 for one number); got lo={lo}, hi={hi}")
+            self.rs_bound = (lo, hi)
+            if self.rs_level == "max":
+                raise ValueError("rs_level max is not defined for k1 (signed, its max bounds one side); use step")
+        else:
+            if isinstance(self.rs_bound, (list, tuple)) or float(self.rs_bound) <= 0:
+                raise ValueError(f"{self.rs_stat} rs_bound must be one number > 0, got {self.rs_bound}")
+            self.rs_bound = float(self.rs_bound)
+
+    @property
+    def active(self) -> bool:
+        """False when the weights are all ones (bypass without rejection): the caller may skip them."""
+        return self.mode == "decoupled" or self.rs_stat is not None
+
+
+@dataclass
+class CorrectionResult:
+    weights_BW: torch.Tensor  # float32 [B, W], detached: IS weight × rejection mask
+    metrics: dict[str, torch.Tensor]  # scalar tensors, detached
+
+
+def rejection_mask(log_w_BW: torch.Tensor, cfg: RolloutCorrectionConfig) -> torch.Tensor:
+    """Bool [B, W], True = kept, for log w = logp_old - logp_rollout per step; all True when rs_stat is None."""
+    if cfg.rs_stat is None:
+        return torch.ones_like(log_w_BW, dtype=torch.bool)
+    log_w = log_w_BW.float().clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    if cfg.rs_stat == "k1":
+        stat = -log_w
+    elif cfg.rs_stat == "k2":
+        stat = 0.5 * log_w**2
+    else:
+        stat = torch.exp(log_w) - 1 - log_w
+    if cfg.rs_level == "sum":
+        stat = stat.sum(dim=1, keepdim=True)
+    elif cfg.rs_level == "mean":
+        stat = stat.mean(dim=1, keepdim=True)
+    elif cfg.rs_level == "max":
+        stat = stat.amax(dim=1, keepdim=True)
+    if cfg.rs_stat == "k1":
+        lo, hi = cfg.rs_bound
+        keep = (stat >= math.log(lo)) & (stat <= math.log(hi))
+    else:
+        keep = stat <= cfg.rs_bound
+    return keep.expand_as(log_w_BW)
+
+
+def _importance_weights(log_w_BW: torch.Tensor, cfg: RolloutCorrectionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w [B, W], changed [B, W]: where truncation or IcePop altered w) for decoupled mode."""
+    if cfg.level == "sequence":
+        log_w_BW = log_w_BW.sum(dim=1, keepdim=True).expand_as(log_w_BW)
+    w = torch.exp(log_w_BW.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    if cfg.is_kind == "tis":
+        return w.clamp(max=cfg.threshold), w > cfg.threshold
+    if cfg.is_kind == "icepop":
+        outside = (w < cfg.icepop_lo) | (w > cfg.icepop_hi)
+        return torch.where(outside, torch.zeros_like(w), w), outside
+    return torch.ones_like(w), torch.zeros_like(w, dtype=torch.bool)
+
+
+def correction_weights(
+    logp_old_BW: torch.Tensor, logp_rollout_BW: torch.Tensor, cfg: RolloutCorrectionConfig
+) -> CorrectionResult:
+    """Weights [B, W] for the per-step losses, and rollout_corr/* metrics.
+
+    logp_old_BW: decoupled mode: the old log-probs recomputed with the current weights before the update;
+    bypass mode: the current policy's log-probs (only the rejection statistic reads them).
+    logp_rollout_BW: the sampler's log-probs of the same steps.
+    """
+    if logp_old_BW.ndim != 2 or logp_old_BW.shape != logp_rollout_BW.shape:
+        raise ValueError(
+            f"logp_old and logp_rollout must both be [B, W]; got {tuple(logp_old_BW.shape)} "
+            f"and {tuple(logp_rollout_BW.shape)}"
+        )
+    with torch.no_grad():
+        # fp32: the log-prob differences are small next to the log-probs
+        log_w_BW = logp_old_BW.detach().float() - logp_rollout_BW.detach().float()
+        if not torch.isfinite(log_w_BW).all():
+            raise ValueError("logp_old or logp_rollout holds NaN or inf; rollout correction needs finite log-probs")
+        if cfg.mode == "decoupled":
+            is_BW, changed_BW = _importance_weights(log_w_BW, cfg)
+        else:
+            is_BW, changed_BW = torch.ones_like(log_w_BW), torch.zeros_like(log_w_BW, dtype=torch.bool)
+        keep_BW = rejection_mask(log_w_BW, cfg)
+        weights_BW = is_BW * keep_BW.float()
+        metrics = {
+            "rollout_corr/abs_dlogp_mean": log_w_BW.abs().mean(),
+            "rollout_corr/abs_dlogp_max": log_w_BW.abs().max(),
+            "rollout_corr/is_weight_mean": is_BW.mean(),
+            "rollout_corr/is_weight_std": is_BW.std(correction=0),
+            "rollout_corr/is_changed_fraction": changed_BW.float().mean(),
+            "rollout_corr/rejected_fraction": (~keep_BW).float().mean(),
+            "rollout_corr/weight_mean": weights_BW.mean(),
+        }
+    return CorrectionResult(weights_BW=weights_BW.detach(), metrics={k: v.detach() for k, v in metrics.items()})

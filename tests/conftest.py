@@ -1,0 +1,58 @@
+"""Shared fixtures: the tiny model (small preset) saved once per session, and fast configs that train it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+import torch
+
+from diffusion_rl.config import load
+from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
+
+torch.set_num_threads(2)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny SD3-format model (0.3M-parameter transformer) written with save_pretrained."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_model"), TINY_PRESETS["small"], seed=0)
+
+
+@pytest.fixture
+def make_config(tiny_model_dir, tmp_path):
+    """make_config(*overrides) → a Config that trains the tiny model fast in tmp_path (32 px, 4 steps)."""
+
+    def make(*overrides: str):
+        base = [
+            f"run.dir={tmp_path / 'run'}",
+            f"model.path={tiny_model_dir}",
+            f"data.train={ROOT / 'configs/prompts/quickstart.txt'}",
+            f"val.prompts={ROOT / 'configs/prompts/val.txt'}",
+            "model.device=cpu",
+            "model.max_sequence_length=16",
+            "model.lora.enabled=false",
+            "sampling.num_steps=4",
+            "sampling.height=32",
+            "sampling.width=32",
+            "data.prompts_per_step=2",
+            "data.group_size=2",
+            "train.total_steps=2",
+            "train.micro_batch_size=4",
+            "train.save_every=0",
+            "val.every=0",
+            "val.before_train=false",
+            "val.num_steps=4",
+            "val.n=1",
+            "log.tensorboard=false",
+            "log.progress_bar=false",
+            "algorithm.advantage.eps=1e-8",
+        ]
+        return load(ROOT / "configs/quickstart.yaml", base + list(overrides))
+
+    return make
