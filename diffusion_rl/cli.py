@@ -62,6 +62,8 @@ def cmd_sample(args) -> None:
         raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {args.steps}")
     if args.n < 1:
         raise UserError(f"--n must be ≥ 1, got {args.n}")
+    if args.noise_level < 0:
+        raise UserError(f"--noise-level must be ≥ 0, got {args.noise_level}")
     model = load_model(
         ModelConfig(
             path=args.model,
@@ -70,6 +72,10 @@ def cmd_sample(args) -> None:
             lora=ModelConfig().lora.__class__(enabled=False),
         )
     )
+    try:
+        model.latent_shape(args.height, args.width)
+    except ValueError as e:  # a size the model cannot make is the user's to fix
+        raise UserError(f"--height/--width: {e}") from None
     prompts = [p for p in args.prompt for _ in range(args.n)]
     settings = SamplerSettings(
         args.steps,
@@ -93,6 +99,8 @@ def cmd_init_tiny(args) -> None:
     from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
 
     out = Path(args.dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file; init-tiny writes a directory")
     if out.exists() and any(out.iterdir()) and not args.force:
         raise UserError(f"{out} exists and is not empty; pass --force to overwrite")
     save_tiny_model(out, TINY_PRESETS[args.preset], seed=args.seed)

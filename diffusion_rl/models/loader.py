@@ -21,10 +21,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def detect_family(path: Path) -> str:
     index = path / "model_index.json"
-    if not path.is_dir():
+    if not path.exists():
         raise UserError(
             f"model directory '{path}' does not exist (create the tiny one with `diffusion-rl init-tiny {path}`)"
         )
+    if not path.is_dir():
+        raise UserError(f"model path '{path}' is a file; point model.path at a diffusers model directory")
     if not index.is_file():
         found = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
         raise UserError(

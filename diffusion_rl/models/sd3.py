@@ -56,6 +56,8 @@ class SD3Model(FlowModel):
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
         # A step repeats each prompt group_size times: encode each distinct (prompt, negative) pair once.
         negative = negative if negative is not None else [""] * len(prompts)
+        if len(negative) != len(prompts):
+            raise ValueError(f"encode_prompts: {len(negative)} negative prompts for {len(prompts)} prompts")
         pairs = list(zip(prompts, negative))
         unique = list(dict.fromkeys(pairs))
         with torch.no_grad():

@@ -67,7 +67,15 @@ def build_tokenizers(spec: TinySpec):
 
 
 def build_tiny_pipeline(spec: TinySpec = TinySpec(), seed: int = 0):
-    """A StableDiffusion3Pipeline with random weights drawn from `seed`."""
+    """A StableDiffusion3Pipeline with random weights drawn from `seed`; the caller's global RNG is left as it was."""
+    # Module constructors draw from the global torch RNG: seed it inside a fork so that creating the model (e.g. on
+    # a run's first start only) does not change the global stream the rest of the run draws from.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _build_from_global_rng(spec)
+
+
+def _build_from_global_rng(spec: TinySpec):
     from diffusers import (
         AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
@@ -76,7 +84,6 @@ def build_tiny_pipeline(spec: TinySpec = TinySpec(), seed: int = 0):
     )
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-    torch.manual_seed(seed)
     clip_tok, t5_tok = build_tokenizers(spec)
     vocab = len(clip_tok)
 

@@ -1,0 +1,112 @@
+"""The command line, run in-process: init-tiny, sample, config show|reference, and one-line user errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from diffusion_rl.cli import main
+from diffusion_rl.tracking import image_grid
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+FAST_SAMPLE = ["--steps", "2", "--height", "32", "--width", "32", "--max-sequence-length", "16", "--device", "cpu"]
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("diffusion-rl: error: ") and "Traceback" not in err
+    return lines[0]
+
+
+def test_init_tiny_then_sample_writes_a_grid(tmp_path):
+    model_dir, out = tmp_path / "tiny", tmp_path / "grid.png"
+    assert main(["init-tiny", str(model_dir), "--preset", "small"]) == 0
+    assert (model_dir / "model_index.json").is_file()
+    argv = ["sample", "--model", str(model_dir), "--prompt", "a", "--prompt", "b", "--n", "2", "--out", str(out)]
+    assert main(argv + FAST_SAMPLE) == 0
+    with Image.open(out) as image:
+        width, height = image.size
+        assert image.mode == "RGB" and len(image.getbands()) == 3
+    assert width > 32 and height > 32
+    # 2 prompts × 2 images, one row per prompt: the layout image_grid gives 4 tiles of 32 px in 2 columns
+    expected = image_grid(np.zeros((4, 32, 32, 3), np.uint8), ["a", "a", "b", "b"], ncols=2)
+    assert (height, width) == expected.shape[:2]
+
+
+def test_sample_with_a_missing_model_is_a_one_line_error(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    assert main(["sample", "--model", str(missing), "--prompt", "a", *FAST_SAMPLE]) == 2
+    line = _one_error_line(capsys)
+    assert "does not exist" in line and "init-tiny" in line
+
+
+def test_sample_sde_needs_two_steps(tiny_model_dir, capsys):
+    argv = ["sample", "--model", str(tiny_model_dir), "--prompt", "a", "--steps", "1", "--sde-type", "sde"]
+    assert main(argv) == 2
+    assert "--steps must be ≥ 2" in _one_error_line(capsys)
+
+
+def test_sample_rejects_n_below_one(tiny_model_dir, capsys):
+    assert main(["sample", "--model", str(tiny_model_dir), "--prompt", "a", "--n", "0"]) == 2
+    assert "--n must be ≥ 1" in _one_error_line(capsys)
+
+
+def test_sample_rejects_a_size_the_model_cannot_make(tiny_model_dir, capsys):
+    argv = ["sample", "--model", str(tiny_model_dir), "--prompt", "a", *FAST_SAMPLE, "--height", "36"]
+    assert main(argv) == 2
+    assert "--height/--width" in _one_error_line(capsys)
+
+
+def test_sample_rejects_a_negative_noise_level(tiny_model_dir, capsys):
+    argv = ["sample", "--model", str(tiny_model_dir), "--prompt", "a", "--sde-type", "sde", "--noise-level", "-1"]
+    assert main(argv) == 2
+    assert "--noise-level" in _one_error_line(capsys)
+
+
+def test_config_show_applies_overrides(capsys):
+    assert main(["config", "show", QUICKSTART, "train.lr=3e-4"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 0.0003" in out
+    assert "total_steps: 100" in out  # the rest comes from the file
+
+
+def test_config_show_suggests_the_key_for_a_typo(capsys):
+    assert main(["config", "show", QUICKSTART, "train.lrr=1"]) == 2
+    assert "did you mean 'train.lr'" in _one_error_line(capsys)
+
+
+def test_config_show_with_a_missing_file(tmp_path, capsys):
+    assert main(["config", "show", str(tmp_path / "nope.yaml")]) == 2
+    assert "not found" in _one_error_line(capsys)
+
+
+def test_config_reference_lists_every_key(capsys):
+    assert main(["config", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "train.lr:" in out and "model.lora.rank:" in out
+
+
+def test_init_tiny_refuses_a_non_empty_dir_without_force(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    assert main(["init-tiny", str(tmp_path), "--preset", "small"]) == 2
+    assert "--force" in _one_error_line(capsys)
+    assert (tmp_path / "keep.txt").read_text() == "mine" and not (tmp_path / "model_index.json").exists()
+
+
+def test_init_tiny_refuses_a_file(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("mine")
+    assert main(["init-tiny", str(target), "--force"]) == 2
+    assert "is a file" in _one_error_line(capsys)
+
+
+def test_unknown_command_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["nonsense"])
+    assert info.value.code == 2
