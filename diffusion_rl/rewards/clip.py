@@ -1,0 +1,270 @@
+"""CLIP-family rewards on transformers' `CLIPModel`, loaded from a local directory (save_pretrained layout).
+
+- `clip_score`: 100 · max(cos(image, prompt), 0) with the model's projected embeddings.
+- `pickscore`: exp(logit_scale) · cos(image, prompt), PickScore's logit (the PickScore_v1 weights are a CLIPModel;
+  its tokenizer and preprocessing are those of laion/CLIP-ViT-H-14: pass that directory as `processor_path`).
+- `aesthetic`: the LAION improved aesthetic predictor, an MLP on the L2-normalised CLIP image embedding (trained on
+  ViT-L/14 embeddings, 768-d); its weights come from a separate state-dict file (`head_path`: .pth/.pt or
+  .safetensors, keys layers.{0,2,4,6,7}.{weight,bias}).
+
+Images are preprocessed in torch like CLIPImageProcessor: the shorter side resized to `size` (bicubic,
+antialiased), a centre crop, scaling to [0, 1] and normalisation with the processor's mean/std, read from
+`preprocessor_config.json` in `processor_path` (default: `path`), else OpenAI CLIP's. It runs batched on `device`
+and needs no torchvision; values differ from the PIL processor's by resampling rounding only.
+
+Common kwargs: path, device (None = cuda if available, else cpu), batch_size, dtype ("float32", "bfloat16",
+"float16"), processor_path.
+"""
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.rewards.base import REWARDS
+
+logger = logging.getLogger(__name__)
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ClipEncoder:
+    """A CLIPModel, its tokenizer and image preprocessing; gives L2-normalised float32 embeddings."""
+
+    def __init__(
+        self,
+        path: str,
+        device: str | None = None,
+        batch_size: int = 32,
+        dtype: str = "float32",
+        processor_path: str | None = None,
+    ):
+        import torch
+        from transformers import AutoTokenizer, CLIPModel
+
+        if dtype not in DTYPES:
+            raise UserError(f"CLIP reward: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+        if batch_size < 1:
+            raise UserError(f"CLIP reward: batch_size must be >= 1, got {batch_size}")
+        model_dir = _existing_dir(path, "path")
+        processor_dir = _existing_dir(processor_path, "processor_path") if processor_path else model_dir
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = getattr(torch, dtype)
+        self.batch_size = batch_size
+        try:
+            self.model = CLIPModel.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
+            self.tokenizer = AutoTokenizer.from_pretrained(processor_dir)
+        except (OSError, ValueError) as e:
+            raise UserError(f"CLIP reward: cannot load a CLIP model and tokenizer from {model_dir} ({e})") from None
+        self.model.requires_grad_(False)
+        self.image_config = _image_config(processor_dir, self.model.config.vision_config.image_size)
+        self.max_length = min(self.tokenizer.model_max_length, self.model.config.text_config.max_position_embeddings)
+
+    def pixel_values(self, images_BHW3: np.ndarray):
+        """Model inputs [B, 3, crop_h, crop_w] on the device, in the model's dtype."""
+        import torch
+        import torch.nn.functional as F
+
+        cfg = self.image_config
+        x = torch.from_numpy(np.ascontiguousarray(images_BHW3)).to(self.device)
+        x_BCHW = x.permute(0, 3, 1, 2).float() / 255
+        height, width = x_BCHW.shape[-2:]
+        short, long = (height, width) if height <= width else (width, height)
+        new_short, new_long = cfg["size"], int(cfg["size"] * long / short)  # as transformers rounds
+        new_hw = (new_short, new_long) if height <= width else (new_long, new_short)
+        if new_hw != (height, width):
+            x_BCHW = F.interpolate(x_BCHW, size=new_hw, mode="bicubic", antialias=True, align_corners=False)
+            x_BCHW = x_BCHW.clamp(0, 1)  # bicubic overshoots; the PIL processor works on clipped uint8
+        crop_h, crop_w = cfg["crop"]
+        if crop_h > new_hw[0] or crop_w > new_hw[1]:
+            raise UserError(f"CLIP reward: crop {cfg['crop']} is larger than the resized image {new_hw}")
+        top, left = (new_hw[0] - crop_h) // 2, (new_hw[1] - crop_w) // 2
+        x_BCHW = x_BCHW[:, :, top : top + crop_h, left : left + crop_w]
+        mean = torch.tensor(cfg["mean"], device=self.device).view(1, 3, 1, 1)
+        std = torch.tensor(cfg["std"], device=self.device).view(1, 3, 1, 1)
+        return ((x_BCHW - mean) / std).to(self.dtype)
+
+    def image_embeddings(self, images_BHW3: np.ndarray):
+        """L2-normalised image embeddings, float32 [B, D]."""
+        import torch
+
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(images_BHW3), self.batch_size):
+                pixels = self.pixel_values(images_BHW3[start : start + self.batch_size])
+                out.append(_pooled(self.model.get_image_features(pixel_values=pixels)).float())
+        return torch.nn.functional.normalize(torch.cat(out), dim=-1)
+
+    def text_embeddings(self, prompts: list[str]):
+        """L2-normalised text embeddings, float32 [B, D]."""
+        import torch
+
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(prompts), self.batch_size):
+                tokens = self.tokenizer(
+                    prompts[start : start + self.batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                ).to(self.device)
+                features = self.model.get_text_features(
+                    input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"]
+                )
+                out.append(_pooled(features).float())
+        return torch.nn.functional.normalize(torch.cat(out), dim=-1)
+
+    def cosines(self, images_BHW3: np.ndarray, prompts: list[str]):
+        """cos(image_i, prompt_i), float32 [B]."""
+        return (self.image_embeddings(images_BHW3) * self.text_embeddings(prompts)).sum(-1)
+
+
+def _pooled(features: Any):
+    """The projected embedding: transformers 5 returns an output object, older versions the tensor itself."""
+    return features if hasattr(features, "dim") else features.pooler_output
+
+
+def _existing_dir(path: Any, name: str) -> Path:
+    if not isinstance(path, str) or not path:
+        raise UserError(f"CLIP reward: {name} must be a local model directory, got {path!r}")
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise UserError(
+            f"CLIP reward: {name} {directory} is not a directory; download the model first (e.g. "
+            "`huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR"
+        )
+    return directory
+
+
+def _image_config(directory: Path, image_size: int) -> dict[str, Any]:
+    """size (shorter side after resizing), crop (h, w), mean, std: from preprocessor_config.json, else defaults."""
+    cfg: dict[str, Any] = {}
+    file = directory / "preprocessor_config.json"
+    if file.is_file():
+        cfg = json.loads(file.read_text())
+    else:
+        logger.info("CLIP reward: no %s; using size %d and OpenAI CLIP's mean/std", file, image_size)
+    size = cfg.get("size", image_size)
+    size = size.get("shortest_edge", size.get("height")) if isinstance(size, dict) else size
+    crop = cfg.get("crop_size", size)
+    crop = (crop["height"], crop["width"]) if isinstance(crop, dict) else (crop, crop)
+    mean, std = cfg.get("image_mean", OPENAI_CLIP_MEAN), cfg.get("image_std", OPENAI_CLIP_STD)
+    return {"size": int(size), "crop": (int(crop[0]), int(crop[1])), "mean": list(mean), "std": list(std)}
+
+
+@REWARDS.register("clip_score")
+def clip_score(
+    path: str,
+    device: str | None = None,
+    batch_size: int = 32,
+    dtype: str = "float32",
+    processor_path: str | None = None,
+):
+    """Reward = 100 · max(cos(image, prompt), 0)."""
+    encoder = ClipEncoder(path, device, batch_size, dtype, processor_path)
+
+    def reward(images: np.ndarray, prompts: list[str], metadata: list[dict]) -> np.ndarray:
+        return (100 * encoder.cosines(images, prompts).clamp(min=0)).cpu().numpy().astype(np.float32)
+
+    return reward
+
+
+@REWARDS.register("pickscore")
+def pickscore(
+    path: str,
+    device: str | None = None,
+    batch_size: int = 32,
+    dtype: str = "float32",
+    processor_path: str | None = None,
+):
+    """Reward = exp(logit_scale) · cos(image, prompt) (about 20–23 for PickScore_v1 on typical images)."""
+    encoder = ClipEncoder(path, device, batch_size, dtype, processor_path)
+    logit_scale = float(encoder.model.logit_scale.exp())
+
+    def reward(images: np.ndarray, prompts: list[str], metadata: list[dict]) -> np.ndarray:
+        return (logit_scale * encoder.cosines(images, prompts)).cpu().numpy().astype(np.float32)
+
+    return reward
+
+
+def aesthetic_head(embed_dim: int = 768):
+    """The LAION improved-aesthetic-predictor MLP (dropouts are inactive in eval mode)."""
+    from torch import nn
+
+    class AestheticHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.Sequential(
+                nn.Linear(embed_dim, 1024),
+                nn.Dropout(0.2),
+                nn.Linear(1024, 128),
+                nn.Dropout(0.2),
+                nn.Linear(128, 64),
+                nn.Dropout(0.1),
+                nn.Linear(64, 16),
+                nn.Linear(16, 1),
+            )
+
+        def forward(self, embeddings_BD):
+            return self.layers(embeddings_BD)
+
+    return AestheticHead()
+
+
+def load_aesthetic_head(head_path: str, embed_dim: int):
+    """The aesthetic MLP with the weights in `head_path`, strictly loaded, or UserError saying what does not match."""
+    import torch
+
+    file = Path(head_path).expanduser()
+    if not file.is_file():
+        raise UserError(f"aesthetic: head_path {file} is not a file; expected the predictor's state dict")
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(file))
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle/safetensors errors have no common base
+        raise UserError(f"aesthetic: cannot read {file} as a state dict ({type(e).__name__}: {e})") from None
+    if isinstance(state, dict) and "state_dict" in state:
+        state = state["state_dict"]
+    head = aesthetic_head(embed_dim)
+    try:
+        head.load_state_dict(state, strict=True)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        expected = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+        raise UserError(
+            f"aesthetic: {file} does not fit the LAION aesthetic MLP on {embed_dim}-d CLIP embeddings "
+            f"({' '.join(str(e).split())}); "
+            f"expected keys and shapes {expected}"
+        ) from None
+    return head.eval().requires_grad_(False)
+
+
+@REWARDS.register("aesthetic")
+def aesthetic(
+    path: str,
+    head_path: str,
+    device: str | None = None,
+    batch_size: int = 32,
+    dtype: str = "float32",
+    processor_path: str | None = None,
+):
+    """Reward = the LAION aesthetic score (roughly 1–10) of the image; `path` is the CLIP (ViT-L/14) directory."""
+    import torch
+
+    encoder = ClipEncoder(path, device, batch_size, dtype, processor_path)
+    head = load_aesthetic_head(head_path, encoder.model.config.projection_dim).to(encoder.device)
+
+    def reward(images: np.ndarray, prompts: list[str], metadata: list[dict]) -> np.ndarray:
+        with torch.inference_mode():
+            return head(encoder.image_embeddings(images)).squeeze(-1).cpu().numpy().astype(np.float32)
+
+    return reward

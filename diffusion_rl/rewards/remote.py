@@ -1,0 +1,281 @@
+"""`remote`: score images with a reward that runs in another process or machine (`diffusion-rl serve-reward`).
+
+Wire format (JSON only, never pickle), served by `diffusion_rl.rewards.server`:
+
+    GET  {url}/health  -> 200 {"status": "ok", "reward": name, ...}
+    POST {url}/score   {"images": [base64 PNG, ...], "prompts": [...], "metadata": [{...}, ...]}
+                       -> 200 {"scores": [float | null, ...]}   (null = failed sample; "error" may say why)
+
+Failure rules (shared with the `vlm` judge through `http_json` and `call_with_retries`):
+- connection errors, timeouts, HTTP 5xx, 408 and 429 are retried, `retries` times, with exponential backoff
+  (backoff, 2·backoff, 4·backoff, ... seconds, capped at 60 s); any other 4xx is not retried: the request is wrong.
+- a batch that still fails has all its samples failed (NaN, counted, logged), never scored 0.
+- after `max_failed_batches` consecutive failed batches the reward raises RemoteRewardError: the server is gone.
+  A later call asks {url}/health first (at most every 30 s) and goes on if the server is back; else it raises
+  at once.
+- an unreachable {url}/health when the reward is created is a UserError naming the URL.
+"""
+
+import base64
+import http.client
+import io
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.rewards.base import REWARDS
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_BACKOFF_S = 60.0
+PROBE_INTERVAL_S = 30.0  # once given up on, the server is asked /health at most this often
+RETRYABLE_4XX = (408, 429)  # request timeout, too many requests: the server asks to try again later
+
+
+class HttpError(Exception):
+    """An HTTP request that failed; `retryable` says whether trying again may help."""
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class RemoteRewardError(RuntimeError):
+    """The reward server failed too many batches in a row: it is down or broken."""
+
+
+# ---- HTTP helpers (also used by the vlm judge) ----
+
+
+def http_json(
+    url: str, payload: Any = None, *, timeout: float, headers: dict[str, str] | None = None, method: str | None = None
+) -> Any:
+    """Send `payload` as JSON (POST; GET when None) and return the decoded JSON answer, or raise HttpError."""
+    data = None if payload is None else json.dumps(payload, default=_json_default).encode("utf-8")
+    request = urllib.request.Request(url, data=data, method=method or ("GET" if data is None else "POST"))
+    request.add_header("Accept", "application/json")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as e:
+        retryable = e.code >= 500 or e.code in RETRYABLE_4XX
+        raise HttpError(f"HTTP {e.code} from {url}: {_error_body(e)}", retryable=retryable, status=e.code) from None
+    except (OSError, http.client.HTTPException) as e:  # refused, reset, DNS, timeout (URLError is an OSError)
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        raise HttpError(f"no answer from {url} ({type(reason).__name__}: {reason})", retryable=True) from None
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HttpError(f"{url} answered with invalid JSON ({e}): {body[:200]!r}", retryable=False) from None
+
+
+def call_with_retries(fn: Callable[[], T], *, retries: int, backoff: float, what: str) -> T:
+    """fn(), tried again up to `retries` times on a retryable HttpError, sleeping backoff·2^attempt in between."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except HttpError as e:
+            if not e.retryable or attempt == retries:
+                raise
+            delay = min(backoff * 2**attempt, MAX_BACKOFF_S)
+            logger.info("%s: %s; retry %d of %d in %.2g s", what, e, attempt + 1, retries, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _error_body(error: urllib.error.HTTPError) -> str:
+    try:
+        text = error.read().decode("utf-8", errors="replace")
+    except (OSError, http.client.HTTPException):
+        return error.reason or ""
+    try:  # our server and OpenAI-style servers put the message in "error" (a string or {"message": ...})
+        detail = json.loads(text).get("error", text)
+        text = detail.get("message", str(detail)) if isinstance(detail, dict) else str(detail)
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    return text.strip()[:500] or str(error.reason)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable; reward metadata must be plain JSON values")
+
+
+def check_http_url(url: Any, who: str) -> str:
+    """`url` without a trailing slash, or UserError when it is not an http(s) URL with a host."""
+    parsed = urllib.parse.urlparse(url) if isinstance(url, str) else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise UserError(f"{who}: url must be an http(s) URL like http://127.0.0.1:8000, got {url!r}")
+    return url.rstrip("/")
+
+
+# ---- image wire format ----
+
+
+def encode_png_base64(image_HW3: np.ndarray) -> str:
+    """One uint8 RGB image as base64 PNG text (lossless; compress level 1: fast, PNG size matters little here)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image_HW3).save(buffer, format="PNG", compress_level=1)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def decode_png_base64(text: str) -> np.ndarray:
+    """The uint8 RGB image [H, W, 3] in base64 image text (a "data:image/...;base64," prefix is allowed)."""
+    from PIL import Image
+
+    if text.startswith("data:"):
+        text = text.partition(",")[2]
+    raw = base64.b64decode(text, validate=True)
+    with Image.open(io.BytesIO(raw)) as image:
+        return np.asarray(image.convert("RGB"), dtype=np.uint8)
+
+
+# ---- the reward ----
+
+
+@REWARDS.register("remote")
+class RemoteReward:
+    """Scores from a reward server; NaN for samples of a batch the server failed (after retries)."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 120.0,
+        retries: int = 3,
+        backoff: float = 1.0,
+        chunk_size: int = 64,
+        max_failed_batches: int | None = 3,
+        check_health: bool = True,
+    ):
+        """
+        url: the server's base URL, e.g. http://127.0.0.1:8000 (from `diffusion-rl serve-reward`).
+        timeout: seconds to wait for one request's answer (the server scores the whole chunk in that time).
+        retries: how many times a failed request is tried again (connection errors, timeouts, 5xx, 408, 429).
+        backoff: seconds before the first retry; doubled for each further one.
+        chunk_size: images per request; a batch is sent in chunks of at most this many.
+        max_failed_batches: raise RemoteRewardError after this many failed requests in a row; null = never.
+        check_health: ask {url}/health when created, so a wrong URL fails at start, not at the first batch.
+        """
+        self.url = check_http_url(url, "remote")
+        if timeout <= 0 or retries < 0 or backoff < 0:
+            raise UserError(
+                f"remote: need timeout > 0, retries >= 0, backoff >= 0; got {timeout}, {retries}, {backoff}"
+            )
+        if chunk_size < 1:
+            raise UserError(f"remote: chunk_size must be >= 1, got {chunk_size}")
+        if max_failed_batches is not None and max_failed_batches < 1:
+            raise UserError(
+                f"remote: max_failed_batches must be >= 1 or null (never give up), got {max_failed_batches}"
+            )
+        self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
+        self.chunk_size = int(chunk_size)
+        self.max_failed_batches = max_failed_batches
+        self.failed_batches = 0  # totals over this reward's life, for logs and tests
+        self.failed_samples = 0
+        self._failures_in_a_row = 0
+        self._probe_failed_at = -float("inf")  # time.monotonic() of the last /health probe that failed
+        if check_health:
+            try:
+                info = call_with_retries(self._health, retries=self.retries, backoff=self.backoff, what="remote")
+            except HttpError as e:
+                raise UserError(
+                    f"remote: the reward server at {self.url} does not answer {self.url}/health ({e}); start it "
+                    "with `diffusion-rl serve-reward --reward NAME --port N` or fix the url"
+                ) from None
+            logger.info("remote: reward server at %s is up (%s)", self.url, info)
+
+    def _health(self, timeout: float | None = None) -> Any:
+        return http_json(f"{self.url}/health", timeout=timeout or self.timeout)
+
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
+        scores = np.full(len(images), np.nan, dtype=np.float32)
+        for start in range(0, len(images), self.chunk_size):
+            chunk = slice(start, start + self.chunk_size)
+            self._check_not_gone()
+            try:
+                scores[chunk] = self._score_chunk(images[chunk], prompts[chunk], metadata[chunk])
+            except HttpError as e:
+                self._count_failure(len(images[chunk]), e)
+            else:
+                self._failures_in_a_row = 0
+        return scores
+
+    def _score_chunk(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
+        payload = {
+            "images": [encode_png_base64(image) for image in images],
+            "prompts": list(prompts),
+            "metadata": list(metadata),
+        }
+        answer = call_with_retries(
+            lambda: http_json(f"{self.url}/score", payload, timeout=self.timeout),
+            retries=self.retries,
+            backoff=self.backoff,
+            what=f"remote {self.url}",
+        )
+        raw = answer.get("scores") if isinstance(answer, dict) else None
+        if not isinstance(raw, list) or len(raw) != len(images):
+            got = f"{len(raw)} scores" if isinstance(raw, list) else repr(answer)[:200]
+            raise HttpError(f"{self.url}/score answered {got} for {len(images)} images", retryable=False)
+        if answer.get("error"):
+            logger.warning("remote: the reward server reports: %s", answer["error"])
+        try:
+            return np.array([np.nan if s is None else float(s) for s in raw], dtype=np.float32)
+        except (TypeError, ValueError):
+            raise HttpError(f"{self.url}/score answered non-numeric scores: {raw[:5]!r}", retryable=False) from None
+
+    def _count_failure(self, n_samples: int, error: HttpError) -> None:
+        self.failed_batches += 1
+        self.failed_samples += n_samples
+        self._failures_in_a_row += 1
+        logger.warning(
+            "remote: a batch of %d failed after %d tries (%s); its samples are failed (NaN). %d failed in a row",
+            n_samples,
+            self.retries + 1 if error.retryable else 1,
+            error,
+            self._failures_in_a_row,
+        )
+        if self.max_failed_batches is not None and self._failures_in_a_row >= self.max_failed_batches:
+            raise RemoteRewardError(self._gone_message(error)) from None
+
+    def _check_not_gone(self) -> None:
+        """After too many failures, go on only if the server answers /health again."""
+        if self.max_failed_batches is None or self._failures_in_a_row < self.max_failed_batches:
+            return
+        # At most one probe per PROBE_INTERVAL_S: callers retry sample by sample, and a hung server would make
+        # each of those calls wait for a probe's timeout.
+        if time.monotonic() - self._probe_failed_at < PROBE_INTERVAL_S:
+            raise RemoteRewardError(self._gone_message(None))
+        try:
+            self._health(timeout=min(self.timeout, 10.0))
+        except HttpError as e:
+            self._probe_failed_at = time.monotonic()
+            raise RemoteRewardError(self._gone_message(e)) from None
+        logger.warning("remote: the reward server at %s answers again", self.url)
+        self._failures_in_a_row = 0
+
+    def _gone_message(self, error: HttpError | None) -> str:
+        last = f" (last: {error})" if error is not None else ""
+        return (
+            f"the reward server at {self.url} failed {self._failures_in_a_row} batches in a row{last}; is it still "
+            f"running? ({self.failed_samples} samples failed in all)"
+        )

@@ -1,0 +1,71 @@
+"""How well a recognised text matches the text an image was asked to show (the Flow-GRPO OCR rule).
+
+Both texts are normalised (all whitespace removed, lower-cased). With r the recognised and t the target text:
+
+    d = 0                               if t is a substring of r (extra text around the target is not penalised)
+    d = min(Levenshtein(r, t), len(t))  otherwise (many unrelated characters cost at most the whole target)
+    score = 1 - d / len(t)              in [0, 1]
+
+Used by the `ocr` reward (rapidocr) and the `vlm` judge in transcription mode.
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+# Quote pairs, left to right: "..." (straight quotes) or “...” (typographic quotes).
+_QUOTED = re.compile(r'"([^"]*)"|“([^”]*)”')
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize_text(text: str) -> str:
+    """`text` without any whitespace, lower-cased: OCR engines disagree on spaces and case, the reward ignores both."""
+    return _WHITESPACE.sub("", text).lower()
+
+
+def quoted_text(prompt: str) -> str | None:
+    """The first double-quoted string with a visible character in `prompt` ('A sign that says "OPEN"' → 'OPEN'),
+    or None when there is none."""
+    for match in _QUOTED.finditer(prompt):
+        text = match.group(1) if match.group(1) is not None else match.group(2)
+        if text.strip():
+            return text
+    return None
+
+
+def target_text(prompt: str, metadata: Mapping[str, Any]) -> str | None:
+    """The text an image should show: metadata["ground_truth"] when it is a non-blank string, else the prompt's
+    first quoted string; None when neither gives one."""
+    ground_truth = metadata.get("ground_truth")
+    if isinstance(ground_truth, str) and ground_truth.strip():
+        return ground_truth
+    quoted = quoted_text(prompt)
+    if quoted is not None and quoted.strip():
+        return quoted
+    return None
+
+
+def levenshtein(a: str, b: str) -> int:
+    """Edit distance (insertions, deletions, substitutions, each cost 1) between `a` and `b`."""
+    if len(a) < len(b):
+        a, b = b, a  # keep the row (b) the shorter string: O(len(b)) memory
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, start=1):
+        current = [i]
+        for j, char_b in enumerate(b, start=1):
+            substitution = previous[j - 1] + (char_a != char_b)
+            current.append(min(previous[j] + 1, current[j - 1] + 1, substitution))
+        previous = current
+    return previous[-1]
+
+
+def text_match_score(recognized: str, target: str) -> float:
+    """The OCR reward of `recognized` for `target` (see the module docstring), in [0, 1].
+
+    Raises ValueError if `target` has no visible character: the score would divide by zero.
+    """
+    r, t = normalize_text(recognized), normalize_text(target)
+    if not t:
+        raise ValueError(f"the target text {target!r} has no visible character to match")
+    distance = 0 if t in r else min(levenshtein(r, t), len(t))
+    return 1.0 - distance / len(t)

@@ -1,0 +1,230 @@
+"""`vlm`: a vision-language model judges each image through an OpenAI-compatible chat API (vLLM, SGLang, ...).
+
+Each image goes as a PNG data URL with a text built from `template` ({prompt} and {ground_truth} are filled in;
+write literal braces as {{ and }}) to {base_url}/chat/completions; requests run `concurrency` at a time.
+
+- mode "score": the first number in the answer, divided by `scale` (the default template asks for 0–10, scale 10).
+- mode "ocr": the answer is a transcription, scored against the target text (metadata["ground_truth"], else the
+  prompt's first quoted string) with the OCR rule of `text_match` (1 = the target appears).
+
+A "<think>...</think>" part of the answer is ignored. Connection errors, timeouts, 5xx, 408 and 429 are retried
+with exponential backoff; other 4xx are not. A sample that still fails, or whose answer has no number, is failed
+(NaN, counted in `failed_samples`, logged), never scored 0. A server that does not answer {base_url}/models when
+the reward is created is a UserError naming the URL.
+"""
+
+import logging
+import os
+import re
+import string
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.rewards.base import REWARDS
+from diffusion_rl.rewards.remote import HttpError, call_with_retries, check_http_url, encode_png_base64, http_json
+from diffusion_rl.rewards.text_match import target_text, text_match_score
+
+logger = logging.getLogger(__name__)
+
+MODES = ("score", "ocr")
+PLACEHOLDERS = ("prompt", "ground_truth")
+DEFAULT_TEMPLATES = {
+    "score": (
+        'This image was generated for the prompt "{prompt}". Rate how well it matches the prompt and how good it '
+        "looks, from 0 (not at all) to 10 (perfect). Reply with the number only."
+    ),
+    "ocr": "Write out all the text that appears in this image, exactly as written. Reply with the text only.",
+}
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+class AnswerError(ValueError):
+    """The model answered, but not with what the mode needs (e.g. no number)."""
+
+
+def parse_score(answer: str) -> float:
+    """The first number in `answer` (after any <think> part), or AnswerError."""
+    match = _NUMBER.search(_THINKING.sub("", answer))
+    if match is None:
+        raise AnswerError(f"no number in the answer {answer[:200]!r}")
+    return float(match.group())
+
+
+def _template_fields(template: str) -> set[str]:
+    """The placeholders `template` uses, or UserError when it has others or unbalanced braces."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise UserError(f"vlm: bad template ({e}); write literal braces as {{{{ and }}}}") from None
+    unknown = sorted({f for f in fields if f not in PLACEHOLDERS})
+    if unknown:
+        raise UserError(
+            f"vlm: the template uses unknown placeholders {unknown}; known: {{prompt}}, {{ground_truth}} "
+            "(write literal braces as {{ and }})"
+        )
+    return set(fields)
+
+
+def _v1_url(base_url: str) -> str:
+    """The API base: `base_url`, with /v1 added when it has no path (http://host:8000 → http://host:8000/v1)."""
+    url = check_http_url(base_url, "vlm")
+    return url + "/v1" if urllib.parse.urlparse(url).path in ("", "/") else url
+
+
+@REWARDS.register("vlm")
+class VlmJudge:
+    """A reward read from a VLM's answer about each image; NaN where the request or the answer failed."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        mode: str = "score",
+        template: str | None = None,
+        scale: float = 10.0,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        concurrency: int = 8,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff: float = 1.0,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        check_server: bool = True,
+    ):
+        """
+        base_url: the OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (/v1 is added to a URL without a path).
+        model: the served model name, as in {base_url}/models.
+        mode: "score" (a number in the answer) or "ocr" (a transcription, scored against the target text).
+        template: the text sent with each image; {prompt} and {ground_truth} are filled in. None = a default for
+            the mode.
+        scale: in mode "score", the number is divided by this (10 for the default 0–10 template).
+        api_key: sent as "Authorization: Bearer ..."; prefer api_key_env, which keeps the key out of configs.
+        api_key_env: name of the environment variable that holds the API key.
+        concurrency: requests in flight at once.
+        timeout: seconds to wait for one answer.
+        retries: how many times a failed request is tried again (connection errors, timeouts, 5xx, 408, 429).
+        backoff: seconds before the first retry; doubled for each further one.
+        max_tokens, temperature: sampling settings sent with each request.
+        check_server: ask {base_url}/models when created, so a wrong URL or model fails at start.
+        """
+        if mode not in MODES:
+            raise UserError(f"vlm: unknown mode {mode!r}; known: {', '.join(MODES)}")
+        self.url = _v1_url(base_url)
+        if not isinstance(model, str) or not model:
+            raise UserError(f"vlm: model must be the served model's name, got {model!r}")
+        self.template = DEFAULT_TEMPLATES[mode] if template is None else template
+        self._needs_target = mode == "ocr" or "ground_truth" in _template_fields(self.template)
+        if not scale > 0:
+            raise UserError(f"vlm: scale must be > 0, got {scale}")
+        if concurrency < 1 or timeout <= 0 or retries < 0 or backoff < 0 or max_tokens < 1:
+            raise UserError(
+                "vlm: need concurrency >= 1, timeout > 0, retries >= 0, backoff >= 0, max_tokens >= 1; got "
+                f"{concurrency}, {timeout}, {retries}, {backoff}, {max_tokens}"
+            )
+        self.model, self.mode, self.scale = model, mode, float(scale)
+        self.concurrency, self.timeout, self.retries, self.backoff = concurrency, float(timeout), retries, backoff
+        self.max_tokens, self.temperature = max_tokens, temperature
+        self._headers = {"Authorization": f"Bearer {key}"} if (key := _api_key(api_key, api_key_env)) else {}
+        self.failed_samples = 0  # total over this reward's life, for logs and tests
+        if check_server:
+            self._check_server()
+
+    def _check_server(self) -> None:
+        url = f"{self.url}/models"
+        try:
+            listing = call_with_retries(
+                lambda: http_json(url, timeout=self.timeout, headers=self._headers),
+                retries=self.retries,
+                backoff=self.backoff,
+                what="vlm",
+            )
+        except HttpError as e:
+            if e.status == 404:  # a server without the listing endpoint: it answers, which is what we check
+                logger.info("vlm: %s has no model list (404); not checking the model name", url)
+                return
+            hint = "check api_key / api_key_env" if e.status in (401, 403) else "start the server or fix base_url"
+            raise UserError(f"vlm: the server at {self.url} does not answer {url} ({e}); {hint}") from None
+        served = (
+            [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)] if isinstance(listing, dict) else []
+        )
+        if served and self.model not in served:
+            raise UserError(
+                f"vlm: model {self.model!r} is not served at {self.url}; served: {', '.join(map(str, served))}"
+            )
+
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, max(len(images), 1))) as pool:
+            results = list(pool.map(self._score_one, images, prompts, metadata))
+        errors = [(i, error) for i, (_, error) in enumerate(results) if error is not None]
+        if errors:
+            self.failed_samples += len(errors)
+            i, error = errors[0]
+            logger.warning(
+                "vlm: %d of %d samples failed (NaN); first: sample %d: %s", len(errors), len(images), i, error
+            )
+        return np.array([score for score, _ in results], dtype=np.float32)
+
+    def _score_one(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> tuple[float, str | None]:
+        """(score, None), or (NaN, why the sample failed)."""
+        target = target_text(prompt, metadata)
+        if target is None and self._needs_target:
+            return np.nan, "no target text (no metadata 'ground_truth' and no double-quoted text in the prompt)"
+        text = self.template.format(prompt=prompt, ground_truth=target or "")
+        try:
+            answer = self._ask(image, text)
+            if self.mode == "ocr":
+                return text_match_score(_THINKING.sub("", answer), target), None
+            return parse_score(answer) / self.scale, None
+        except (HttpError, AnswerError) as e:
+            return np.nan, str(e)
+
+    def _ask(self, image: np.ndarray, text: str) -> str:
+        payload = {
+            "model": self.model,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": "data:image/png;base64," + encode_png_base64(image)},
+                        },
+                        {"type": "text", "text": text},
+                    ],
+                }
+            ],
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }
+        answer = call_with_retries(
+            lambda: http_json(f"{self.url}/chat/completions", payload, timeout=self.timeout, headers=self._headers),
+            retries=self.retries,
+            backoff=self.backoff,
+            what="vlm",
+        )
+        try:
+            content = answer["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise AnswerError(
+                f"unexpected answer format (no choices[0].message.content): {str(answer)[:200]}"
+            ) from None
+        if not isinstance(content, str):  # null (e.g. only reasoning) or a list of parts
+            raise AnswerError(f"the answer has no text content: {str(content)[:200]}")
+        return content
+
+
+def _api_key(api_key: str | None, api_key_env: str | None) -> str | None:
+    if api_key is not None and api_key_env is not None:
+        raise UserError("vlm: give api_key or api_key_env, not both")
+    if api_key_env is not None:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise UserError(f"vlm: api_key_env names {api_key_env!r}, but that environment variable is not set")
+        return key
+    return api_key
