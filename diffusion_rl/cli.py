@@ -107,6 +107,19 @@ def cmd_init_tiny(args) -> None:
     logger.info("wrote the tiny model (%s preset) to %s", args.preset, out)
 
 
+def cmd_serve_reward(args) -> None:
+    from diffusion_rl.rewards.server import run_server_from_args
+
+    run_server_from_args(args)
+
+
+def cmd_prepare_ocr(args) -> None:
+    from diffusion_rl.data.ocr_prepare import run_prepare_ocr_from_args
+
+    result = run_prepare_ocr_from_args(args)
+    logger.info("prepared %s", result)
+
+
 def cmd_config(args) -> None:
     from diffusion_rl.config import Config, load
     from diffusion_rl.config_io import describe, to_yaml
@@ -150,6 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true")
     p.set_defaults(fn=cmd_init_tiny)
+
+    from diffusion_rl.data.ocr_prepare import add_prepare_ocr_arguments
+    from diffusion_rl.rewards.server import add_serve_reward_arguments
+
+    p = sub.add_parser("serve-reward", help="serve a reward over HTTP (JSON + PNG) for the `remote` reward")
+    add_serve_reward_arguments(p)
+    p.set_defaults(fn=cmd_serve_reward)
+
+    p = sub.add_parser("prepare", help="prepare datasets")
+    prepare = p.add_subparsers(dest="dataset", required=True)
+    p = prepare.add_parser("ocr", help="OCR prompts (text to render between double quotes) → jsonl/parquet rows")
+    add_prepare_ocr_arguments(p)
+    p.set_defaults(fn=cmd_prepare_ocr)
 
     p = sub.add_parser("config", help="show the resolved config, or the reference of every key")
     p.add_argument("action", choices=["show", "reference"])

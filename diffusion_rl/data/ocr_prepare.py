@@ -183,8 +183,13 @@ def synthetic_ocr_prompts(
 
 
 def add_prepare_ocr_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", nargs="?", help="prompt file (.txt one prompt per line, .jsonl or .parquet)")
-    parser.add_argument("--out", required=True, help="output file (.jsonl or .parquet, verl layout)")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="[INPUT] OUT",
+        help="prompt file (.txt one prompt per line, .jsonl or .parquet; omitted with --synthetic) and the "
+        "output file (.jsonl or .parquet, verl layout)",
+    )
     parser.add_argument("--synthetic", type=int, metavar="N", help="write N synthetic prompts instead of an input")
     parser.add_argument("--max-words", type=int, default=3, help="words per synthetic text, at most")
     parser.add_argument("--negative-prompt", help="negative prompt stored with every record")
@@ -196,8 +201,13 @@ def add_prepare_ocr_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_prepare_ocr_from_args(args: argparse.Namespace) -> PreparedOcr:
     """Run `prepare_ocr` or `write_synthetic_ocr` with the arguments of add_prepare_ocr_arguments."""
-    if (args.input is None) == (args.synthetic is None):
-        raise UserError("prepare ocr: give an input prompt file or --synthetic N (one of them)")
+    expected = 1 if args.synthetic is not None else 2
+    if len(args.paths) != expected:
+        raise UserError(
+            "prepare ocr: usage is `prepare ocr INPUT OUT` or `prepare ocr --synthetic N OUT`; "
+            f"got {len(args.paths)} path(s): {' '.join(args.paths)}"
+        )
+    args.input, args.out = (None, args.paths[0]) if args.synthetic is not None else tuple(args.paths)
     split = {"val_fraction": args.val_fraction, "val_path": args.val_out, "negative_prompt": args.negative_prompt}
     if args.synthetic is not None:
         return write_synthetic_ocr(args.synthetic, args.out, seed=args.seed, max_words=args.max_words, **split)

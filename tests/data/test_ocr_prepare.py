@@ -92,16 +92,18 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_command_line_helpers_prepare_a_file_or_synthetic_prompts(prompt_file, tmp_path):
     out = tmp_path / "out.parquet"
-    result = run_prepare_ocr_from_args(_parse(str(prompt_file), "--out", str(out), "--negative-prompt", "blurry"))
+    result = run_prepare_ocr_from_args(_parse(str(prompt_file), str(out), "--negative-prompt", "blurry"))
     assert result.n_train == 4 and load_prompts(out)[0].negative_prompt == "blurry"
 
     train, val = tmp_path / "syn_train.jsonl", tmp_path / "syn_val.jsonl"
-    args = _parse("--synthetic", "10", "--out", str(train), "--val-fraction", "0.2", "--val-out", str(val))
+    args = _parse("--synthetic", "10", str(train), "--val-fraction", "0.2", "--val-out", str(val))
     assert (run_prepare_ocr_from_args(args).n_train, len(load_prompts(val))) == (8, 2)
     written = sorted(r.prompt for r in load_prompts(train) + load_prompts(val))
     assert written == sorted(r.prompt for r in synthetic_ocr_prompts(10, seed=0))
-    with pytest.raises(UserError, match="one of them"):
-        run_prepare_ocr_from_args(_parse(str(prompt_file), "--synthetic", "3", "--out", str(out)))
+    with pytest.raises(UserError, match="usage is"):
+        run_prepare_ocr_from_args(_parse("--synthetic", "3", str(prompt_file), str(out)))
+    with pytest.raises(UserError, match="usage is"):
+        run_prepare_ocr_from_args(_parse(str(prompt_file)))
 
 
 def test_synthetic_prompts_are_deterministic_for_a_seed():
