@@ -34,7 +34,11 @@ class TrainingDiverged(RuntimeError):
 class PolicyWorker:
     def __init__(self, cfg):
         self.cfg = cfg
-        self.model: FlowModel = load_model(cfg.model)
+        # peft draws LoRA's initial A from the global CPU generator: seed it from run.seed (and put it back after),
+        # so the starting adapter does not depend on what the process drew before.
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed_for(cfg.run.seed, "model_init"))
+            self.model: FlowModel = load_model(cfg.model)
         if cfg.algorithm.kl_beta > 0:
             self.model.policies.keep_reference()
         params = self.model.trainable_parameters()

@@ -84,6 +84,7 @@ class Trainer:
                 self._loop()
         finally:
             self.trackers.close()
+            self.trackers = None  # a later validate() (evaluation) must not write to closed trackers
         return self.finish()
 
     def _loop(self) -> None:
@@ -163,11 +164,13 @@ class Trainer:
         result = self.rewards(images, [r.prompt for r in records], metadata)
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
         per_prompt = result.total.reshape(len(self.val_records), val.n)
-        metrics["val/reward/best@n"] = float(np.nanmean(np.nanmax(per_prompt, axis=1)))
+        scored = ~np.isnan(per_prompt).all(axis=1)  # a prompt whose samples all failed has no best (not -inf, not 0)
+        metrics["val/reward/best@n"] = float(np.nanmax(per_prompt[scored], axis=1).mean())
         captions = [f"{r.prompt} | {s:.4g}" for r, s in zip(records, result.total)]
         grid = image_grid(images, captions, ncols=val.n * min(4, len(self.val_records)))
         save_png(grid, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png")
-        self.trackers.log_images("val/samples", grid, self.step, caption=f"step {self.step}")
+        if self.trackers is not None:  # None when called outside train(), e.g. to evaluate a loaded checkpoint
+            self.trackers.log_images("val/samples", grid, self.step, caption=f"step {self.step}")
         return metrics
 
     # -- checkpoints ----------------------------------------------------------------------------------------------

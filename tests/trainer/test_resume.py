@@ -1,0 +1,83 @@
+"""Resume: a run stopped at a checkpoint and continued by a new trainer equals a run that never stopped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.trainer.checkpoint import CheckpointManager
+
+# a random SDE window, EMA validation, LR warm-up, checkpoints and validation every 2 steps: all saved state matters
+RESUMABLE = (
+    "train.save_every=2",
+    "val.every=2",
+    "val.n=1",
+    "sampling.window.size=2",
+    "train.ema.enabled=true",
+    "train.warmup_steps=3",
+)
+
+
+def _comparable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("timing/") and k != "images_per_second"}
+
+
+def _assert_same_optimizer_state(a: dict, b: dict) -> None:
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys()
+    for index, state in a["state"].items():
+        assert state.keys() == b["state"][index].keys()
+        for name, value in state.items():
+            assert torch.equal(value, b["state"][index][name]), f"optimizer state {index}.{name} differs"
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, weights, lora):
+    options = (*RESUMABLE, f"model.lora.enabled={str(lora).lower()}")
+    straight = make_trainer(*options, f"run.dir={tmp_path / 'straight'}", "train.total_steps=4")
+    straight_rows = straight.train()
+
+    resumed_dir = f"run.dir={tmp_path / 'resumed'}"
+    make_trainer(*options, resumed_dir, "train.total_steps=2").train()
+    resumed = make_trainer(*options, resumed_dir, "train.total_steps=4", "run.resume=auto")
+    ran = []
+    train_step = resumed.train_step
+    resumed.train_step = lambda step: ran.append(step) or train_step(step)
+    resumed_rows = resumed.train()
+
+    assert ran == [2, 3]  # it continued from the checkpoint of step 2 (a fresh start would also match the numbers)
+    assert resumed.step == straight.step == 4
+    assert [r["step"] for r in straight_rows] == [r["step"] for r in resumed_rows] == [1, 2, 3, 4]
+    assert [_comparable(r) for r in resumed_rows] == [_comparable(r) for r in straight_rows]
+    assert "val/reward/mean" in straight_rows[1] and "val/reward/mean" in straight_rows[3]
+
+    a, b = weights(straight), weights(resumed)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    worker_a, worker_b = straight.engine.worker, resumed.engine.worker
+    _assert_same_optimizer_state(worker_a.optimizer.state_dict(), worker_b.optimizer.state_dict())
+    assert worker_a.scheduler.state_dict() == worker_b.scheduler.state_dict()
+    assert all(torch.equal(x, y) for x, y in zip(worker_a.ema.shadow, worker_b.ema.shadow))
+
+
+def test_resume_from_a_missing_path_is_a_user_error(make_trainer, tmp_path):
+    missing = tmp_path / "no_such_run" / "checkpoints" / "step_000002"
+    with pytest.raises(UserError, match="no_such_run"):
+        make_trainer(f"run.resume={missing}").train()
+
+
+def test_resume_never_starts_fresh_next_to_checkpoints(make_trainer, weights):
+    make_trainer("train.save_every=1", "train.keep_last=0").train()
+    checkpoints = CheckpointManager(make_trainer().run_dir)
+    assert [step for step, _ in checkpoints.list()] == [1, 2]
+    after_one_step = load_file(checkpoints.dir / "step_000001" / "policy_default.safetensors")
+
+    fresh = make_trainer("train.total_steps=1", "run.resume=never")
+    rows = fresh.train()
+    assert fresh.step == 1
+    assert [r["step"] for r in rows] == [1]  # the old run's rows were dropped, not continued
+    now = weights(fresh)
+    assert all(torch.equal(after_one_step[k], now[k]) for k in now)  # one step from the base weights
+    assert checkpoints.latest().name == "step_000001"

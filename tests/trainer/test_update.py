@@ -1,0 +1,165 @@
+"""The policy-gradient update: gradient accumulation, mini-batches, PPO epochs, timestep picks, dropped samples."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from diffusion_rl.data.sampler import make_step_prompts
+
+
+def _record_gradients(worker) -> list[list[torch.Tensor]]:
+    """Make the worker keep a copy of the accumulated gradients at each optimizer step (which still runs)."""
+    grads: list[list[torch.Tensor]] = []
+    optimizer_step = worker._optimizer_step
+
+    def step() -> float:
+        grads.append([p.grad.clone() for p in worker.model.trainable_parameters()])
+        return optimizer_step()
+
+    worker._optimizer_step = step
+    return grads
+
+
+def _record_backward_steps(worker) -> list[tuple[torch.Tensor, torch.Tensor, dict]]:
+    """Make the worker keep (sample indices, trained columns, loss metrics) of each backward pass (which still runs)."""
+    calls: list[tuple[torch.Tensor, torch.Tensor, dict]] = []
+    backward_step = worker._backward_step
+
+    def step(mb, cols, keep, scale):
+        metrics = backward_step(mb, cols, keep, scale)
+        calls.append((mb["sample_index"].clone(), cols.clone(), {k: float(v) for k, v in metrics.items()}))
+        return metrics
+
+    worker._backward_step = step
+    return calls
+
+
+def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def test_micro_batches_of_1_give_the_same_update_as_one_micro_batch_of_4(make_trainer, tmp_path, weights):
+    # AdamW's first step is lr·g/(|g| + eps): where |g| ≈ eps it turns float noise in g (~1e-8 here) into
+    # ~1e-5 of parameter change. eps = 1e-4 keeps the comparison about the gradient, not Adam's sign.
+    results = {}
+    for micro in (4, 1):
+        trainer = make_trainer(
+            f"run.dir={tmp_path / f'micro{micro}'}",
+            "train.total_steps=1",
+            f"train.micro_batch_size={micro}",
+            "train.adam_eps=1e-4",
+        )
+        grads = _record_gradients(trainer.engine.worker)
+        rows = trainer.train()
+        assert rows[0]["train/optimizer_steps"] == 1
+        results[micro] = (grads[0], weights(trainer))
+
+    (grads4, params4), (grads1, params1) = results[4], results[1]
+    grad_scale = max(float(g.abs().max()) for g in grads4)
+    assert grad_scale > 0
+    assert _max_abs_diff(grads4, grads1) <= 1e-5 * grad_scale
+    param_scale = max(float(p.abs().max()) for p in params4.values())
+    param_diff = _max_abs_diff(list(params4.values()), [params1[k] for k in params4])
+    assert param_diff <= 1e-6 * max(param_scale, 1.0), f"max parameter difference {param_diff:.3g}"
+
+
+def test_two_minibatches_make_two_optimizer_steps(make_trainer):
+    trainer = make_trainer("train.total_steps=1", "train.num_minibatches=2", "train.micro_batch_size=1")
+    calls = _record_backward_steps(trainer.engine.worker)
+    rows = trainer.train()
+    assert rows[0]["train/optimizer_steps"] == 2
+    assert rows[0]["train/skipped_updates"] == 0
+    # interleaved mini-batches: rows 0, 2 then 1, 3 (each mixes the two prompt groups); 3 trained steps each
+    assert [int(index) for index, _, _ in calls] == [0] * 3 + [2] * 3 + [1] * 3 + [3] * 3
+
+
+def test_second_ppo_epoch_has_ratios_off_1_and_clips(make_trainer):
+    trainer = make_trainer("train.total_steps=1", "train.ppo_epochs=2", "algorithm.clip_range=1e-6")
+    calls = _record_backward_steps(trainer.engine.worker)
+    rows = trainer.train()
+    assert rows[0]["train/optimizer_steps"] == 2
+    per_epoch = len(calls) // 2  # 3 trained steps × one micro-batch of 4
+    first, second = calls[:per_epoch], calls[per_epoch:]
+    # the first epoch recomputes the rollout's own log-probs; the second runs after an optimizer step
+    assert all(abs(m["ratio_mean"] - 1) < 1e-5 and m["ratio_std"] < 1e-5 for _, _, m in first)
+    assert all(m["ratio_std"] > 1e-6 for _, _, m in second)
+    assert max(m["clip_fraction"] for _, _, m in second) > 0
+    assert rows[0]["clip_fraction"] > 0
+
+
+def test_first_timesteps_trains_columns_0_to_k_minus_1(make_trainer):
+    # 5 steps: an SDE window of W = 4 steps, of which K = 2 are trained
+    trainer = make_trainer("train.total_steps=1", "sampling.num_steps=5", "algorithm.timestep_fraction=0.5")
+    calls = _record_backward_steps(trainer.engine.worker)
+    trainer.train()
+    assert [cols.tolist() for _, cols, _ in calls] == [[0, 0, 0, 0], [1, 1, 1, 1]]
+
+
+def test_random_timesteps_differ_between_samples_and_repeat_for_the_same_seed_and_step(make_trainer, tmp_path):
+    def columns(seed: int, step: int) -> torch.Tensor:
+        batch = TensorDict({"log_probs": torch.zeros(8, 4), "sample_index": torch.arange(8)}, batch_size=[8])
+        return trainers[seed].engine.worker.trained_columns(batch, step)
+
+    options = ("sampling.num_steps=5", "algorithm.timestep_fraction=0.5", "algorithm.timestep_selection=random")
+    trainers = {seed: make_trainer(*options, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}") for seed in (0, 1)}
+    picked = columns(0, 3)
+    assert picked.shape == (8, 2)
+    assert all(len(set(row)) == 2 and min(row) >= 0 and max(row) < 4 for row in picked.tolist())
+    assert len({tuple(sorted(row)) for row in picked.tolist()}) > 1, "every sample trained the same steps"
+    assert torch.equal(columns(0, 3), picked)
+    assert not torch.equal(columns(0, 4), picked)
+    assert not torch.equal(columns(1, 3), picked)
+
+    # the update trains exactly those columns
+    trainer = make_trainer(*options, "train.total_steps=1", f"run.dir={tmp_path / 'run'}")
+    calls = _record_backward_steps(trainer.engine.worker)
+    trainer.train()
+    batch = TensorDict({"log_probs": torch.zeros(4, 4), "sample_index": torch.arange(4)}, batch_size=[4])
+    expected = trainer.engine.worker.trained_columns(batch, 0)
+    assert torch.equal(torch.stack([cols for _, cols, _ in calls], dim=1), expected)
+
+
+def test_zero_advantage_samples_are_left_out_of_the_gradient(make_trainer):
+    trainer = make_trainer("algorithm.drop_zero_advantage=true")
+    worker = trainer.engine.worker
+    prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
+    batch = trainer.engine.generate(prompts, 0, trainer.window_for(0))
+    batch["advantages"] = torch.tensor([1.0, 0.0, -1.0, 0.0])
+
+    grads = []
+
+    def capture() -> float:  # keep the gradient, leave the weights as they are
+        grads.append([p.grad.clone() for p in worker.model.trainable_parameters()])
+        worker.optimizer.zero_grad(set_to_none=True)
+        return 0.0
+
+    worker._optimizer_step = capture
+    metrics = worker.update(batch, 0)
+    assert metrics["train/kept_fraction"] == 0.5
+    worker.update(batch[torch.tensor([0, 2])], 0)
+    scale = max(float(g.abs().max()) for g in grads[1])
+    assert scale > 0
+    assert _max_abs_diff(grads[0], grads[1]) <= 1e-5 * scale
+
+
+def test_all_zero_advantages_with_drop_make_no_optimizer_step(make_trainer, tmp_path, user_reward, weights):
+    constant = user_reward("return np.zeros(len(images), dtype=np.float32)")
+    rows = {}
+    for drop in (True, False):
+        trainer = make_trainer(
+            f"run.dir={tmp_path / str(drop)}",
+            f"rewards.0.name={constant}",
+            f"algorithm.drop_zero_advantage={str(drop).lower()}",
+            "train.total_steps=1",
+        )
+        before = weights(trainer)
+        rows[drop] = trainer.train()[0]
+        after = weights(trainer)
+        unchanged = all(torch.equal(before[k], after[k]) for k in before)
+        assert unchanged == drop  # without drop, AdamW's weight decay still moves the weights
+    assert rows[True]["advantage/abs_mean"] == 0
+    assert rows[True]["train/kept_fraction"] == 0
+    assert rows[True]["train/optimizer_steps"] == 0
+    assert rows[False]["train/kept_fraction"] == 1
+    assert rows[False]["train/optimizer_steps"] == 1
