@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from diffusion_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from diffusion_rl.config_io import load_config
 
 
@@ -60,9 +61,17 @@ class ModelConfig:
 
 @dataclass
 class WindowConfig:
-    size: int | None = opt(None, "SDE window length in steps; null = every step but the last (Flow-GRPO).")
-    lo: int = opt(0, "First step the window may start at.")
-    hi: int | None = opt(None, "Window must end by this step (exclusive); null = num_steps − 1.")
+    kind: Literal["all", "random", "sliding"] = opt(
+        "all",
+        "all: every step but the last is SDE (Flow-GRPO); random: a window of `size` steps at a seeded random "
+        "start in [lo, hi − size] (Flow-GRPO-Fast); sliding: MixGRPO's window moving along the trajectory.",
+    )
+    size: int = opt(2, "Window length in steps (random, sliding).")
+    lo: int = opt(0, "random: first step the window may start at.")
+    hi: int | None = opt(None, "random: the window ends by this step (exclusive); null = num_steps − 1.")
+    iters_per_window: int = opt(25, "sliding: training steps the window stays at one position.")
+    stride: int = opt(1, "sliding: how far the window moves each time.")
+    strategy: Literal["progressive", "random"] = opt("progressive", "sliding: move along, or a random start each step.")
 
 
 @dataclass
@@ -108,6 +117,15 @@ class AdvantageConfig:
     std_ddof: int = opt(0, "Delta degrees of freedom of the std (0 as flow_grpo, 1 as DanceGRPO).")
     eps: float = opt(1e-4, "Added to the std in the denominator.")
     normalize_by_std: bool = opt(True, "false: A = r − group mean.")
+    combine: Literal["sum_rewards", "sum_advantages"] = opt(
+        "sum_rewards",
+        "sum_rewards: normalise the weighted reward sum; sum_advantages: normalise each reward within its groups, "
+        "then sum the advantages with the weights (MixGRPO's advantage_aggr).",
+    )
+
+
+# losses whose formulas assume the Flow-GRPO `sde` step (std_dev_t and √dt of that step)
+SDE_ONLY_LOSSES = ("grpo_guard", "flow_dppo")
 
 
 @dataclass
@@ -120,7 +138,12 @@ class AlgorithmConfig:
     timestep_fraction: float = opt(1.0, "Fraction of the window's steps trained per sample.")
     timestep_selection: Literal["first", "random"] = opt("first", "first (flow_grpo) or a seeded random subset.")
     drop_zero_advantage: bool = opt(False, "Leave samples with advantage 0 out of the loss.")
+    kl_mask_threshold: float = opt(1e-5, "flow_dppo: mask a sample moving further when its KL to the rollout ≥ this.")
+    add_kl_coefficient: bool = opt(True, "flow_dppo: divide the mean gap by 2(std·√dt)² (false: by 2).")
     advantage: AdvantageConfig = opt(AdvantageConfig, "Group advantage normalisation.", factory=True)
+    rollout_correction: RolloutCorrectionConfig = opt(
+        RolloutCorrectionConfig, "Importance weights / rejection between rollout and trained policy.", factory=True
+    )
 
     def __post_init__(self):
         _check(
@@ -220,12 +243,33 @@ class Config:
             f"train.num_minibatches = {minibatches}",
         )
         w = self.sampling.window
-        if w.size is not None:
+        if w.kind == "random":
             hi = self.sampling.num_steps - 1 if w.hi is None else w.hi
             _check(
                 w.size >= 1 and w.lo >= 0 and w.lo + w.size <= hi <= self.sampling.num_steps,
                 f"sampling.window: need 1 ≤ size and lo + size ≤ hi ≤ num_steps; got size={w.size}, "
                 f"lo={w.lo}, hi={hi}, num_steps={self.sampling.num_steps}",
+            )
+        if w.kind == "sliding":
+            _check(
+                1 <= w.size <= self.sampling.num_steps - 2,
+                f"sampling.window: a sliding window stays inside [0, num_steps − 2): need 1 ≤ size ≤ "
+                f"{self.sampling.num_steps - 2}, got size={w.size}",
+            )
+        from diffusion_rl.algorithms.losses import LOSSES
+
+        alg = self.algorithm
+        _check(alg.loss in LOSSES, f"algorithm.loss '{alg.loss}' is unknown; known: {', '.join(LOSSES.names())}")
+        rc = alg.rollout_correction
+        _check(
+            rc.mode == "decoupled" or rc.rs_stat is None or rc.rs_level == "step",
+            f"algorithm.rollout_correction: rs_level={rc.rs_level} needs every step's current log-prob before the "
+            "update; use mode=decoupled, or rs_level=step with mode=bypass",
+        )
+        if alg.loss in SDE_ONLY_LOSSES:
+            _check(
+                self.sampling.sde_type == "sde",
+                f"algorithm.loss={alg.loss} is defined for sampling.sde_type=sde, got {self.sampling.sde_type}",
             )
         _check(len(self.rewards) > 0, "rewards: at least one reward is needed")
 

@@ -332,25 +332,50 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     return result
 
 
+BASE_KEY = "base"  # a config file may start from another: `base: quickstart.yaml` (relative to the file)
+
+
+def read_yaml_config(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mapping in YAML file ``path``, merged over its ``base`` file (recursively; its keys win)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:  # bytes: PyYAML detects the encoding and reports bad bytes as YAMLError
+            data = _yaml_load(fh)
+    except FileNotFoundError:
+        raise UserError(f"config file not found: {path}") from None
+    except OSError as e:
+        raise UserError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise UserError(_yaml_error_message(path, e)) from None
+    if data is None:  # empty file
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level of a config file must be a mapping of keys, got {_show(data)}")
+    base = data.pop(BASE_KEY, None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise UserError(f"{path}: '{BASE_KEY}' names another config file, got {_show(base)}")
+    base_path = os.path.join(os.path.dirname(path), base)
+    if os.path.abspath(base_path) in _seen:
+        raise UserError(f"{path}: '{BASE_KEY}: {base}' makes a cycle of config files")
+    return _deep_merge(read_yaml_config(base_path, (*_seen, os.path.abspath(path))), data)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge key by key; anything else (lists too) replaces."""
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
 def load_config(cls: type[T], path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> T:
-    """Read YAML file ``path`` (or nothing, when None), apply ``overrides`` and build ``cls`` strictly."""
-    data: Any = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as fh:  # bytes: PyYAML detects the encoding and reports bad bytes as YAMLError
-                data = _yaml_load(fh)
-        except FileNotFoundError:
-            raise UserError(f"config file not found: {os.fspath(path)}") from None
-        except OSError as e:
-            raise UserError(f"cannot read config file {os.fspath(path)}: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise UserError(_yaml_error_message(os.fspath(path), e)) from None
-        if data is None:  # empty file
-            data = {}
-        if not isinstance(data, dict):
-            raise UserError(
-                f"{os.fspath(path)}: the top level of a config file must be a mapping of keys, got {_show(data)}"
-            )
+    """Read YAML file ``path`` (and its ``base`` files; or nothing, when None), apply ``overrides`` and build ``cls``."""
+    data: Any = read_yaml_config(path) if path is not None else {}
     data = apply_overrides(data, overrides)
     try:
         return from_dict(cls, data)

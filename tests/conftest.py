@@ -26,9 +26,9 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture
 def make_config(tiny_model_dir, tmp_path):
-    """make_config(*overrides) → a Config that trains the tiny model fast in tmp_path (32 px, 4 steps)."""
+    """make_config(*overrides, config=quickstart) → a Config that trains the tiny model fast in tmp_path."""
 
-    def make(*overrides: str):
+    def make(*overrides: str, config: str | Path = ROOT / "configs/quickstart.yaml"):
         base = [
             f"run.dir={tmp_path / 'run'}",
             f"model.path={tiny_model_dir}",
@@ -53,6 +53,6 @@ def make_config(tiny_model_dir, tmp_path):
             "log.progress_bar=false",
             "algorithm.advantage.eps=1e-8",
         ]
-        return load(ROOT / "configs/quickstart.yaml", base + list(overrides))
+        return load(config, base + list(overrides))
 
     return make

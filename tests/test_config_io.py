@@ -332,3 +332,24 @@ def test_init_false_fields_are_not_config_keys():
 
     assert to_dict(WithDerived()) == {"a": 1}
     assert "unknown config key 'b'" in _error(from_dict, WithDerived, {"b": 2})
+
+
+def test_a_config_file_extends_its_base_file(tmp_path):
+    from diffusion_rl.config_io import read_yaml_config
+
+    (tmp_path / "base.yaml").write_text("a: 1\nsection:\n  x: 1\n  y: 2\nitems: [1, 2]\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "child.yaml").write_text("base: ../base.yaml\nsection:\n  y: 3\nitems: [9]\n")
+    assert read_yaml_config(tmp_path / "sub" / "child.yaml") == {"a": 1, "section": {"x": 1, "y": 3}, "items": [9]}
+
+
+def test_a_cycle_of_base_files_is_an_error(tmp_path):
+    from diffusion_rl.config_io import read_yaml_config
+
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(UserError, match="cycle"):
+        read_yaml_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(UserError, match="missing.yaml"):
+        read_yaml_config(tmp_path / "c.yaml")

@@ -15,14 +15,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from tensordict import TensorDict
 
-from diffusion_rl.algorithms.losses import LOSSES, PolicyLossInput
 from diffusion_rl.engine.ema import EmaWeights
+from diffusion_rl.engine.policy_gradient_update import PolicyGradientUpdate
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.loader import load_model
-from diffusion_rl.sampling.rollout import SamplerSettings, recompute_step, rollout
+from diffusion_rl.sampling.rollout import SamplerSettings, rollout
 from diffusion_rl.sampling.window import SdeWindow
-from diffusion_rl.utils.seeding import make_generator, seed_for
+from diffusion_rl.utils.seeding import seed_for
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +53,9 @@ class PolicyWorker:
             self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
         )
         self.ema = EmaWeights(params, t.ema.decay) if t.ema.enabled else None
-        self.loss_fn = LOSSES.get(cfg.algorithm.loss)
         s = cfg.sampling
         self.settings = SamplerSettings(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level)
+        self.updater = PolicyGradientUpdate(self)
         self.optimizer_steps = 0
         self.skipped_updates = 0
         self.consecutive_skips = 0
@@ -102,95 +102,13 @@ class PolicyWorker:
             traj = rollout(self.model, cond, settings, None, init_seeds=seeds, noise_seeds=seeds)
         return traj["images"].cpu()
 
-    # -- policy-gradient update --------------------------------------------------------------------------------
-    def trained_columns(self, batch: TensorDict, step: int) -> torch.Tensor:
-        """[B, K] window columns each sample trains on this step."""
-        alg = self.cfg.algorithm
-        B, W = batch["log_probs"].shape
-        K = max(1, int(W * alg.timestep_fraction))
-        if alg.timestep_selection == "first":
-            return torch.arange(K).expand(B, K)
-        rows = [
-            torch.randperm(W, generator=make_generator(self.cfg.run.seed, step, "timesteps", int(i)))[:K]
-            for i in batch["sample_index"].tolist()
-        ]
-        return torch.stack(rows)
-
+    # -- update ----------------------------------------------------------------------------------------------
     def update(self, batch: TensorDict, step: int) -> dict[str, float]:
-        """PPO-style epochs over the rollout; per mini-batch one optimizer step, accumulated over micro-batches
-        and trained steps so the gradient is the mean over (kept samples × trained steps) whatever the
-        micro-batch size."""
-        t, alg = self.cfg.train, self.cfg.algorithm
-        B = batch.batch_size[0]
-        columns_BK = self.trained_columns(batch, step).to(batch.device)
-        keep_B = (batch["advantages"] != 0) if alg.drop_zero_advantage else torch.ones(B, dtype=torch.bool)
-        keep_B = keep_B.to(batch.device)
-        sums: dict[str, float] = {}
-        counts = 0
-        grad_norms = []
-        for _epoch in range(t.ppo_epochs):
-            for m in range(t.num_minibatches):
-                rows = torch.arange(m, B, t.num_minibatches, device=batch.device)  # interleaved: mixes groups
-                n_kept = int(keep_B[rows].sum())
-                if n_kept == 0:
-                    continue
-                for micro in rows.split(t.micro_batch_size):
-                    for k in range(columns_BK.shape[1]):
-                        metrics = self._backward_step(
-                            batch[micro],
-                            columns_BK[micro, k],
-                            keep_B[micro],
-                            scale=len(micro) / (n_kept * columns_BK.shape[1]),
-                        )
-                        for name, value in metrics.items():
-                            sums[name] = sums.get(name, 0.0) + float(value)
-                        counts += 1
-                grad_norms.append(self._optimizer_step())
-        out = {name: value / max(counts, 1) for name, value in sums.items()}
-        finite = [g for g in grad_norms if math.isfinite(g)]
-        out.update(
-            {
-                "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
-                "lr": self.scheduler.get_last_lr()[0],
-                "train/optimizer_steps": self.optimizer_steps,
-                "train/skipped_updates": self.skipped_updates,
-                "train/kept_fraction": float(keep_B.float().mean()),
-            }
-        )
-        return out
+        """One training step's update by the algorithm family's updater (see engine/*_update.py)."""
+        return self.updater(batch, step)
 
-    def _backward_step(self, mb: TensorDict, cols: torch.Tensor, keep: torch.Tensor, scale: float) -> dict:
-        rows = torch.arange(mb.batch_size[0], device=mb.device)
-        step_mb = TensorDict(
-            {
-                "latents": torch.stack([mb["latents"][rows, cols], mb["latents"][rows, cols + 1]], dim=1),
-                "sigmas": mb["sigmas"][rows, cols].unsqueeze(1),
-                "sigmas_next": mb["sigmas_next"][rows, cols].unsqueeze(1),
-            },
-            batch_size=mb.batch_size,
-        )
-        out = recompute_step(self.model, step_mb, mb["cond"], 0, self.settings)
-        ref_mean = None
-        if self.cfg.algorithm.kl_beta > 0:
-            with torch.no_grad(), self.model.reference():
-                ref_mean = recompute_step(self.model, step_mb, mb["cond"], 0, self.settings).mean
-        sqrt_dt = (step_mb["sigmas"][:, 0] - step_mb["sigmas_next"][:, 0]).sqrt()
-        inp = PolicyLossInput(
-            log_prob=out.log_prob,
-            old_log_prob=mb["log_probs"][rows, cols],
-            advantages=mb["advantages"],
-            mean=out.mean,
-            old_mean=mb["means"][rows, cols],
-            ref_mean=ref_mean,
-            std=out.std,
-            sqrt_dt=sqrt_dt,
-            weights=keep.float(),
-        )
-        loss_out = self.loss_fn(inp, self.cfg.algorithm)
-        (loss_out.loss * scale).backward()
-        return {"loss": loss_out.loss.detach(), **loss_out.metrics}
-
-    def _optimizer_step(self) -> float:
+    def optimizer_step(self) -> float:
+        """Clip, then step (or skip a non-finite gradient); returns the gradient norm before clipping."""
         t = self.cfg.train
         params = self.model.trainable_parameters()
         max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")

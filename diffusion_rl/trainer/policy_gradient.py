@@ -6,18 +6,34 @@ import torch
 
 from diffusion_rl.algorithms.advantages import compute_group_advantages
 from diffusion_rl.data.sampler import make_step_prompts
-from diffusion_rl.sampling.window import SdeWindow, default_window, random_window, window_generator
+from diffusion_rl.sampling.window import SdeWindow, default_window, random_window, sliding_window, window_generator
 from diffusion_rl.trainer.base import Trainer
 from diffusion_rl.trainer.timing import PhaseTimer
 
 
 class PolicyGradientTrainer(Trainer):
     def window_for(self, step: int) -> SdeWindow:
-        s = self.cfg.sampling
-        if s.window.size is None:
-            return default_window(s.num_steps)
-        hi = s.num_steps - 1 if s.window.hi is None else s.window.hi
-        return random_window(s.num_steps, s.window.size, s.window.lo, hi, window_generator(self.cfg.run.seed, step))
+        """The SDE window of training step `step`: a pure function of (config, seed, step), so exactly resumable."""
+        s, w = self.cfg.sampling, self.cfg.sampling.window
+        generator = window_generator(self.cfg.run.seed, step)
+        if w.kind == "random":
+            hi = s.num_steps - 1 if w.hi is None else w.hi
+            return random_window(s.num_steps, w.size, w.lo, hi, generator)
+        if w.kind == "sliding":
+            return sliding_window(
+                step,
+                s.num_steps,
+                w.size,
+                iters_per_window=w.iters_per_window,
+                stride=w.stride,
+                strategy=w.strategy,
+                generator=generator,
+            )
+        return default_window(s.num_steps)
+
+    def extra_state(self) -> dict:
+        # the window is recomputed from the step; stored so a checkpoint says where a sliding window stood
+        return {"window_start": self.window_for(self.step).start}
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timer = self.cfg, PhaseTimer()

@@ -9,13 +9,33 @@ import torch
 
 from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer
 
+# Quickstart settings (full fine-tuning, CFG 4.5, jpeg_compressibility, eps 1e-8) at reduced size: small preset,
+# 32 px, 4 steps, 16 steps of 4 prompts × 4. The higher lr makes up for the fewer steps. Seeds 0-9 all improve
+# the fixed-seed validation reward (by 2.8-14 %); the JPEG size of an untrained image is ~1.5 kB.
+LEARNS = (
+    "rewards.0.name=jpeg_compressibility",
+    "sampling.guidance=4.5",
+    "data.prompts_per_step=4",
+    "data.group_size=4",
+    "train.total_steps=16",
+    "train.lr=1e-2",
+    "val.before_train=true",
+    "val.n=4",
+)
+
+
+@pytest.fixture
+def learns() -> tuple[str, ...]:
+    """Overrides under which the reduced quickstart reliably learns."""
+    return LEARNS
+
 
 @pytest.fixture
 def make_trainer(make_config):
-    """make_trainer(*overrides) → a PolicyGradientTrainer on make_config(*overrides)."""
+    """make_trainer(*overrides, config=...) → a PolicyGradientTrainer on make_config(*overrides, config=...)."""
 
-    def make(*overrides: str) -> PolicyGradientTrainer:
-        return PolicyGradientTrainer(make_config(*overrides))
+    def make(*overrides: str, **kwargs) -> PolicyGradientTrainer:
+        return PolicyGradientTrainer(make_config(*overrides, **kwargs))
 
     return make
 

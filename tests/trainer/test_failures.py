@@ -87,14 +87,14 @@ def test_reward_failing_every_sample_stops_the_run_and_keeps_the_last_checkpoint
 
 
 def _nan_loss(worker) -> None:
-    loss_fn = worker.loss_fn
+    loss_fn = worker.updater.loss_fn
 
     def nan(inp, cfg):
         out = loss_fn(inp, cfg)
         out.loss = out.loss * float("nan")
         return out
 
-    worker.loss_fn = nan
+    worker.updater.loss_fn = nan
 
 
 def test_non_finite_updates_are_skipped_then_stop_the_run(make_trainer, weights):

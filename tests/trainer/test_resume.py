@@ -14,6 +14,7 @@ RESUMABLE = (
     "train.save_every=2",
     "val.every=2",
     "val.n=1",
+    "sampling.window.kind=random",
     "sampling.window.size=2",
     "train.ema.enabled=true",
     "train.warmup_steps=3",

@@ -6,32 +6,33 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.data.sampler import make_step_prompts
+from diffusion_rl.engine.policy_gradient_update import trained_columns
 
 
 def _record_gradients(worker) -> list[list[torch.Tensor]]:
     """Make the worker keep a copy of the accumulated gradients at each optimizer step (which still runs)."""
     grads: list[list[torch.Tensor]] = []
-    optimizer_step = worker._optimizer_step
+    optimizer_step = worker.optimizer_step
 
     def step() -> float:
         grads.append([p.grad.clone() for p in worker.model.trainable_parameters()])
         return optimizer_step()
 
-    worker._optimizer_step = step
+    worker.optimizer_step = step
     return grads
 
 
 def _record_backward_steps(worker) -> list[tuple[torch.Tensor, torch.Tensor, dict]]:
     """Make the worker keep (sample indices, trained columns, loss metrics) of each backward pass (which still runs)."""
     calls: list[tuple[torch.Tensor, torch.Tensor, dict]] = []
-    backward_step = worker._backward_step
+    backward_step = worker.updater._backward_step
 
-    def step(mb, cols, keep, scale):
-        metrics = backward_step(mb, cols, keep, scale)
+    def step(mb, cols, k, keep, scale):
+        metrics = backward_step(mb, cols, k, keep, scale)
         calls.append((mb["sample_index"].clone(), cols.clone(), {k: float(v) for k, v in metrics.items()}))
         return metrics
 
-    worker._backward_step = step
+    worker.updater._backward_step = step
     return calls
 
 
@@ -99,7 +100,7 @@ def test_first_timesteps_trains_columns_0_to_k_minus_1(make_trainer):
 def test_random_timesteps_differ_between_samples_and_repeat_for_the_same_seed_and_step(make_trainer, tmp_path):
     def columns(seed: int, step: int) -> torch.Tensor:
         batch = TensorDict({"log_probs": torch.zeros(8, 4), "sample_index": torch.arange(8)}, batch_size=[8])
-        return trainers[seed].engine.worker.trained_columns(batch, step)
+        return trained_columns(batch, trainers[seed].cfg, step)
 
     options = ("sampling.num_steps=5", "algorithm.timestep_fraction=0.5", "algorithm.timestep_selection=random")
     trainers = {seed: make_trainer(*options, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}") for seed in (0, 1)}
@@ -116,7 +117,7 @@ def test_random_timesteps_differ_between_samples_and_repeat_for_the_same_seed_an
     calls = _record_backward_steps(trainer.engine.worker)
     trainer.train()
     batch = TensorDict({"log_probs": torch.zeros(4, 4), "sample_index": torch.arange(4)}, batch_size=[4])
-    expected = trainer.engine.worker.trained_columns(batch, 0)
+    expected = trained_columns(batch, trainer.cfg, 0)
     assert torch.equal(torch.stack([cols for _, cols, _ in calls], dim=1), expected)
 
 
@@ -134,7 +135,7 @@ def test_zero_advantage_samples_are_left_out_of_the_gradient(make_trainer):
         worker.optimizer.zero_grad(set_to_none=True)
         return 0.0
 
-    worker._optimizer_step = capture
+    worker.optimizer_step = capture
     metrics = worker.update(batch, 0)
     assert metrics["train/kept_fraction"] == 0.5
     worker.update(batch[torch.tensor([0, 2])], 0)
