@@ -6,6 +6,7 @@ User errors (bad config, missing file, bad value) print one line and exit with s
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -16,6 +17,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvisio
 from diffusion_rl.errors import UserError  # noqa: E402
 
 logger = logging.getLogger("diffusion_rl")
+
+# Each module in diffusion_rl/commands/ defines `register(subparsers)`, adding its subcommand(s) with
+# `set_defaults(fn=...)`. Keep imports of heavy libraries inside the command functions.
+COMMAND_MODULES: list[str] = []
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -176,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = prepare.add_parser("ocr", help="OCR prompts (text to render between double quotes) → jsonl/parquet rows")
     add_prepare_ocr_arguments(p)
     p.set_defaults(fn=cmd_prepare_ocr)
+
+    for module in COMMAND_MODULES:  # commands that live in their own module: diffusion_rl/commands/<name>.py
+        importlib.import_module(f"diffusion_rl.commands.{module}").register(sub)
 
     p = sub.add_parser("config", help="show the resolved config, or the reference of every key")
     p.add_argument("action", choices=["show", "reference"])
