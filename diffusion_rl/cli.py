@@ -1,4 +1,4 @@
-"""`diffusion-rl` command line: train, sample, init-tiny, config show|reference.
+"""`diffusion-rl` command line: train, sample, init-tiny, config show|reference, and the commands/ modules.
 
 User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback.
 """
@@ -20,7 +20,7 @@ logger = logging.getLogger("diffusion_rl")
 
 # Each module in diffusion_rl/commands/ defines `register(subparsers)`, adding its subcommand(s) with
 # `set_defaults(fn=...)`. Keep imports of heavy libraries inside the command functions.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["eval", "report", "prepare_pairs", "export", "doctor", "pretrain"]
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -40,10 +40,10 @@ def _setup_logging(verbose: bool) -> None:
 
 def cmd_train(args) -> None:
     from diffusion_rl.config import load
-    from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer
+    from diffusion_rl.trainer import make_trainer
 
     cfg = load(args.config, args.overrides)
-    rows = PolicyGradientTrainer(cfg).train()
+    rows = make_trainer(cfg).train()
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     vals = [r["val/reward/mean"] for r in rows if r.get("val/reward/mean") is not None]
     if rewards:
@@ -69,14 +69,25 @@ def cmd_sample(args) -> None:
         raise UserError(f"--n must be ≥ 1, got {args.n}")
     if args.noise_level < 0:
         raise UserError(f"--noise-level must be ≥ 0, got {args.noise_level}")
-    model = load_model(
-        ModelConfig(
-            path=args.model,
+    if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
+        from diffusion_rl.models.export import load_checkpoint_model
+
+        model, _, _ = load_checkpoint_model(
+            args.checkpoint,
+            args.model,
             device=args.device,
             max_sequence_length=args.max_sequence_length,
-            lora=ModelConfig().lora.__class__(enabled=False),
+            use_ema=not args.no_ema,
         )
-    )
+    else:
+        model = load_model(
+            ModelConfig(
+                path=args.model,
+                device=args.device,
+                max_sequence_length=args.max_sequence_length,
+                lora=ModelConfig().lora.__class__(enabled=False),
+            )
+        )
     try:
         model.latent_shape(args.height, args.width)
     except ValueError as e:  # a size the model cannot make is the user's to fix
@@ -101,15 +112,16 @@ def cmd_sample(args) -> None:
 
 
 def cmd_init_tiny(args) -> None:
-    from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
+    from diffusion_rl.models.tiny_families import build_tiny
 
     out = Path(args.dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file; init-tiny writes a directory")
     if out.exists() and any(out.iterdir()) and not args.force:
         raise UserError(f"{out} exists and is not empty; pass --force to overwrite")
-    save_tiny_model(out, TINY_PRESETS[args.preset], seed=args.seed)
-    logger.info("wrote the tiny model (%s preset) to %s", args.preset, out)
+    pipeline = build_tiny(args.family, args.preset, seed=args.seed)  # UserError for a preset the family lacks
+    pipeline.save_pretrained(out)
+    logger.info("wrote the tiny %s model (%s preset) to %s", args.family, args.preset, out)
 
 
 def cmd_serve_reward(args) -> None:
@@ -160,11 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sequence-length", type=int, default=256)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default="grid.png")
+    p.add_argument("--checkpoint", default=None, help="apply a training checkpoint (step_NNNNNN or run directory)")
+    p.add_argument("--no-ema", action="store_true", help="with --checkpoint: the trained weights even if an EMA exists")
     p.set_defaults(fn=cmd_sample)
 
-    p = sub.add_parser("init-tiny", help="write the tiny random-weight model (SD3 format) to a directory")
+    p = sub.add_parser("init-tiny", help="write a tiny random-weight model (SD3, FLUX or Qwen-Image) to a directory")
+    p.add_argument("--family", default="sd3", choices=["sd3", "flux", "qwen_image"])
     p.add_argument("dir")
-    p.add_argument("--preset", default="base", choices=["base", "small"])
+    p.add_argument("--preset", default="base", choices=["base", "small", "schnell"], help="schnell: flux only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true")
     p.set_defaults(fn=cmd_init_tiny)

@@ -32,6 +32,11 @@ class RunConfig:
     seed: int = opt(0, "Seed of every random draw (noise, data order, windows, timestep picks).")
     resume: str = opt("auto", "auto (latest checkpoint in run.dir if any), never, or a checkpoint directory.")
     name: str | None = opt(None, "Run name for trackers (default: the run directory's name).")
+    val_only: bool = opt(
+        False,
+        "Validate the resumed checkpoint (or the initial model) and exit without training: the grid and a JSON "
+        "of the numbers go to <run.dir>/samples/step_XXXXXX.{png,json}.",
+    )
 
 
 @dataclass
@@ -48,14 +53,19 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     path: str = opt("models/tiny", "Local diffusers-format model directory.")
-    family: Literal["auto", "sd3"] = opt("auto", "Model family; auto reads model_index.json.")
+    family: Literal["auto", "sd3", "flux", "qwen_image"] = opt("auto", "Model family; auto reads model_index.json.")
     dtype: Literal["fp32", "bf16", "fp16"] = opt("fp32", "Weight dtype (SDE math is always fp32).")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     lora: LoraConfig = opt(LoraConfig, "LoRA settings.", factory=True)
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
-    max_sequence_length: int = opt(256, "Text tokens per prompt (T5).")
+    max_sequence_length: int = opt(256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).")
     create_tiny_if_missing: Literal["base", "small"] | None = opt(
         None, "Create the tiny model of this preset at model.path when the directory does not exist."
+    )
+    compile: bool = opt(
+        False,
+        "torch.compile the transformer for sampling (rollouts, validation; training passes stay eager): "
+        "minutes of compiling on first use, then faster steps (see benchmarks/RESULTS.md).",
     )
 
 
@@ -77,18 +87,28 @@ class WindowConfig:
 @dataclass
 class SamplingConfig:
     num_steps: int = opt(10, "Denoising steps of a training rollout.")
-    guidance: float = opt(4.5, "Classifier-free guidance scale (1 = no CFG: one forward per step).")
+    guidance: float = opt(
+        4.5,
+        "Classifier-free guidance scale (1 = no CFG: one forward per step); FLUX.1-dev: its distilled guidance "
+        "embedding (always one forward).",
+    )
     height: int = opt(64, "Image height in pixels.")
     width: int = opt(64, "Image width in pixels.")
-    sde_type: Literal["sde", "cps", "dance_sde"] = opt("sde", "Stochastic step inside the window.")
+    sde_type: Literal["sde", "cps", "dance_sde", "ode"] = opt(
+        "sde", "Stochastic step inside the window; ode: deterministic sampling (direct_preference family only)."
+    )
     noise_level: float = opt(0.7, "SDE noise level a (η for dance_sde).")
     window: WindowConfig = opt(WindowConfig, "Which steps are stochastic (and trained).", factory=True)
     share_initial_noise: bool = opt(False, "Same initial noise for every sample of a prompt's group.")
+    score_chunks: int = opt(
+        1, "Sample the batch in this many chunks, scoring each in the background while the next samples."
+    )
 
     def __post_init__(self):
         _check(self.num_steps >= 2, f"sampling.num_steps must be ≥ 2, got {self.num_steps}")
         _check(self.noise_level >= 0, f"sampling.noise_level must be ≥ 0, got {self.noise_level}")
         _check(self.guidance >= 1, f"sampling.guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
+        _check(self.score_chunks >= 1, f"sampling.score_chunks must be ≥ 1, got {self.score_chunks}")
 
 
 @dataclass
@@ -97,6 +117,16 @@ class DataConfig:
     prompts_per_step: int = opt(2, "Distinct prompts per training step.")
     group_size: int = opt(4, "Samples per prompt (the group for advantages).")
     shuffle: bool = opt(True, "Shuffle prompt order each epoch (seeded).")
+    sample_source: Literal["online", "offline"] = opt(
+        "online",
+        "online: sample and score the current model each step; offline: Diffusion-DPO on the pair dataset "
+        "data.pairs (no sampling, no reward for training; data.prompts_per_step pairs per step).",
+    )
+    pairs: str | None = opt(
+        None,
+        "Offline pair dataset (.jsonl or .parquet): prompt, chosen and rejected image paths (relative to the file), "
+        "optional negative_prompt, chosen_score, rejected_score. Made by `diffusion-rl prepare pairs`.",
+    )
 
     def __post_init__(self):
         _check(self.prompts_per_step >= 1, "data.prompts_per_step must be ≥ 1")
@@ -109,6 +139,15 @@ class RewardSpec:
     weight: float = opt(1.0, "Weight in the weighted sum.")
     required: bool = opt(True, "A failure of this reward fails the sample; false: left out and renormalised.")
     kwargs: dict[str, Any] = opt(dict, "Keyword arguments for the reward.", factory=True)
+    actors: int = opt(
+        0, "Score in this many Ray actors of the reward's own (model-based rewards); 0 = in the trainer process."
+    )
+    actor_cpus: float = opt(1.0, "CPUs each reward actor reserves.")
+    actor_gpus: float = opt(0.0, "GPUs each reward actor reserves (a fraction shares a GPU between actors).")
+
+    def __post_init__(self):
+        _check(self.actors >= 0, f"rewards: actors must be ≥ 0 (0 = in the trainer process), got {self.actors}")
+        _check(self.actor_cpus >= 0 and self.actor_gpus >= 0, "rewards: actor_cpus and actor_gpus must be ≥ 0")
 
 
 @dataclass
@@ -127,15 +166,31 @@ class AdvantageConfig:
 # losses whose formulas assume the Flow-GRPO `sde` step (std_dev_t and √dt of that step)
 SDE_ONLY_LOSSES = ("grpo_guard", "flow_dppo")
 
+# algorithm fields whose null default depends on the loss (None: every other loss): the loss's reference recipe
+LOSS_DEFAULTS: dict[str, dict[str | None, float]] = {
+    "clip_range": {"awm": 1.0, None: 1e-4},  # AWM's recipes; Flow-GRPO's 1e-4 would clip nearly every AWM row
+    "kl_beta": {"nft": 1e-4, None: 0.0},  # DiffusionNFT's
+    "timestep_fraction": {"nft": 0.99, None: 1.0},  # DiffusionNFT's
+}
+
 
 @dataclass
 class AlgorithmConfig:
-    family: Literal["policy_gradient"] = opt("policy_gradient", "Algorithm family.")
-    loss: str = opt("flow_grpo", "Registered policy loss.")
-    clip_range: float = opt(1e-4, "PPO ratio clip range.")
+    family: Literal["policy_gradient", "direct_preference"] = opt(
+        "policy_gradient",
+        "policy_gradient: per-step log-probs of an SDE sampler (flow_grpo, grpo_guard, flow_dppo); "
+        "direct_preference: re-noise the rollouts' final latents and regress velocities (dpo, nft, awm).",
+    )
+    loss: str = opt("flow_grpo", "Registered loss of the family (see `family` for the names).")
+    clip_range: float | None = opt(None, "PPO ratio clip range (null = the loss's default: 1 for awm, else 1e-4).")
     adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this inside the loss.")
-    kl_beta: float = opt(0.0, "Weight of the KL to the reference policy (0 = off, no reference forward).")
-    timestep_fraction: float = opt(1.0, "Fraction of the window's steps trained per sample.")
+    kl_beta: float | None = opt(
+        None, "Weight of the KL to the reference policy (0 = off, no reference forward; null = 1e-4 for nft, else 0)."
+    )
+    timestep_fraction: float | None = opt(
+        None,
+        "Fraction of the window's (nft, awm: the rollout's) steps trained per sample (null = 0.99 for nft, else 1).",
+    )
     timestep_selection: Literal["first", "random"] = opt("first", "first (flow_grpo) or a seeded random subset.")
     drop_zero_advantage: bool = opt(False, "Leave samples with advantage 0 out of the loss.")
     kl_mask_threshold: float = opt(1e-5, "flow_dppo: mask a sample moving further when its KL to the rollout ≥ this.")
@@ -144,14 +199,53 @@ class AlgorithmConfig:
     rollout_correction: RolloutCorrectionConfig = opt(
         RolloutCorrectionConfig, "Importance weights / rejection between rollout and trained policy.", factory=True
     )
+    # direct_preference family (diffusion_rl/algorithms/preference/)
+    dpo_beta: float = opt(2000.0, "dpo: β of Diffusion-DPO (flow models use ~100–5000).")
+    nft_beta: float = opt(1.0, "nft: β of the implicit policies v± = old ± β·(v_θ − old) (0.1 in NFT's OCR recipe).")
+    old_update_interval: int = opt(1, "nft: update the `old` adapter (which samples) every N training steps.")
+    old_decay: Literal["copy", "linear_to_0_5", "delayed_linear_to_0_999", "fixed"] = opt(
+        "delayed_linear_to_0_999",
+        "nft: d of old ← d·old + (1 − d)·θ after `step` completed steps: copy (0), linear_to_0_5 "
+        "(min(0.001·step, 0.5)), delayed_linear_to_0_999 (0 before step 75, then min(0.0075·(step − 75), 0.999)), "
+        "fixed (old_decay_value).",
+    )
+    old_decay_value: float | None = opt(None, "nft: the constant d in [0, 1] of old_decay=fixed.")
+    train_timesteps: int = opt(6, "awm: step indices trained per mini-batch, one from each of this many strata.")
+    weighting: Literal["uniform", "t", "ghuber"] = opt(
+        "ghuber", "awm: log p̂ = −w(mse, t): uniform (mse), t (t·mse), ghuber (t·((mse + 1e-10)^¼ − 1e-10^¼)·4)."
+    )
+    advantage_max: float = opt(1.0, "awm: advantages are clamped to ±adv_clip_max, then scaled to ±this.")
+    ema_beta: float = opt(
+        0.0, "awm: weight of mean (v_θ − v_ema)² (> 0 keeps an `ema` adapter, d = min(0.3, 0.001·step))."
+    )
 
     def __post_init__(self):
+        for name, by_loss in LOSS_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, by_loss.get(self.loss, by_loss[None]))
         _check(
             0 < self.timestep_fraction <= 1,
             f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}",
         )
         _check(self.clip_range > 0, "algorithm.clip_range must be > 0")
         _check(self.kl_beta >= 0, "algorithm.kl_beta must be ≥ 0")
+        _check(self.adv_clip_max > 0, f"algorithm.adv_clip_max must be > 0, got {self.adv_clip_max}")
+        for name in ("dpo_beta", "nft_beta", "advantage_max"):
+            _check(getattr(self, name) > 0, f"algorithm.{name} must be > 0, got {getattr(self, name)}")
+        _check(self.ema_beta >= 0, f"algorithm.ema_beta must be ≥ 0, got {self.ema_beta}")
+        _check(self.train_timesteps >= 1, f"algorithm.train_timesteps must be ≥ 1, got {self.train_timesteps}")
+        _check(
+            self.old_update_interval >= 1, f"algorithm.old_update_interval must be ≥ 1, got {self.old_update_interval}"
+        )
+        if self.old_decay == "fixed":
+            d = self.old_decay_value
+            _check(d is not None and 0 <= d <= 1, f"algorithm.old_decay=fixed needs old_decay_value in [0, 1], got {d}")
+        else:
+            _check(
+                self.old_decay_value is None,
+                f"algorithm.old_decay_value={self.old_decay_value} only goes with old_decay=fixed (got "
+                f"old_decay={self.old_decay}); set old_decay=fixed or remove old_decay_value",
+            )
 
 
 @dataclass
@@ -213,12 +307,72 @@ class LogConfig:
     wandb: WandbConfig = opt(WandbConfig, "Weights & Biases.", factory=True)
     console_every: int = opt(10, "Console summary line every N steps (0 = never).")
     progress_bar: bool = opt(True, "Show a progress bar over training steps (only on a terminal).")
+    rollout_every: int = opt(
+        0, "Every N steps write the training rollout (images, prompts, rewards, advantages) to <run.dir>/rollouts/."
+    )
+    rollout_max_images: int = opt(16, "Images kept per rollout dump (the first ones: whole groups); JSONL has all.")
+
+    def __post_init__(self):
+        _check(self.rollout_every >= 0, f"log.rollout_every must be ≥ 0 (0 = off), got {self.rollout_every}")
+        _check(self.rollout_max_images >= 0, f"log.rollout_max_images must be ≥ 0, got {self.rollout_max_images}")
+
+
+@dataclass
+class ProfileConfig:
+    steps: list[int] = opt(
+        list, "Training steps to trace with torch.profiler (numbered as in metrics.jsonl, from 1).", factory=True
+    )
+    memory: bool = opt(False, "Also record a CUDA memory snapshot over the profiled steps (GPU only).")
+
+    def __post_init__(self):
+        bad = [s for s in self.steps if s < 1]
+        _check(not bad, f"profile.steps are training steps numbered from 1, got {bad}")
+        _check(len(set(self.steps)) == len(self.steps), f"profile.steps lists a step more than once: {self.steps}")
 
 
 @dataclass
 class EngineConfig:
-    kind: Literal["local"] = opt("local", "Where the work runs: local (this process).")
-    num_threads: int | None = opt(None, "torch CPU threads (null = torch's default).")
+    kind: Literal["local", "ray"] = opt(
+        "local", "Where the work runs: local (this process) or ray (PolicyWorker actors, transformer FSDP2-sharded)."
+    )
+    num_threads: int | None = opt(
+        None, "torch CPU threads of the trainer process (null = torch's default); Ray workers use cpus_per_worker."
+    )
+    num_workers: int = opt(2, "ray: PolicyWorker actors (one per GPU); each samples and trains on 1/N of the batch.")
+    cpus_per_worker: float = opt(1.0, "ray: CPUs each worker reserves.")
+    gpus_per_worker: float = opt(0.0, "ray: GPUs each worker reserves (1 on GPUs: NCCL; 0: CPU workers with gloo).")
+    address: str | None = opt(
+        None, "ray: null starts Ray here; auto joins this node's cluster (`ray start`); ray://host:10001 a remote one."
+    )
+    mixed_precision: Literal["none", "bf16"] = opt(
+        "none", "ray: FSDP2 mixed precision; bf16: bf16 compute and all-gathers, fp32 gradient reduction."
+    )
+    reshard_after_forward: bool = opt(
+        False,
+        "ray: FSDP2's ZeRO-3 schedule, the least memory: gather the weights for every forward and backward, reduce "
+        "gradients after every backward. false: gather once and reduce once per optimizer step (full weights and "
+        "gradients on each device during the update; far fewer collectives).",
+    )
+    collective_timeout_s: float = opt(
+        1800.0, "ray: a collective waiting this long for a lost or hung worker fails (the run stops, no checkpoint)."
+    )
+    start_timeout_s: float = opt(300.0, "ray: wait this long for the cluster to have the workers' CPUs and GPUs.")
+
+    def __post_init__(self):
+        _check(self.num_workers >= 1, f"engine.num_workers must be ≥ 1, got {self.num_workers}")
+        _check(
+            self.cpus_per_worker > 0 and self.gpus_per_worker >= 0,
+            f"engine.cpus_per_worker must be > 0 (a worker drives its device from a CPU) and engine.gpus_per_worker "
+            f"≥ 0; got {self.cpus_per_worker} and {self.gpus_per_worker}",
+        )
+        _check(
+            self.collective_timeout_s > 0 and self.start_timeout_s > 0,
+            "engine.collective_timeout_s and engine.start_timeout_s must be > 0",
+        )
+        _check(
+            self.address is None or self.address == "auto" or self.address.startswith("ray://") or ":" in self.address,
+            f"engine.address={self.address!r}: use null (start Ray here), auto, ray://host:port or host:port",
+        )
 
 
 @dataclass
@@ -233,8 +387,13 @@ class Config:
     val: ValConfig = opt(ValConfig, "Validation.", factory=True)
     log: LogConfig = opt(LogConfig, "Metrics and trackers.", factory=True)
     engine: EngineConfig = opt(EngineConfig, "Execution engine.", factory=True)
+    profile: ProfileConfig = opt(ProfileConfig, "torch.profiler traces of chosen steps.", factory=True)
 
     def __post_init__(self):
+        _check(
+            not self.run.val_only or bool(self.val.prompts),
+            "run.val_only=true validates and exits, but val.prompts is null: set val.prompts to a prompt file",
+        )
         batch = self.data.prompts_per_step * self.data.group_size
         minibatches = self.train.num_minibatches
         _check(
@@ -256,10 +415,9 @@ class Config:
                 f"sampling.window: a sliding window stays inside [0, num_steps − 2): need 1 ≤ size ≤ "
                 f"{self.sampling.num_steps - 2}, got size={w.size}",
             )
-        from diffusion_rl.algorithms.losses import LOSSES
-
         alg = self.algorithm
-        _check(alg.loss in LOSSES, f"algorithm.loss '{alg.loss}' is unknown; known: {', '.join(LOSSES.names())}")
+        self._check_family()
+        self._check_engine()
         rc = alg.rollout_correction
         _check(
             rc.mode == "decoupled" or rc.rs_stat is None or rc.rs_level == "step",
@@ -271,7 +429,73 @@ class Config:
                 self.sampling.sde_type == "sde",
                 f"algorithm.loss={alg.loss} is defined for sampling.sde_type=sde, got {self.sampling.sde_type}",
             )
-        _check(len(self.rewards) > 0, "rewards: at least one reward is needed")
+        _check(
+            len(self.rewards) > 0 or self.data.sample_source == "offline",
+            "rewards: at least one reward is needed (only offline DPO trains without one)",
+        )
+
+    def _check_engine(self) -> None:
+        """engine.kind=ray splits the batch into equal contiguous shards whose mini-batches make up the global ones."""
+        e, batch, minibatches = self.engine, self.batch_size, self.train.num_minibatches
+        if e.kind != "ray":
+            return
+        _check(
+            batch % e.num_workers == 0 and (batch // e.num_workers) % minibatches == 0,
+            f"engine.num_workers={e.num_workers}: each worker trains on batch / num_workers rows, which must be a "
+            f"whole number divisible by train.num_minibatches={minibatches} (batch = data.prompts_per_step × "
+            f"data.group_size = {batch}); pick num_workers dividing {batch // minibatches}",
+        )
+        _check(
+            self.algorithm.family == "policy_gradient",
+            f"engine.kind=ray runs algorithm.family=policy_gradient; {self.algorithm.family} needs engine.kind=local",
+        )
+
+    def _check_family(self) -> None:
+        """The loss belongs to the family's registry; sampling and data settings suit the family."""
+        from diffusion_rl.algorithms.losses import LOSSES
+        from diffusion_rl.algorithms.preference import PREFERENCE_LOSSES
+
+        alg, s, data = self.algorithm, self.sampling, self.data
+        registries = {"policy_gradient": LOSSES, "direct_preference": PREFERENCE_LOSSES}
+        known = registries[alg.family]
+        if alg.loss not in known:
+            other = next((f for f, r in registries.items() if f != alg.family and alg.loss in r), None)
+            hint = f"; it is a {other} loss: set algorithm.family={other}" if other else ""
+            raise ValueError(
+                f"algorithm.loss '{alg.loss}' is not a {alg.family} loss (known: {', '.join(known.names())}){hint}"
+            )
+        if alg.family == "policy_gradient":
+            _check(
+                s.sde_type != "ode",
+                "sampling.sde_type=ode has no per-step log-probs for a policy-gradient loss; use sde, cps or dance_sde "
+                "(or algorithm.family=direct_preference)",
+            )
+            _check(
+                data.sample_source == "online",
+                "data.sample_source=offline needs algorithm.family=direct_preference and algorithm.loss=dpo",
+            )
+            return
+        _check(
+            s.window.kind == "all",
+            f"sampling.window.kind={s.window.kind} selects the steps a policy-gradient loss trains; the "
+            "direct_preference family trains on final latents: use window.kind=all (sde_type=ode for pure ODE)",
+        )
+        rc = alg.rollout_correction
+        _check(
+            rc.mode == "bypass" and rc.rs_stat is None,
+            "algorithm.rollout_correction applies to the policy_gradient family; leave it at its defaults",
+        )
+        if alg.loss == "awm":
+            candidates = int(s.num_steps * alg.timestep_fraction) - 1
+            _check(
+                alg.train_timesteps <= candidates,
+                f"algorithm.train_timesteps={alg.train_timesteps}: awm draws that many distinct steps from "
+                f"1..{candidates} (int(sampling.num_steps × timestep_fraction) − 1); lower it or raise "
+                "sampling.num_steps",
+            )
+        if data.sample_source == "offline":
+            _check(alg.loss == "dpo", f"data.sample_source=offline trains algorithm.loss=dpo only, got {alg.loss}")
+            _check(bool(data.pairs), "data.sample_source=offline needs data.pairs (a .jsonl or .parquet pair file)")
 
     @property
     def batch_size(self) -> int:

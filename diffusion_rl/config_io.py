@@ -374,7 +374,7 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 
 
 def load_config(cls: type[T], path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> T:
-    """Read YAML file ``path`` (and its ``base`` files; or nothing, when None), apply ``overrides`` and build ``cls``."""
+    """Read YAML ``path`` (with its ``base`` files; nothing when None), apply ``overrides``, build ``cls``."""
     data: Any = read_yaml_config(path) if path is not None else {}
     data = apply_overrides(data, overrides)
     try:

@@ -2,7 +2,8 @@
 # Install diffusion-rl into the current Python environment.
 #
 #   bash scripts/install.sh          # the library and CLI
-#   bash scripts/install.sh dev      # + test and lint tools (pytest, ruff, wandb)
+#   bash scripts/install.sh dev      # + test and lint tools (pytest, ruff, wandb) and Ray
+#   bash scripts/install.sh ray      # + Ray, for engine.kind=ray (several GPUs or nodes)
 #
 # torch comes first and on its own: a plain `pip install torch` on a CPU-only Linux machine pulls gigabytes of
 # CUDA packages. If torch is already installed (e.g. your CUDA build on a GPU machine) it is kept as it is;

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.worker import PolicyWorker
+from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import SdeWindow
 
@@ -22,18 +23,30 @@ class LocalEngine:
     def model(self):
         return self.worker.model
 
-    def generate(self, prompts: StepPrompts, step: int, window: SdeWindow | None) -> TensorDict:
+    def generate(
+        self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
+    ) -> TensorDict:
+        """Rollouts of the step's prompt instances (or of `rows` of them: a chunk; same samples either way)."""
+        rows = list(range(len(prompts))) if rows is None else list(rows)
         return self.worker.generate(
-            prompts.prompts,
-            prompts.negative_prompts,
-            list(range(len(prompts))),
-            prompts.group_index.tolist(),
+            [prompts.prompts[i] for i in rows],
+            [prompts.negative_prompts[i] for i in rows],
+            rows,
+            prompts.group_index[rows].tolist(),
             step,
             window,
         )
 
     def update(self, batch: TensorDict, step: int) -> dict[str, float]:
         return self.worker.update(batch, step)
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        return self.worker.encode_images(images)
+
+    def offline_batch(
+        self, prompts: Sequence[str], negative: Sequence[str | None], sample_index: Sequence[int], latents: torch.Tensor
+    ) -> TensorDict:
+        return self.worker.offline_batch(prompts, negative, sample_index, latents)
 
     def sample_images(
         self,
@@ -49,10 +62,19 @@ class LocalEngine:
         self.worker.save(directory)
 
     def load(self, directory: Path) -> None:
+        if (directory / "dcp").is_dir():
+            raise UserError(
+                f"{directory} was written by engine.kind=ray (sharded, in dcp/): resume it with engine.kind=ray "
+                "(any engine.num_workers)"
+            )
         self.worker.load(directory)
 
 
 def make_engine(cfg):
     if cfg.engine.kind == "local":
         return LocalEngine(cfg)
+    if cfg.engine.kind == "ray":
+        from diffusion_rl.engine.ray import RayEngine  # imports Ray only when asked for
+
+        return RayEngine(cfg)
     raise ValueError(f"unknown engine.kind '{cfg.engine.kind}'")

@@ -51,6 +51,8 @@ def _gather_step(mb: TensorDict, cols: torch.Tensor) -> TensorDict:
 
 
 class PolicyGradientUpdate:
+    rollout_policy = "default"  # the named policy the worker samples training rollouts with
+
     def __init__(self, worker: PolicyWorker):
         self.worker = worker
         self.cfg = worker.cfg
@@ -74,11 +76,13 @@ class PolicyGradientUpdate:
         for _epoch in range(t.ppo_epochs):
             for m in range(t.num_minibatches):
                 rows = torch.arange(m, B, t.num_minibatches, device=batch.device)  # interleaved: mixes groups
-                n_kept = int(keep_B[rows].sum())
+                n_kept = w.parallel.sum(int(keep_B[rows].sum()))  # over all workers: the global mean
                 if n_kept == 0:
                     continue
-                for micro in rows.split(t.micro_batch_size):
+                micros = rows.split(t.micro_batch_size)
+                for i, micro in enumerate(micros):
                     for k in range(K):
+                        w.parallel.sync_gradients(last_before_step=(i, k) == (len(micros) - 1, K - 1))
                         scale = len(micro) / (n_kept * K)
                         metrics = self._backward_step(batch[micro], columns_BK[micro, k], k, keep_B[micro], scale)
                         for name, value in metrics.items():

@@ -15,10 +15,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from tensordict import TensorDict
 
+from diffusion_rl.engine.direct_preference_update import DirectPreferenceUpdate
 from diffusion_rl.engine.ema import EmaWeights
+from diffusion_rl.engine.parallel import SingleDevice
 from diffusion_rl.engine.policy_gradient_update import PolicyGradientUpdate
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.export import save_diffusers_lora
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.sampling.rollout import SamplerSettings, rollout
 from diffusion_rl.sampling.window import SdeWindow
@@ -27,12 +30,17 @@ from diffusion_rl.utils.seeding import seed_for
 logger = logging.getLogger(__name__)
 
 
+# algorithm.family → the update it runs (engine/*_update.py); an updater may add named policies to the model
+UPDATERS = {"policy_gradient": PolicyGradientUpdate, "direct_preference": DirectPreferenceUpdate}
+
+
 class TrainingDiverged(RuntimeError):
     """Too many consecutive updates had a non-finite loss or gradient norm."""
 
 
 class PolicyWorker:
-    def __init__(self, cfg):
+    def __init__(self, cfg, parallel: SingleDevice | None = None):
+        """`parallel`: how the network is spread over devices (engine/parallel.py); None = this one device."""
         self.cfg = cfg
         # peft draws LoRA's initial A from the global CPU generator: seed it from run.seed (and put it back after),
         # so the starting adapter does not depend on what the process drew before.
@@ -41,6 +49,12 @@ class PolicyWorker:
             self.model: FlowModel = load_model(cfg.model)
         if cfg.algorithm.kl_beta > 0:
             self.model.policies.keep_reference()
+        s = cfg.sampling
+        self.settings = SamplerSettings(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level)
+        self.updater = UPDATERS[cfg.algorithm.family](self)  # may add named policies (old, ema, reference)
+        # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
+        self.parallel = parallel if parallel is not None else SingleDevice()
+        self.parallel.prepare(self.model)
         params = self.model.trainable_parameters()
         if not params:
             raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
@@ -53,9 +67,6 @@ class PolicyWorker:
             self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
         )
         self.ema = EmaWeights(params, t.ema.decay) if t.ema.enabled else None
-        s = cfg.sampling
-        self.settings = SamplerSettings(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level)
-        self.updater = PolicyGradientUpdate(self)
         self.optimizer_steps = 0
         self.skipped_updates = 0
         self.consecutive_skips = 0
@@ -74,17 +85,42 @@ class PolicyWorker:
         seed = self.cfg.run.seed
         cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative])
         init_ids = group_index if self.cfg.sampling.share_initial_noise else sample_index
-        traj = rollout(
-            self.model,
-            cond,
-            self.settings,
-            window,
-            init_seeds=[seed_for(seed, step, "init_noise", int(i)) for i in init_ids],
-            noise_seeds=[seed_for(seed, step, "sde_noise", int(i)) for i in sample_index],
-        )
+        with self.model.using(self.updater.rollout_policy):  # the policy that samples (DiffusionNFT: `old`)
+            traj = rollout(
+                self.model,
+                cond,
+                self.settings,
+                window,
+                init_seeds=[seed_for(seed, step, "init_noise", int(i)) for i in init_ids],
+                noise_seeds=[seed_for(seed, step, "sde_noise", int(i)) for i in sample_index],
+            )
         traj["cond"] = cond
         traj["sample_index"] = torch.as_tensor(list(sample_index), device=traj.device)
         return traj
+
+    @torch.no_grad()
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, H, W, 3] → latents [B, …] on the CPU (offline datasets cache them)."""
+        return self.model.encode(images).cpu()
+
+    def offline_batch(
+        self,
+        prompts: Sequence[str],
+        negative: Sequence[str | None],
+        sample_index: Sequence[int],
+        final_latents: torch.Tensor,
+    ) -> TensorDict:
+        """A training batch of given clean latents (offline data) instead of a rollout's: final_latents, cond."""
+        cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative])
+        return TensorDict(
+            {
+                "final_latents": final_latents.to(self.model.device, torch.float32),
+                "cond": cond,
+                "sample_index": torch.as_tensor(list(sample_index), device=self.model.device),
+            },
+            batch_size=[len(prompts)],
+            device=self.model.device,
+        )
 
     @torch.no_grad()
     def sample_images(
@@ -110,9 +146,10 @@ class PolicyWorker:
     def optimizer_step(self) -> float:
         """Clip, then step (or skip a non-finite gradient); returns the gradient norm before clipping."""
         t = self.cfg.train
-        params = self.model.trainable_parameters()
+        # the optimizer's own list: under FSDP2 the module may hold gathered copies now, the optimizer the shards
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = self.parallel.clip_grad_norm(params, max_norm)  # over all shards
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
@@ -137,7 +174,7 @@ class PolicyWorker:
 
     # -- state ---------------------------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
-        """Trainable weights (safetensors; LoRA also in peft format), optimizer, scheduler, EMA and counters."""
+        """Trainable weights (safetensors; LoRA also for peft and diffusers), optimizer, scheduler, EMA, counters."""
         policies = self.model.policies
         for name in policies.names():
             if name.startswith("__"):
@@ -148,6 +185,7 @@ class PolicyWorker:
             )
         if policies.lora is not None:
             policies.trained.save_pretrained(directory / "adapter", selected_adapters=["default"])
+            save_diffusers_lora(self.model, directory / "adapter")  # also for pipeline.load_lora_weights(adapter/)
         torch.save(
             {
                 "optimizer": self.optimizer.state_dict(),

@@ -47,6 +47,13 @@ class FlowModel(ABC):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Images as uint8 [B, H, W, 3] on the CPU."""
 
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images [B, H, W, 3] → latents [B, …] (fp32, on the model's device) that `decode` maps back.
+
+        Deterministic (the VAE posterior's mean), so offline datasets can be encoded once and cached.
+        """
+        raise NotImplementedError(f"the {self.family} family cannot encode images (needed by offline DPO)")
+
     # -- policies (shared by all families) ---------------------------------------------------------------------
     def trainable_parameters(self) -> list[nn.Parameter]:
         return self.policies.trainable_parameters()
@@ -72,6 +79,13 @@ def images_to_uint8(images: torch.Tensor) -> torch.Tensor:
     """[-1, 1] images [B, 3, H, W] → uint8 [B, H, W, 3] on the CPU."""
     images = (images.float() / 2 + 0.5).clamp(0, 1)
     return (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
+
+
+def uint8_to_images(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, H, W, 3] → [-1, 1] float32 images [B, 3, H, W] (the inverse of images_to_uint8)."""
+    if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"images must be uint8 [B, H, W, 3], got {images.dtype} {tuple(images.shape)}")
+    return images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
 def as_sigma_batch(sigma: torch.Tensor | float, batch: int, device: torch.device) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -15,7 +16,13 @@ from diffusion_rl.models.policies import LoraSettings
 logger = logging.getLogger(__name__)
 
 # diffusers pipeline class (model_index.json "_class_name") → our family name
-PIPELINE_FAMILIES = {"StableDiffusion3Pipeline": "sd3"}
+PIPELINE_FAMILIES = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "QwenImagePipeline": "qwen_image"}
+# family → (the diffusers pipeline class that loads it, our adapter as "module:Class")
+FAMILY_CLASSES = {
+    "sd3": ("StableDiffusion3Pipeline", "diffusion_rl.models.sd3:SD3Model"),
+    "flux": ("FluxPipeline", "diffusion_rl.models.flux:FluxModel"),
+    "qwen_image": ("QwenImagePipeline", "diffusion_rl.models.qwen_image:QwenImageModel"),
+}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -56,32 +63,41 @@ def load_model(cfg) -> FlowModel:
     """Build the FlowModel for a `ModelConfig` (see diffusion_rl.config)."""
     path = Path(cfg.path).expanduser()
     family = cfg.family if cfg.family != "auto" else detect_family(path)
-    if cfg.family != "auto":
-        detect_family(path)  # still fail early and clearly on a bad directory
+    if cfg.family != "auto" and detect_family(path) != family:  # also fails early and clearly on a bad directory
+        raise UserError(
+            f"model.family={family} but {path / 'model_index.json'} holds a {detect_family(path)} pipeline; "
+            f"set model.family=auto or point model.path at a {family} model"
+        )
+    if family not in FAMILY_CLASSES:  # pragma: no cover - the config's Literal only allows known names
+        raise UserError(f"unknown model family '{family}'; known: {', '.join(FAMILY_CLASSES)}")
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
-    if family == "sd3":
-        from diffusers import StableDiffusion3Pipeline
+    import diffusers
 
-        from diffusion_rl.models.sd3 import SD3Model
-
-        pipeline = StableDiffusion3Pipeline.from_pretrained(path, dtype=dtype)
-        pipeline.set_progress_bar_config(disable=True)
-        pipeline.to(device)
-        model_cls = SD3Model
-    else:  # pragma: no cover - detect_family only returns known names
-        raise UserError(f"unknown model family '{family}'")
+    pipeline_name, adapter = FAMILY_CLASSES[family]
+    module_name, class_name = adapter.split(":")
+    model_cls = getattr(importlib.import_module(module_name), class_name)
+    pipeline = getattr(diffusers, pipeline_name).from_pretrained(path, dtype=dtype)
+    pipeline.set_progress_bar_config(disable=True)
+    pipeline.to(device)
     lora = None
     if cfg.lora.enabled:
         targets = tuple(cfg.lora.target_modules) or model_cls.default_lora_targets
         lora = LoraSettings(rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=targets)
-    model = model_cls(
-        pipeline,
-        lora=lora,
-        device=device,
-        dtype=dtype,
-        max_sequence_length=cfg.max_sequence_length,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-    )
+    try:
+        model = model_cls(
+            pipeline,
+            lora=lora,
+            device=device,
+            dtype=dtype,
+            max_sequence_length=cfg.max_sequence_length,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+        )
+    except ValueError as e:
+        if lora is None or not cfg.lora.target_modules:
+            raise
+        targets = list(cfg.lora.target_modules)
+        raise UserError(f"model.lora.target_modules={targets} do not fit this {family} model: {e}") from None
+    model.policies.compile_sampling = getattr(cfg, "compile", False)
     n_train = sum(p.numel() for p in model.trainable_parameters())
     logger.info(
         "loaded %s model from %s (%s, %s): %.2fM trainable parameters", family, path, cfg.dtype, device, n_train / 1e6

@@ -49,12 +49,23 @@ class PolicySet:
         self._reference: nn.Module | None = None
 
     # -- which network a forward pass calls ---------------------------------------------------------------
+    compile_sampling = False  # model.compile: sampling calls (no grad) go through torch.compile'd networks
+
     @property
     def module(self) -> nn.Module:
         """The network to call now: the active adapter (LoRA) or the active copy (full fine-tuning)."""
-        if self.lora is None and self._active != DEFAULT:
-            return self._copies[self._active]
-        return self.trained
+        module = self._copies[self._active] if self.lora is None and self._active != DEFAULT else self.trained
+        if self.compile_sampling and not torch.is_grad_enabled():
+            return self._compiled(module)
+        return module
+
+    def _compiled(self, module: nn.Module) -> nn.Module:
+        # torch.compile wraps without copying: the wrapper runs `module` with its current weights, so optimizer
+        # steps and policy copies stay visible; one wrapper per network, compiled on its first call.
+        cache = self.__dict__.setdefault("_compiled_modules", {})
+        if id(module) not in cache or cache[id(module)][0] is not module:
+            cache[id(module)] = (module, torch.compile(module))
+        return cache[id(module)][1]
 
     def names(self) -> list[str]:
         if self.lora is not None:
@@ -96,6 +107,10 @@ class PolicySet:
             yield
         finally:
             self._active = previous
+
+    def frozen_copies(self) -> dict[str, nn.Module]:
+        """Full fine-tuning's frozen networks by name (the reference, `old`, `ema`); empty with LoRA."""
+        return dict(self._copies)
 
     def keep_reference(self) -> None:
         """Full fine-tuning only: freeze a copy of the current weights as the reference."""

@@ -7,7 +7,7 @@ import copy
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8
+from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
 from diffusion_rl.models.policies import LoraSettings, PolicySet
 
 # flow_grpo's SD3 targets: every attention projection of the joint blocks, image and text streams
@@ -110,12 +110,23 @@ class SD3Model(FlowModel):
         return (self.vae.config.latent_channels, height // self.vae_scale, width // self.vae_scale)
 
     def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        scheduler = type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
-        scheduler.set_timesteps(num_steps, device="cpu")
-        return scheduler.sigmas.float().cpu()
+        # cached: building a scheduler for every rollout costs about as much as one SDE step of the tiny model
+        cache = self.__dict__.setdefault("_sigma_schedules", {})
+        if num_steps not in cache:
+            scheduler = type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
+            scheduler.set_timesteps(num_steps, device="cpu")
+            cache[num_steps] = scheduler.sigmas.float().cpu()
+        return cache[num_steps].clone()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         config = self.vae.config
         latents = latents.to(self.vae.dtype) / config.scaling_factor + config.shift_factor
         return images_to_uint8(self.vae.decode(latents, return_dict=False)[0])
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        config = self.vae.config
+        pixels = uint8_to_images(images).to(self.device, self.vae.dtype)
+        posterior = self.vae.encode(pixels).latent_dist
+        return ((posterior.mode() - config.shift_factor) * config.scaling_factor).float()

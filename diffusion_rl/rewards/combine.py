@@ -91,11 +91,20 @@ class RewardCombiner:
             raise ValueError(f"the reward weights sum to {self.total_weight}; at least one must be > 0")
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardResult:
+        return self.combine([self.score(images, prompts, metadata)], metadata)
+
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> dict[str, _Scored]:
+        """Every reward's scores on one chunk of a batch (thread-safe: the trainer scores chunks in the background)."""
         batch_size = check_reward_inputs(images, prompts, metadata)
         scored = {r.name: _score(r, images, prompts, metadata, batch_size) for r in self.rewards}
         for r in self.rewards:
             _warn_failures(r.name, scored[r.name], batch_size)
+        return scored
 
+    def combine(self, chunks: Sequence[dict[str, _Scored]], metadata: list[dict[str, Any]]) -> RewardResult:
+        """The batch's weighted total, failures and metrics from the scores of its chunks, in order."""
+        scored = {r.name: _concat([chunk[r.name] for chunk in chunks]) for r in self.rewards}
+        batch_size = len(metadata)
         total, failed = self._combine(scored, batch_size)
         if failed.all():
             raise RewardFailure(_all_failed_message(scored, batch_size))
@@ -119,6 +128,18 @@ class RewardCombiner:
             total = self.total_weight * weighted_sum / ok_weight
         total = np.where(failed, np.nan, total).astype(np.float32)
         return total, failed
+
+
+def _concat(parts: Sequence[_Scored]) -> _Scored:
+    """One _Scored for consecutive chunks of a batch (sample indices shifted to the batch's)."""
+    if len(parts) == 1:
+        return parts[0]
+    errors, offset = {}, 0
+    for part in parts:
+        errors.update({offset + i: e for i, e in part.sample_errors.items()})
+        offset += len(part.scores)
+    batch_error = next((p.batch_error for p in parts if p.batch_error is not None), None)
+    return _Scored(np.concatenate([p.scores for p in parts]), batch_error=batch_error, sample_errors=errors)
 
 
 def _score(

@@ -6,8 +6,10 @@ for all. Steps count completed training steps: checkpoint `step_000010` holds th
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +19,18 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from diffusion_rl.config import Config
 from diffusion_rl.config_io import to_dict, to_yaml
-from diffusion_rl.data.prompts import load_prompts
+from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine.local import make_engine
+from diffusion_rl.engine.reward_actors import make_reward_fn
+from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
-from diffusion_rl.rewards import RewardCombiner, WeightedReward, make_reward
+from diffusion_rl.rewards import RewardCombiner, WeightedReward
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.tracking import image_grid, make_trackers, plot_metrics, read_metrics, save_png
 from diffusion_rl.trainer.checkpoint import CheckpointManager, step_dir_name, step_of
+from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
+from diffusion_rl.trainer.profiling import StepProfiler
 from diffusion_rl.trainer.timing import PhaseTimer
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
@@ -42,7 +48,7 @@ def ensure_model(cfg: Config) -> None:
 
 def build_rewards(cfg: Config) -> RewardCombiner:
     return RewardCombiner(
-        [WeightedReward(s.name, s.weight, make_reward(s.name, **s.kwargs), s.required) for s in cfg.rewards]
+        [WeightedReward(s.name, s.weight, make_reward_fn(s, cfg.engine), s.required) for s in cfg.rewards]
     )
 
 
@@ -52,13 +58,19 @@ class Trainer:
         if cfg.engine.num_threads:
             torch.set_num_threads(cfg.engine.num_threads)
         self.run_dir = Path(cfg.run.dir)
-        self.records = load_prompts(cfg.data.train)
+        self.records = self.training_records()
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
-        self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts else []
-        self.rewards = build_rewards(cfg)
+        # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
+        self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and cfg.rewards else []
+        self.rewards = build_rewards(cfg) if cfg.rewards else None
+        # scores chunks of a batch while the next chunk samples (sampling.score_chunks); one thread keeps the
+        # rewards' own order and state simple
+        self.reward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
         ensure_model(cfg)
         self.engine = make_engine(cfg)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
+        device = resolve_device(cfg.model.device)
+        self.profiler = StepProfiler(cfg.profile.steps, cfg.profile.memory, self.run_dir, device)
         self.step = 0
         self.trackers = None
 
@@ -68,6 +80,8 @@ class Trainer:
         resume_from = self.checkpoints.resolve_resume(cfg.run.resume)
         if resume_from is not None:
             self.load_checkpoint(resume_from)
+        if cfg.run.val_only:
+            return self.validate_only(resume_from)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.trackers = make_trackers(
@@ -100,7 +114,8 @@ class Trainer:
         )
         while self.step < cfg.train.total_steps:
             start = time.perf_counter()
-            metrics = self.train_step(self.step)
+            with self.profiler.step(self.step + 1):  # numbered as in metrics: the first step is 1
+                metrics = self.train_step(self.step)
             self.step += 1
             timer = PhaseTimer()
             last = self.step == cfg.train.total_steps
@@ -118,6 +133,10 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         raise NotImplementedError
+
+    def training_records(self) -> list[PromptRecord]:
+        """The records the prompt sampler draws from each step (a family may read other training data)."""
+        return load_prompts(self.cfg.data.train)
 
     def _console(self, metrics: dict, bar) -> None:
         bar.update(1)
@@ -170,8 +189,42 @@ class Trainer:
         grid = image_grid(images, captions, ncols=val.n * min(4, len(self.val_records)))
         save_png(grid, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png")
         if self.trackers is not None:  # None when called outside train(), e.g. to evaluate a loaded checkpoint
-            self.trackers.log_images("val/samples", grid, self.step, caption=f"step {self.step}")
+            caption = validation_caption(self.step, [r.prompt for r in self.val_records], per_prompt)
+            self.trackers.log_images("val/samples", grid, self.step, caption=caption)
         return metrics
+
+    def validate_only(self, checkpoint: Path | None) -> list[dict]:
+        """run.val_only: validate the loaded checkpoint (or the initial model), write the numbers next to the grid."""
+        metrics = self.validate()
+        path = self.run_dir / "samples" / f"{step_dir_name(self.step)}.json"
+        record = {"step": self.step, "checkpoint": str(checkpoint) if checkpoint else None, **metrics}
+        path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        shown = ", ".join(f"{k} {metrics[k]:.5g}" for k in ("val/reward/mean", "val/reward/best@n") if k in metrics)
+        logger.info("validation of step %d: %s (%s)", self.step, shown, path)
+        return [{"step": self.step, **metrics}]
+
+    # -- rollout dumps ----------------------------------------------------------------------------------------
+    def rollout_due(self, step: int) -> bool:
+        """Whether training step `step` (0-based, as train_step gets it) dumps its rollout (log.rollout_every)."""
+        every = self.cfg.log.rollout_every
+        return every > 0 and (step + 1) % every == 0
+
+    def dump_rollout(self, step: int, prompts, images_BHW3: np.ndarray, scored, advantages_B) -> None:
+        """Write training step `step`'s rollout under <run.dir>/rollouts/ and show its sheet in the trackers."""
+        folder, sheet = write_rollout_dump(
+            self.run_dir / ROLLOUTS_DIR,
+            step + 1,  # numbered as in metrics and checkpoints: after step + 1 completed steps
+            images_BHW3,
+            prompts.records,
+            prompts.uids,
+            prompts.group_index.tolist(),
+            scored,
+            np.asarray(advantages_B, dtype=np.float64),
+            self.cfg.log.rollout_max_images,
+            prompts.group_size,
+        )
+        if sheet is not None and self.trackers is not None:
+            self.trackers.log_images("train/rollout", sheet, step + 1, caption=f"step {step + 1}: {folder}")
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:

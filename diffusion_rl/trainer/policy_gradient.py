@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from diffusion_rl.algorithms.advantages import compute_group_advantages
+from diffusion_rl.algorithms.advantages import AdvantageResult, combine_per_reward_advantages, compute_group_advantages
 from diffusion_rl.data.sampler import make_step_prompts
 from diffusion_rl.sampling.window import SdeWindow, default_window, random_window, sliding_window, window_generator
 from diffusion_rl.trainer.base import Trainer
@@ -37,22 +38,11 @@ class PolicyGradientTrainer(Trainer):
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timer = self.cfg, PhaseTimer()
-        with timer("generate"):
-            prompts = make_step_prompts(self.records, self.sampler, step, cfg.data.group_size)
-            window = self.window_for(step)
-            batch = self.engine.generate(prompts, step, window)
-        with timer("reward"):
-            scored = self.rewards(batch["images"].cpu().numpy(), prompts.prompts, prompts.metadata)
+        prompts = make_step_prompts(self.records, self.sampler, step, cfg.data.group_size)
+        window = self.window_for(step)
+        batch, scored = self.generate_and_score(prompts, step, window, timer)
         with timer("advantage"):
-            adv = cfg.algorithm.advantage
-            advantages = compute_group_advantages(
-                torch.from_numpy(scored.total),
-                prompts.group_index,
-                global_std=adv.global_std,
-                std_ddof=adv.std_ddof,
-                eps=adv.eps,
-                normalize_by_std=adv.normalize_by_std,
-            )
+            advantages = self.advantages(scored, prompts)
             batch["rewards"] = torch.from_numpy(scored.total).to(batch.device)
             batch["advantages"] = advantages.advantages.to(batch.device)
         with timer("update"):
@@ -60,4 +50,39 @@ class PolicyGradientTrainer(Trainer):
         metrics = {**scored.metrics, **advantages.metrics, **update_metrics, **timer.metrics()}
         metrics["window/start"] = window.start
         metrics["images_per_second"] = len(prompts) / sum(timer.seconds.values())
+        if self.rollout_due(step):  # after images_per_second: writing files is not sampling speed
+            with timer("dump"):
+                self.dump_rollout(step, prompts, batch["images"].cpu().numpy(), scored, advantages.advantages)
+            metrics["timing/dump"] = timer.seconds["dump"]
         return metrics
+
+    def generate_and_score(self, prompts, step: int, window: SdeWindow, timer: PhaseTimer):
+        """Sample the batch in `sampling.score_chunks` chunks; each chunk is scored in a background thread while
+        the next one samples. `timing/reward` is the time left waiting for scores after the last chunk."""
+        chunks = torch.arange(len(prompts)).tensor_split(self.cfg.sampling.score_chunks)
+        parts, pending = [], []
+        with timer("generate"):
+            for rows in (c.tolist() for c in chunks if len(c)):
+                part = self.engine.generate(prompts, step, window, rows=rows)
+                parts.append(part)
+                images = part["images"].cpu().numpy()
+                pending.append(self.reward_pool.submit(self.rewards.score, images, [prompts.prompts[i] for i in rows],
+                                                       [prompts.metadata[i] for i in rows]))  # fmt: skip
+            batch = torch.cat(parts) if len(parts) > 1 else parts[0]
+        with timer("reward"):
+            scored = self.rewards.combine([p.result() for p in pending], prompts.metadata)
+        return batch, scored
+
+    def advantages(self, scored, prompts) -> AdvantageResult:
+        adv = self.cfg.algorithm.advantage
+        options = dict(global_std=adv.global_std, std_ddof=adv.std_ddof, eps=adv.eps,
+                       normalize_by_std=adv.normalize_by_std)  # fmt: skip
+        if adv.combine == "sum_rewards":
+            return compute_group_advantages(torch.from_numpy(scored.total), prompts.group_index, **options)
+        # MixGRPO's advantage_aggr: normalise each reward within its groups, then sum with the weights;
+        # a failed sample (a required reward failed) is NaN in every reward, so it gets advantage 0
+        per_reward = {
+            name: torch.from_numpy(np.where(scored.failed, np.nan, s)) for name, s in scored.per_reward.items()
+        }
+        weights = {r.name: r.weight for r in self.rewards.rewards}
+        return combine_per_reward_advantages(per_reward, weights, prompts.group_index, **options)

@@ -90,7 +90,7 @@ def test_load_model_rejects_an_unsupported_pipeline_and_lists_the_supported(tmp_
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}))
     with pytest.raises(UserError, match="StableDiffusionXLPipeline") as info:
         load_model(ModelConfig(path=str(tmp_path), device="cpu"))
-    assert "supported: StableDiffusion3Pipeline" in str(info.value)
+    assert "supported: FluxPipeline, QwenImagePipeline, StableDiffusion3Pipeline" in str(info.value)
 
 
 def test_load_model_rejects_an_unreadable_model_index(tmp_path):

@@ -7,7 +7,8 @@ import textwrap
 import pytest
 import torch
 
-from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer
+from diffusion_rl.trainer import make_trainer as trainer_for
+from diffusion_rl.trainer.base import Trainer
 
 # Quickstart settings (full fine-tuning, CFG 4.5, jpeg_compressibility, eps 1e-8) at reduced size: small preset,
 # 32 px, 4 steps, 16 steps of 4 prompts × 4. The higher lr makes up for the fewer steps. Seeds 0-9 all improve
@@ -32,10 +33,10 @@ def learns() -> tuple[str, ...]:
 
 @pytest.fixture
 def make_trainer(make_config):
-    """make_trainer(*overrides, config=...) → a PolicyGradientTrainer on make_config(*overrides, config=...)."""
+    """make_trainer(*overrides, config=...) → the config's family's trainer on make_config(*overrides, config=...)."""
 
-    def make(*overrides: str, **kwargs) -> PolicyGradientTrainer:
-        return PolicyGradientTrainer(make_config(*overrides, **kwargs))
+    def make(*overrides: str, **kwargs) -> Trainer:
+        return trainer_for(make_config(*overrides, **kwargs))
 
     return make
 

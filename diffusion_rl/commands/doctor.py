@@ -1,0 +1,109 @@
+"""`diffusion-rl doctor --model PATH`: load a model, show what it is and what training it will need, sample once."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "doctor",
+        help="check a model directory: family, parameter counts, dtype, a memory estimate, one sample image",
+        description="The first thing to run on a new checkpoint: loads it as training would, prints its family, "
+        "the parameters and dtype of each component, the trainable parameters (LoRA preset or full), an "
+        "estimate of the device memory a training run holds for the given batch and resolution, and samples one "
+        "image to --out.",
+    )
+    p.add_argument("--model", required=True, help="local diffusers model directory")
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="weights dtype")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--height", type=int, default=512)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--micro-batch", type=int, default=8, help="samples per forward/backward (train.micro_batch_size)")
+    p.add_argument("--rollout-batch", type=int, default=None, help="samples per rollout held on the device")
+    p.add_argument("--steps", type=int, default=10, help="sampling steps (training rollout and the sample image)")
+    p.add_argument("--guidance", type=float, default=4.5)
+    p.add_argument("--lora-rank", type=int, default=32, help="LoRA rank of the estimate; 0 = full fine-tuning")
+    p.add_argument("--kl", action="store_true", help="count the frozen reference copy of full fine-tuning")
+    p.add_argument("--max-sequence-length", type=int, default=256)
+    p.add_argument("--no-activations", action="store_true", help="skip measuring activations (a forward pass)")
+    p.add_argument("--prompt", default="a photograph of a red apple on a wooden table")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="doctor.png", help="where the sample image goes")
+    p.set_defaults(fn=cmd_doctor)
+
+
+def cmd_doctor(args) -> None:
+    import torch
+
+    from diffusion_rl.config import LoraConfig, ModelConfig
+    from diffusion_rl.errors import UserError
+    from diffusion_rl.models.doctor import dtype_of, estimate_memory, human_bytes, pipeline_components
+    from diffusion_rl.models.loader import load_model
+    from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+    from diffusion_rl.tracking import image_grid, save_png
+
+    for name in ("micro_batch", "steps"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    if args.lora_rank < 0:
+        raise UserError(f"--lora-rank must be ≥ 0 (0 = full fine-tuning), got {args.lora_rank}")
+    lora = LoraConfig(enabled=args.lora_rank > 0, rank=max(args.lora_rank, 1), alpha=2 * max(args.lora_rank, 1))
+    cfg = ModelConfig(
+        path=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        lora=lora,
+        max_sequence_length=args.max_sequence_length,
+    )
+    start = time.perf_counter()
+    model = load_model(cfg)
+    try:
+        model.latent_shape(args.height, args.width)
+    except ValueError as e:
+        raise UserError(f"--height/--width: {e}") from None
+    lines = [
+        f"model      {args.model}",
+        f"family     {model.family} ({type(model.pipeline).__name__}), loaded in {time.perf_counter() - start:.1f} s "
+        f"on {model.device}",
+        "components",
+    ]
+    for name, module in pipeline_components(model.pipeline).items():
+        count = sum(p.numel() for p in module.parameters())
+        lines.append(f"  {name:<16} {type(module).__name__:<40} {count / 1e6:>10.2f}M  {dtype_of(module)}")
+    trainable = sum(p.numel() for p in model.trainable_parameters())
+    mode = f"LoRA r={lora.rank} on the {model.family} preset" if lora.enabled else "full fine-tuning"
+    lines.append(f"trainable  {trainable / 1e6:.2f}M ({mode})")
+    rollout_batch = args.rollout_batch if args.rollout_batch is not None else args.micro_batch
+    estimate = estimate_memory(
+        model,
+        height=args.height,
+        width=args.width,
+        micro_batch=args.micro_batch,
+        rollout_batch=rollout_batch,
+        num_steps=args.steps,
+        guidance=args.guidance,
+        kl_reference=args.kl,
+        measure_activations=not args.no_activations,
+    )
+    lines.append(
+        f"memory estimate, {args.height}×{args.width}, micro-batch {args.micro_batch}, rollout batch "
+        f"{rollout_batch}, guidance {args.guidance:g} (add 1–3 GiB for CUDA context and fragmentation)"
+    )
+    lines += [f"  {label:<28} {human_bytes(n):>10}" for label, n in estimate.rows()]
+    if torch.cuda.is_available() and model.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(model.device)
+        lines.append(f"  {'measured peak so far':<28} {human_bytes(peak):>10}")
+
+    settings = SamplerSettings(args.steps, args.guidance, args.height, args.width)
+    cond = model.encode_prompts([args.prompt], [""])
+    start = time.perf_counter()
+    with torch.no_grad():
+        traj = rollout(model, cond, settings, None, init_seeds=[args.seed], noise_seeds=[args.seed])
+    seconds = time.perf_counter() - start
+    path = save_png(image_grid(traj["images"].cpu().numpy(), [args.prompt], ncols=1), args.out)
+    lines.append(f"sample     {path} ({args.steps} ODE steps in {seconds:.2f} s, {seconds / args.steps:.3f} s/step)")
+    print("\n".join(lines))

@@ -1,0 +1,149 @@
+"""`diffusion-rl eval`: compare the base model and checkpoints on a prompt file with one or more rewards."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from diffusion_rl.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+FALLBACK = {"steps": 20, "guidance": 4.5, "height": 64, "width": 64, "dtype": "fp32", "max_sequence_length": 256}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate the base model and checkpoints on a prompt file: K samples per prompt, every reward",
+        description="Samples K images per prompt with the same seeds for every model, scores them with each "
+        "reward, and writes metrics.json, samples.jsonl, compare.md, images and contact sheets to --out. "
+        "Unset sampling settings come from the first checkpoint's training config (its validation settings).",
+    )
+    p.add_argument("--model", required=True, help="local diffusers model directory (the base model)")
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="CKPT",
+        help="`base`, a checkpoint step_NNNNNN directory, or a run directory (its latest); repeatable, one "
+        "column each in the given order (default: base alone)",
+    )
+    p.add_argument("--prompts", required=True, help="prompt file: .txt, .jsonl or .parquet")
+    p.add_argument(
+        "--reward",
+        help="reward name(s), comma-separated (registered names or module:fn / file.py:fn); "
+        "default: the first checkpoint's training rewards",
+    )
+    p.add_argument("--reward-kwargs", default=None, help="JSON object: reward name → kwargs, e.g. '{\"ocr\": {}}'")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt (K)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps")
+    p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
+    p.add_argument("--noise-level", type=float, default=0.7)
+    p.add_argument("--batch-size", type=int, default=8, help="images per forward pass and reward call")
+    p.add_argument("--sheet-prompts", type=int, default=16, help="prompts shown on the contact sheets")
+    p.add_argument("--no-ema", action="store_true", help="use the trained weights even when the run kept an EMA")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--max-sequence-length", type=int, default=None)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--force", action="store_true", help="replace an earlier evaluation in --out")
+    p.set_defaults(fn=cmd_eval)
+
+
+def _reward_choices(args: argparse.Namespace, first_config) -> list:
+    from diffusion_rl.evaluation import RewardChoice
+
+    if args.reward:
+        names = [n.strip() for n in args.reward.split(",")]
+        if not all(names):
+            raise UserError(f"--reward {args.reward!r} has an empty name; use NAME[,NAME...]")
+        choices = {n: {} for n in names}
+    elif first_config is not None:
+        choices = {r.name: dict(r.kwargs) for r in first_config.rewards}
+    else:
+        raise UserError("--reward is required when no checkpoint is given (e.g. --reward jpeg_compressibility)")
+    if args.reward_kwargs:
+        try:
+            given = json.loads(args.reward_kwargs)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--reward-kwargs is not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(given, dict) or not all(isinstance(v, dict) for v in given.values()):
+            raise UserError("--reward-kwargs must be a JSON object of reward name → kwargs, e.g. '{\"ocr\": {}}'")
+        unknown = sorted(set(given) - set(choices))
+        if unknown:
+            raise UserError(f"--reward-kwargs names {unknown}, which are not among the rewards {sorted(choices)}")
+        for name, kwargs in given.items():
+            choices[name] = {**choices[name], **kwargs}
+    return [RewardChoice(name, kwargs) for name, kwargs in choices.items()]
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from diffusion_rl.config import LoraConfig, ModelConfig
+    from diffusion_rl.data.prompts import load_prompts
+    from diffusion_rl.evaluation import EvalSettings, evaluate, resolve_targets
+    from diffusion_rl.models.checkpoint_weights import checkpoint_config
+
+    targets = resolve_targets(args.checkpoint)
+    first = next((checkpoint_config(t.checkpoint) for t in targets if not t.is_base), None)
+    defaults = dict(FALLBACK)
+    if first is not None:  # sample as the run validated, unless told otherwise
+        guidance = first.val.guidance if first.val.guidance is not None else first.sampling.guidance
+        defaults.update(
+            steps=first.val.num_steps,
+            guidance=guidance,
+            height=first.sampling.height,
+            width=first.sampling.width,
+            dtype=first.model.dtype,
+            max_sequence_length=first.model.max_sequence_length,
+        )
+
+    def pick(name: str):
+        value = getattr(args, name)
+        return defaults[name] if value is None else value
+
+    settings = EvalSettings(
+        n=args.n,
+        num_steps=pick("steps"),
+        guidance=pick("guidance"),
+        height=pick("height"),
+        width=pick("width"),
+        sde_type=args.sde_type,
+        noise_level=args.noise_level,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        sheet_prompts=args.sheet_prompts,
+        use_ema=not args.no_ema,
+    )
+    if args.max_sequence_length is not None and args.max_sequence_length < 1:
+        raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
+    model_cfg = ModelConfig(
+        path=args.model,
+        device=args.device,
+        dtype=pick("dtype"),
+        max_sequence_length=pick("max_sequence_length"),
+        lora=LoraConfig(enabled=False),
+    )
+    rewards = _reward_choices(args, first)
+    records = load_prompts(args.prompts)
+    logger.info(
+        "eval: %s on %d prompts × %d, %d %s steps, guidance %g, %d×%d, seed %d, rewards %s",
+        ", ".join(t.name for t in targets),
+        len(records),
+        settings.n,
+        settings.num_steps,
+        settings.sde_type,
+        settings.guidance,
+        settings.height,
+        settings.width,
+        settings.seed,
+        ", ".join(r.name for r in rewards),
+    )
+    result = evaluate(model_cfg, targets, records, rewards, settings, args.out, args.prompts, force=args.force)
+    print(result["table"], end="")
+    logger.info("wrote %s (metrics.json, samples.jsonl, compare.md, sheets)", args.out)

@@ -1,0 +1,56 @@
+"""`diffusion-rl export`: a checkpoint's trained weights for diffusers — a LoRA folder, or a merged model."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from diffusion_rl.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="write a checkpoint's weights for diffusers: a LoRA folder (load_lora_weights) or, with --merge, a model",
+        description="Without --merge: the trained LoRA in diffusers' format (pytorch_lora_weights.safetensors, for "
+        "pipeline.load_lora_weights(OUT)) and in peft's (adapter_model.safetensors + adapter_config.json). With "
+        "--merge: the whole pipeline with the trained weights merged into its transformer, saved with "
+        "save_pretrained (load it with from_pretrained, or train/sample it with --model OUT).",
+    )
+    p.add_argument("--checkpoint", required=True, help="a step_NNNNNN checkpoint directory, or a run directory")
+    p.add_argument("--model", default=None, help="base model directory (default: the run's model.path)")
+    p.add_argument("--merge", action="store_true", help="merge into the transformer and write a full diffusers model")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="weights dtype (default: the run's)")
+    p.add_argument("--device", default="cpu", help="where to merge (cpu needs no GPU memory)")
+    p.add_argument("--no-ema", action="store_true", help="export the trained weights even when the run kept an EMA")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(fn=cmd_export)
+
+
+def cmd_export(args) -> None:
+    from diffusion_rl.models.export import export_merged, load_checkpoint_model, save_diffusers_lora
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; export writes a directory")
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise UserError(f"--out {out} exists and is not empty; pass --force to write into it")
+    model, checkpoint, which = load_checkpoint_model(
+        args.checkpoint, args.model, device=args.device, dtype=args.dtype, use_ema=not args.no_ema
+    )
+    if args.merge:
+        export_merged(model, out)
+        logger.info("exported %s (%s weights) merged into a %s model at %s", checkpoint, which, model.family, out)
+        return
+    if model.policies.lora is None:
+        raise UserError(
+            f"{checkpoint} is a full fine-tuning checkpoint (no LoRA): pass --merge to write the whole model"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    model.policies.trained.save_pretrained(out, selected_adapters=["default"])
+    # peft writes a selected non-"default" adapter to a subfolder; "default" lands in `out` itself
+    file = save_diffusers_lora(model, out)
+    logger.info("exported the LoRA of %s (%s weights) to %s", checkpoint, which, file)

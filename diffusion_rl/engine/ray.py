@@ -1,0 +1,281 @@
+"""The Ray engine: `engine.num_workers` PolicyWorker actors with the transformer FSDP2-sharded over them.
+
+The driver (the trainer's process) holds no model. It splits each call over the workers and gathers the results:
+- generate: the requested rows are split into one contiguous share per worker (with sampling.score_chunks = 1 and
+  prompts_per_step divisible by num_workers, a prompt's whole group stays on one worker); every worker all-gathers
+  the transformer once and samples its share; the trajectories come back to the driver, which scores them and
+  computes advantages exactly as with the local engine.
+- update: worker r trains on rows [r·B/N, (r+1)·B/N). Mini-batches are the interleaved rows m, m+M, … of the batch,
+  so with (B/N) % M == 0 each global mini-batch is the union of the workers' local ones; each worker scales its
+  loss by the mini-batch's global kept count, FSDP2 sums the gradients, and the optimizer step equals the local
+  engine's up to float reduction order.
+- save/load: every worker writes its shards with torch.distributed.checkpoint into the directory the driver passes.
+
+A failure on any worker (an exception, or a process that died) stops every worker and raises on the driver with the
+worker's rank, host and traceback; the trainer then publishes no checkpoint for the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from diffusion_rl.data.sampler import StepPrompts
+from diffusion_rl.engine.sharded_worker import ShardedWorker, WorkerError
+from diffusion_rl.errors import UserError
+from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.sampling.window import SdeWindow
+
+logger = logging.getLogger(__name__)
+
+FAILURE_GRACE_S = 5.0  # after a first failure, how long to wait for the others (to name a dead worker as the cause)
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended (killed, out of memory, node lost) while the engine needed it."""
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UserError("engine.kind=ray needs Ray: pip install 'diffusion-rl[ray]'") from None
+    return ray
+
+
+def ensure_ray(engine_cfg) -> None:
+    """Connect to Ray once per process: the cluster at engine.address, or a new local one when it is null."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return
+    start = time.perf_counter()
+    # a local cluster of our own listens on loopback only; a cluster we join decides its own addresses
+    local = {} if engine_cfg.address else {"_node_ip_address": "127.0.0.1"}
+    ray.init(address=engine_cfg.address, include_dashboard=False, logging_level=logging.WARNING, **local)
+    logger.info(
+        "Ray %s in %.1f s: %s",
+        "joined" if engine_cfg.address else "started",
+        time.perf_counter() - start,
+        ray.cluster_resources(),
+    )
+
+
+def split_evenly(items: Sequence, parts: int) -> list[list]:
+    """`items` cut into `parts` contiguous pieces whose lengths differ by at most one (the first ones longer)."""
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        out.append(list(items[start:end]))
+        start = end
+    return out
+
+
+class RayEngine:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        e = cfg.engine
+        if cfg.algorithm.family != "policy_gradient":
+            raise UserError(
+                f"engine.kind=ray runs the policy_gradient family; algorithm.family={cfg.algorithm.family} runs "
+                "with engine.kind=local for now"
+            )
+        start = time.perf_counter()
+        ensure_ray(e)
+        ray = import_ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.world_size = e.num_workers
+        self.failed: str | None = None
+        bundle = {"CPU": e.cpus_per_worker, **({"GPU": e.gpus_per_worker} if e.gpus_per_worker else {})}
+        # one bundle per worker, reserved all at once: either every worker can start or none does
+        self._group = placement_group([bundle] * self.world_size, strategy="PACK")
+        if not self._wait_ready(self._group, e.start_timeout_s):
+            remove_placement_group(self._group)
+            raise UserError(
+                f"engine: {self.world_size} workers × {bundle} do not fit in the Ray cluster within "
+                f"{e.start_timeout_s:.0f} s (it has {ray.cluster_resources()}); lower engine.num_workers, "
+                "engine.cpus_per_worker or engine.gpus_per_worker, or add nodes"
+            )
+        threads = max(1, int(e.cpus_per_worker))  # engine.num_threads is the trainer process's
+        actor = ray.remote(ShardedWorker)
+        self.workers = [
+            actor.options(
+                num_cpus=e.cpus_per_worker,
+                num_gpus=e.gpus_per_worker,
+                max_restarts=0,  # a rank cannot rejoin a process group: a lost worker stops the run
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
+            ).remote(rank, self.world_size, threads)
+            for rank in range(self.world_size)
+        ]
+        self.where = [f"worker rank {r}" for r in range(self.world_size)]
+        infos = self._call("info")
+        self.where = [f"worker rank {i['rank']} on {i['host']} (pid {i['pid']})" for i in infos]
+        self.pids = [i["pid"] for i in infos]
+        address = self._gather([self.workers[0].rendezvous_address.remote()], ranks=[0])[0]
+        started = time.perf_counter()
+        self._call("setup", cfg, address)
+        self.startup_seconds = time.perf_counter() - start
+        logger.info(
+            "Ray engine: %d workers ready in %.1f s (actors up in %.1f s, process group + sharded model in %.1f s)",
+            self.world_size,
+            self.startup_seconds,
+            started - start,
+            time.perf_counter() - started,
+        )
+
+    @staticmethod
+    def _wait_ready(group, timeout_s: float) -> bool:
+        ray = import_ray()
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+        return bool(ready)
+
+    @property
+    def model(self):
+        raise AttributeError(
+            "the Ray engine's model lives sharded in its workers; use trainable_state_dict() for its weights"
+        )
+
+    # -- the engine interface ---------------------------------------------------------------------------------
+    def generate(
+        self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
+    ) -> TensorDict:
+        """Rollouts of the step's prompt instances (or of `rows` of them), each worker sampling a contiguous share."""
+        rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
+        shares = split_evenly(rows, self.world_size)
+        texts, negative, groups = prompts.prompts, prompts.negative_prompts, prompts.group_index.tolist()
+        parts = self._call(
+            "generate",
+            per_rank=[
+                (
+                    [texts[i] for i in share],
+                    [negative[i] for i in share],
+                    share,
+                    [groups[i] for i in share],
+                    step,
+                    window,
+                )
+                for share in shares
+            ],
+        )
+        return torch.cat([p for p in parts if p is not None])  # shares are contiguous: the order of `rows`
+
+    def update(self, batch: TensorDict, step: int) -> dict[str, float]:
+        """Data-parallel update: worker r trains on the r-th contiguous B/N rows; metrics averaged over workers."""
+        size = batch.batch_size[0]
+        if size % self.world_size:
+            raise ValueError(f"a batch of {size} rows does not split evenly over {self.world_size} workers")
+        shards = batch.cpu().split(size // self.world_size)
+        results = self._call("update", per_rank=[(shard, step) for shard in shards])
+        # every worker has as many rows and micro-batches: the mean of their means is the global mean
+        return {name: sum(r[name] for r in results) / len(results) for name in results[0]}
+
+    def sample_images(
+        self,
+        prompts: Sequence[str],
+        negative: Sequence[str | None],
+        seeds: Sequence[int],
+        settings: SamplerSettings,
+        use_ema: bool = True,
+    ) -> torch.Tensor:
+        shares = split_evenly(list(range(len(prompts))), self.world_size)
+        images = self._call(
+            "sample_images",
+            per_rank=[
+                ([prompts[i] for i in s], [negative[i] for i in s], [seeds[i] for i in s], settings, use_ema)
+                for s in shares
+            ],
+        )
+        return torch.cat(images)
+
+    def save(self, directory: Path) -> None:
+        """Every worker writes its shards into `directory` (the trainer's temp dir, published when all returned)."""
+        self._call("save", str(Path(directory).resolve()))
+
+    def load(self, directory: Path) -> None:
+        self._call("load", str(Path(directory).resolve()))
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained policy's full weights on the driver (names as PolicySet.trainable_state_dict)."""
+        return self._call("trainable_state_dict")[0]
+
+    def worker_cpu_seconds(self) -> list[float]:
+        """CPU time each worker's process has used so far, by rank (a measure of work that CPU contention leaves
+        alone, unlike wall-clock time)."""
+        return [info["cpu_s"] for info in self._call("info")]
+
+    def close(self) -> None:
+        """Stop the workers and free their resources (the Ray session stays up for other engines)."""
+        ray = import_ray()
+        from ray.util.placement_group import remove_placement_group
+
+        for worker in getattr(self, "workers", []):
+            ray.kill(worker, no_restart=True)
+        self.workers = []
+        if getattr(self, "_group", None) is not None:
+            remove_placement_group(self._group)
+            self._group = None
+
+    # -- calls and failures --------------------------------------------------------------------------------------
+    def _call(self, method: str, *args, per_rank: Sequence[tuple] | None = None) -> list:
+        """Call `method` on every worker (with `args`, or per_rank[r] on worker r); their results by rank."""
+        if self.failed:
+            raise RuntimeError(f"the Ray engine stopped after a worker failure ({self.failed}); start a new run")
+        refs = [
+            getattr(worker, method).remote(*(per_rank[rank] if per_rank is not None else args))
+            for rank, worker in enumerate(self.workers)
+        ]
+        return self._gather(refs, ranks=list(range(len(refs))))
+
+    def _gather(self, refs: list, ranks: list[int]) -> list:
+        """Results by position; the first failure stops every worker and raises (not a wait on a hung collective)."""
+        ray = import_ray()
+        rank_of = dict(zip(refs, ranks))
+        results: dict[int, object] = {}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                results[rank_of[ready[0]]] = ray.get(ready[0])
+            except Exception as error:
+                self._fail(rank_of[ready[0]], error, pending, rank_of)
+        return [results[r] for r in ranks]
+
+    def _fail(self, rank: int, error: Exception, pending: list, rank_of: dict) -> None:
+        """Kill every worker (the others may wait in a collective for the failed one) and raise the root cause."""
+        ray = import_ray()
+        errors = {rank: error}
+        # a worker killed mid-collective makes the others fail too (peer gone): unless this is the death itself, give
+        # Ray a moment to report it, so the message names the dead worker rather than a survivor's broken connection
+        grace = 0.0 if isinstance(error, ray.exceptions.RayActorError) or not pending else FAILURE_GRACE_S
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=grace)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as other:
+                errors[rank_of[ref]] = other
+        died = {r: e for r, e in errors.items() if isinstance(e, ray.exceptions.RayActorError)}
+        root_rank, root = next(iter(died.items())) if died else (rank, error)
+        self.failed = f"{self.where[root_rank]}: {type(root).__name__}"
+        self.close()
+        others = [f"{self.where[r]}: {_short(e)}" for r, e in errors.items() if r != root_rank]
+        also = ("\nalso failed: " + "; ".join(others)) if others else ""
+        if isinstance(root, ray.exceptions.RayActorError):
+            raise WorkerDied(f"{self.where[root_rank]} died: {_short(root)}{also}") from None
+        cause = getattr(root, "cause", None)
+        if isinstance(cause, WorkerError):
+            raise cause.for_driver(also) from None
+        raise RuntimeError(f"{self.where[root_rank]} failed: {root}{also}") from root
+
+
+def _short(error: Exception) -> str:
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, WorkerError):
+        return f"{cause.kind}: {cause.message}"
+    return str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__

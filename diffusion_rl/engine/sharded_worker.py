@@ -1,0 +1,185 @@
+"""One rank of the Ray engine: a PolicyWorker whose transformer is FSDP2-sharded over all ranks.
+
+This wraps the one PolicyWorker (engine/worker.py) rather than copying it: the worker gets an `Fsdp2Sharded`
+parallelism and everything else (sampling, the update, the optimizer step, EMA) is the same code the local engine
+runs. What is added here is what only a rank needs: joining the process group, sampling inside `gathered()`,
+sharded checkpoints (engine/sharded_checkpoint.py), and errors that say which rank on which host failed.
+
+Plain torch.distributed: Ray only hosts it as an actor (engine/ray.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import socket
+import time
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from diffusion_rl.engine import sharded_checkpoint
+from diffusion_rl.engine.parallel import Fsdp2Sharded
+from diffusion_rl.engine.worker import PolicyWorker, TrainingDiverged
+from diffusion_rl.errors import UserError
+from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.sampling.window import SdeWindow
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerError(RuntimeError):
+    """An exception raised in a worker, carried to the driver with the worker's rank, host, pid and traceback."""
+
+    def __init__(self, rank: int, host: str, pid: int, kind: str, message: str, worker_traceback: str):
+        super().__init__(rank, host, pid, kind, message, worker_traceback)
+        self.rank, self.host, self.pid = rank, host, pid
+        self.kind, self.message, self.worker_traceback = kind, message, worker_traceback
+
+    @property
+    def where(self) -> str:
+        return f"worker rank {self.rank} on {self.host} (pid {self.pid})"
+
+    def __str__(self) -> str:
+        trace = self.worker_traceback
+        return f"{self.where} raised {self.kind}: {self.message}\n--- traceback on that worker ---\n{trace}"
+
+    def for_driver(self, note: str = "") -> Exception:
+        """The exception the driver raises (`note` appended to its message): a UserError or TrainingDiverged keeps
+        its type (the CLI prints a user error as one line); anything else is a WorkerError with the traceback."""
+        if self.kind == UserError.__name__:
+            return UserError(f"{self.where}: {self.message}{note}")
+        if self.kind == TrainingDiverged.__name__:
+            return TrainingDiverged(f"{self.where}: {self.message}{note}")
+        return WorkerError(self.rank, self.host, self.pid, self.kind, self.message + note, self.worker_traceback)
+
+
+def _reported(method):
+    """Run a worker method; an exception leaves as a WorkerError that says where it happened."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            logger.error("rank %d: %s failed: %s", self.rank, method.__name__, e)
+            raise WorkerError(
+                self.rank, self.host, self.pid, type(e).__name__, str(e), traceback.format_exc()
+            ) from None
+
+    return wrapper
+
+
+def free_address() -> str:
+    """tcp://<this node's address>:<a free port> for the process group's rendezvous (rank 0 listens there)."""
+    try:
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+    except Exception:  # outside Ray
+        ip = socket.gethostbyname(socket.gethostname())
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return f"tcp://{ip}:{port}"
+
+
+class ShardedWorker:
+    def __init__(self, rank: int, world_size: int, num_threads: int):
+        self.rank, self.world_size = rank, world_size
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        # Ray sets OMP_NUM_THREADS to the actor's CPUs, but a reused worker process keeps an old torch setting
+        torch.set_num_threads(max(1, num_threads))
+        logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+        self.worker: PolicyWorker | None = None
+
+    def info(self) -> dict:
+        """Where this worker runs, and the CPU time its process has used so far (benchmarks)."""
+        return {"rank": self.rank, "host": self.host, "pid": self.pid, "cpu_s": time.process_time()}
+
+    @_reported
+    def rendezvous_address(self) -> str:
+        return free_address()
+
+    @_reported
+    def setup(self, cfg, init_method: str) -> None:
+        """Join the process group, then build the PolicyWorker with its transformer sharded over the group."""
+        import torch.distributed as dist
+
+        from diffusion_rl.models.loader import resolve_device
+
+        device = resolve_device(cfg.model.device)
+        if device.type == "cuda":  # Ray shows each worker its own GPU(s): index 0 unless model.device names one
+            torch.cuda.set_device(device.index or 0)
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=cfg.engine.collective_timeout_s),
+        )
+        self.parallel = Fsdp2Sharded(device, cfg.engine.mixed_precision, cfg.engine.reshard_after_forward)
+        self.worker = PolicyWorker(cfg, self.parallel)
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+    @_reported
+    def generate(
+        self,
+        prompts: Sequence[str],
+        negative: Sequence[str | None],
+        sample_index: Sequence[int],
+        group_index: Sequence[int],
+        step: int,
+        window: SdeWindow | None,
+    ) -> TensorDict | None:
+        """This rank's rows of a training rollout (None when it has none: it still joins the all-gather)."""
+        with self.parallel.gathered():
+            if not prompts:
+                return None
+            traj = self.worker.generate(prompts, negative, sample_index, group_index, step, window)
+        return traj.cpu()
+
+    @_reported
+    def sample_images(
+        self,
+        prompts: Sequence[str],
+        negative: Sequence[str | None],
+        seeds: Sequence[int],
+        settings: SamplerSettings,
+        use_ema: bool,
+    ) -> torch.Tensor:
+        ema = self.worker.ema if use_ema else None
+        # swap the EMA into the shards before gathering them: the gathered copy is what the sampler runs
+        with ema.swapped_in() if ema is not None else contextlib.nullcontext(), self.parallel.gathered():
+            if not prompts:
+                return torch.zeros(0, settings.height, settings.width, 3, dtype=torch.uint8)
+            return self.worker.sample_images(prompts, negative, seeds, settings, use_ema=False)
+
+    # -- update -------------------------------------------------------------------------------------------------
+    @_reported
+    def update(self, shard: TensorDict, step: int) -> dict[str, float]:
+        """The update on this rank's rows; FSDP2 sums the gradients over the ranks."""
+        with self.parallel.training():
+            return self.worker.update(shard.to(self.worker.model.device), step)
+
+    # -- state ------------------------------------------------------------------------------------------------------
+    @_reported
+    def save(self, directory: str) -> None:
+        sharded_checkpoint.save(self.worker, Path(directory), self.rank)
+
+    @_reported
+    def load(self, directory: str) -> None:
+        sharded_checkpoint.load(self.worker, Path(directory))
+
+    @_reported
+    def trainable_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The trained policy's full weights (gathered from the shards) on rank 0; None elsewhere."""
+        full = sharded_checkpoint.full_tensors(self.worker.model.policies.state_dict_of("default"), self.rank == 0)
+        return full if self.rank == 0 else None

@@ -1,0 +1,377 @@
+"""Evaluate the base model and training checkpoints on a prompt file: K samples per prompt, every reward.
+
+Every model sees the same prompts with the same seeds (sample k of prompt p starts from the noise of
+(seed, p, k) whatever the batch), so the sheets and numbers of the columns are directly comparable and a
+second run with the same seed reproduces the first. Output directory:
+
+    metrics.json            settings, prompt file, rewards, and per column: checkpoint identity and statistics
+    samples.jsonl           one row per image: column, prompt, ground truth, seed, image path, every score
+    compare.md              the comparison table (also printed by the CLI)
+    compare.png             the first prompts side by side across columns (when there are several columns)
+    <column>/sheet.png      contact sheet of a column (the first `sheet_prompts` prompts, K samples each)
+    <column>/images/pPPPP_sKK.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from diffusion_rl.data.prompts import PromptRecord
+from diffusion_rl.errors import UserError
+from diffusion_rl.evaluation.summary import comparison_table, reward_stats
+from diffusion_rl.evaluation.targets import Target
+from diffusion_rl.models.checkpoint_weights import checkpoint_config, load_trained_weights, weights_sha256
+from diffusion_rl.models.loader import load_model, resolve_device
+from diffusion_rl.rewards import RewardCombiner, RewardFailure, WeightedReward, make_reward
+from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+from diffusion_rl.sampling.window import default_window
+from diffusion_rl.tracking import image_grid, save_png
+from diffusion_rl.utils.seeding import seed_for
+
+logger = logging.getLogger(__name__)
+
+SDE_TYPES = ("ode", "sde", "cps", "dance_sde")
+OUTPUT_FILES = ("metrics.json", "samples.jsonl", "compare.md", "compare.png")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    n: int = 4  # samples per prompt (K)
+    num_steps: int = 20
+    guidance: float = 4.5
+    height: int = 64
+    width: int = 64
+    sde_type: str = "ode"  # ode, or a stochastic step type for every step but the last
+    noise_level: float = 0.7
+    seed: int = 0
+    batch_size: int = 8  # images per forward pass and per reward call
+    sheet_prompts: int = 16  # prompts shown on the contact sheets (all images are written regardless)
+    use_ema: bool = True  # sample a checkpoint with its EMA weights when the run kept an EMA (as validation does)
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise UserError(f"--n must be ≥ 1, got {self.n}")
+        if self.num_steps < 2 and self.sde_type != "ode":
+            raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {self.num_steps}")
+        if self.num_steps < 1:
+            raise UserError(f"--steps must be ≥ 1, got {self.num_steps}")
+        if self.guidance < 1:
+            raise UserError(f"--guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
+        if self.sde_type not in SDE_TYPES:
+            raise UserError(f"--sde-type {self.sde_type!r} is unknown; known: {', '.join(SDE_TYPES)}")
+        if self.noise_level < 0:
+            raise UserError(f"--noise-level must be ≥ 0, got {self.noise_level}")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be ≥ 1, got {self.batch_size}")
+        if self.sheet_prompts < 1:
+            raise UserError(f"--sheet-prompts must be ≥ 1, got {self.sheet_prompts}")
+
+    def sampler(self) -> SamplerSettings:
+        sde = self.sde_type if self.sde_type != "ode" else "sde"
+        return SamplerSettings(self.num_steps, self.guidance, self.height, self.width, sde, self.noise_level)
+
+    def seeds(self, prompt_index: int, sample: int) -> tuple[int, int]:
+        """(initial-noise seed, SDE-noise seed) of sample k of prompt p: the same for every column."""
+        return (
+            seed_for(self.seed, "eval_init", prompt_index, sample),
+            seed_for(self.seed, "eval_noise", prompt_index, sample),
+        )
+
+
+@dataclass(frozen=True)
+class RewardChoice:
+    name: str
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def build_scorer(rewards: Sequence[RewardChoice]) -> RewardCombiner:
+    """Each reward scored on its own: not required, so one reward failing on a sample leaves the others' scores."""
+    names = [r.name for r in rewards]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UserError(f"--reward lists {', '.join(repeated)} more than once")
+    return RewardCombiner([WeightedReward(r.name, 1.0, make_reward(r.name, **r.kwargs), False) for r in rewards])
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _none_if_nan(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def prepare_output(out: Path, force: bool) -> None:
+    """Create `out`; an earlier evaluation there is an error, or removed (only its own files) with force."""
+    earlier = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if earlier and not force:
+        raise UserError(f"{out} holds an earlier evaluation ({', '.join(earlier)}); pass --force to replace it")
+    if earlier:
+        try:
+            old_columns = [c["name"] for c in json.loads((out / "metrics.json").read_text())["columns"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            old_columns = []
+        for name in old_columns:
+            if name and "/" not in name and ".." not in name and (out / name).is_dir():
+                shutil.rmtree(out / name)
+        for name in earlier:
+            (out / name).unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+class _ModelSlot:
+    """One loaded model at a time; reloaded only when a column needs other LoRA settings or pristine weights."""
+
+    def __init__(self, model_cfg):
+        self.model_cfg = model_cfg  # ModelConfig of the base model (LoRA off)
+        self.model = None
+        self.key: Any = None
+        self.modified = False  # full fine-tuning weights were loaded over the base weights
+
+    def get(self, target: Target):
+        lora = None
+        if not target.is_base:
+            ckpt_lora = checkpoint_config(target.checkpoint).model.lora
+            lora = ckpt_lora if ckpt_lora.enabled else None
+        key = None if lora is None else (lora.rank, lora.alpha, tuple(lora.target_modules))
+        if self.model is None or key != self.key or (target.is_base and self.modified):
+            self.release()
+            cfg = self.model_cfg if lora is None else dataclasses.replace(self.model_cfg, lora=lora)
+            self.model, self.key, self.modified = load_model(cfg), key, False
+        return self.model
+
+    def release(self) -> None:
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _scores_of(scorer: RewardCombiner, images: np.ndarray, rows: Sequence[PromptRecord]) -> dict[str, np.ndarray]:
+    prompts = [r.prompt for r in rows]
+    metadata = [{**r.metadata, "ground_truth": r.ground_truth, "data_source": r.data_source} for r in rows]
+    try:
+        return scorer(images, prompts, metadata).per_reward
+    except RewardFailure as e:  # recorded as failed samples (NaN), counted in the table, not a crash mid-evaluation
+        logger.error("%s", e)
+        return {r.name: np.full(len(rows), np.nan, dtype=np.float32) for r in scorer.rewards}
+
+
+def _caption(prompt: str, scores: dict[str, float], names: list[str]) -> str:
+    if len(names) == 1:
+        return f"{prompt} | {scores[names[0]]:.4g}"
+    return prompt + " | " + ", ".join(f"{n} {scores[n]:.4g}" for n in names)
+
+
+@torch.no_grad()
+def evaluate_target(
+    model, target: Target, records: list[PromptRecord], scorer: RewardCombiner, settings: EvalSettings, out: Path
+) -> tuple[dict[str, np.ndarray], list[dict], np.ndarray]:
+    """Sample and score one column. Returns (scores per reward [P, K], samples.jsonl rows, sheet images)."""
+    names = [r.name for r in scorer.rewards]
+    items = [(p, k) for p in range(len(records)) for k in range(settings.n)]
+    window = None if settings.sde_type == "ode" else default_window(settings.num_steps)
+    sampler = settings.sampler()
+    scores = {n: np.full((len(records), settings.n), np.nan, dtype=np.float32) for n in names}
+    rows, sheet, captions = [], [], []
+    image_dir = out / target.name / "images"
+    image_dir.mkdir(parents=True, exist_ok=True)
+    starts = range(0, len(items), settings.batch_size)
+    for start in tqdm(starts, desc=target.name, disable=None, dynamic_ncols=True, leave=False):
+        chunk = items[start : start + settings.batch_size]
+        chunk_records = [records[p] for p, _ in chunk]
+        seeds = [settings.seeds(p, k) for p, k in chunk]
+        cond = model.encode_prompts([r.prompt for r in chunk_records], [r.negative_prompt or "" for r in chunk_records])
+        traj = rollout(
+            model, cond, sampler, window, init_seeds=[s for s, _ in seeds], noise_seeds=[s for _, s in seeds]
+        )
+        images = traj["images"].cpu().numpy()
+        chunk_scores = _scores_of(scorer, images, chunk_records)
+        for i, ((p, k), record) in enumerate(zip(chunk, chunk_records)):
+            image_path = save_png(images[i], image_dir / f"p{p:04d}_s{k:02d}.png")
+            sample_scores = {n: _none_if_nan(chunk_scores[n][i]) for n in names}
+            for n in names:
+                scores[n][p, k] = chunk_scores[n][i]
+            rows.append(
+                {
+                    "model": target.name,
+                    "prompt_index": p,
+                    "sample": k,
+                    "seed": seeds[i][0],
+                    "prompt": record.prompt,
+                    "negative_prompt": record.negative_prompt,
+                    "ground_truth": record.ground_truth,
+                    "data_source": record.data_source,
+                    "image": image_path.relative_to(out).as_posix(),
+                    "scores": sample_scores,
+                }
+            )
+            if p < settings.sheet_prompts:
+                sheet.append(images[i])
+                captions.append(_caption(record.prompt, {n: float(chunk_scores[n][i]) for n in names}, names))
+    save_png(image_grid(np.stack(sheet), captions, ncols=settings.n), out / target.name / "sheet.png")
+    return scores, rows, np.stack(sheet)
+
+
+def _identity(target: Target, model_path: str, weights: str | None) -> dict[str, Any]:
+    if target.is_base:
+        return {"path": None, "step": None, "weights_sha256": None, "weights": "base", "model": model_path}
+    return {
+        "path": str(target.checkpoint),
+        "step": target.step,
+        "weights_sha256": weights_sha256(target.checkpoint),
+        "weights": weights,
+        "model": model_path,
+    }
+
+
+def compare_sheet(
+    targets: list[Target],
+    sheets: dict[str, np.ndarray],
+    scores: dict[str, dict[str, np.ndarray]],
+    records: list[PromptRecord],
+    k: int,
+) -> np.ndarray:
+    """One row per prompt: K samples of each column next to each other (the same seeds in every column).
+
+    Each tile is captioned with its column, sample and the first reward's score; a row's first tile also
+    names the prompt (below, so a long prompt is what gets cut).
+    """
+    n_prompts = len(sheets[targets[0].name]) // k
+    tiles, captions = [], []
+    for p in range(n_prompts):
+        for t in targets:
+            first_reward = next(iter(scores[t.name].values()))
+            for j in range(k):
+                tiles.append(sheets[t.name][p * k + j])
+                caption = f"{t.name} #{j} | {first_reward[p, j]:.4g}"
+                captions.append(f"{caption}\n{records[p].prompt}" if t is targets[0] and j == 0 else caption)
+    return image_grid(np.stack(tiles), captions, ncols=k * len(targets))
+
+
+def evaluate(
+    model_cfg,
+    targets: list[Target],
+    records: list[PromptRecord],
+    rewards: Sequence[RewardChoice],
+    settings: EvalSettings,
+    out: str | os.PathLike[str],
+    prompts_file: str | os.PathLike[str] | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Evaluate every target (column) and write the output directory; returns what metrics.json holds.
+
+    model_cfg: the `ModelConfig` of the base model (LoRA off); a checkpoint column adds its run's LoRA settings.
+    """
+    out = Path(out)
+    scorer = build_scorer(rewards)
+    prepare_output(out, force)
+    slot = _ModelSlot(model_cfg)
+    names = [r.name for r in rewards]
+    # base first, then checkpoints grouped by LoRA settings: the fewest model loads; the table keeps the given order
+    order = sorted(targets, key=lambda t: (not t.is_base, str(slot_key_hint(t))))
+    try:
+        slot.get(order[0]).latent_shape(settings.height, settings.width)
+    except ValueError as e:  # a size the model cannot make is the user's to fix
+        raise UserError(f"--height/--width: {e}") from None
+    columns: dict[str, dict[str, Any]] = {}
+    sheets: dict[str, np.ndarray] = {}
+    all_scores: dict[str, dict[str, np.ndarray]] = {}
+    sources = [r.data_source for r in records]
+    with open(out / "samples.jsonl", "w", encoding="utf-8") as samples_file:
+        for target in order:
+            start = time.perf_counter()
+            model = slot.get(target)
+            weights = None
+            if not target.is_base:
+                weights = load_trained_weights(model, target.checkpoint, use_ema=settings.use_ema)
+                slot.modified = slot.modified or model.policies.lora is None
+            logger.info("evaluating %s (%d prompts × %d samples)", target.name, len(records), settings.n)
+            scores, rows, sheets[target.name] = evaluate_target(model, target, records, scorer, settings, out)
+            all_scores[target.name] = scores
+            for row in rows:
+                samples_file.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+            samples_file.flush()
+            columns[target.name] = {
+                "name": target.name,
+                "checkpoint": _identity(target, str(Path(model_cfg.path).expanduser().resolve()), weights),
+                "rewards": {n: reward_stats(scores[n], sources) for n in names},
+                "sheet": f"{target.name}/sheet.png",
+                "seconds": time.perf_counter() - start,
+            }
+    slot.release()
+    ordered = [columns[t.name] for t in targets]
+    result = {
+        "prompts": {
+            "file": str(prompts_file) if prompts_file is not None else None,
+            "sha256": _file_sha256(Path(prompts_file)) if prompts_file is not None else None,
+            "count": len(records),
+        },
+        "settings": dataclasses.asdict(settings),
+        "model": {
+            **{k: v for k, v in dataclasses.asdict(model_cfg).items() if k != "lora"},
+            "device": str(resolve_device(model_cfg.device)),
+        },
+        "rewards": [dataclasses.asdict(r) for r in rewards],
+        "columns": ordered,
+    }
+    table = comparison_table(ordered, settings.n)
+    (out / "compare.md").write_text(_compare_markdown(result, table), encoding="utf-8")
+    if len(targets) > 1:
+        save_png(compare_sheet(targets, sheets, all_scores, records, settings.n), out / "compare.png")
+    _write_json(out / "metrics.json", result)
+    result["table"] = table
+    return result
+
+
+def slot_key_hint(target: Target) -> Any:
+    """Groups checkpoints by their LoRA settings so consecutive columns reuse one loaded model."""
+    if target.is_base:
+        return ""
+    lora = checkpoint_config(target.checkpoint).model.lora
+    return (lora.rank, lora.alpha, tuple(lora.target_modules)) if lora.enabled else ()
+
+
+def _compare_markdown(result: dict[str, Any], table: str) -> str:
+    s = result["settings"]
+    lines = [
+        "# Evaluation",
+        "",
+        f"Prompts: `{result['prompts']['file']}` ({result['prompts']['count']}), {s['n']} samples each, "
+        f"{s['num_steps']} {s['sde_type']} steps, guidance {s['guidance']}, {s['height']}×{s['width']}, "
+        f"seed {s['seed']}. Rewards: {', '.join(r['name'] for r in result['rewards'])}.",
+        "",
+        table,
+        "| column | checkpoint | step | weights | sha256 |",
+        "|---|---|---|---|---|",
+    ]
+    for c in result["columns"]:
+        ident = c["checkpoint"]
+        sha = (ident["weights_sha256"] or "")[:16]
+        step = "-" if ident["step"] is None else ident["step"]
+        lines.append(f"| {c['name']} | {ident['path'] or ident['model']} | {step} | {ident['weights']} | {sha} |")
+    lines.append("")
+    if len(result["columns"]) > 1:
+        lines += ["![side by side](compare.png)", ""]
+    return "\n".join(lines)

@@ -1,0 +1,160 @@
+"""FLUX.1 (dev and schnell): T5 + CLIP-pooled conditioning, 2×2-packed latents, resolution-dependent shift.
+
+FLUX.1-dev is guidance-distilled: the guidance scale enters the transformer as an embedding, so every step is
+one forward pass and negative prompts play no part. FLUX.1-schnell has no guidance embedding; for it (and any
+FLUX transformer without one) `guidance > 1` means ordinary classifier-free guidance with the negative prompts,
+in one batched forward over [negative; positive].
+
+Time units: `FluxTransformer2DModel` takes `timestep` = σ and multiplies it by 1000 itself (as it does the
+guidance scale), so σ goes in unchanged (`model_timestep`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from tensordict import TensorDict
+
+from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
+from diffusion_rl.models.packed import (
+    distinct_texts,
+    freeze,
+    latent_image_ids,
+    pack_latents,
+    packed_sigma_schedule,
+    tokens_of,
+    unpack_latents,
+)
+from diffusion_rl.models.policies import LoraSettings, PolicySet
+
+logger = logging.getLogger(__name__)
+
+# Attention of both streams (the single blocks' to_q/k/v match too), the double blocks' feed-forwards and the
+# single blocks' MLP input. Not `proj_out`: the name also matches the model's final output layer.
+FLUX_LORA_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "ff.net.0.proj",
+    "ff.net.2",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+    "proj_mlp",
+)
+
+MAX_T5_TOKENS = 512  # the pipeline refuses longer text
+
+
+class FluxModel(FlowModel):
+    family = "flux"
+    default_lora_targets = FLUX_LORA_TARGETS
+
+    def __init__(
+        self,
+        pipeline,
+        *,
+        lora: LoraSettings | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_sequence_length: int = 256,
+        gradient_checkpointing: bool = False,
+    ):
+        self.pipeline = pipeline
+        self.device, self.dtype = device, dtype
+        self.max_sequence_length = min(max_sequence_length, MAX_T5_TOKENS)
+        freeze(pipeline.text_encoder, pipeline.text_encoder_2, pipeline.vae)
+        transformer = pipeline.transformer
+        # dev: guidance is an input of the network; schnell: none, so guidance > 1 is real CFG
+        self.guidance_embeds = bool(transformer.config.guidance_embeds)
+        self.latent_channels = transformer.config.in_channels // 4
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self.policies = PolicySet(transformer, lora)
+        self.vae = pipeline.vae
+        self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        self._scheduler_config = pipeline.scheduler.config
+
+    @staticmethod
+    def model_timestep(sigma_B: torch.Tensor) -> torch.Tensor:
+        """The transformer's `timestep` input for σ: σ itself (it scales by 1000 inside, to the 0–1000 range)."""
+        return sigma_B
+
+    # -- conditioning -----------------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
+        # negatives only matter for true CFG, which a guidance-distilled model never runs
+        if not self.guidance_embeds and negative is None:
+            negative = [""] * len(prompts)
+        texts, prompt_idx, negative_idx = distinct_texts(prompts, None if self.guidance_embeds else negative)
+        with torch.no_grad():
+            embeds, pooled, _ = self.pipeline.encode_prompt(
+                prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
+            )
+        embeds, pooled = embeds.to(self.dtype), pooled.to(self.dtype)
+        prompt_idx = prompt_idx.to(embeds.device)
+        out = {"prompt_embeds": embeds[prompt_idx], "pooled_prompt_embeds": pooled[prompt_idx]}
+        if negative_idx is not None:
+            negative_idx = negative_idx.to(embeds.device)
+            out["negative_prompt_embeds"] = embeds[negative_idx]
+            out["negative_pooled_prompt_embeds"] = pooled[negative_idx]
+        return TensorDict(out, batch_size=[len(prompts)], device=self.device)
+
+    # -- the network ------------------------------------------------------------------------------------------
+    def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
+        B, h, w, K = latents.shape
+        x = tokens_of(latents).to(self.dtype)
+        sigma_B = as_sigma_batch(sigma, B, latents.device)
+        embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
+        true_cfg = not self.guidance_embeds and guidance > 1.0
+        if true_cfg:  # one forward over [uncond; cond]
+            x, sigma_B = torch.cat([x, x]), torch.cat([sigma_B, sigma_B])
+            embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+            pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])
+        guidance_B = None
+        if self.guidance_embeds:  # the scale itself; the network scales it by 1000 like the timestep
+            guidance_B = torch.full((x.shape[0],), float(guidance), device=latents.device, dtype=torch.float32)
+        v = self.policies.module(
+            hidden_states=x,
+            timestep=self.model_timestep(sigma_B),
+            guidance=guidance_B,
+            pooled_projections=pooled,
+            encoder_hidden_states=embeds,
+            txt_ids=torch.zeros(embeds.shape[1], 3, device=latents.device),
+            img_ids=latent_image_ids(h, w, latents.device),
+            return_dict=False,
+        )[0].float()
+        if true_cfg:
+            v_uncond, v_cond = v.chunk(2)
+            v = v_uncond + guidance * (v_cond - v_uncond)
+        return v.reshape(B, h, w, K)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        step = self.vae_scale * 2  # VAE down-sampling, then 2×2 packing
+        if height % step or width % step:
+            raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
+        return (height // step, width // step, self.latent_channels * 4)
+
+    def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        h, w, _ = self.latent_shape(height, width)
+        scheduler = type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
+        return packed_sigma_schedule(scheduler, num_steps, h * w)
+
+    # -- pixels ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        config = self.vae.config
+        z = unpack_latents(latents).to(self.vae.dtype) / config.scaling_factor + config.shift_factor
+        return images_to_uint8(self.vae.decode(z, return_dict=False)[0])
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        config = self.vae.config
+        pixels = uint8_to_images(images).to(self.device, self.vae.dtype)
+        z = self.vae.encode(pixels).latent_dist.mode()
+        return pack_latents((z - config.shift_factor) * config.scaling_factor).float()

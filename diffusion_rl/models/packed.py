@@ -1,0 +1,97 @@
+"""Pieces shared by the families whose transformer reads 2×2-packed latent tokens (FLUX.1, Qwen-Image).
+
+Packed latents: the VAE latent [C, H, W] cut into 2×2 patches, each patch one token of 4·C channels, ordered
+(channel, row in patch, column in patch) — the order the FLUX and Qwen-Image transformers were trained on. We
+keep a sample's latents as the token grid [H/2, W/2, 4·C]: the SDE math is elementwise so the layout does not
+matter to it, and the grid keeps the image size that the transformer's positional ids need.
+
+Resolution-dependent shift: these schedulers move σ towards 1 more the more tokens an image has,
+σ' = e^μ / (e^μ + (1/σ − 1)), with μ linear in the token count between (base_image_seq_len, base_shift) and
+(max_image_seq_len, max_shift).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def pack_latents(latents_BCHW: torch.Tensor) -> torch.Tensor:
+    """VAE latents [B, C, H, W] → token grid [B, H/2, W/2, 4·C]."""
+    B, C, H, W = latents_BCHW.shape
+    if H % 2 or W % 2:
+        raise ValueError(f"packing needs an even latent height and width, got {H}×{W}")
+    patches = latents_BCHW.reshape(B, C, H // 2, 2, W // 2, 2)  # [B, C, h, dy, w, dx]
+    return patches.permute(0, 2, 4, 1, 3, 5).reshape(B, H // 2, W // 2, C * 4)
+
+
+def unpack_latents(grid_BhwK: torch.Tensor) -> torch.Tensor:
+    """Token grid [B, h, w, 4·C] → VAE latents [B, C, 2h, 2w] (the inverse of `pack_latents`)."""
+    B, h, w, K = grid_BhwK.shape
+    if K % 4:
+        raise ValueError(f"packed latents need 4·C channels, got {K}")
+    patches = grid_BhwK.reshape(B, h, w, K // 4, 2, 2)  # [B, h, w, C, dy, dx]
+    return patches.permute(0, 3, 1, 4, 2, 5).reshape(B, K // 4, h * 2, w * 2)
+
+
+def tokens_of(grid_BhwK: torch.Tensor) -> torch.Tensor:
+    """Token grid [B, h, w, K] → the transformer's token sequence [B, h·w, K] (row-major, a view)."""
+    B, h, w, K = grid_BhwK.shape
+    return grid_BhwK.reshape(B, h * w, K)
+
+
+def latent_image_ids(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """FLUX's positional ids of the image tokens: [h·w, 3] rows (0, row, column), row-major like `tokens_of`."""
+    rows = torch.arange(h, device=device, dtype=torch.float32)[:, None].expand(h, w)
+    cols = torch.arange(w, device=device, dtype=torch.float32)[None, :].expand(h, w)
+    return torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(h * w, 3)
+
+
+def resolution_shift_mu(image_seq_len: int, scheduler_config) -> float:
+    """μ for an image of `image_seq_len` tokens: linear through (base_len, base_shift) and (max_len, max_shift)."""
+    base_len = scheduler_config.get("base_image_seq_len", 256)
+    max_len = scheduler_config.get("max_image_seq_len", 4096)
+    base_shift = scheduler_config.get("base_shift", 0.5)
+    max_shift = scheduler_config.get("max_shift", 1.15)
+    slope = (max_shift - base_shift) / (max_len - base_len)
+    return base_shift + slope * (image_seq_len - base_len)
+
+
+def packed_sigma_schedule(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
+    """σ_0 = 1 > … > σ_T = 0 [num_steps + 1], as the FLUX / Qwen-Image pipelines set their scheduler up.
+
+    They start from σ evenly spaced in [1/T, 1] and let the scheduler apply its shift: the resolution-dependent
+    one (μ) when the scheduler config asks for dynamic shifting, else its fixed `shift`; plus `shift_terminal`.
+    `scheduler` is a fresh scheduler (set_timesteps changes its state).
+    """
+    sigmas = np.linspace(1.0, 1.0 / num_steps, num_steps)
+    if scheduler.config.get("use_dynamic_shifting", False):
+        scheduler.set_timesteps(sigmas=sigmas, mu=resolution_shift_mu(image_seq_len, scheduler.config), device="cpu")
+    else:
+        scheduler.set_timesteps(sigmas=sigmas, device="cpu")
+    return scheduler.sigmas.float().cpu()
+
+
+def distinct_texts(
+    prompts: list[str], negative: list[str] | None
+) -> tuple[list[str], torch.Tensor, torch.Tensor | None]:
+    """The distinct strings among prompts and negatives (each is encoded once), and where each row finds its own.
+
+    Returns (texts, prompt_index [B], negative_index [B]) with texts[prompt_index[i]] == prompts[i];
+    `negative` None (a model that uses no negatives) gives negative_index None.
+    """
+    if negative is not None and len(negative) != len(prompts):
+        raise ValueError(f"encode_prompts: {len(negative)} negative prompts for {len(prompts)} prompts")
+    texts = list(dict.fromkeys([*prompts, *(negative or [])]))
+    position = {text: i for i, text in enumerate(texts)}
+    prompt_index = torch.tensor([position[p] for p in prompts], dtype=torch.long)
+    if negative is None:
+        return texts, prompt_index, None
+    return texts, prompt_index, torch.tensor([position[n] for n in negative], dtype=torch.long)
+
+
+def freeze(*modules) -> None:
+    """Text encoders and the VAE never train: no gradients, eval mode (no dropout)."""
+    for module in modules:
+        if module is not None:
+            module.requires_grad_(False).eval()

@@ -1,0 +1,172 @@
+"""Qwen-Image: a Qwen2.5-VL text encoder, AutoencoderKLQwenImage, 2×2-packed latents, true CFG with norm rescale.
+
+Text: the pipeline wraps each prompt in its chat template, runs the VL model and keeps the last hidden states of
+the prompt's own tokens, so prompts give embeddings of different lengths. We pad every prompt to
+`max_sequence_length` with a mask (a fixed width, so conditionings of separate chunks of a batch concatenate),
+and cut the all-padding tail of a batch off before each forward pass (masked keys weigh nothing in attention).
+
+Guidance: true CFG in one batched forward over [negative; positive], then the combined velocity rescaled, token
+by token, to the norm of the conditional one over the channel dimension, as QwenImagePipeline does.
+
+Time units: `QwenImageTransformer2DModel` takes `timestep` = σ and scales it by 1000 in its time projection,
+so σ goes in unchanged (`model_timestep`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from tensordict import TensorDict
+
+from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
+from diffusion_rl.models.packed import (
+    distinct_texts,
+    freeze,
+    pack_latents,
+    packed_sigma_schedule,
+    tokens_of,
+    unpack_latents,
+)
+from diffusion_rl.models.policies import LoraSettings, PolicySet
+
+# verl-omni's Qwen-Image LoRA targets: attention of both streams and both streams' MLPs
+QWEN_IMAGE_LORA_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "img_mlp.net.0.proj",
+    "img_mlp.net.2",
+    "txt_mlp.net.0.proj",
+    "txt_mlp.net.2",
+)
+
+MAX_TEXT_TOKENS = 1024  # the pipeline's limit
+
+
+def norm_rescaled_cfg(v_uncond: torch.Tensor, v_cond: torch.Tensor, scale: float) -> torch.Tensor:
+    """u + s·(c − u), rescaled along the last dimension to the norm of c (each token keeps c's magnitude)."""
+    combined = v_uncond + scale * (v_cond - v_uncond)
+    return combined * (v_cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
+
+
+class QwenImageModel(FlowModel):
+    family = "qwen_image"
+    default_lora_targets = QWEN_IMAGE_LORA_TARGETS
+
+    def __init__(
+        self,
+        pipeline,
+        *,
+        lora: LoraSettings | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_sequence_length: int = 256,
+        gradient_checkpointing: bool = False,
+    ):
+        self.pipeline = pipeline
+        self.device, self.dtype = device, dtype
+        self.max_sequence_length = min(max_sequence_length, MAX_TEXT_TOKENS)
+        freeze(pipeline.text_encoder, pipeline.vae)
+        transformer = pipeline.transformer
+        self.latent_channels = transformer.config.in_channels // 4
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self.policies = PolicySet(transformer, lora)
+        self.vae = pipeline.vae
+        self.vae_scale = 2 ** len(self.vae.temperal_downsample)
+        self._scheduler_config = pipeline.scheduler.config
+
+    @staticmethod
+    def model_timestep(sigma_B: torch.Tensor) -> torch.Tensor:
+        """The transformer's `timestep` input for σ: σ itself (its time projection scales by 1000)."""
+        return sigma_B
+
+    # -- conditioning -----------------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
+        negative = negative if negative is not None else [""] * len(prompts)
+        texts, prompt_idx, negative_idx = distinct_texts(prompts, negative)
+        with torch.no_grad():
+            embeds, mask = self.pipeline.encode_prompt(
+                prompt=texts, device=self.device, max_sequence_length=self.max_sequence_length
+            )
+        N, L, D = embeds.shape
+        mask = torch.ones(N, L, dtype=torch.bool, device=embeds.device) if mask is None else mask.bool()
+        padded = embeds.new_zeros(N, self.max_sequence_length, D).to(self.dtype)
+        padded[:, :L] = embeds.to(self.dtype) * mask[..., None]  # zeros at padding, as the pipeline makes them
+        padded_mask = mask.new_zeros(N, self.max_sequence_length)
+        padded_mask[:, :L] = mask
+        prompt_idx, negative_idx = prompt_idx.to(embeds.device), negative_idx.to(embeds.device)
+        return TensorDict(
+            {
+                "prompt_embeds": padded[prompt_idx],
+                "prompt_embeds_mask": padded_mask[prompt_idx],
+                "negative_prompt_embeds": padded[negative_idx],
+                "negative_prompt_embeds_mask": padded_mask[negative_idx],
+            },
+            batch_size=[len(prompts)],
+            device=self.device,
+        )
+
+    # -- the network ------------------------------------------------------------------------------------------
+    def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
+        B, h, w, K = latents.shape
+        x = tokens_of(latents).to(self.dtype)
+        sigma_B = as_sigma_batch(sigma, B, latents.device)
+        embeds, mask = cond["prompt_embeds"], cond["prompt_embeds_mask"]
+        true_cfg = guidance > 1.0
+        if true_cfg:  # one forward over [uncond; cond]
+            x, sigma_B = torch.cat([x, x]), torch.cat([sigma_B, sigma_B])
+            embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+            mask = torch.cat([cond["negative_prompt_embeds_mask"], mask])
+        used = mask.any(dim=0).nonzero()
+        length = int(used.max()) + 1 if len(used) else mask.shape[1]  # cut the columns that pad every row
+        v = self.policies.module(
+            hidden_states=x,
+            timestep=self.model_timestep(sigma_B),
+            encoder_hidden_states=embeds[:, :length],
+            encoder_hidden_states_mask=mask[:, :length],
+            img_shapes=[[(1, h, w)]] * x.shape[0],
+            return_dict=False,
+        )[0].float()
+        if true_cfg:
+            v_uncond, v_cond = v.chunk(2)
+            v = norm_rescaled_cfg(v_uncond, v_cond, guidance)
+        return v.reshape(B, h, w, K)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        step = self.vae_scale * 2  # VAE down-sampling, then 2×2 packing
+        if height % step or width % step:
+            raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
+        return (height // step, width // step, self.latent_channels * 4)
+
+    def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        h, w, _ = self.latent_shape(height, width)
+        scheduler = type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
+        return packed_sigma_schedule(scheduler, num_steps, h * w)
+
+    # -- pixels ------------------------------------------------------------------------------------------------
+    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        config = self.vae.config
+        shape = (1, config.z_dim, 1, 1, 1)  # [B, C, T, H, W]: the VAE is a video VAE run on one frame
+        mean = torch.tensor(config.latents_mean, dtype=dtype, device=self.vae.device).view(shape)
+        std = torch.tensor(config.latents_std, dtype=dtype, device=self.vae.device).view(shape)
+        return mean, std
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        mean, std = self._latent_stats(self.vae.dtype)
+        z = unpack_latents(latents).to(self.vae.device, self.vae.dtype)[:, :, None] * std + mean
+        return images_to_uint8(self.vae.decode(z, return_dict=False)[0][:, :, 0])
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        mean, std = self._latent_stats(self.vae.dtype)
+        pixels = uint8_to_images(images).to(self.vae.device, self.vae.dtype)[:, :, None]
+        z = (self.vae.encode(pixels).latent_dist.mode() - mean) / std
+        return pack_latents(z[:, :, 0]).float()

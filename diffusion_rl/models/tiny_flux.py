@@ -1,0 +1,128 @@
+"""A tiny FLUX.1 model: a real FluxPipeline with random weights, for CPUs and tests.
+
+The same pieces as FLUX.1-dev (or -schnell) at toy sizes: a FluxTransformer2DModel with double- and single-stream
+blocks (with or without the guidance embedding), an AutoencoderKL with FLUX's shift/scale factors, a CLIP text
+encoder for the pooled vector and a T5 encoder for the tokens; the offline byte-level tokenizers of the tiny SD3.
+The scheduler configs are those of the real checkpoints (dev: resolution-dependent shift; schnell: none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from diffusion_rl.models.tiny import TinySpec, build_tokenizers
+
+
+@dataclass(frozen=True)
+class TinyFluxSpec:
+    double_layers: int = 2
+    single_layers: int = 4
+    head_dim: int = 32  # = the sum of rope_axes
+    heads: int = 4
+    rope_axes: tuple[int, int, int] = (8, 12, 12)
+    guidance_embeds: bool = True  # FLUX.1-dev; False is FLUX.1-schnell
+    latent_channels: int = 4
+    vae_channels: tuple[int, ...] = (32, 32, 32)  # 3 blocks: 4× down-sampling
+    clip_hidden: int = 32
+    t5_hidden: int = 32
+    text_layers: int = 2
+    max_sequence_length: int = 32
+    sample_size: int = 64
+
+
+TINY_FLUX_PRESETS = {
+    "base": TinyFluxSpec(),  # ~2.3M-parameter transformer; small and schnell ~0.08M
+    "small": TinyFluxSpec(double_layers=1, single_layers=1, head_dim=16, heads=2, rope_axes=(4, 6, 6)),  # tests
+    "schnell": TinyFluxSpec(
+        double_layers=1, single_layers=1, head_dim=16, heads=2, rope_axes=(4, 6, 6), guidance_embeds=False
+    ),
+}
+
+# the scheduler configs of black-forest-labs/FLUX.1-dev and FLUX.1-schnell
+DEV_SCHEDULER = dict(
+    num_train_timesteps=1000,
+    shift=3.0,
+    use_dynamic_shifting=True,
+    base_shift=0.5,
+    max_shift=1.15,
+    base_image_seq_len=256,
+    max_image_seq_len=4096,
+)
+SCHNELL_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False)
+
+
+def build_tiny_flux_pipeline(spec: TinyFluxSpec = TinyFluxSpec(), seed: int = 0):
+    """A FluxPipeline with random weights drawn from `seed`; the caller's global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _build(spec)
+
+
+def _build(spec: TinyFluxSpec):
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    clip_tok, t5_tok = build_tokenizers(TinySpec(max_sequence_length=spec.max_sequence_length))
+    clip = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(clip_tok),
+            hidden_size=spec.clip_hidden,
+            intermediate_size=spec.clip_hidden * 2,
+            num_hidden_layers=spec.text_layers,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            bos_token_id=clip_tok.bos_token_id,
+            eos_token_id=clip_tok.eos_token_id,
+            pad_token_id=clip_tok.eos_token_id,
+        )
+    )
+    t5 = T5EncoderModel(
+        T5Config(
+            vocab_size=len(t5_tok),
+            d_model=spec.t5_hidden,
+            d_ff=spec.t5_hidden * 2,
+            d_kv=16,
+            num_layers=spec.text_layers,
+            num_heads=2,
+            relative_attention_num_buckets=8,
+        )
+    )
+    transformer = FluxTransformer2DModel(
+        patch_size=1,  # the latents come in 2×2-packed already
+        in_channels=spec.latent_channels * 4,
+        num_layers=spec.double_layers,
+        num_single_layers=spec.single_layers,
+        attention_head_dim=spec.head_dim,
+        num_attention_heads=spec.heads,
+        joint_attention_dim=spec.t5_hidden,
+        pooled_projection_dim=spec.clip_hidden,
+        guidance_embeds=spec.guidance_embeds,
+        axes_dims_rope=spec.rope_axes,
+    )
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * len(spec.vae_channels),
+        up_block_types=("UpDecoderBlock2D",) * len(spec.vae_channels),
+        block_out_channels=spec.vae_channels,
+        layers_per_block=1,
+        latent_channels=spec.latent_channels,
+        norm_num_groups=8,
+        sample_size=spec.sample_size,
+        shift_factor=0.1159,  # FLUX.1's VAE factors
+        scaling_factor=0.3611,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(**(DEV_SCHEDULER if spec.guidance_embeds else SCHNELL_SCHEDULER))
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=clip,
+        tokenizer=clip_tok,
+        text_encoder_2=t5,
+        tokenizer_2=t5_tok,
+        transformer=transformer,
+    )

@@ -1,0 +1,89 @@
+"""The model pretraining starts from (a fresh tiny SD3 pipeline sized for ShapesWorld) and how it is written out."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from diffusion_rl.data.shapes import write_prompt_files
+from diffusion_rl.models.tiny import TINY_PRESETS, build_tiny_pipeline
+from diffusion_rl.pretrain.config import PretrainConfig
+
+logger = logging.getLogger(__name__)
+
+INFO_FILE = "shapes.json"  # in the exported model directory: image size, text length, split, scores
+PROMPTS_DIR = "shapes_prompts"  # in the exported model directory: train / heldout / val prompt files
+
+
+def build_pipeline(cfg: PretrainConfig):
+    """A tiny StableDiffusion3Pipeline with random weights drawn from run.seed, at the config's sizes.
+
+    Both CLIP encoders read `text_tokens` tokens instead of 77 (ShapesWorld prompts are short, and text tokens
+    dominate the transformer's cost at this size); the saved tokenizer keeps that length.
+    """
+    m = cfg.model
+    spec = dataclasses.replace(
+        TINY_PRESETS[m.preset],
+        sample_size=m.size,
+        max_sequence_length=m.text_tokens,
+        vae_channels=tuple(m.vae_channels),
+    )
+    pipeline = build_tiny_pipeline(spec, seed=cfg.run.seed)
+    for tokenizer in {id(t): t for t in (pipeline.tokenizer, pipeline.tokenizer_2)}.values():
+        tokenizer.model_max_length = m.text_tokens
+    pipeline.tokenizer_max_length = m.text_tokens
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def export_model(cfg: PretrainConfig, pipeline, info: dict[str, Any]) -> Path:
+    """Write the pipeline (diffusers format), the prompt split and `shapes.json` to run.out, replacing it whole.
+
+    The directory is assembled next to its destination and renamed into place, so an interrupted export never
+    leaves a half-written model behind.
+    """
+    out = Path(cfg.run.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        pipeline.save_pretrained(tmp)
+        write_prompt_files(tmp / PROMPTS_DIR, cfg.data.split_seed, cfg.data.heldout_fraction, cfg.eval.prompts)
+        info = {
+            "size": cfg.model.size,
+            "text_tokens": cfg.model.text_tokens,
+            "split_seed": cfg.data.split_seed,
+            "heldout_fraction": cfg.data.heldout_fraction,
+            **info,
+        }
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("wrote the pretrained model to %s", out)
+    return out
+
+
+def read_model_info(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """`shapes.json` of a pretrained ShapesWorld model (a UserError when the directory has none)."""
+    from diffusion_rl.errors import UserError
+
+    path = Path(model_dir) / INFO_FILE
+    if not path.is_file():
+        raise UserError(
+            f"{model_dir} has no {INFO_FILE}: not a ShapesWorld model; make one with "
+            "`diffusion-rl pretrain configs/shapes_pretrain.yaml`"
+        )
+    return json.loads(path.read_text())

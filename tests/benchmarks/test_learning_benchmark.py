@@ -1,0 +1,56 @@
+"""The learning benchmark's parts on a tiny pretrained ShapesWorld model: config discovery, a budgeted run, the plot."""
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from diffusion_rl.pretrain.config import load_pretrain_config
+from diffusion_rl.pretrain.trainer import PretrainTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def learning():
+    spec = importlib.util.spec_from_file_location("learning_benchmark", ROOT / "benchmarks/learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def shapes_model(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("shapes")
+    cfg = load_pretrain_config(str(ROOT / "configs/shapes_pretrain.yaml"), [
+        f"run.dir={tmp / 'run'}", f"run.out={tmp / 'model'}", "model.preset=small", "model.vae_channels=[8,16,16]",
+        "vae.steps=3", "vae.batch_size=4", "vae.stats_images=16", "flow.steps=2", "flow.batch_size=4",
+        "flow.latent_pool=16", "eval.every=0", "eval.prompts=4", "eval.n=1", "eval.num_steps=2",
+        "log.tensorboard=false", "log.progress_bar=false", "log.console_every=0",
+    ])  # fmt: skip
+    PretrainTrainer(cfg).train()
+    return tmp / "model"
+
+
+def test_every_quickstart_config_is_an_algorithm(learning):
+    found = learning.algorithm_configs(None)
+    assert found["flow_grpo"].name == "quickstart.yaml"
+    assert {p.name for name, p in found.items() if name != "flow_grpo"} == {
+        p.name for p in (ROOT / "configs").glob("quickstart_*.yaml")
+    }
+    assert list(learning.algorithm_configs(["fast"])) == ["fast"]
+
+
+def test_a_budgeted_run_validates_at_start_and_end_and_plots(learning, shapes_model, tmp_path):
+    info = learning.ensure_base_model(shapes_model, threads=2)
+    assert info["size"] == 32
+    args = argparse.Namespace(seed=0, threads=2, set=["data.prompts_per_step=1", "data.group_size=2",
+                                                      "val.n=1", "val.num_steps=2", "sampling.num_steps=3"],
+                              budget_minutes=0.02, val_every_seconds=100.0)  # fmt: skip
+    result = learning.run_algorithm("flow_grpo", ROOT / "configs/quickstart.yaml", shapes_model, info, tmp_path, args)
+    assert result["steps"] >= 1 and result["train_seconds"] >= 1.2
+    assert [c["step"] for c in result["curve"]] == [0, result["steps"]]
+    assert all(0 <= c["val_reward"] <= 1 for c in result["curve"])
+    learning.plot({"flow_grpo": result}, tmp_path / "learning.png", result["val_reward_start"])
+    assert (tmp_path / "learning.png").stat().st_size > 1000

@@ -1,0 +1,36 @@
+"""engine.kind=ray settings that cannot work are config errors, and the driver's row split (no Ray needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from diffusion_rl.engine.ray import split_evenly
+from diffusion_rl.errors import UserError
+
+
+def test_workers_must_split_the_batch_into_whole_minibatch_shards(make_config):
+    # batch 2 × 2 = 4: 2 workers of 2 rows each fit 1 or 2 mini-batches, 3 workers do not divide it at all
+    assert make_config("engine.kind=ray", "engine.num_workers=2", "train.num_minibatches=2").engine.num_workers == 2
+    with pytest.raises(UserError, match=r"engine.num_workers=3: .*pick num_workers dividing 4"):
+        make_config("engine.kind=ray", "engine.num_workers=3")
+    # 4 workers get one row each, which cannot hold 2 interleaved mini-batches
+    with pytest.raises(UserError, match=r"engine.num_workers=4: .*train.num_minibatches=2"):
+        make_config("engine.kind=ray", "engine.num_workers=4", "train.num_minibatches=2")
+    assert make_config("engine.num_workers=3").engine.kind == "local"  # ignored by the local engine
+
+
+def test_ray_engine_settings_are_checked(make_config):
+    with pytest.raises(UserError, match="engine.address='localhost'"):
+        make_config("engine.address=localhost")
+    with pytest.raises(UserError, match="engine.num_workers must be ≥ 1"):
+        make_config("engine.num_workers=0")
+    with pytest.raises(UserError, match="direct_preference needs engine.kind=local"):
+        make_config("engine.kind=ray", "algorithm.family=direct_preference", "algorithm.loss=dpo")
+    with pytest.raises(UserError, match="actors must be ≥ 0"):
+        make_config("rewards.0.actors=-1")
+
+
+def test_rows_are_split_into_contiguous_near_equal_shares():
+    assert split_evenly(list(range(8)), 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert split_evenly([4, 5, 6], 2) == [[4, 5], [6]]
+    assert split_evenly([7], 3) == [[7], [], []]  # a worker may get no rows (it still joins the all-gather)

@@ -1,0 +1,191 @@
+"""The Ray engine on CPU (gloo): the same numbers as the local engine, resharding resume, and failures that surface.
+
+Ray starts once for the module; each test starts its own workers (a failure test leaves its engine stopped).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ray = pytest.importorskip("ray")
+
+from diffusion_rl.data.sampler import make_step_prompts  # noqa: E402
+from diffusion_rl.engine.ray import RayEngine, WorkerDied  # noqa: E402
+from diffusion_rl.engine.reward_actors import RemoteReward, RewardActorDied  # noqa: E402
+from diffusion_rl.engine.sharded_worker import WorkerError  # noqa: E402
+from diffusion_rl.sampling.window import default_window  # noqa: E402
+from diffusion_rl.trainer.checkpoint import CheckpointManager  # noqa: E402
+from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer  # noqa: E402
+
+RAY = ("engine.kind=ray", "engine.cpus_per_worker=1", "engine.collective_timeout_s=60", "engine.start_timeout_s=120")
+# lr 1e-4: Adam's first step moves a weight by ~lr whatever its gradient, so a gradient within float noise of 0
+# (summed in another order over 2 workers) can move by up to lr·(its relative noise); 1e-4 keeps that below 1e-5
+EQUAL = ("train.lr=1e-4", "sampling.window.kind=random", "sampling.window.size=2")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    # logical CPUs: 2 workers and a reward actor; the tiny model needs no more than the 2 real cores
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1")
+    yield
+    ray.shutdown()
+
+
+def _comparable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("timing/") and k != "images_per_second"}
+
+
+def _assert_close_rows(a: dict, b: dict, rel: float = 1e-5) -> None:
+    assert _comparable(a).keys() == _comparable(b).keys()
+    for key, value in _comparable(a).items():
+        assert b[key] == pytest.approx(value, rel=rel, abs=1e-7), key
+
+
+def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _train(cfg) -> tuple[PolicyGradientTrainer, list[dict]]:
+    trainer = PolicyGradientTrainer(cfg)
+    try:
+        rows = trainer.train()
+    except BaseException:
+        if hasattr(trainer.engine, "close"):
+            trainer.engine.close()
+        raise
+    return trainer, rows
+
+
+def test_two_workers_take_the_same_step_as_the_local_engine(make_config, tmp_path):
+    local, local_rows = _train(make_config(*EQUAL, "train.total_steps=1", f"run.dir={tmp_path / 'local'}"))
+    # the Ray run also scores its reward in a reward actor of its own
+    cfg = make_config(*EQUAL, *RAY, "engine.num_workers=2", "rewards.0.actors=1", "train.total_steps=1")
+    sharded, ray_rows = _train(cfg)
+    try:
+        weights = sharded.engine.trainable_state_dict()
+    finally:
+        sharded.engine.close()
+
+    assert isinstance(sharded.rewards.rewards[0].fn, RemoteReward)
+    # rollouts are per-sample seeded: the same images, so the same rewards and advantages, exactly
+    for key in ("reward/mean", "reward/std", "advantage/abs_mean"):
+        assert ray_rows[0][key] == local_rows[0][key], key
+    _assert_close_rows(local_rows[0], ray_rows[0])  # loss, grad norm, …: up to float reduction order
+    assert _max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
+
+
+def test_resume_on_one_worker_continues_like_two(make_config, tmp_path):
+    options = (*EQUAL, *RAY, "model.lora.enabled=true", "train.ema.enabled=true", "train.warmup_steps=2")
+    # straight: 3 steps on 2 workers, with a checkpoint after step 2
+    straight_cfg = make_config(*options, "engine.num_workers=2", "train.total_steps=3", "train.save_every=2")
+    straight, straight_rows = _train(straight_cfg)
+    try:
+        straight_weights = straight.engine.trainable_state_dict()
+    finally:
+        straight.engine.close()
+    checkpoints = CheckpointManager(straight_cfg.run.dir)
+    step2, step3 = (path for _, path in checkpoints.list())
+    # sharded in dcp/ (what resumes), and gathered as the local engine writes them (for eval and export)
+    assert {"dcp", "adapter", "policy_default.safetensors", "trainer_state.pt"} <= {p.name for p in step2.iterdir()}
+    assert _max_difference(load_file(step3 / "policy_default.safetensors"), straight_weights) == 0.0
+    adapter = load_file(step3 / "adapter" / "adapter_model.safetensors")  # the LoRA in peft format
+    assert _max_difference(adapter, straight_weights) == 0.0
+
+    resumed_cfg = make_config(
+        *options, "engine.num_workers=1", "train.total_steps=3", f"run.dir={tmp_path / 'one'}", f"run.resume={step2}"
+    )
+    resumed = PolicyGradientTrainer(resumed_cfg)
+    ran = []
+    train_step = resumed.train_step
+    resumed.train_step = lambda step: ran.append(step) or train_step(step)
+    try:
+        resumed_rows = resumed.train()
+        resumed_weights = resumed.engine.trainable_state_dict()
+    finally:
+        resumed.engine.close()
+
+    assert ran == [2]  # it continued from step 2, now on one worker (DCP resharded the 2-worker checkpoint)
+    _assert_close_rows(straight_rows[-1], resumed_rows[-1])
+    assert _max_difference(straight_weights, resumed_weights) <= 1e-5
+
+
+def _batch(engine, cfg, step: int = 0):
+    from diffusion_rl.data.prompts import load_prompts
+    from diffusion_rl.data.sampler import PromptSampler
+
+    records = load_prompts(cfg.data.train)
+    sampler = PromptSampler(len(records), cfg.data.prompts_per_step, cfg.run.seed)
+    prompts = make_step_prompts(records, sampler, step, cfg.data.group_size)
+    return engine.generate(prompts, step, default_window(cfg.sampling.num_steps))
+
+
+def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_written(make_config, tmp_path):
+    cfg = make_config(*RAY, "engine.num_workers=2")
+    engine = RayEngine(cfg)
+    try:
+        batch = _batch(engine, cfg)  # no advantages: the update raises KeyError in every worker
+        with pytest.raises(WorkerError) as caught:
+            engine.update(batch, 0)
+        message = str(caught.value)
+        assert "worker rank" in message and f"on {os.uname().nodename}" in message
+        assert "KeyError" in message and "advantages" in message
+        assert "policy_gradient_update.py" in message  # the worker's traceback
+        # the engine stopped its workers: a checkpoint now fails and leaves nothing behind
+        manager = CheckpointManager(tmp_path / "run")
+        with pytest.raises(RuntimeError, match="stopped after a worker failure"):
+            manager.save(1, engine.save)
+        assert list(manager.dir.iterdir()) == []
+    finally:
+        engine.close()
+
+
+def test_a_killed_worker_is_detected_within_a_bounded_time(make_config):
+    cfg = make_config(*RAY, "engine.num_workers=2")
+    engine = RayEngine(cfg)
+    try:
+        prompts_batch = _batch(engine, cfg)
+        assert prompts_batch.batch_size[0] == 4
+        threading.Timer(0.5, os.kill, (engine.pids[1], signal.SIGKILL)).start()
+        start = time.perf_counter()
+        with pytest.raises(WorkerDied, match="rank 1") as caught:
+            for step in range(1, 100):  # mid-step, whichever call the kill lands in
+                _batch(engine, cfg, step)
+        assert time.perf_counter() - start < 60, "detected by Ray, not by the collective timeout"
+        assert str(engine.pids[1]) in str(caught.value)
+    finally:
+        engine.close()
+
+
+def test_a_reward_actor_that_dies_is_restarted_then_reported(user_reward_file):
+    import numpy as np
+
+    images = np.arange(4 * 8 * 8 * 3, dtype=np.uint8).reshape(4, 8, 8, 3)
+    expected = images.reshape(4, -1).mean(axis=1)
+    reward = RemoteReward(user_reward_file, {}, num_actors=1, num_cpus=1, max_restarts=1)
+    try:
+        np.testing.assert_allclose(reward(images, ["p"] * 4, [{}] * 4), expected)
+        os.kill(reward.pids()[0], signal.SIGKILL)
+        np.testing.assert_allclose(reward(images, ["p"] * 4, [{}] * 4), expected)  # restarted, scored again
+        os.kill(reward.pids()[0], signal.SIGKILL)
+        with pytest.raises(RewardActorDied, match="reward '.*:mean_pixel'"):
+            reward(images, ["p"] * 4, [{}] * 4)
+    finally:
+        reward.close()
+
+
+@pytest.fixture
+def user_reward_file(tmp_path) -> str:
+    path = tmp_path / "pixel_reward.py"
+    path.write_text(
+        "def mean_pixel(images, prompts, metadata):\n    return images.reshape(len(images), -1).mean(axis=1)\n"
+    )
+    return f"{path}:mean_pixel"

@@ -1,0 +1,19 @@
+"""A short training run with a checkpoint after every step, for evaluating checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer
+
+
+@pytest.fixture
+def trained_run(make_config):
+    """trained_run(*overrides) → the finished PolicyGradientTrainer (2 steps, checkpoints step_000001 and 2)."""
+
+    def run(*overrides: str) -> PolicyGradientTrainer:
+        trainer = PolicyGradientTrainer(make_config("train.save_every=1", "train.keep_last=0", *overrides))
+        trainer.train()
+        return trainer
+
+    return run

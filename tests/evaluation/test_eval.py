@@ -1,0 +1,179 @@
+"""`diffusion-rl eval` on the tiny model: base and two checkpoints of a short run, side by side."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from diffusion_rl.cli import main
+from diffusion_rl.evaluation import EvalSettings
+from diffusion_rl.rewards import make_reward
+from diffusion_rl.sampling.rollout import SamplerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+VAL_PROMPTS = str(ROOT / "configs/prompts/val.txt")
+REWARDS = ("jpeg_compressibility", "jpeg_incompressibility")
+BOTH = ",".join(REWARDS)
+
+
+def eval_argv(model_dir, out, *checkpoints, n=2, seed=0, reward=BOTH, prompts=VAL_PROMPTS) -> list[str]:
+    argv = ["eval", "--model", str(model_dir), "--prompts", prompts, "--reward", reward, "--out", str(out)]
+    for checkpoint in checkpoints:
+        argv += ["--checkpoint", str(checkpoint)]
+    return argv + ["--n", str(n), "--steps", "3", "--seed", str(seed), "--height", "32", "--width", "32"]
+
+
+def read_samples(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def load_image(out: Path, row: dict) -> np.ndarray:
+    with Image.open(out / row["image"]) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("diffusion-rl: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_eval_compares_base_and_two_checkpoints_with_scores_equal_to_the_reward_functions(
+    trained_run, tiny_model_dir, tmp_path, capsys
+):
+    run = trained_run().run_dir
+    ckpts = [run / "checkpoints" / "step_000001", run / "checkpoints" / "step_000002"]
+    out = tmp_path / "eval"
+    assert main(eval_argv(tiny_model_dir, out, "base", *ckpts)) == 0
+    printed = capsys.readouterr().out
+
+    names = ["base", "step_000001", "step_000002"]
+    for name in names:
+        assert (out / name / "sheet.png").stat().st_size > 0
+        assert len(list((out / name / "images").glob("*.png"))) == 4 * 2
+    assert (out / "compare.png").is_file()
+    assert printed in (out / "compare.md").read_text()  # the printed table is the one in compare.md
+    header, _, *table = printed.splitlines()
+    assert [cell.strip() for cell in header.strip("|").split("|")] == ["metric", *names]
+    assert [line.split("|")[1].strip() for line in table] == [
+        f"{reward} {stat}" for reward in REWARDS for stat in ("mean@2", "best@2", "std")
+    ]
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [c["name"] for c in metrics["columns"]] == names
+    assert metrics["settings"]["n"] == 2 and metrics["settings"]["num_steps"] == 3
+    assert metrics["settings"]["sde_type"] == "ode" and metrics["prompts"]["count"] == 4
+    base, first, second = metrics["columns"]
+    assert base["checkpoint"]["path"] is None and base["checkpoint"]["weights"] == "base"
+    for column, ckpt, step in ((first, ckpts[0], 1), (second, ckpts[1], 2)):
+        assert column["checkpoint"]["step"] == step and column["checkpoint"]["path"] == str(ckpt.resolve())
+        digest = hashlib.sha256((ckpt / "policy_default.safetensors").read_bytes()).hexdigest()
+        assert column["checkpoint"]["weights_sha256"] == digest and column["checkpoint"]["weights"] == "trained"
+
+    # every stored score is the reward function's on the saved (lossless) image
+    rows = read_samples(out)
+    assert len(rows) == 3 * 4 * 2
+    fns = {name: make_reward(name) for name in REWARDS}
+    direct: dict[tuple[str, str], np.ndarray] = {}
+    for column in names:
+        mine = [r for r in rows if r["model"] == column]
+        images = np.stack([load_image(out, r) for r in mine])
+        prompts, metadata = [r["prompt"] for r in mine], [{} for _ in mine]
+        for reward in REWARDS:
+            scores = fns[reward](images, prompts, metadata)
+            assert [r["scores"][reward] for r in mine] == pytest.approx(scores.tolist(), rel=1e-6)
+            direct[column, reward] = scores.astype(np.float64).reshape(4, 2)
+    # ... and the statistics are those of the directly computed scores
+    for column in metrics["columns"]:
+        for reward in REWARDS:
+            s, stats = direct[column["name"], reward], column["rewards"][reward]
+            assert stats["mean@2"] == pytest.approx(s.mean(), rel=1e-6)
+            assert stats["best@2"] == pytest.approx(s.max(axis=1).mean(), rel=1e-6)
+            assert stats["std"] == pytest.approx(s.std(), rel=1e-5)
+            assert stats["per_source"]["default"]["mean@2"] == pytest.approx(s.mean(), rel=1e-6)
+            assert (stats["scored"], stats["failed"]) == (8, 0)
+
+    # the same prompts and seeds in every column; the trained columns really sample with other weights
+    keyed = {(r["model"], r["prompt_index"], r["sample"]): r for r in rows}
+    assert {r["seed"] for r in rows if r["model"] == "base"} == {r["seed"] for r in rows if r["model"] != "base"}
+    for key in [(p, k) for p in range(4) for k in range(2)]:
+        assert keyed[("base", *key)]["seed"] == keyed[("step_000002", *key)]["seed"]
+    assert any(
+        not np.array_equal(load_image(out, keyed[("base", *k)]), load_image(out, keyed[("step_000002", *k)]))
+        for k in [(p, s) for p in range(4) for s in range(2)]
+    )
+
+
+def test_eval_is_deterministic_for_a_seed(trained_run, tiny_model_dir, tmp_path, capsys):
+    ckpt = trained_run().run_dir / "checkpoints" / "step_000002"
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert main(eval_argv(tiny_model_dir, a, ckpt, reward="jpeg_compressibility")) == 0
+    assert main(eval_argv(tiny_model_dir, b, ckpt, reward="jpeg_compressibility")) == 0
+    assert main(eval_argv(tiny_model_dir, c, ckpt, reward="jpeg_compressibility", seed=1)) == 0
+    rows_a, rows_b, rows_c = read_samples(a), read_samples(b), read_samples(c)
+    assert [r["scores"] for r in rows_a] == [r["scores"] for r in rows_b]
+    assert all((a / r["image"]).read_bytes() == (b / r["image"]).read_bytes() for r in rows_a)
+    ma, mb = json.loads((a / "metrics.json").read_text()), json.loads((b / "metrics.json").read_text())
+    assert ma["columns"][0]["rewards"] == mb["columns"][0]["rewards"]
+    assert any((a / r["image"]).read_bytes() != (c / r["image"]).read_bytes() for r in rows_c)
+
+
+@pytest.mark.parametrize("variant", ["lora", "full_ema"])
+def test_a_checkpoint_samples_as_the_trainer_that_saved_it(variant, trained_run, tiny_model_dir, tmp_path):
+    """Loading weights right: the eval images of the last checkpoint equal the trainer's own ODE samples."""
+    overrides = {
+        "lora": ("model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "train.lr=5e-2"),
+        "full_ema": ("train.ema.enabled=true", "train.ema.decay=0.5"),
+    }[variant]
+    trainer = trained_run(*overrides)
+    out = tmp_path / "eval"
+    assert main(eval_argv(tiny_model_dir, out, trainer.run_dir, reward="jpeg_compressibility")) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["columns"][0]["checkpoint"]["weights"] == ("ema" if variant == "full_ema" else "trained")
+
+    rows = read_samples(out)
+    settings = EvalSettings(n=2, num_steps=3, height=32, width=32, seed=0)
+    seeds = [settings.seeds(r["prompt_index"], r["sample"])[0] for r in rows]
+    expected = trainer.engine.sample_images(
+        [r["prompt"] for r in rows], [None] * len(rows), seeds, SamplerSettings(3, settings.guidance, 32, 32)
+    ).numpy()
+    got = np.stack([load_image(out, r) for r in rows])
+    assert np.array_equal(got, expected)
+    if variant == "lora":  # and the trained adapter is not the identity: base images differ
+        base_out = tmp_path / "base"
+        assert main(eval_argv(tiny_model_dir, base_out, reward="jpeg_compressibility")) == 0
+        base = np.stack([load_image(base_out, r) for r in read_samples(base_out)])
+        assert not np.array_equal(base, got)
+
+
+def test_eval_errors_name_the_bad_argument(trained_run, tiny_model_dir, tmp_path, capsys):
+    run = trained_run().run_dir
+    out = tmp_path / "eval"
+    assert main(eval_argv(tiny_model_dir, out, tmp_path / "nowhere")) == 2
+    assert "--checkpoint" in one_error_line(capsys)
+    assert main(eval_argv(tiny_model_dir, out, reward="jpeg_compresibility")) == 2
+    assert "jpeg_compressibility" in one_error_line(capsys)  # "did you mean"
+    argv = eval_argv(tiny_model_dir, out, run) + ["--reward-kwargs", '{"ocr": {}}']
+    assert main(argv) == 2
+    assert "--reward-kwargs" in one_error_line(capsys)
+    assert main(eval_argv(tiny_model_dir, out, run, run / "checkpoints" / "step_000002")) == 2
+    assert "give it once" in one_error_line(capsys)
+    assert main(eval_argv(tiny_model_dir, out, n=0)) == 2
+    assert "--n must be ≥ 1" in one_error_line(capsys)
+
+
+def test_a_second_eval_into_the_same_directory_needs_force(trained_run, tiny_model_dir, tmp_path, capsys):
+    run = trained_run().run_dir
+    out = tmp_path / "eval"
+    assert main(eval_argv(tiny_model_dir, out, "base", run, n=1, reward="jpeg_compressibility")) == 0
+    assert main(eval_argv(tiny_model_dir, out, n=1, reward="jpeg_compressibility")) == 2
+    assert "--force" in one_error_line(capsys)
+    assert main(eval_argv(tiny_model_dir, out, n=1, reward="jpeg_compressibility") + ["--force"]) == 0
+    assert [c["name"] for c in json.loads((out / "metrics.json").read_text())["columns"]] == ["base"]
+    assert not (out / "step_000002").exists() and len(read_samples(out)) == 4

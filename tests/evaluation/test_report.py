@@ -1,0 +1,57 @@
+"""`diffusion-rl report RUN_DIR` on a finished short quickstart run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from diffusion_rl.cli import main
+from diffusion_rl.tracking import read_metrics
+
+
+def test_report_writes_plots_and_a_summary_of_a_finished_run(trained_run, capsys):
+    run = trained_run("val.every=1", "val.before_train=true").run_dir
+    assert main(["report", str(run)]) == 0
+    report = run / "report"
+    for name in ("reward.png", "validation.png", "policy.png", "timing.png"):
+        assert (report / name).read_bytes().startswith(b"\x89PNG"), name
+    text = (report / "report.md").read_text()
+
+    rows = read_metrics(run)
+    val = [(r["step"], r["val/reward/mean"]) for r in rows if "val/reward/mean" in r]
+    best_step, best = max(val, key=lambda point: point[1])
+    assert f"Step {best_step}: val/reward/mean {best:.6g}" in text
+    assert f"checkpoints/step_{best_step:06d}" in text or best_step == 0  # step 0 has no checkpoint
+    final_reward = [r["reward/mean"] for r in rows if "reward/mean" in r][-1]
+    assert re.search(rf"\| reward/mean +\| \S+ +\| {re.escape(f'{final_reward:.6g}')} ", text)
+    total = sum(r["timing/step"] for r in rows if "timing/step" in r)
+    assert f"{total:.1f} s over 2 logged steps" in text
+    for phase in ("generate", "reward", "update", "validate", "checkpoint"):
+        assert re.search(rf"\| {phase} +\| [0-9.]+ +\| [0-9.]+% ", text), phase
+    assert "![timing](timing.png)" in text
+
+
+def test_report_on_a_directory_without_metrics_is_a_one_line_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("diffusion-rl: error: no metrics file at") and len(err.splitlines()) == 1
+
+
+def test_report_out_option_writes_elsewhere(trained_run, tmp_path):
+    run = trained_run().run_dir
+    assert main(["report", str(run), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere" / "report.md").is_file() and not (run / "report").exists()
+
+
+@pytest.mark.parametrize("values, phases", [([1.0, 2.0], {"generate": 0.5, "update": 2.0})])
+def test_timing_split_sums_phases_and_keeps_the_rest_as_other(values, phases):
+    from diffusion_rl.evaluation.report import timing_split
+
+    rows = [
+        {"step": 1, "timing/step": values[0], "timing/generate": 0.25, "timing/update": 0.5},
+        {"step": 2, "timing/step": values[1], "timing/generate": 0.25, "timing/update": 1.5},
+    ]
+    total, split = timing_split(rows)
+    assert total == 3.0
+    assert split == {**phases, "other": 0.5}

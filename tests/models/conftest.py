@@ -1,0 +1,76 @@
+"""Tiny FLUX.1 and Qwen-Image models (small presets) saved once per session, and helpers to load and train them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.models.loader import load_model
+from diffusion_rl.models.tiny_families import save_tiny
+from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer
+
+
+@pytest.fixture(scope="session")
+def flux_model_dir(tmp_path_factory):
+    """A tiny FLUX.1-dev-format model (guidance embedding, dynamic shift), written with save_pretrained."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_flux"), "flux", "small", seed=0)
+
+
+@pytest.fixture(scope="session")
+def flux_schnell_model_dir(tmp_path_factory):
+    """A tiny FLUX.1-schnell-format model (no guidance embedding, no dynamic shift)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_flux_schnell"), "flux", "schnell", seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen_image_model_dir(tmp_path_factory):
+    """A tiny Qwen-Image-format model (Qwen2.5-VL text encoder, AutoencoderKLQwenImage)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image"), "qwen_image", "small", seed=0)
+
+
+@pytest.fixture
+def family_dirs(tiny_model_dir, flux_model_dir, flux_schnell_model_dir, qwen_image_model_dir):
+    """name → tiny model directory of every family (sd3, flux, flux_schnell, qwen_image)."""
+    return {
+        "sd3": tiny_model_dir,
+        "flux": flux_model_dir,
+        "flux_schnell": flux_schnell_model_dir,
+        "qwen_image": qwen_image_model_dir,
+    }
+
+
+def load_tiny(path, lora: bool = False, **model_overrides):
+    """The FlowModel of a tiny model directory on the CPU (LoRA rank 4, alpha 8 when `lora`)."""
+    lora_cfg = LoraConfig(enabled=lora, rank=4, alpha=8)
+    cfg = ModelConfig(path=str(path), device="cpu", max_sequence_length=16, lora=lora_cfg, **model_overrides)
+    return load_model(cfg)
+
+
+@pytest.fixture
+def load():
+    return load_tiny
+
+
+@pytest.fixture
+def train_model(make_config):
+    """train_model(model_dir, *overrides) → a PolicyGradientTrainer of the fast test config on that model."""
+
+    def make(model_dir, *overrides: str) -> PolicyGradientTrainer:
+        return PolicyGradientTrainer(make_config(f"model.path={model_dir}", *overrides))
+
+    return make
+
+
+def velocity_probe(model, guidance: float = 1.0, prompts=("a red cube", "a blue ball"), size: int = 32):
+    """The model's velocity on fixed latents (seeded), σ = 0.6 and fixed prompts, without gradients."""
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn((len(prompts), *model.latent_shape(size, size)), generator=generator)
+    cond = model.encode_prompts(list(prompts), ["blurry"] * len(prompts))
+    with torch.no_grad():
+        return model.velocity(latents, 0.6, cond, guidance)
+
+
+@pytest.fixture
+def velocity_of():
+    return velocity_probe

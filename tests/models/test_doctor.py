@@ -1,0 +1,99 @@
+"""`diffusion-rl doctor` and its memory estimate; `init-tiny --family`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from diffusion_rl.cli import main
+from diffusion_rl.models.doctor import count_saved_tensors, estimate_memory, human_bytes
+
+
+def test_count_saved_tensors_counts_what_backward_keeps():
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, 5, requires_grad=True)
+    with count_saved_tensors() as saved:
+        y = x @ w  # matmul saves both operands: (12 + 20) floats
+    assert saved[0] == (12 + 20) * 4
+    with count_saved_tensors() as saved:
+        (x * 2).sum()  # a product with a constant saves no tensor of ours
+        x.exp()  # exp saves its result: 12 floats
+    assert saved[0] == 12 * 4
+    del y
+
+
+def test_human_bytes():
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(3 * 1024**3) == "3 GiB"
+
+
+def test_memory_estimate_adds_weights_optimizer_state_and_buffers(flux_model_dir, load):
+    model = load(flux_model_dir, lora=True)
+    estimate = estimate_memory(
+        model, height=32, width=32, micro_batch=4, rollout_batch=8, num_steps=3, guidance=3.5, kl_reference=True
+    )
+    pipe = model.pipeline
+    weights = sum(
+        p.numel() * 4
+        for m in (pipe.transformer, pipe.vae, pipe.text_encoder, pipe.text_encoder_2)
+        for p in m.parameters()
+    )
+    assert estimate.weights == weights  # fp32: 4 bytes each, the LoRA tensors included
+    lora = sum(p.numel() for p in model.trainable_parameters())
+    assert estimate.training_state == 3 * 4 * lora  # gradient + two AdamW moments
+    assert estimate.reference_copy == 0  # LoRA's reference is the base with the adapter off
+    assert estimate.activations > 0 and estimate.activations % 4 == 0
+    latent = 4 * 4 * 16 * 4  # the 32 px token grid, fp32
+    cond = (16 * 32 + 32) * 4  # T5 tokens × width + CLIP pooled
+    assert estimate.rollout_buffer == 8 * (3 * latent + 2 * latent + latent + cond)
+    assert estimate.total == sum(n for label, n in estimate.rows() if label != "total")
+    full = load(flux_model_dir)
+    with_reference = estimate_memory(
+        full, height=32, width=32, micro_batch=1, rollout_batch=1, num_steps=3, guidance=3.5, kl_reference=True
+    )
+    assert with_reference.reference_copy == sum(p.numel() * 4 for p in full.pipeline.transformer.parameters())
+
+
+@pytest.mark.parametrize("name", ["sd3", "flux", "qwen_image"])
+def test_doctor_reports_the_model_and_samples_one_image(family_dirs, tmp_path, capsys, name):
+    out = tmp_path / "doctor.png"
+    argv = ["doctor", "--model", str(family_dirs[name]), "--dtype", "fp32", "--device", "cpu", "--height", "32"]
+    argv += ["--width", "32", "--steps", "2", "--micro-batch", "2", "--max-sequence-length", "16", "--out", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    family = {"sd3": "sd3", "flux": "flux", "qwen_image": "qwen_image"}[name]
+    assert f"family     {family}" in text
+    for component in ("transformer", "vae", "text_encoder"):
+        assert f"  {component} " in text
+    assert "trainable" in text and "LoRA r=32" in text
+    assert "activations (micro-batch)" in text and "total" in text
+    assert out.is_file() and out.stat().st_size > 0
+
+
+def test_doctor_on_a_directory_that_is_not_a_model_says_what_it_found(tmp_path, capsys):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    assert main(["doctor", "--model", str(tmp_path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "no model_index.json" in err and "weights.bin" in err
+
+
+@pytest.mark.parametrize(
+    ("family", "preset", "pipeline"),
+    [
+        ("flux", "small", "FluxPipeline"),
+        ("flux", "schnell", "FluxPipeline"),
+        ("qwen_image", "small", "QwenImagePipeline"),
+    ],
+)
+def test_init_tiny_writes_each_family(tmp_path, family, preset, pipeline):
+    out = tmp_path / "model"
+    assert main(["init-tiny", str(out), "--family", family, "--preset", preset]) == 0
+    assert json.loads((out / "model_index.json").read_text())["_class_name"] == pipeline
+
+
+def test_init_tiny_rejects_a_preset_the_family_lacks(tmp_path, capsys):
+    assert main(["init-tiny", str(tmp_path / "m"), "--family", "qwen_image", "--preset", "schnell"]) == 2
+    assert "presets: base, small" in capsys.readouterr().err

@@ -1,0 +1,235 @@
+"""The direct-preference family on the tiny model: which policy each prediction comes from, the NFT `old` and AWM
+`ema` adapter updates, exact resume, gradient accumulation, and runs where the reward moves the right way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from diffusion_rl.algorithms.preference import ema_decay_awm
+from diffusion_rl.data.sampler import make_step_prompts
+from diffusion_rl.trainer.direct_preference import DirectPreferenceTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = {mode: ROOT / f"configs/quickstart_{mode}.yaml" for mode in ("dpo", "nft", "awm", "dpo_offline")}
+
+
+def _velocities(trainer) -> dict[str, torch.Tensor]:
+    """v of every policy (and the reference) on one fixed input."""
+    model = trainer.engine.model
+    x = torch.randn(2, *model.latent_shape(32, 32), generator=torch.Generator().manual_seed(0))
+    cond = model.encode_prompts(["a red apple", "a blue car"])
+    out = {}
+    with torch.no_grad():
+        for name in _named(model.policies):
+            with model.using(name):
+                out[name] = model.velocity(x, torch.tensor([0.7, 0.4]), cond, 1.0)
+        with model.reference():
+            out["reference"] = model.velocity(x, torch.tensor([0.7, 0.4]), cond, 1.0)
+    return out
+
+
+def _named(policies) -> list[str]:
+    return [n for n in policies.names() if not n.startswith("__")]  # "__reference__": full fine-tuning's frozen copy
+
+
+def _rollout_images(trainer, step: int) -> torch.Tensor:
+    prompts = make_step_prompts(trainer.records, trainer.sampler, step, trainer.cfg.data.group_size)
+    return trainer.engine.generate(prompts, step, trainer.window_for(step))["images"]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_nft_old_adapter_samples_and_differs_from_the_policy_only_when_it_lags(make_trainer, tmp_path, lora):
+    options = ("sampling.guidance=1", "train.total_steps=1", f"model.lora.enabled={str(lora).lower()}")
+    if lora:
+        options += ("train.lr=1e-2",)  # LoRA B starts at 0: a larger step makes its effect visible
+    fresh = make_trainer(*options, config=CONFIGS["nft"])
+    v0 = _velocities(fresh)
+    assert set(v0) == {"default", "old", "reference"}
+    assert torch.equal(v0["old"], v0["default"]) and torch.equal(v0["reference"], v0["default"])
+
+    fixed = ("algorithm.old_decay=fixed", "algorithm.old_decay_value=1.0")
+    frozen = make_trainer(*options, *fixed, f"run.dir={tmp_path / 'frozen'}", config=CONFIGS["nft"])
+    frozen.train()
+    v = _velocities(frozen)
+    assert not torch.allclose(v["default"], v0["default"])  # the policy trained
+    assert torch.equal(v["old"], v0["old"]) and torch.equal(v["reference"], v0["reference"])  # old never moved
+    # rollouts come from `old`: the same images as the untrained model's
+    assert torch.equal(_rollout_images(frozen, 5), _rollout_images(fresh, 5))
+
+    copied = make_trainer(*options, "algorithm.old_decay=copy", f"run.dir={tmp_path / 'copied'}", config=CONFIGS["nft"])
+    copied.train()
+    v = _velocities(copied)
+    assert torch.equal(v["old"], v["default"])  # d = 0: old is the policy
+    assert torch.equal(v["reference"], v0["reference"]) and not torch.allclose(v["default"], v0["default"])
+    assert not torch.equal(_rollout_images(copied, 5), _rollout_images(fresh, 5))
+
+
+def test_dpo_reference_stays_at_the_starting_weights(make_trainer):
+    trainer = make_trainer("train.total_steps=2", config=CONFIGS["dpo"])
+    v0 = _velocities(trainer)
+    assert set(v0) == {"default", "reference"}  # DPO keeps no named adapters
+    trainer.train()
+    v = _velocities(trainer)
+    assert torch.equal(v["reference"], v0["reference"]) and not torch.allclose(v["default"], v0["default"])
+
+
+def _record_weights(trainer, names: tuple[str, ...]) -> list[dict[str, dict[str, torch.Tensor]]]:
+    """Wrap train_step to record the named policies' weights after every step (index 0: before training)."""
+    policies = trainer.engine.model.policies
+    snap = lambda: {n: policies.state_dict_of(n) for n in names}  # noqa: E731
+    history = [snap()]
+    step_fn = trainer.train_step
+    trainer.train_step = lambda step: (step_fn(step), history.append(snap()))[0]
+    return history
+
+
+def test_nft_old_adapter_follows_a_fixed_decay_every_second_step(make_trainer):
+    trainer = make_trainer(
+        "train.total_steps=4",
+        "algorithm.old_decay=fixed",
+        "algorithm.old_decay_value=0.5",
+        "algorithm.old_update_interval=2",
+        config=CONFIGS["nft"],
+    )
+    history = _record_weights(trainer, ("default", "old"))
+    rows = trainer.train()
+    theta = [h["default"] for h in history]
+    old = [h["old"] for h in history]
+    for key in theta[0]:
+        assert torch.equal(old[1][key], theta[0][key])  # step 1: no update (interval 2)
+        expected2 = 0.5 * theta[0][key] + 0.5 * theta[2][key]
+        torch.testing.assert_close(old[2][key], expected2)
+        assert torch.equal(old[3][key], old[2][key])
+        torch.testing.assert_close(old[4][key], 0.5 * expected2 + 0.5 * theta[4][key])
+    assert [r.get("nft/old_decay") for r in rows] == [None, 0.5, None, 0.5]
+    # the gap is logged before the step's own update: 0 at step 1 (old = the starting policy), then > 0
+    assert rows[0]["nft/old_gap"] == 0 and rows[2]["nft/old_gap"] > 0
+
+
+def test_awm_ema_adapter_follows_its_decay(make_trainer):
+    trainer = make_trainer(
+        "train.total_steps=3", "sampling.num_steps=8", "algorithm.ema_beta=0.5", config=CONFIGS["awm"]
+    )
+    history = _record_weights(trainer, ("default", "ema"))
+    rows = trainer.train()
+    expected = dict(history[0]["default"])
+    for k in (1, 2, 3):
+        d = ema_decay_awm(k)  # 0.001·k
+        expected = {n: d * expected[n] + (1 - d) * history[k]["default"][n] for n in expected}
+        for n in expected:
+            torch.testing.assert_close(history[k]["ema"][n], expected[n])
+    assert [r["awm/ema_decay"] for r in rows] == pytest.approx([0.001, 0.002, 0.003])
+    assert rows[0]["awm/ema_gap"] == 0 and rows[1]["awm/ema_gap"] > 0
+
+
+def test_dpo_takes_no_step_when_every_group_ties(make_trainer, user_reward, weights):
+    constant = user_reward("return np.full(len(images), 0.5, dtype=np.float32)")
+    trainer = make_trainer(f"rewards.0.name={constant}", "train.total_steps=1", config=CONFIGS["dpo"])
+    before = weights(trainer)
+    rows = trainer.train()
+    assert rows[0]["pairs/count"] == 0 and rows[0]["pairs/tied_groups"] == 2 and rows[0]["train/units"] == 0
+    assert rows[0]["train/optimizer_steps"] == 0 and "loss" not in rows[0]
+    after = weights(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize(
+    ("mode", "options"),
+    [
+        ("dpo", ()),
+        ("nft", ("algorithm.old_decay=fixed", "algorithm.old_decay_value=0.3")),
+        ("awm", ("sampling.num_steps=8", "algorithm.ema_beta=0.5", "algorithm.kl_beta=0.1")),
+    ],
+)
+def test_gradient_accumulation_matches_one_big_micro_batch(make_trainer, weights, tmp_path, mode, options):
+    def run(micro: int):
+        trainer = make_trainer(
+            *options, f"train.micro_batch_size={micro}", f"run.dir={tmp_path / str(micro)}", config=CONFIGS[mode]
+        )
+        trainer.train()
+        return weights(trainer)
+
+    small, big = run(2), run(8)  # dpo: 1 pair vs 4 pairs per micro-batch; others 2 vs 4 (the whole batch)
+    for key in big:
+        torch.testing.assert_close(small[key], big[key], rtol=1e-4, atol=1e-6)
+
+
+def _comparable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("timing/") and k != "images_per_second"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "options"),
+    [
+        ("nft", ("model.lora.enabled=true", "train.lr=1e-2", "algorithm.old_decay=linear_to_0_5")),
+        ("nft", ("algorithm.old_decay=fixed", "algorithm.old_decay_value=0.5")),
+        ("awm", ("sampling.num_steps=8", "algorithm.ema_beta=0.5", "train.num_minibatches=2")),
+        ("dpo", ("sampling.sde_type=sde",)),
+    ],
+    ids=["nft-lora", "nft-full", "awm-ema-minibatches", "dpo-sde"],
+)
+def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, mode, options):
+    common = (*options, "train.save_every=2", "val.every=2", "train.warmup_steps=3")
+    straight = make_trainer(*common, f"run.dir={tmp_path / 'straight'}", "train.total_steps=4", config=CONFIGS[mode])
+    straight_rows = straight.train()
+    resumed_dir = f"run.dir={tmp_path / 'resumed'}"
+    make_trainer(*common, resumed_dir, "train.total_steps=2", config=CONFIGS[mode]).train()
+    resumed = make_trainer(*common, resumed_dir, "train.total_steps=4", config=CONFIGS[mode])
+    assert isinstance(resumed, DirectPreferenceTrainer)
+    ran = []
+    step_fn = resumed.train_step
+    resumed.train_step = lambda step: ran.append(step) or step_fn(step)
+    resumed_rows = resumed.train()
+
+    assert ran == [2, 3]
+    assert [_comparable(r) for r in resumed_rows] == [_comparable(r) for r in straight_rows]
+    a, b = straight.engine.model.policies, resumed.engine.model.policies
+    assert _named(a) == _named(b) and len(_named(a)) == (1 if mode == "dpo" else 2)
+    for name in _named(a):  # the trained policy and the `old` / `ema` adapter
+        wa, wb = a.state_dict_of(name), b.state_dict_of(name)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), name
+
+
+def _pair_file(folder: Path, n: int) -> Path:
+    """n pairs of random 32 × 32 images."""
+    from PIL import Image
+
+    from diffusion_rl.data.pairs import PreferencePair, write_pairs
+
+    rng = np.random.default_rng(0)
+    pairs = []
+    for i in range(n):
+        paths = folder / f"{i}_chosen.png", folder / f"{i}_rejected.png"
+        for path in paths:
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(path)
+        pairs.append(PreferencePair(f"prompt {i}", *paths))
+    write_pairs(pairs, folder / "pairs.jsonl")
+    return folder / "pairs.jsonl"
+
+
+def test_offline_dpo_without_a_reward_trains_and_resumes_exactly(make_trainer, tmp_path):
+    offline = (f"data.pairs={_pair_file(tmp_path, 3)}", "rewards=[]", "data.prompts_per_step=2", "train.save_every=2")
+    config = CONFIGS["dpo_offline"]
+    straight = make_trainer(*offline, f"run.dir={tmp_path / 'straight'}", "train.total_steps=4", config=config)
+    assert straight.rewards is None and straight.val_records == []  # nothing to score validation samples with
+    straight_rows = straight.train()
+    assert [r["pairs/count"] for r in straight_rows] == [2, 2, 2, 2]
+    assert straight_rows[-1]["data/cached_pairs"] == 3  # 8 pair visits, 3 encodings
+
+    resumed_dir = f"run.dir={tmp_path / 'resumed'}"
+    make_trainer(*offline, resumed_dir, "train.total_steps=2", config=config).train()
+    resumed = make_trainer(*offline, resumed_dir, "train.total_steps=4", config=config)
+    resumed_rows = resumed.train()
+    assert [r["step"] for r in resumed_rows] == [1, 2, 3, 4]
+    # the resumed process encodes its pairs again: only the cache count differs
+    strip = lambda r: {k: v for k, v in _comparable(r).items() if k != "data/cached_pairs"}  # noqa: E731
+    assert [strip(r) for r in resumed_rows] == [strip(r) for r in straight_rows]
+    a, b = (
+        straight.engine.model.policies.state_dict_of("default"),
+        resumed.engine.model.policies.state_dict_of("default"),
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
