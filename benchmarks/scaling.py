@@ -74,7 +74,12 @@ def main() -> None:
     counts = [int(n) for n in args.workers.split(",")]
     gpu = args.device == "cuda"
     start = time.perf_counter()
-    ray.init(num_cpus=None if gpu else max(counts), include_dashboard=False, logging_level="WARNING")
+    ray.init(
+        num_cpus=None if gpu else max(counts),
+        include_dashboard=False,
+        logging_level="WARNING",
+        _node_ip_address="127.0.0.1",
+    )
     ray_init_s = time.perf_counter() - start
     print(f"ray.init: {ray_init_s:.1f} s", flush=True)
     results: dict = {"ray_init_s": ray_init_s, "runs": {}}
