@@ -1,9 +1,11 @@
-"""CPU learning benchmark on ShapesWorld: every algorithm config, the same base model, seed and wall-clock budget.
+"""CPU learning benchmark: every algorithm config from the same model and seed, for the same budget.
 
     python benchmarks/learning.py --budget-minutes 3 [--model models/shapes] [--only flow_grpo,nft]
+    python benchmarks/learning.py --task quickstart --steps 100     # the quickstarts as they are, step for step
 
+Task `shapes` (default):
 1. The base model is the ShapesWorld model of `diffusion-rl pretrain configs/shapes_pretrain.yaml` at --model;
-   when that directory holds no pretrained model, it is pretrained first (about 15 minutes on 2 cores).
+   when that directory holds no pretrained model, it is pretrained first (7.5 minutes on 2 idle cores).
 2. Each algorithm config (configs/quickstart.yaml is Flow-GRPO, every configs/quickstart_<name>.yaml another
    algorithm; configs that need an offline dataset are skipped) trains the base model on the ShapesWorld training
    prompts with the `shapes_geneval` reward, keeping its own algorithm settings. Only the task is overridden:
@@ -12,8 +14,14 @@
    --val-every-seconds of training time, and at the start and the end, the model samples the held-out
    validation prompts (fixed seeds, ODE) and `shapes_geneval` scores them.
 
-Writes benchmarks/results/learning.json (per algorithm: the validation curve against training seconds, steps,
-images/s, the first and last validation reward) and learning.png (validation reward against wall-clock time).
+Task `quickstart`: each quickstart config exactly as `diffusion-rl train` runs it (the random tiny model, JPEG
+compressibility, its own validation prompts), only the stopping rule and validation schedule set here; a pair
+dataset config runs when its `data.pairs` file exists (`diffusion-rl prepare pairs`), else it is skipped.
+
+The budget: --budget-minutes of training time, --steps training steps, or both (whichever comes first).
+Writes benchmarks/results/learning.json (quickstart: learning_quickstart.json; per algorithm: the validation curve
+against training seconds, steps, seconds per step, images/s, the first and last validation reward) and a PNG
+beside it (validation reward against training time).
 """
 
 from __future__ import annotations
@@ -36,20 +44,29 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("learning")
 
-REWARD = "shapes_geneval"
-# what every algorithm shares on this task, on top of its own config (--set adds more)
-COMMON = [
-    "model.device=cpu",
-    "model.create_tiny_if_missing=null",
-    "model.lora.enabled=false",
+SHAPES_REWARD = "shapes_geneval"
+# how the benchmark runs every config, whatever the task: it validates and stops, nothing is checkpointed
+CONTROL = [
+    "run.resume=never",
+    "train.total_steps=1000000",  # the budget ends the run
     "train.save_every=0",
     "val.every=0",
     "val.before_train=false",
-    "val.n=4",
-    "val.num_steps=10",
     "log.tensorboard=false",
     "log.progress_bar=false",
     "log.console_every=0",
+]
+# what every algorithm shares on ShapesWorld, on top of its own config (--set adds more). The learning rate: the
+# quickstarts' 1e-3 suits a random model learning JPEG size; on the pretrained ShapesWorld model it wrecked
+# Flow-GRPO within a minute (validation 0.45 → 0.15), 1e-4 rose for 90 s and then fell below the start, 3e-5
+# rose steadily (2-minute runs, 2026-11-22).
+SHAPES = [
+    "train.lr=3e-5",
+    "model.device=cpu",
+    "model.create_tiny_if_missing=null",
+    "model.lora.enabled=false",
+    "val.n=4",
+    "val.num_steps=10",
 ]
 
 
@@ -83,41 +100,42 @@ def ensure_base_model(model_dir: Path, threads: int) -> dict:
     return read_model_info(model_dir)
 
 
-def build_config(path: Path, model_dir: Path, info: dict, run_dir: Path, args):
+def build_config(path: Path, run_dir: Path, args, model_dir: Path | None = None, info: dict | None = None):
+    """The algorithm's config with the benchmark's control overrides, and the ShapesWorld task when `info` is given."""
     from diffusion_rl.config import load
 
-    prompts = model_dir / "shapes_prompts"
-    overrides = COMMON + [
-        f"run.dir={run_dir}",
-        f"run.seed={args.seed}",
-        "run.resume=never",
-        f"model.path={model_dir}",
-        f"model.max_sequence_length={info['text_tokens']}",
-        f"sampling.height={info['size']}",
-        f"sampling.width={info['size']}",
-        f"data.train={prompts / 'train.jsonl'}",
-        f"val.prompts={prompts / 'val.jsonl'}",
-        f"rewards=[{{name: {REWARD}, weight: 1.0}}]",
-        "train.total_steps=1000000",  # the budget ends the run
-        f"engine.num_threads={args.threads}",
-        *args.set,
-    ]
-    return load(str(path), overrides)
+    overrides = CONTROL + [f"run.dir={run_dir}", f"run.seed={args.seed}", f"engine.num_threads={args.threads}"]
+    if info is not None:
+        prompts = model_dir / "shapes_prompts"
+        overrides += SHAPES + [
+            f"model.path={model_dir}",
+            f"model.max_sequence_length={info['text_tokens']}",
+            f"sampling.height={info['size']}",
+            f"sampling.width={info['size']}",
+            f"data.train={prompts / 'train.jsonl'}",
+            f"val.prompts={prompts / 'val.jsonl'}",
+            f"rewards=[{{name: {SHAPES_REWARD}, weight: 1.0}}]",
+        ]
+    return load(str(path), overrides + list(args.set))
 
 
-def run_for_budget(trainer, budget_s: float, val_every_s: float) -> dict:
-    """Train until `budget_s` seconds of training time; validate at 0, every `val_every_s` and at the end."""
+def run_for_budget(trainer, budget_s: float | None, max_steps: int | None, val_every_s: float) -> dict:
+    """Train until `budget_s` seconds of training time or `max_steps` steps, whichever comes first; validate at 0,
+    every `val_every_s` and at the end."""
     curve = []
 
     def validate(train_s: float, step: int) -> None:
         trainer.step = step  # names the validation grid
         reward = trainer.validate()["val/reward/mean"]
         curve.append({"train_seconds": round(train_s, 2), "step": step, "val_reward": reward})
-        logger.info("  %6.1f s, step %4d: val %s = %.4f", train_s, step, REWARD, reward)
+        logger.info("  %6.1f s, step %4d: val reward = %.5g", train_s, step, reward)
+
+    def more(train_s: float, step: int) -> bool:
+        return (budget_s is None or train_s < budget_s) and (max_steps is None or step < max_steps)
 
     validate(0.0, 0)
     train_s, step, next_val, rewards, images = 0.0, 0, val_every_s, [], 0
-    while train_s < budget_s:
+    while more(train_s, step):
         start = time.perf_counter()
         metrics = trainer.train_step(step)
         train_s += time.perf_counter() - start
@@ -125,38 +143,46 @@ def run_for_budget(trainer, budget_s: float, val_every_s: float) -> dict:
         images += trainer.cfg.batch_size
         if "reward/mean" in metrics:
             rewards.append(float(metrics["reward/mean"]))
-        if train_s >= next_val and train_s < budget_s:
+        if train_s >= next_val and more(train_s, step):
             validate(train_s, step)
             next_val += val_every_s
     validate(train_s, step)
+    start, end = curve[0]["val_reward"], curve[-1]["val_reward"]
     return {
         "steps": step,
         "train_seconds": round(train_s, 2),
+        "seconds_per_step": train_s / step if step else None,
         "images_per_second": images / train_s if train_s else None,
         "train_reward_first": rewards[0] if rewards else None,
         "train_reward_last10": sum(rewards[-10:]) / len(rewards[-10:]) if rewards else None,
-        "val_reward_start": curve[0]["val_reward"],
-        "val_reward_end": curve[-1]["val_reward"],
+        "val_reward_start": start,
+        "val_reward_end": end,
+        "val_gain_percent": 100 * (end - start) / abs(start) if start else None,
         "val_reward_best": max(c["val_reward"] for c in curve),
         "curve": curve,
     }
 
 
-def run_algorithm(name: str, path: Path, model_dir: Path, info: dict, work: Path, args) -> dict:
+def run_algorithm(name: str, path: Path, work: Path, args, model_dir: Path | None = None, info: dict | None = None):
     from diffusion_rl.trainer import make_trainer
 
-    cfg = build_config(path, model_dir, info, work / name, args)
-    if getattr(cfg.data, "sample_source", "online") != "online":
-        return {"config": str(path.relative_to(ROOT)), "skipped": "trains on an offline pair dataset, not on rollouts"}
+    cfg = build_config(path, work / name, args, model_dir, info)
+    record = {"config": str(path.relative_to(ROOT))}
+    if cfg.data.sample_source != "online":
+        pairs = Path(cfg.data.pairs or "")
+        if info is not None or not pairs.is_file():
+            why = "a pair dataset config (ShapesWorld has none)" if info is not None else f"no pair file at {pairs}"
+            return {**record, "skipped": f"{why}; make one with `diffusion-rl prepare pairs`"}
     logger.info("%s (%s): %d prompts × %d per step", name, path.name, cfg.data.prompts_per_step, cfg.data.group_size)
     torch.manual_seed(args.seed)
     trainer = make_trainer(cfg)
-    result = run_for_budget(trainer, args.budget_minutes * 60, args.val_every_seconds)
-    return {"config": str(path.relative_to(ROOT)), "family": cfg.algorithm.family, "loss": cfg.algorithm.loss,
-            "batch": cfg.batch_size, **result}  # fmt: skip
+    result = run_for_budget(
+        trainer, args.budget_minutes * 60 if args.budget_minutes else None, args.steps, args.val_every_seconds
+    )
+    return {**record, "family": cfg.algorithm.family, "loss": cfg.algorithm.loss, "batch": cfg.batch_size, **result}
 
 
-def plot(results: dict, out_png: Path, base_reward: float | None) -> None:
+def plot(results: dict, out_png: Path, base_reward: float | None, reward: str, task: str = "shapes") -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -170,8 +196,9 @@ def plot(results: dict, out_png: Path, base_reward: float | None) -> None:
     if base_reward is not None:
         ax.axhline(base_reward, color="grey", linestyle=":", label="base model")
     ax.set_xlabel("training wall-clock time (minutes; validation excluded)")
-    ax.set_ylabel(f"held-out validation {REWARD}")
-    ax.set_title("ShapesWorld: validation reward against time")
+    ax.set_ylabel(f"validation {reward}")
+    title = "ShapesWorld (held-out prompts)" if task == "shapes" else "quickstart configs (tiny model, JPEG)"
+    ax.set_title(f"{title}: validation reward against training time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
@@ -181,7 +208,11 @@ def plot(results: dict, out_png: Path, base_reward: float | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-minutes", type=float, default=3.0, help="training time per algorithm")
+    parser.add_argument("--task", choices=["shapes", "quickstart"], default="shapes",
+                        help="shapes: the ShapesWorld model; quickstart: the quickstart configs as is")  # fmt: skip
+    parser.add_argument("--budget-minutes", type=float, default=None,
+                        help="training time per algorithm (default 3 unless --steps is given)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=None, help="training steps per algorithm")
     parser.add_argument("--model", default=str(ROOT / "models/shapes"), help="the ShapesWorld base model dir")
     parser.add_argument("--only", default=None, help="comma-separated algorithm names (default: all)")
     parser.add_argument("--seed", type=int, default=0)
@@ -190,8 +221,11 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every algorithm (repeatable), e.g. train.lr=3e-4")  # fmt: skip
     parser.add_argument("--work", default=None, help="run directories (default: a temporary one)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/learning.json"))
+    parser.add_argument("--out", default=None,
+                        help="results JSON (default: benchmarks/results/learning[_quickstart].json)")  # fmt: skip
     args = parser.parse_args()
+    if args.budget_minutes is None and args.steps is None:
+        args.budget_minutes = 3.0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("diffusion_rl", "diffusers", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -204,42 +238,56 @@ def main() -> None:
 
     import tempfile
 
+    default_out = "learning.json" if args.task == "shapes" else "learning_quickstart.json"
+    out = Path(args.out).resolve() if args.out else ROOT / "benchmarks/results" / default_out
+    work_dir = Path(args.work).resolve() if args.work else None
+    os.chdir(ROOT)  # the configs name their files relative to the repository root
     load_before = os.getloadavg()
-    model_dir = Path(args.model).resolve()
-    info = ensure_base_model(model_dir, args.threads)
+    model_dir = info = None
+    if args.task == "shapes":
+        model_dir = Path(args.model).resolve()
+        info = ensure_base_model(model_dir, args.threads)
     configs = algorithm_configs(args.only.split(",") if args.only else None)
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.work).resolve() if args.work else Path(tmp)
+        work = work_dir or Path(tmp)
         results = {}
         for name, path in configs.items():
             try:
-                results[name] = run_algorithm(name, path, model_dir, info, work, args)
+                results[name] = run_algorithm(name, path, work, args, model_dir, info)
             except Exception as e:  # one broken algorithm must not lose the others' results
                 logger.error("%s failed: %s", name, e)
                 results[name] = {"config": str(path.relative_to(ROOT)), "error": f"{type(e).__name__}: {e}",
                                  "traceback": traceback.format_exc(limit=5)}  # fmt: skip
-    starts = [r["val_reward_start"] for r in results.values() if "val_reward_start" in r]
+    reference = results.get("flow_grpo", {}).get("seconds_per_step")
+    for r in results.values():
+        if reference and r.get("seconds_per_step"):
+            r["step_time_vs_flow_grpo"] = r["seconds_per_step"] / reference
+    reward = SHAPES_REWARD if info is not None else "the config's reward"
     report = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "torch": torch.__version__,
                     "threads": args.threads, "cpus": os.cpu_count(),
                     "load_average_before": [round(x, 2) for x in load_before],
                     "load_average_after": [round(x, 2) for x in os.getloadavg()]},
-        "settings": {"budget_minutes": args.budget_minutes, "seed": args.seed, "reward": REWARD,
-                     "val_every_seconds": args.val_every_seconds, "overrides": COMMON + args.set},
-        "base_model": {"path": str(model_dir), **info},
-        "base_val_reward": starts[0] if starts else None,
+        "settings": {"task": args.task, "budget_minutes": args.budget_minutes, "steps": args.steps, "seed": args.seed,
+                     "reward": reward, "val_every_seconds": args.val_every_seconds,
+                     "overrides": CONTROL + (SHAPES if info is not None else []) + args.set},
+        "base_model": {"path": str(model_dir), **info} if info is not None else None,
         "algorithms": results,
     }  # fmt: skip
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, out.with_suffix(".png"), report["base_val_reward"])
-    print(f"{'algorithm':<14} {'steps':>6} {'img/s':>6} {'val start':>10} {'val end':>8} {'val best':>9}")
+    starts = {r["val_reward_start"] for r in results.values() if "val_reward_start" in r}
+    base = starts.pop() if len(starts) == 1 else None  # one start for all: the base model's
+    plot(results, out.with_suffix(".png"), base, reward, args.task)
+    print(f"{'algorithm':<14} {'steps':>6} {'s/step':>7} {'×fgrpo':>7} {'img/s':>6} {'val start':>10} {'val end':>10} "
+          f"{'gain %':>7} {'val best':>10}")  # fmt: skip
     for name, r in results.items():
         if "curve" in r:
-            print(f"{name:<14} {r['steps']:>6} {r['images_per_second']:>6.2f} {r['val_reward_start']:>10.4f} "
-                  f"{r['val_reward_end']:>8.4f} {r['val_reward_best']:>9.4f}")  # fmt: skip
+            ratio = r.get("step_time_vs_flow_grpo", float("nan"))
+            print(f"{name:<14} {r['steps']:>6} {r['seconds_per_step']:>7.3f} {ratio:>7.2f} "
+                  f"{r['images_per_second']:>6.2f} {r['val_reward_start']:>10.5g} {r['val_reward_end']:>10.5g} "
+                  f"{r['val_gain_percent']:>+7.1f} {r['val_reward_best']:>10.5g}")  # fmt: skip
         else:
             print(f"{name:<14} {r.get('skipped') or r.get('error')}")
     print(f"wrote {out} and {out.with_suffix('.png')}")

@@ -139,10 +139,12 @@ def cmd_prepare_ocr(args) -> None:
 
 def cmd_config(args) -> None:
     from diffusion_rl.config import Config, load
-    from diffusion_rl.config_io import describe, to_yaml
+    from diffusion_rl.config_io import describe, describe_markdown, to_yaml
 
     if args.action == "show":
         print(to_yaml(load(args.config, args.overrides)), end="")
+    elif args.markdown:
+        print(describe_markdown(Config, "Config reference"), end="")
     else:
         print(describe(Config))
 
@@ -202,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="show the resolved config, or the reference of every key")
     p.add_argument("action", choices=["show", "reference"])
+    p.add_argument("--markdown", action="store_true", help="reference: as Markdown tables (docs/config.md)")
     p.add_argument("config", nargs="?", default=None)
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_config)

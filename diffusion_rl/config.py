@@ -7,6 +7,7 @@ that says what to change. `diffusion-rl config show CONFIG` prints the resolved 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -136,7 +137,8 @@ class DataConfig:
 @dataclass
 class RewardSpec:
     name: str = opt("jpeg_incompressibility", "Registered reward name, or module:function / file.py:function.")
-    weight: float = opt(1.0, "Weight in the weighted sum.")
+    label: str | None = opt(None, "Name in metrics and logs; default: name; must be unique.")
+    weight: float = opt(1.0, "Weight in the weighted sum (finite, ≥ 0; 0 = scored and logged only).")
     required: bool = opt(True, "A failure of this reward fails the sample; false: left out and renormalised.")
     kwargs: dict[str, Any] = opt(dict, "Keyword arguments for the reward.", factory=True)
     actors: int = opt(
@@ -148,6 +150,15 @@ class RewardSpec:
     def __post_init__(self):
         _check(self.actors >= 0, f"rewards: actors must be ≥ 0 (0 = in the trainer process), got {self.actors}")
         _check(self.actor_cpus >= 0 and self.actor_gpus >= 0, "rewards: actor_cpus and actor_gpus must be ≥ 0")
+        _check(
+            self.label is None or bool(self.label.strip()),
+            f"rewards: label must be a non-blank name (or null = the reward's name), got {self.label!r}",
+        )
+
+    @property
+    def metric_name(self) -> str:
+        """The reward's name in metrics (reward/<metric_name>/mean) and logs: its label, else its name."""
+        return self.label if self.label is not None else self.name
 
 
 @dataclass
@@ -161,6 +172,18 @@ class AdvantageConfig:
         "sum_rewards: normalise the weighted reward sum; sum_advantages: normalise each reward within its groups, "
         "then sum the advantages with the weights (MixGRPO's advantage_aggr).",
     )
+
+    def __post_init__(self):
+        # what compute_advantages accepts (a std undefined for too few rewards gives advantage 0; eps 0 is safe)
+        _check(
+            not isinstance(self.std_ddof, bool) and isinstance(self.std_ddof, int) and self.std_ddof >= 0,
+            f"algorithm.advantage.std_ddof must be an integer ≥ 0 (0: population std, 1: sample std), "
+            f"got {self.std_ddof!r}",
+        )
+        _check(
+            0 <= self.eps < float("inf"),  # NaN fails too
+            f"algorithm.advantage.eps must be a finite number ≥ 0, got {self.eps}",
+        )
 
 
 # losses whose formulas assume the Flow-GRPO `sde` step (std_dev_t and √dt of that step)
@@ -230,6 +253,15 @@ class AlgorithmConfig:
         _check(self.clip_range > 0, "algorithm.clip_range must be > 0")
         _check(self.kl_beta >= 0, "algorithm.kl_beta must be ≥ 0")
         _check(self.adv_clip_max > 0, f"algorithm.adv_clip_max must be > 0, got {self.adv_clip_max}")
+        _check(self.kl_mask_threshold >= 0, f"algorithm.kl_mask_threshold must be ≥ 0, got {self.kl_mask_threshold}")
+        # GRPO-Guard's s = mean(√dt)·mean(std) is over a micro-batch's rows; the update's k-th backward pass holds
+        # every row's k-th trained step, which is one step for all rows only with `first`
+        _check(
+            self.loss != "grpo_guard" or self.timestep_selection == "first",
+            "algorithm.loss=grpo_guard needs algorithm.timestep_selection=first: its scale s = mean(√dt)·mean(std) "
+            "over a micro-batch's rows assumes they are all at one step, and random trains a different subset of "
+            "steps per sample",
+        )
         for name in ("dpo_beta", "nft_beta", "advantage_max"):
             _check(getattr(self, name) > 0, f"algorithm.{name} must be > 0, got {getattr(self, name)}")
         _check(self.ema_beta >= 0, f"algorithm.ema_beta must be ≥ 0, got {self.ema_beta}")
@@ -433,6 +465,25 @@ class Config:
             len(self.rewards) > 0 or self.data.sample_source == "offline",
             "rewards: at least one reward is needed (only offline DPO trains without one)",
         )
+        self._check_rewards()
+
+    def _check_rewards(self) -> None:
+        """Each weight is finite and ≥ 0; each reward's metric name (label, else name) is unique."""
+        for i, spec in enumerate(self.rewards):
+            _check(
+                math.isfinite(spec.weight) and spec.weight >= 0,
+                f"rewards.{i}.weight must be a finite number ≥ 0, got {spec.weight}; to minimise a score, use a "
+                "reward that negates it",
+            )
+        first_of: dict[str, int] = {}
+        for i, spec in enumerate(self.rewards):
+            key = spec.metric_name
+            if key in first_of:
+                raise ValueError(
+                    f"rewards.{first_of[key]} and rewards.{i} are both '{key}' in metrics and logs (the label, else "
+                    f"the name, must be unique): give one of them its own label, e.g. rewards.{i}.label={key}_2"
+                )
+            first_of[key] = i
 
     def _check_engine(self) -> None:
         """engine.kind=ray splits the batch into equal contiguous shards whose mini-batches make up the global ones."""

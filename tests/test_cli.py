@@ -92,6 +92,14 @@ def test_config_reference_lists_every_key(capsys):
     assert "train.lr:" in out and "model.lora.rank:" in out
 
 
+def test_docs_config_md_is_the_current_markdown_reference(capsys):
+    assert main(["config", "reference", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| `train.lr` | float |" in out and "### `model.lora`" in out
+    documented = (Path(__file__).resolve().parents[1] / "docs/config.md").read_text()
+    assert documented == out, "docs/config.md is stale: diffusion-rl config reference --markdown > docs/config.md"
+
+
 def test_init_tiny_refuses_a_non_empty_dir_without_force(tmp_path, capsys):
     (tmp_path / "keep.txt").write_text("mine")
     assert main(["init-tiny", str(tmp_path), "--preset", "small"]) == 2

@@ -20,7 +20,7 @@ Two modes (what the caller passes as `logp_old_BW`):
       tis: w = min(w, threshold);  icepop: w if icepop_lo ≤ w ≤ icepop_hi else 0;  none: w = 1
 
 Rejection (either mode), from the per-step log w = clamp(logp_old - logp_rollout, ±20):
-    k1 = -log w, kept when log lo ≤ k1 ≤ log hi (i.e. w in [1/hi, 1/lo]); rs_bound h alone means (1/h, h)
+    k1 = -log w, kept when log lo ≤ k1 ≤ log hi (i.e. w in [1/hi, 1/lo]); rs_bound h alone means [1/h, h]
     k2 = (log w)^2 / 2 ≤ rs_bound;   k3 = w - 1 - log w ≤ rs_bound
 rs_level step rejects single steps; sum / mean / max reduce the statistic over the window first and reject
 the whole sample (every column). max of k1 is refused: a signed statistic's max bounds only one side.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 
@@ -36,7 +37,11 @@ def register(subparsers) -> None:
         help="reward name(s), comma-separated (registered names or module:fn / file.py:fn); "
         "default: the first checkpoint's training rewards",
     )
-    p.add_argument("--reward-kwargs", default=None, help="JSON object: reward name → kwargs, e.g. '{\"ocr\": {}}'")
+    p.add_argument(
+        "--reward-kwargs",
+        default=None,
+        help="JSON object: reward name (a training reward's label when it has one) → kwargs, e.g. '{\"ocr\": {}}'",
+    )
     p.add_argument("--n", type=int, default=4, help="samples per prompt (K)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps")
     p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale")
@@ -63,9 +68,9 @@ def _reward_choices(args: argparse.Namespace, first_config) -> list:
         names = [n.strip() for n in args.reward.split(",")]
         if not all(names):
             raise UserError(f"--reward {args.reward!r} has an empty name; use NAME[,NAME...]")
-        choices = {n: {} for n in names}
-    elif first_config is not None:
-        choices = {r.name: dict(r.kwargs) for r in first_config.rewards}
+        choices = {n: RewardChoice(n) for n in names}
+    elif first_config is not None:  # keyed by label (else name), as the run logged them
+        choices = {r.metric_name: RewardChoice(r.name, dict(r.kwargs), r.label) for r in first_config.rewards}
     else:
         raise UserError("--reward is required when no checkpoint is given (e.g. --reward jpeg_compressibility)")
     if args.reward_kwargs:
@@ -78,9 +83,9 @@ def _reward_choices(args: argparse.Namespace, first_config) -> list:
         unknown = sorted(set(given) - set(choices))
         if unknown:
             raise UserError(f"--reward-kwargs names {unknown}, which are not among the rewards {sorted(choices)}")
-        for name, kwargs in given.items():
-            choices[name] = {**choices[name], **kwargs}
-    return [RewardChoice(name, kwargs) for name, kwargs in choices.items()]
+        for key, kwargs in given.items():
+            choices[key] = dataclasses.replace(choices[key], kwargs={**choices[key].kwargs, **kwargs})
+    return list(choices.values())
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -142,7 +147,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         settings.height,
         settings.width,
         settings.seed,
-        ", ".join(r.name for r in rewards),
+        ", ".join(r.metric_name for r in rewards),
     )
     result = evaluate(model_cfg, targets, records, rewards, settings, args.out, args.prompts, force=args.force)
     print(result["table"], end="")

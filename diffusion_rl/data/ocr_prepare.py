@@ -4,9 +4,11 @@ Flow-GRPO's OCR prompts are plain text, one per line, with the text to render be
 
     A storefront sign that says "OPEN LATE"
 
-`prepare_ocr` turns such a file into PromptRecords with ground_truth = the quoted text, data_source "ocr" and
-metadata["split"] ("train" or "val"), written as .jsonl or verl-style .parquet. `synthetic_ocr_prompts` makes
-prompts of the same shape from the templates and word list shipped in diffusion_rl/assets.
+`prepare_ocr` turns such a file into PromptRecords with ground_truth = the quoted text, data_source "ocr" (unless
+an input record has its own) and metadata["split"] ("train" or "val"), written as .jsonl or verl-style .parquet;
+a validation share goes to a file of its own (nothing reads `split`, so val rows left in the training file would
+be trained on). `synthetic_ocr_prompts` makes prompts of the same shape from the templates and word list shipped
+in diffusion_rl/assets.
 """
 
 import argparse
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
-from diffusion_rl.data.prompts import PromptRecord, load_prompts, write_prompts
+from diffusion_rl.data.prompts import DEFAULT_DATA_SOURCE, PromptRecord, load_prompts, write_prompts
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.text_match import target_text
 
@@ -50,10 +52,12 @@ def prepare_ocr(
     input_path: .txt (one prompt per line; blank lines skipped), or .jsonl/.parquet prompt records (a record's own
         ground_truth is kept; otherwise the prompt's quoted text is used).
     negative_prompt: stored with every record (None = the pipeline's default).
-    val_fraction: the share of records, drawn at random with `seed`, marked metadata["split"] = "val"; the rest
-        are "train". Records keep the input order.
+    val_fraction: the share of records, drawn at random with `seed`, written to `val_path` with metadata["split"]
+        = "val"; the rest go to `out_path` as "train". Records keep the input order. Needs `val_path`.
     skip_invalid: drop prompts without quoted text (their line numbers are logged) instead of raising UserError.
-    val_path: if given, the val records are written there and `out_path` gets the train records only.
+    val_path: where the val records go (with val_fraction > 0; `out_path` then gets the train records only).
+    data_source: the data_source of records without their own (every .txt line; a .jsonl/.parquet record that
+        sets one keeps it).
     """
     input_path = Path(input_path)
     _check_split(val_fraction, val_path)
@@ -64,7 +68,8 @@ def prepare_ocr(
             invalid.append((number, record.prompt))
             continue
         negative = negative_prompt if negative_prompt is not None else record.negative_prompt
-        records.append(replace(record, ground_truth=target, negative_prompt=negative, data_source=data_source))
+        source = record.data_source if record.data_source != DEFAULT_DATA_SOURCE else data_source
+        records.append(replace(record, ground_truth=target, negative_prompt=negative, data_source=source))
     if invalid:
         _report_invalid(input_path, invalid, "line" if input_path.suffix.lower() == ".txt" else "record", skip_invalid)
     if not records:
@@ -94,6 +99,11 @@ def _check_split(val_fraction: float, val_path: str | Path | None) -> None:
         raise UserError(f"prepare ocr: val_fraction must be in [0, 1), got {val_fraction}")
     if val_path is not None and val_fraction == 0:
         raise UserError("prepare ocr: val_path is given but val_fraction is 0; set val_fraction, e.g. 0.05")
+    if val_path is None and val_fraction > 0:
+        raise UserError(
+            f"prepare ocr: val_fraction {val_fraction} needs val_path: nothing reads the split mark, so val records "
+            "left in the training file would be trained on"
+        )
 
 
 def _split_and_write(
@@ -193,8 +203,12 @@ def add_prepare_ocr_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", type=int, metavar="N", help="write N synthetic prompts instead of an input")
     parser.add_argument("--max-words", type=int, default=3, help="words per synthetic text, at most")
     parser.add_argument("--negative-prompt", help="negative prompt stored with every record")
-    parser.add_argument("--val-fraction", type=float, default=0.0, help="share of prompts marked split=val")
-    parser.add_argument("--val-out", help="write the val prompts to this file (the train ones go to --out)")
+    parser.add_argument(
+        "--val-fraction", type=float, default=0.0, help="share of prompts moved to --val-out (marked split=val)"
+    )
+    parser.add_argument(
+        "--val-out", help="write the val prompts to this file (the train ones go to OUT); needs --val-fraction"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the val draw and the synthetic prompts")
     parser.add_argument("--skip-invalid", action="store_true", help="drop prompts without quoted text")
 
@@ -208,6 +222,13 @@ def run_prepare_ocr_from_args(args: argparse.Namespace) -> PreparedOcr:
             f"got {len(args.paths)} path(s): {' '.join(args.paths)}"
         )
     args.input, args.out = (None, args.paths[0]) if args.synthetic is not None else tuple(args.paths)
+    if 0 < args.val_fraction < 1 and args.val_out is None:  # (a fraction outside [0, 1) is reported below)
+        raise UserError(
+            f"prepare ocr: --val-fraction {args.val_fraction} needs --val-out FILE for the val prompts (nothing "
+            "reads the split=val mark, so val prompts left in OUT would be trained on)"
+        )
+    if args.val_out is not None and args.val_fraction == 0:
+        raise UserError("prepare ocr: --val-out is given but --val-fraction is 0; set --val-fraction, e.g. 0.05")
     split = {"val_fraction": args.val_fraction, "val_path": args.val_out, "negative_prompt": args.negative_prompt}
     if args.synthetic is not None:
         return write_synthetic_ocr(args.synthetic, args.out, seed=args.seed, max_words=args.max_words, **split)

@@ -69,10 +69,15 @@ class PolicyGradientUpdate:
         batch["train_old_log_probs"] = batch["log_probs"][rows_B[:, None], columns_BK]  # [B, K]
         batch["train_old_means"] = batch["means"][rows_B[:, None], columns_BK]
         batch["train_weights"] = torch.ones(B, K, device=batch.device)
+        # loss metrics: summed over backward passes, then their mean; rollout_corr/* of the bypass rejection: summed
+        # weighted by the micro-batch's rows, then divided by all rows of all passes, i.e. the share of the update's
+        # (sample, trained step) entries, the value decoupled mode computes once over [B, K]
         sums: dict[str, float] = {}
+        entry_sums: dict[str, float] = {}
+        correction: dict[str, float] = {}
         if alg.rollout_correction.mode == "decoupled":
-            sums.update(self._decoupled_old_policy(batch, columns_BK))
-        counts, grad_norms = 0, []
+            correction = self._decoupled_old_policy(batch, columns_BK)
+        counts, entries, grad_norms = 0, 0, []
         for _epoch in range(t.ppo_epochs):
             for m in range(t.num_minibatches):
                 rows = torch.arange(m, B, t.num_minibatches, device=batch.device)  # interleaved: mixes groups
@@ -86,11 +91,16 @@ class PolicyGradientUpdate:
                         scale = len(micro) / (n_kept * K)
                         metrics = self._backward_step(batch[micro], columns_BK[micro, k], k, keep_B[micro], scale)
                         for name, value in metrics.items():
-                            sums[name] = sums.get(name, 0.0) + float(value)
+                            if name.startswith("rollout_corr/"):
+                                entry_sums[name] = entry_sums.get(name, 0.0) + float(value) * len(micro)
+                            else:
+                                sums[name] = sums.get(name, 0.0) + float(value)
                         counts += 1
+                        entries += len(micro)
                 grad_norms.append(w.optimizer_step())
-        out = {name: value / max(counts, 1) for name, value in sums.items() if not name.startswith("rollout_corr/")}
-        out.update({name: value for name, value in sums.items() if name.startswith("rollout_corr/")})
+        out = {name: value / max(counts, 1) for name, value in sums.items()}
+        out.update({name: value / max(entries, 1) for name, value in entry_sums.items()})
+        out.update(correction)
         finite = [g for g in grad_norms if math.isfinite(g)]
         out.update(
             {
@@ -139,6 +149,7 @@ class PolicyGradientUpdate:
             # rejection from the current policy's log-probs of this step against the rollout's
             corrected = correction_weights(out.log_prob.detach()[:, None], mb["train_old_log_probs"][:, k : k + 1], rc)
             weights = weights * corrected.weights_BW[:, 0]
+            # of this micro-batch's rows; __call__ turns these into the share over all the update's entries
             metrics["rollout_corr/rejected_fraction"] = corrected.metrics["rollout_corr/rejected_fraction"]
         inp = PolicyLossInput(
             log_prob=out.log_prob,

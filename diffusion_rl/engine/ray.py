@@ -36,6 +36,19 @@ logger = logging.getLogger(__name__)
 FAILURE_GRACE_S = 5.0  # after a first failure, how long to wait for the others (to name a dead worker as the cause)
 
 
+def combine_worker_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict from the workers' update metrics (same keys): `*_max` the max, `*_min` the min, the rest
+    the mean. Every worker has as many rows and micro-batches, so the mean of their means is the global mean; the
+    mean of their maxima would not be the global maximum."""
+    reduce = {"_max": max, "_min": min}
+    combined = {}
+    for name in results[0]:
+        values = [r[name] for r in results]
+        combine = reduce.get(name[-4:])
+        combined[name] = combine(values) if combine else sum(values) / len(values)
+    return combined
+
+
 class WorkerDied(RuntimeError):
     """A worker process ended (killed, out of memory, node lost) while the engine needed it."""
 
@@ -167,14 +180,13 @@ class RayEngine:
         return torch.cat([p for p in parts if p is not None])  # shares are contiguous: the order of `rows`
 
     def update(self, batch: TensorDict, step: int) -> dict[str, float]:
-        """Data-parallel update: worker r trains on the r-th contiguous B/N rows; metrics averaged over workers."""
+        """Data-parallel update: worker r trains on the r-th contiguous B/N rows; metrics combined over workers."""
         size = batch.batch_size[0]
         if size % self.world_size:
             raise ValueError(f"a batch of {size} rows does not split evenly over {self.world_size} workers")
         shards = batch.cpu().split(size // self.world_size)
         results = self._call("update", per_rank=[(shard, step) for shard in shards])
-        # every worker has as many rows and micro-batches: the mean of their means is the global mean
-        return {name: sum(r[name] for r in results) / len(results) for name in results[0]}
+        return combine_worker_metrics(results)
 
     def sample_images(
         self,

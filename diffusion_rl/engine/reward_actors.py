@@ -1,13 +1,15 @@
 """Rewards scored in Ray actors of their own: a model-based reward gets its own GPUs or CPUs, away from the policy.
 
-`RemoteReward` is an ordinary reward callable (rewards/base.py's contract), so the trainer's RewardCombiner uses it
+`ActorReward` is an ordinary reward callable (rewards/base.py's contract), so the trainer's RewardCombiner uses it
 like any other: it cuts the batch into one contiguous piece per actor and scores the pieces in parallel. The trainer
 scores a chunk of a batch in a background thread while the engine samples the next chunk (sampling.score_chunks),
 so with actors the scoring runs on the reward's own devices while the policy workers keep sampling.
 
 Each actor builds its own copy of the reward (`make_reward` in its process). Rewards are stateless, so an actor
 that dies is restarted by Ray and its piece scored again (`max_restarts` times); after that the call raises
-RewardActorDied, naming the reward.
+RewardActorDied, naming the reward (by its label, the name it has in metrics and logs).
+
+(Not to be confused with the `remote` reward, rewards/remote.py's RemoteReward: an HTTP client of a reward server.)
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ class RewardActor:
         return os.getpid()
 
 
-class RemoteReward:
-    """A reward callable whose batches are scored by `num_actors` Ray actors, each with its own copy of the reward."""
+class ActorReward:
+    """A reward callable whose batches are scored by `num_actors` Ray actors, each with its own copy of the reward.
+
+    `name` is the reward to build (make_reward's name); `label` the reward's name in messages (default: name).
+    """
 
     def __init__(
         self,
@@ -56,13 +61,15 @@ class RemoteReward:
         num_cpus: float = 1.0,
         num_gpus: float = 0.0,
         max_restarts: int = MAX_RESTARTS,
+        label: str | None = None,
     ):
         from diffusion_rl.engine.ray import import_ray
 
         ray = import_ray()
         if num_actors < 1:
-            raise ValueError(f"RemoteReward needs at least one actor, got {num_actors}")
+            raise ValueError(f"ActorReward needs at least one actor, got {num_actors}")
         self.name = name
+        self.label = label if label is not None else name
         actor = ray.remote(RewardActor).options(
             num_cpus=num_cpus,
             num_gpus=num_gpus,
@@ -74,8 +81,8 @@ class RemoteReward:
             ray.get([a.pid.remote() for a in self.actors])
         except ray.exceptions.RayActorError as e:
             self.close()
-            raise RuntimeError(f"reward '{name}': its actors could not start:\n{e}") from None
-        logger.info("reward '%s': %d actors (%s CPU, %s GPU each)", name, num_actors, num_cpus, num_gpus)
+            raise RuntimeError(f"reward '{self.label}': its actors could not start:\n{e}") from None
+        logger.info("reward '%s': %d actors (%s CPU, %s GPU each)", self.label, num_actors, num_cpus, num_gpus)
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
         ray = _ray()
@@ -92,7 +99,7 @@ class RemoteReward:
             raise (cause if isinstance(cause, Exception) else e) from None
         except ray.exceptions.RayActorError as e:
             raise RewardActorDied(
-                f"reward '{self.name}': an actor died and cannot be restarted again ({str(e).splitlines()[0]}); "
+                f"reward '{self.label}': an actor died and cannot be restarted again ({str(e).splitlines()[0]}); "
                 "check its memory use and logs"
             ) from None
         return np.concatenate([np.asarray(s) for s in scores])  # dtype and shape are checked by the combiner
@@ -122,4 +129,6 @@ def make_reward_fn(spec, engine_cfg):
     from diffusion_rl.engine.ray import ensure_ray
 
     ensure_ray(engine_cfg)
-    return RemoteReward(spec.name, dict(spec.kwargs), spec.actors, spec.actor_cpus, spec.actor_gpus)
+    return ActorReward(
+        spec.name, dict(spec.kwargs), spec.actors, spec.actor_cpus, spec.actor_gpus, label=spec.metric_name
+    )

@@ -95,17 +95,22 @@ class EvalSettings:
 
 @dataclass(frozen=True)
 class RewardChoice:
-    name: str
+    name: str  # the reward to build (make_reward's name)
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    label: str | None = None  # its name in the scores, tables and captions (a training config's label); None = name
+
+    @property
+    def metric_name(self) -> str:
+        return self.label if self.label is not None else self.name
 
 
 def build_scorer(rewards: Sequence[RewardChoice]) -> RewardCombiner:
     """Each reward scored on its own: not required, so one reward failing on a sample leaves the others' scores."""
-    names = [r.name for r in rewards]
+    names = [r.metric_name for r in rewards]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise UserError(f"--reward lists {', '.join(repeated)} more than once")
-    return RewardCombiner([WeightedReward(r.name, 1.0, make_reward(r.name, **r.kwargs), False) for r in rewards])
+    return RewardCombiner([WeightedReward(r.metric_name, 1.0, make_reward(r.name, **r.kwargs), False) for r in rewards])
 
 
 def _file_sha256(path: Path) -> str:
@@ -288,7 +293,7 @@ def evaluate(
     scorer = build_scorer(rewards)
     prepare_output(out, force)
     slot = _ModelSlot(model_cfg)
-    names = [r.name for r in rewards]
+    names = [r.metric_name for r in rewards]
     # base first, then checkpoints grouped by LoRA settings: the fewest model loads; the table keeps the given order
     order = sorted(targets, key=lambda t: (not t.is_base, str(slot_key_hint(t))))
     try:
@@ -360,7 +365,7 @@ def _compare_markdown(result: dict[str, Any], table: str) -> str:
         "",
         f"Prompts: `{result['prompts']['file']}` ({result['prompts']['count']}), {s['n']} samples each, "
         f"{s['num_steps']} {s['sde_type']} steps, guidance {s['guidance']}, {s['height']}×{s['width']}, "
-        f"seed {s['seed']}. Rewards: {', '.join(r['name'] for r in result['rewards'])}.",
+        f"seed {s['seed']}. Rewards: {', '.join(r['label'] or r['name'] for r in result['rewards'])}.",
         "",
         table,
         "| column | checkpoint | step | weights | sha256 |",

@@ -237,7 +237,6 @@ class PretrainTrainer:
                          max_sequence_length=cfg.model.text_tokens)  # fmt: skip
         with self._ema_weights():
             images = sample_specs(model, specs, settings, e.seed)
-        self.transformer.requires_grad_(True)  # SD3Model's policy set leaves it trainable; keep it so explicitly
         metrics = {f"eval/{k}": v for k, v in score_images(specs, images).items()}
         captions = [s.prompt() for s in specs]
         name = "final" if final else step_dir_name(self.step)

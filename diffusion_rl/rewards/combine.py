@@ -34,7 +34,7 @@ class RewardFailure(RuntimeError):
 
 @dataclass(frozen=True)
 class WeightedReward:
-    name: str  # used in metrics ("reward/<name>/mean") and messages; unique within a combiner
+    name: str  # used in metrics ("reward/<name>/mean") and messages; unique within a combiner (a config's label)
     weight: float  # >= 0; a 0-weight reward is scored and logged but does not move the total
     fn: RewardFn  # (images, prompts, metadata) -> float [B], NaN where it failed
     required: bool = True  # a sample this reward fails on is failed; else the reward is left out of its sum
@@ -81,10 +81,14 @@ class RewardCombiner:
     def __init__(self, rewards: Sequence[WeightedReward]):
         if not rewards:
             raise ValueError("RewardCombiner needs at least one reward")
-        names = [r.name for r in rewards]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"reward names must be unique; repeated: {', '.join(duplicates)}")
+        first_of: dict[str, int] = {}
+        for i, r in enumerate(rewards):
+            if r.name in first_of:
+                raise ValueError(
+                    f"rewards {first_of[r.name]} and {i} are both named '{r.name}'; the names key the metrics and "
+                    "must be unique (in a config, give one of them its own `label`)"
+                )
+            first_of[r.name] = i
         self.rewards = list(rewards)
         self.total_weight = float(sum(r.weight for r in rewards))
         if self.total_weight <= 0:

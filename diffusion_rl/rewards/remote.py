@@ -9,10 +9,11 @@ Wire format (JSON only, never pickle), served by `diffusion_rl.rewards.server`:
 Failure rules (shared with the `vlm` judge through `http_json` and `call_with_retries`):
 - connection errors, timeouts, HTTP 5xx, 408 and 429 are retried, `retries` times, with exponential backoff
   (backoff, 2·backoff, 4·backoff, ... seconds, capped at 60 s); any other 4xx is not retried: the request is wrong.
-- a batch that still fails has all its samples failed (NaN, counted, logged), never scored 0.
-- after `max_failed_batches` consecutive failed batches the reward raises RemoteRewardError: the server is gone.
-  A later call asks {url}/health first (at most every 30 s) and goes on if the server is back; else it raises
-  at once.
+- a batch is sent in requests of at most `chunk_size` images; a request that still fails has all its samples
+  failed (NaN, counted, logged), never scored 0.
+- after `max_failed_batches` failed requests in a row (requests of `chunk_size` images, not trainer batches; the
+  kwarg keeps its old name) the reward raises RemoteRewardError: the server is gone. A later call asks
+  {url}/health first (at most every 30 s) and goes on if the server is back; else it raises at once.
 - an unreachable {url}/health when the reward is created is a UserError naming the URL.
 """
 
@@ -52,7 +53,7 @@ class HttpError(Exception):
 
 
 class RemoteRewardError(RuntimeError):
-    """The reward server failed too many batches in a row: it is down or broken."""
+    """The reward server failed too many requests in a row: it is down or broken."""
 
 
 # ---- HTTP helpers (also used by the vlm judge) ----
@@ -155,7 +156,7 @@ def decode_png_base64(text: str) -> np.ndarray:
 
 @REWARDS.register("remote")
 class RemoteReward:
-    """Scores from a reward server; NaN for samples of a batch the server failed (after retries)."""
+    """Scores from a reward server; NaN for the samples of a request the server failed (after retries)."""
 
     def __init__(
         self,
@@ -173,7 +174,8 @@ class RemoteReward:
         retries: how many times a failed request is tried again (connection errors, timeouts, 5xx, 408, 429).
         backoff: seconds before the first retry; doubled for each further one.
         chunk_size: images per request; a batch is sent in chunks of at most this many.
-        max_failed_batches: raise RemoteRewardError after this many failed requests in a row; null = never.
+        max_failed_batches: raise RemoteRewardError after this many failed requests (of up to chunk_size images
+            each, counted across calls) in a row; null = never. (The name is kept for existing configs.)
         check_health: ask {url}/health when created, so a wrong URL fails at start, not at the first batch.
         """
         self.url = check_http_url(url, "remote")
@@ -190,7 +192,7 @@ class RemoteReward:
         self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
         self.chunk_size = int(chunk_size)
         self.max_failed_batches = max_failed_batches
-        self.failed_batches = 0  # totals over this reward's life, for logs and tests
+        self.failed_batches = 0  # failed requests (chunks), total over this reward's life, for logs and tests
         self.failed_samples = 0
         self._failures_in_a_row = 0
         self._probe_failed_at = -float("inf")  # time.monotonic() of the last /health probe that failed
@@ -248,7 +250,8 @@ class RemoteReward:
         self.failed_samples += n_samples
         self._failures_in_a_row += 1
         logger.warning(
-            "remote: a batch of %d failed after %d tries (%s); its samples are failed (NaN). %d failed in a row",
+            "remote: a request of %d images failed after %d tries (%s); its samples are failed (NaN). %d requests "
+            "failed in a row",
             n_samples,
             self.retries + 1 if error.retryable else 1,
             error,
@@ -276,6 +279,7 @@ class RemoteReward:
     def _gone_message(self, error: HttpError | None) -> str:
         last = f" (last: {error})" if error is not None else ""
         return (
-            f"the reward server at {self.url} failed {self._failures_in_a_row} batches in a row{last}; is it still "
-            f"running? ({self.failed_samples} samples failed in all)"
+            f"the reward server at {self.url} failed {self._failures_in_a_row} requests in a row{last} "
+            f"(max_failed_batches={self.max_failed_batches}); is it still running? ({self.failed_samples} samples "
+            "failed in all)"
         )

@@ -3,12 +3,14 @@
     python -m diffusion_rl.rewards.server --reward ocr --kwargs '{"det_limit_side_len": 320}' --port 8000
 
 Requests arriving together are scored as one batch: the batcher waits up to `max_wait_ms` after the first request
-for more, up to `max_batch` images, then calls the reward once per image size. The wire format is in
+for more, up to `max_batch` images, then calls the reward once per image size. If that call raises, each request
+is scored on its own, and a request on which the reward still raises image by image: an image on which it raises
+gets null, the others their scores (as the trainer's RewardCombiner retries sample by sample). The wire format is in
 `diffusion_rl.rewards.remote` (the `remote` reward is the client): JSON with base64 PNG images, never pickle.
 
     GET  /health -> 200 {"status": "ok", "reward": name, "max_batch": N, "max_wait_ms": M}
     POST /score  -> 200 {"scores": [float | null, ...]} (null = failed sample; "error" says why when the reward
-                    raised); 400 for a malformed request, with a message saying what is wrong.
+                    raised on some of them); 400 for a malformed request, with a message saying what is wrong.
 
 Bind to 127.0.0.1 (the default) unless the network is trusted: anyone who can reach the port can use the reward.
 """
@@ -115,7 +117,7 @@ class BatchingScorer:
 
     def _score_group(self, jobs: list[_Job]) -> None:
         """Score jobs whose images share one size with one reward call. If it raises, score each job on its own,
-        so that one bad request does not fail the others; a job on which the reward still raises gets the error."""
+        so that one bad request does not fail the others, and a job on which it still raises image by image."""
         try:
             scores = self._call(jobs)
         except Exception as e:
@@ -123,14 +125,41 @@ class BatchingScorer:
                 for job in jobs:
                     self._score_group([job])
                 return
-            logger.exception("reward '%s' raised on %d samples", self.name, len(jobs[0]))
-            jobs[0].error = f"reward '{self.name}' raised {type(e).__name__}: {e}"
-            scores = np.full(len(jobs[0]), np.nan, dtype=np.float32)
+            scores = self._score_one_by_one(jobs[0], e)
         start = 0
         for job in jobs:
             job.scores = [float(s) if np.isfinite(s) else None for s in scores[start : start + len(job)]]
             start += len(job)
             job.done.set()
+
+    def _score_one_by_one(self, job: _Job, job_error: Exception) -> np.ndarray:
+        """The job's scores, one reward call per image: NaN where the reward raises; the errors go in job.error."""
+        scores = np.full(len(job), np.nan, dtype=np.float32)
+        failed: dict[int, Exception] = {}
+        if len(job) == 1:  # the job's call was the image's call
+            failed[0] = job_error
+        else:
+            for i in range(len(job)):
+                one = _Job(job.images[i : i + 1], job.prompts[i : i + 1], job.metadata[i : i + 1])
+                try:
+                    scores[i] = self._call([one])[0]
+                except Exception as e:
+                    failed[i] = e
+        if failed:
+            first, error = next(iter(failed.items()))
+            logger.error(
+                "reward '%s' raised on %d of %d samples of a request (first: sample %d)",
+                self.name,
+                len(failed),
+                len(job),
+                first,
+                exc_info=error,
+            )
+            job.error = (
+                f"reward '{self.name}' raised on {len(failed)} of {len(job)} samples (their scores are null); "
+                f"sample {first}: {type(error).__name__}: {error}"
+            )
+        return scores
 
     def _call(self, jobs: list[_Job]) -> np.ndarray:
         images = np.concatenate([job.images for job in jobs])

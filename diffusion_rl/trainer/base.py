@@ -47,8 +47,9 @@ def ensure_model(cfg: Config) -> None:
 
 
 def build_rewards(cfg: Config) -> RewardCombiner:
+    """The config's rewards, each keyed in metrics and logs by its label (else its name)."""
     return RewardCombiner(
-        [WeightedReward(s.name, s.weight, make_reward_fn(s, cfg.engine), s.required) for s in cfg.rewards]
+        [WeightedReward(s.metric_name, s.weight, make_reward_fn(s, cfg.engine), s.required) for s in cfg.rewards]
     )
 
 

@@ -47,10 +47,23 @@ def test_a_budgeted_run_validates_at_start_and_end_and_plots(learning, shapes_mo
     assert info["size"] == 32
     args = argparse.Namespace(seed=0, threads=2, set=["data.prompts_per_step=1", "data.group_size=2",
                                                       "val.n=1", "val.num_steps=2", "sampling.num_steps=3"],
-                              budget_minutes=0.02, val_every_seconds=100.0)  # fmt: skip
-    result = learning.run_algorithm("flow_grpo", ROOT / "configs/quickstart.yaml", shapes_model, info, tmp_path, args)
+                              budget_minutes=0.02, steps=None, val_every_seconds=100.0)  # fmt: skip
+    result = learning.run_algorithm("flow_grpo", ROOT / "configs/quickstart.yaml", tmp_path, args, shapes_model, info)
     assert result["steps"] >= 1 and result["train_seconds"] >= 1.2
     assert [c["step"] for c in result["curve"]] == [0, result["steps"]]
     assert all(0 <= c["val_reward"] <= 1 for c in result["curve"])
-    learning.plot({"flow_grpo": result}, tmp_path / "learning.png", result["val_reward_start"])
+    learning.plot({"flow_grpo": result}, tmp_path / "learning.png", result["val_reward_start"], "shapes_geneval")
     assert (tmp_path / "learning.png").stat().st_size > 1000
+
+
+def test_the_quickstart_task_runs_a_config_as_is_for_a_number_of_steps(learning, tiny_model_dir, tmp_path):
+    small = ["data.prompts_per_step=1", "data.group_size=2", "sampling.num_steps=3", "sampling.height=32",
+             "sampling.width=32", "val.n=1", "val.num_steps=2", f"model.path={tiny_model_dir}"]  # fmt: skip
+    args = argparse.Namespace(seed=0, threads=2, set=small, budget_minutes=None, steps=2, val_every_seconds=100.0)
+    result = learning.run_algorithm("nft", ROOT / "configs/quickstart_nft.yaml", tmp_path, args)
+    assert (result["loss"], result["steps"]) == ("nft", 2)
+    assert [c["step"] for c in result["curve"]] == [0, 2]
+    assert result["val_reward_start"] < 0  # the quickstart's own reward: JPEG compressibility
+    args.set = [*small, f"data.pairs={tmp_path / 'missing.jsonl'}"]
+    offline = learning.run_algorithm("dpo_offline", ROOT / "configs/quickstart_dpo_offline.yaml", tmp_path, args)
+    assert "missing.jsonl" in offline["skipped"] and "prepare pairs" in offline["skipped"]

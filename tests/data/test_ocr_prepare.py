@@ -54,18 +54,18 @@ def test_skip_invalid_drops_them_and_reports_the_lines(tmp_path):
     assert [r.ground_truth for r in load_prompts(tmp_path / "out.jsonl")] == ["OPEN LATE", "Good Morning"]
 
 
-def test_validation_split_is_seeded_and_can_go_to_its_own_file(prompt_file, tmp_path):
-    first = prepare_ocr(prompt_file, tmp_path / "a.jsonl", val_fraction=0.5, seed=3)
-    prepare_ocr(prompt_file, tmp_path / "b.jsonl", val_fraction=0.5, seed=3)
-    splits = [r.metadata["split"] for r in load_prompts(tmp_path / "a.jsonl")]
-    assert (first.n_train, first.n_val) == (2, 2) and sorted(splits) == ["train", "train", "val", "val"]
-    assert splits == [r.metadata["split"] for r in load_prompts(tmp_path / "b.jsonl")]
+def test_validation_split_is_seeded_and_goes_to_its_own_file(prompt_file, tmp_path):
+    first = prepare_ocr(prompt_file, tmp_path / "a.jsonl", val_fraction=0.5, seed=3, val_path=tmp_path / "a_val.jsonl")
+    prepare_ocr(prompt_file, tmp_path / "b.jsonl", val_fraction=0.5, seed=3, val_path=tmp_path / "b_val.jsonl")
+    val_prompts = [r.prompt for r in load_prompts(tmp_path / "a_val.jsonl")]
+    assert (first.n_train, first.n_val) == (2, 2) and len(val_prompts) == 2
+    assert val_prompts == [r.prompt for r in load_prompts(tmp_path / "b_val.jsonl")]
 
     prepare_ocr(prompt_file, tmp_path / "train.parquet", val_fraction=0.5, seed=3, val_path=tmp_path / "val.parquet")
     train, val = load_prompts(tmp_path / "train.parquet"), load_prompts(tmp_path / "val.parquet")
     assert {r.metadata["split"] for r in train} == {"train"} and {r.metadata["split"] for r in val} == {"val"}
-    val_prompts = [p for p, s in zip(PROMPTS, splits) if s == "val"]
     assert [r.prompt for r in val] == val_prompts
+    assert [r.prompt for r in train] == [p for p in PROMPTS if p not in val_prompts]
 
 
 def test_jsonl_input_keeps_its_own_ground_truth(tmp_path):
@@ -122,3 +122,39 @@ def test_synthetic_prompts_round_trip_through_parquet(tmp_path):
     records = synthetic_ocr_prompts(5, seed=0)
     write_prompts(records, tmp_path / "synthetic.parquet")
     assert load_prompts(tmp_path / "synthetic.parquet") == records
+
+
+def test_val_fraction_without_val_out_is_an_error_naming_both_flags(prompt_file, tmp_path):
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(UserError) as info:
+        run_prepare_ocr_from_args(_parse(str(prompt_file), str(out), "--val-fraction", "0.25"))
+    assert str(info.value) == (
+        "prepare ocr: --val-fraction 0.25 needs --val-out FILE for the val prompts (nothing reads the split=val "
+        "mark, so val prompts left in OUT would be trained on)"
+    )
+    with pytest.raises(UserError) as info:
+        prepare_ocr(prompt_file, out, val_fraction=0.25)
+    assert str(info.value) == (
+        "prepare ocr: val_fraction 0.25 needs val_path: nothing reads the split mark, so val records left in the "
+        "training file would be trained on"
+    )
+    assert not out.exists()
+
+
+def test_val_out_help_names_the_positional_out():
+    parser = argparse.ArgumentParser()
+    add_prepare_ocr_arguments(parser)
+    help_of = {a.dest: a.help for a in parser._actions}
+    assert help_of["val_out"] == "write the val prompts to this file (the train ones go to OUT); needs --val-fraction"
+    assert "--out" not in parser.format_help()
+
+
+def test_an_input_records_own_data_source_is_kept(tmp_path):
+    from diffusion_rl.data.prompts import write_prompts
+
+    source = tmp_path / "in.jsonl"
+    write_prompts([PromptRecord(PROMPTS[0], data_source="signs"), PromptRecord(PROMPTS[1])], source)
+    prepare_ocr(source, tmp_path / "out.jsonl")
+    assert [r.data_source for r in load_prompts(tmp_path / "out.jsonl")] == ["signs", "ocr"]
+    prepare_ocr(source, tmp_path / "out2.jsonl", data_source="text")
+    assert [r.data_source for r in load_prompts(tmp_path / "out2.jsonl")] == ["signs", "text"]

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from diffusion_rl.data.sampler import make_step_prompts  # noqa: E402
 from diffusion_rl.engine.ray import RayEngine, WorkerDied  # noqa: E402
-from diffusion_rl.engine.reward_actors import RemoteReward, RewardActorDied  # noqa: E402
+from diffusion_rl.engine.reward_actors import ActorReward, RewardActorDied  # noqa: E402
 from diffusion_rl.engine.sharded_worker import WorkerError  # noqa: E402
 from diffusion_rl.sampling.window import default_window  # noqa: E402
 from diffusion_rl.trainer.checkpoint import CheckpointManager  # noqa: E402
@@ -75,7 +75,7 @@ def test_two_workers_take_the_same_step_as_the_local_engine(make_config, tmp_pat
     finally:
         sharded.engine.close()
 
-    assert isinstance(sharded.rewards.rewards[0].fn, RemoteReward)
+    assert isinstance(sharded.rewards.rewards[0].fn, ActorReward)
     # rollouts are per-sample seeded: the same images, so the same rewards and advantages, exactly
     for key in ("reward/mean", "reward/std", "advantage/abs_mean"):
         assert ray_rows[0][key] == local_rows[0][key], key
@@ -170,7 +170,7 @@ def test_a_reward_actor_that_dies_is_restarted_then_reported(user_reward_file):
 
     images = np.arange(4 * 8 * 8 * 3, dtype=np.uint8).reshape(4, 8, 8, 3)
     expected = images.reshape(4, -1).mean(axis=1)
-    reward = RemoteReward(user_reward_file, {}, num_actors=1, num_cpus=1, max_restarts=1)
+    reward = ActorReward(user_reward_file, {}, num_actors=1, num_cpus=1, max_restarts=1)
     try:
         np.testing.assert_allclose(reward(images, ["p"] * 4, [{}] * 4), expected)
         os.kill(reward.pids()[0], signal.SIGKILL)

@@ -100,12 +100,38 @@ def test_server_killed_mid_run_fails_samples_then_raises(server_process):
     scores = remote(images, prompts, metadata)  # two chunks fail: NaN, counted
     assert np.isnan(scores).all()
     assert (remote.failed_batches, remote.failed_samples) == (2, 4)
-    with pytest.raises(RemoteRewardError, match=f"{url}.*3 batches in a row"):
-        remote(images, prompts, metadata)  # the third failure in a row
+    with pytest.raises(RemoteRewardError, match=f"{url} failed 3 requests in a row .*max_failed_batches=3"):
+        remote(images, prompts, metadata)  # the third failed request (of 2 images) in a row, in the third batch
     start = time.monotonic()
     with pytest.raises(RemoteRewardError, match="still running"):
         remote(images, prompts, metadata)  # gone: raises at once, without retrying each chunk
     assert time.monotonic() - start < 1.0
+
+
+def test_one_bad_image_fails_only_itself_on_a_real_server(server_process, tmp_path):
+    # The reward raises on any batch holding an image whose metadata says "bad": the batch call raises, the server
+    # scores the request image by image, and only that image comes back null.
+    reward_file = tmp_path / "picky_reward.py"
+    reward_file.write_text(
+        "import numpy as np\n\n\ndef reward(images, prompts, metadata):\n"
+        "    if any(m.get('bad') for m in metadata):\n"
+        "        raise ValueError('cannot score a bad image')\n"
+        "    return (images.reshape(len(images), -1).mean(axis=1) / 255).astype(np.float32)\n"
+    )
+    _, url = server_process(f"{reward_file}:reward")
+    images = np.stack([np.full((16, 16, 3), value, dtype=np.uint8) for value in (51, 102, 204)])
+    metadata = [{}, {"bad": True}, {}]
+    payload = {"images": [encode_png_base64(image) for image in images], "prompts": ["a", "b", "c"]}
+    status, answer = _post(url, json.dumps({**payload, "metadata": metadata}).encode())
+    assert status == 200
+    assert answer["scores"][0] == pytest.approx(0.2) and answer["scores"][2] == pytest.approx(0.8)
+    assert answer["scores"][1] is None
+    assert answer["error"] == (
+        f"reward '{reward_file}:reward' raised on 1 of 3 samples (their scores are null); sample 1: ValueError: "
+        "cannot score a bad image"
+    )
+    scores = _client(url)(images, ["a", "b", "c"], metadata)  # the `remote` client: NaN for the null
+    np.testing.assert_allclose(scores, [0.2, np.nan, 0.8], rtol=1e-6)
 
 
 def test_combiner_reports_the_dead_server(server_process):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -164,3 +165,25 @@ def test_all_zero_advantages_with_drop_make_no_optimizer_step(make_trainer, tmp_
     assert rows[True]["train/optimizer_steps"] == 0
     assert rows[False]["train/kept_fraction"] == 1
     assert rows[False]["train/optimizer_steps"] == 1
+
+
+@pytest.mark.parametrize("mode", ["bypass", "decoupled"])
+def test_rejected_fraction_is_the_share_of_rejected_sample_steps_of_the_update(make_trainer, mode):
+    # B = 4 samples × K = 3 trained steps in 2 micro-batches of 2: 6 backward passes over 12 (sample, step) entries
+    trainer = make_trainer(
+        "train.micro_batch_size=2",
+        f"algorithm.rollout_correction.mode={mode}",
+        "algorithm.rollout_correction.rs_stat=k2",
+        "algorithm.rollout_correction.rs_bound=1.0",
+    )
+    worker = trainer.engine.worker
+    prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
+    batch = trainer.engine.generate(prompts, 0, trainer.window_for(0))
+    assert batch["log_probs"].shape == (4, 3)
+    batch["advantages"] = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    # the rollout's log-prob of 3 entries, 2 in the first micro-batch and 1 in the second, is off by 5:
+    # log w = −5, k2 = 12.5 > 1, rejected; the others match the current policy (k2 ≈ 0), kept
+    for row, col in [(0, 0), (1, 2), (3, 1)]:
+        batch["log_probs"][row, col] += 5.0
+    metrics = worker.update(batch, 0)
+    assert metrics["rollout_corr/rejected_fraction"] == pytest.approx(3 / 12, abs=1e-6)

@@ -8,8 +8,11 @@ Per sample i (cfg: clip_range, adv_clip_max, kl_beta):
     kl_i     = mean over the non-batch dims of (mean_i - ref_mean_i)^2 / (2 * std_i^2)    if kl_beta > 0
     loss     = mean_i of weight_i * (policy_i + kl_beta * kl_i)                          (weight_i = 1 if None)
 
-kl_i divides by std_dev_t^2, not by the step's noise variance std_dev_t^2 * dt, as Flow-GRPO does: it is the
-per-element Gaussian KL between the two step distributions times dt, so Flow-GRPO's kl_beta values carry over.
+kl_i divides by std_i^2 as the step type reports it. For the `sde` step std is std_dev_t, without √dt (the noise
+variance is std_dev_t^2 * dt), as Flow-GRPO does: kl_i is the per-element Gaussian KL between the two step
+distributions times dt (= sigma - sigma_next), so Flow-GRPO's kl_beta values carry over. For `cps` and
+`dance_sde` std already is the step's noise std, and kl_i is the per-element KL itself (for `cps`, whose log-prob
+has no Gaussian scale, the KL of the Gaussians with that std).
 """
 
 import torch

@@ -5,7 +5,9 @@ that varies strongly with the step's noise; a fixed clip range then clips some s
 GRPO-Guard (arXiv 2510.22319) adds back the drift of the step mean and multiplies the log-ratio by the step's
 noise scale, then divides the policy term by dt so every step's gradient has a comparable size.
 
-Per micro-batch at one step (cfg: clip_range, adv_clip_max, kl_beta), with means over the micro-batch's rows:
+Per micro-batch at one step (cfg: clip_range, adv_clip_max, kl_beta), with means over the micro-batch's rows.
+All rows must be at the same step: the update's k-th backward pass holds every row's k-th trained step, which is
+one step for all rows only with `algorithm.timestep_selection: first` (the config refuses `random` with this loss).
 
     s        = mean(sqrt_dt) * mean(std)                                  one number per micro-batch and step
     bias_i   = mean over the non-batch dims of (mean_i - old_mean_i)^2 / (2 * s^2)

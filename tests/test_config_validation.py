@@ -1,0 +1,60 @@
+"""Values the config refuses when it loads (not at the first training step), as one-line command-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diffusion_rl.cli import main
+from diffusion_rl.config import load
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "algorithm.advantage.std_ddof=-1",
+            "invalid config in 'algorithm.advantage': algorithm.advantage.std_ddof must be an integer ≥ 0 "
+            "(0: population std, 1: sample std), got -1",
+        ),
+        (
+            "algorithm.advantage.eps=-1e-8",
+            "invalid config in 'algorithm.advantage': algorithm.advantage.eps must be a finite number ≥ 0, got -1e-08",
+        ),
+        (
+            "algorithm.advantage.eps=.inf",
+            "invalid config in 'algorithm.advantage': algorithm.advantage.eps must be a finite number ≥ 0, got inf",
+        ),
+        (
+            "algorithm.kl_mask_threshold=-0.1",
+            "invalid config in 'algorithm': algorithm.kl_mask_threshold must be ≥ 0, got -0.1",
+        ),
+        (
+            "algorithm.loss=grpo_guard algorithm.timestep_selection=random",
+            "invalid config in 'algorithm': algorithm.loss=grpo_guard needs algorithm.timestep_selection=first: its "
+            "scale s = mean(√dt)·mean(std) over a micro-batch's rows assumes they are all at one step, and random "
+            "trains a different subset of steps per sample",
+        ),
+    ],
+)
+def test_bad_value_is_a_one_line_error_naming_the_key(override, message, capsys):
+    assert main(["config", "show", QUICKSTART, *override.split()]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"diffusion-rl: error: {QUICKSTART}: {message}"], err
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.advantage.std_ddof=2", "algorithm.advantage.eps=0"],  # what compute_advantages accepts
+        ["algorithm.kl_mask_threshold=0", "algorithm.loss=flow_dppo"],
+        ["algorithm.loss=grpo_guard", "algorithm.timestep_selection=first", "algorithm.timestep_fraction=0.5"],
+        ["algorithm.loss=flow_grpo", "algorithm.timestep_selection=random"],
+    ],
+)
+def test_boundary_values_load(overrides):
+    load(QUICKSTART, overrides)
