@@ -14,7 +14,6 @@ mean over its mini-batch's units (pairs or samples) and timestep chunks, whateve
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -323,13 +322,5 @@ class DirectPreferenceUpdate:
                     grad_norms.append(w.optimizer_step())
         out.update({name: value / counts for name, value in sums.items()})
         out.update(method.after_update(step))
-        finite = [g for g in grad_norms if math.isfinite(g)]
-        out.update(
-            {
-                "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
-                "lr": w.scheduler.get_last_lr()[0],
-                "train/optimizer_steps": w.optimizer_steps,
-                "train/skipped_updates": w.skipped_updates,
-            }
-        )
+        out.update(w.optimizer_metrics(grad_norms))
         return out

@@ -8,7 +8,6 @@ the mean over (kept samples × trained steps) of its mini-batch, whatever the mi
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -101,16 +100,8 @@ class PolicyGradientUpdate:
         out = {name: value / max(counts, 1) for name, value in sums.items()}
         out.update({name: value / max(entries, 1) for name, value in entry_sums.items()})
         out.update(correction)
-        finite = [g for g in grad_norms if math.isfinite(g)]
-        out.update(
-            {
-                "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
-                "lr": w.scheduler.get_last_lr()[0],
-                "train/optimizer_steps": w.optimizer_steps,
-                "train/skipped_updates": w.skipped_updates,
-                "train/kept_fraction": float(keep_B.float().mean()),
-            }
-        )
+        out.update(w.optimizer_metrics(grad_norms))
+        out["train/kept_fraction"] = float(keep_B.float().mean())
         return out
 
     @torch.no_grad()

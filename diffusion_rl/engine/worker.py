@@ -172,6 +172,16 @@ class PolicyWorker:
             self.ema.update()
         return grad_norm
 
+    def optimizer_metrics(self, grad_norms: list[float]) -> dict[str, float]:
+        """What every update reports about its optimizer steps: the mean finite gradient norm, lr, step counts."""
+        finite = [g for g in grad_norms if math.isfinite(g)]
+        return {
+            "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
+            "lr": self.scheduler.get_last_lr()[0],
+            "train/optimizer_steps": self.optimizer_steps,
+            "train/skipped_updates": self.skipped_updates,
+        }
+
     # -- state ---------------------------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
         """Trainable weights (safetensors; LoRA also for peft and diffusers), optimizer, scheduler, EMA, counters."""
