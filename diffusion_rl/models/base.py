@@ -14,7 +14,14 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from diffusion_rl.models.policies import PolicySet
+from diffusion_rl.models.policies import LoraSettings, PolicySet
+
+
+def freeze(*modules) -> None:
+    """Text encoders and the VAE never train: no gradients, eval mode (no dropout)."""
+    for module in modules:
+        if module is not None:
+            module.requires_grad_(False).eval()
 
 
 class FlowModel(ABC):
@@ -24,6 +31,27 @@ class FlowModel(ABC):
     policies: PolicySet
     device: torch.device
     dtype: torch.dtype
+
+    def _adopt_pipeline(
+        self,
+        pipeline,
+        *,
+        frozen: tuple,
+        lora: LoraSettings | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        gradient_checkpointing: bool,
+    ) -> None:
+        """What every adapter does with its diffusers pipeline: freeze the `frozen` modules (text encoders, VAE),
+        wrap the transformer in the policy set, keep the VAE and the scheduler's config."""
+        self.pipeline = pipeline
+        self.device, self.dtype = device, dtype
+        freeze(*frozen)
+        if gradient_checkpointing:
+            pipeline.transformer.enable_gradient_checkpointing()
+        self.policies = PolicySet(pipeline.transformer, lora)
+        self.vae = pipeline.vae
+        self._scheduler_config = pipeline.scheduler.config
 
     # -- conditioning -------------------------------------------------------------------------------------
     @abstractmethod

@@ -20,14 +20,13 @@ from tensordict import TensorDict
 from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
 from diffusion_rl.models.packed import (
     distinct_texts,
-    freeze,
     latent_image_ids,
     pack_latents,
     packed_sigma_schedule,
     tokens_of,
     unpack_latents,
 )
-from diffusion_rl.models.policies import LoraSettings, PolicySet
+from diffusion_rl.models.policies import LoraSettings
 
 logger = logging.getLogger(__name__)
 
@@ -66,20 +65,15 @@ class FluxModel(FlowModel):
         max_sequence_length: int = 256,
         gradient_checkpointing: bool = False,
     ):
-        self.pipeline = pipeline
-        self.device, self.dtype = device, dtype
+        frozen = (pipeline.text_encoder, pipeline.text_encoder_2, pipeline.vae)
+        self._adopt_pipeline(pipeline, frozen=frozen, lora=lora, device=device, dtype=dtype,
+                             gradient_checkpointing=gradient_checkpointing)  # fmt: skip
         self.max_sequence_length = min(max_sequence_length, MAX_T5_TOKENS)
-        freeze(pipeline.text_encoder, pipeline.text_encoder_2, pipeline.vae)
-        transformer = pipeline.transformer
+        config = pipeline.transformer.config
         # dev: guidance is an input of the network; schnell: none, so guidance > 1 is real CFG
-        self.guidance_embeds = bool(transformer.config.guidance_embeds)
-        self.latent_channels = transformer.config.in_channels // 4
-        if gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        self.policies = PolicySet(transformer, lora)
-        self.vae = pipeline.vae
+        self.guidance_embeds = bool(config.guidance_embeds)
+        self.latent_channels = config.in_channels // 4
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        self._scheduler_config = pipeline.scheduler.config
 
     @staticmethod
     def model_timestep(sigma_B: torch.Tensor) -> torch.Tensor:

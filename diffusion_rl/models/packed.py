@@ -88,10 +88,3 @@ def distinct_texts(
     if negative is None:
         return texts, prompt_index, None
     return texts, prompt_index, torch.tensor([position[n] for n in negative], dtype=torch.long)
-
-
-def freeze(*modules) -> None:
-    """Text encoders and the VAE never train: no gradients, eval mode (no dropout)."""
-    for module in modules:
-        if module is not None:
-            module.requires_grad_(False).eval()

@@ -22,13 +22,12 @@ from tensordict import TensorDict
 from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
 from diffusion_rl.models.packed import (
     distinct_texts,
-    freeze,
     pack_latents,
     packed_sigma_schedule,
     tokens_of,
     unpack_latents,
 )
-from diffusion_rl.models.policies import LoraSettings, PolicySet
+from diffusion_rl.models.policies import LoraSettings
 
 # verl-omni's Qwen-Image LoRA targets: attention of both streams and both streams' MLPs
 QWEN_IMAGE_LORA_TARGETS = (
@@ -69,18 +68,11 @@ class QwenImageModel(FlowModel):
         max_sequence_length: int = 256,
         gradient_checkpointing: bool = False,
     ):
-        self.pipeline = pipeline
-        self.device, self.dtype = device, dtype
+        self._adopt_pipeline(pipeline, frozen=(pipeline.text_encoder, pipeline.vae), lora=lora, device=device,
+                             dtype=dtype, gradient_checkpointing=gradient_checkpointing)  # fmt: skip
         self.max_sequence_length = min(max_sequence_length, MAX_TEXT_TOKENS)
-        freeze(pipeline.text_encoder, pipeline.vae)
-        transformer = pipeline.transformer
-        self.latent_channels = transformer.config.in_channels // 4
-        if gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        self.policies = PolicySet(transformer, lora)
-        self.vae = pipeline.vae
+        self.latent_channels = pipeline.transformer.config.in_channels // 4
         self.vae_scale = 2 ** len(self.vae.temperal_downsample)
-        self._scheduler_config = pipeline.scheduler.config
 
     @staticmethod
     def model_timestep(sigma_B: torch.Tensor) -> torch.Tensor:

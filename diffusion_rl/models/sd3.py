@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
-from diffusion_rl.models.policies import LoraSettings, PolicySet
+from diffusion_rl.models.policies import LoraSettings
 
 # flow_grpo's SD3 targets: every attention projection of the joint blocks, image and text streams
 SD3_LORA_TARGETS = (
@@ -37,21 +37,12 @@ class SD3Model(FlowModel):
         max_sequence_length: int = 256,
         gradient_checkpointing: bool = False,
     ):
-        self.pipeline = pipeline
-        self.device, self.dtype = device, dtype
+        frozen = tuple(getattr(pipeline, n, None) for n in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"))
+        self._adopt_pipeline(pipeline, frozen=frozen, lora=lora, device=device, dtype=dtype,
+                             gradient_checkpointing=gradient_checkpointing)  # fmt: skip
         self.max_sequence_length = max_sequence_length
-        for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
-            module = getattr(pipeline, name, None)
-            if module is not None:
-                module.requires_grad_(False).eval()
-        transformer = pipeline.transformer
-        if gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        self.policies = PolicySet(transformer, lora)
-        self.vae = pipeline.vae
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.timestep_scale = float(pipeline.scheduler.config.num_train_timesteps)  # SD3 timestep = 1000·σ
-        self._scheduler_config = pipeline.scheduler.config
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
         # A step repeats each prompt group_size times: encode each distinct (prompt, negative) pair once.
