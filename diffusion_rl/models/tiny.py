@@ -66,45 +66,40 @@ def build_tokenizers(spec: TinySpec):
     return clip, t5
 
 
-def build_tiny_pipeline(spec: TinySpec = TinySpec(), seed: int = 0):
-    """A StableDiffusion3Pipeline with random weights drawn from `seed`; the caller's global RNG is left as it was."""
-    # Module constructors draw from the global torch RNG: seed it inside a fork so that creating the model (e.g. on
-    # a run's first start only) does not change the global stream the rest of the run draws from.
+def build_seeded(build, spec, seed: int):
+    """build(spec) with the global torch RNG seeded by `seed` inside a fork: module constructors draw from the
+    global RNG, and creating a model (e.g. on a run's first start only) must not change the stream the rest of
+    the run draws from. Every tiny family builds through this."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _build_from_global_rng(spec)
+        return build(spec)
 
 
-def _build_from_global_rng(spec: TinySpec):
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
+def tiny_clip_config(spec, vocab_size: int, bos: int, eos: int, **extra):
+    """The tiny CLIP text encoder's config (SD3 adds a projection, FLUX.1 uses none)."""
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.clip_hidden,
+        intermediate_size=spec.clip_hidden * 2,
+        num_hidden_layers=spec.text_layers,
+        num_attention_heads=2,
+        **extra,
+        max_position_embeddings=77,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=eos,
     )
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-    clip_tok, t5_tok = build_tokenizers(spec)
-    vocab = len(clip_tok)
 
-    def clip_encoder():
-        cfg = CLIPTextConfig(
-            vocab_size=vocab,
-            hidden_size=spec.clip_hidden,
-            intermediate_size=spec.clip_hidden * 2,
-            num_hidden_layers=spec.text_layers,
-            num_attention_heads=2,
-            projection_dim=spec.clip_hidden,
-            max_position_embeddings=77,
-            bos_token_id=512,
-            eos_token_id=513,
-            pad_token_id=513,
-        )
-        return CLIPTextModelWithProjection(cfg)
+def tiny_t5(spec, vocab_size: int):
+    """The tiny T5 text encoder (random weights from the global RNG)."""
+    from transformers import T5Config, T5EncoderModel
 
-    t5 = T5EncoderModel(
+    return T5EncoderModel(
         T5Config(
-            vocab_size=len(t5_tok),
+            vocab_size=vocab_size,
             d_model=spec.t5_hidden,
             d_ff=spec.t5_hidden * 2,
             d_kv=16,
@@ -113,6 +108,44 @@ def _build_from_global_rng(spec: TinySpec):
             relative_attention_num_buckets=8,
         )
     )
+
+
+def tiny_autoencoder(spec, *, shift_factor: float, scaling_factor: float, **extra):
+    """The tiny AutoencoderKL (SD3 and FLUX.1 differ only in their latent factors and quant convs)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * len(spec.vae_channels),
+        up_block_types=("UpDecoderBlock2D",) * len(spec.vae_channels),
+        block_out_channels=spec.vae_channels,
+        layers_per_block=1,
+        latent_channels=spec.latent_channels,
+        norm_num_groups=8,
+        sample_size=spec.sample_size,
+        shift_factor=shift_factor,
+        scaling_factor=scaling_factor,
+        **extra,
+    )
+
+
+def build_tiny_pipeline(spec: TinySpec = TinySpec(), seed: int = 0):
+    """A StableDiffusion3Pipeline with random weights drawn from `seed`; the caller's global RNG is left as it was."""
+    return build_seeded(_build_from_global_rng, spec, seed)
+
+
+def _build_from_global_rng(spec: TinySpec):
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection
+
+    clip_tok, t5_tok = build_tokenizers(spec)
+    vocab = len(clip_tok)
+
+    def clip_encoder():
+        return CLIPTextModelWithProjection(tiny_clip_config(spec, vocab, 512, 513, projection_dim=spec.clip_hidden))
+
+    t5 = tiny_t5(spec, len(t5_tok))
     inner = spec.head_dim * spec.heads
     transformer = SD3Transformer2DModel(
         sample_size=spec.sample_size // 2 ** (len(spec.vae_channels) - 1),
@@ -127,19 +160,7 @@ def _build_from_global_rng(spec: TinySpec):
         pooled_projection_dim=2 * spec.clip_hidden,
         pos_embed_max_size=32,
     )
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * len(spec.vae_channels),
-        up_block_types=("UpDecoderBlock2D",) * len(spec.vae_channels),
-        block_out_channels=spec.vae_channels,
-        layers_per_block=1,
-        latent_channels=spec.latent_channels,
-        norm_num_groups=8,
-        sample_size=spec.sample_size,
-        shift_factor=0.0,
-        scaling_factor=1.0,
-    )
+    vae = tiny_autoencoder(spec, shift_factor=0.0, scaling_factor=1.0)
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
     return StableDiffusion3Pipeline(
         transformer=transformer,

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from diffusion_rl.models.tiny import TinySpec, build_tokenizers
+from diffusion_rl.models.tiny import (
+    TinySpec,
+    build_seeded,
+    build_tokenizers,
+    tiny_autoencoder,
+    tiny_clip_config,
+    tiny_t5,
+)
 
 
 @dataclass(frozen=True)
@@ -55,40 +60,16 @@ SCHNELL_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifti
 
 def build_tiny_flux_pipeline(spec: TinyFluxSpec = TinyFluxSpec(), seed: int = 0):
     """A FluxPipeline with random weights drawn from `seed`; the caller's global RNG is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _build(spec)
+    return build_seeded(_build, spec, seed)
 
 
 def _build(spec: TinyFluxSpec):
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel
 
     clip_tok, t5_tok = build_tokenizers(TinySpec(max_sequence_length=spec.max_sequence_length))
-    clip = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(clip_tok),
-            hidden_size=spec.clip_hidden,
-            intermediate_size=spec.clip_hidden * 2,
-            num_hidden_layers=spec.text_layers,
-            num_attention_heads=2,
-            max_position_embeddings=77,
-            bos_token_id=clip_tok.bos_token_id,
-            eos_token_id=clip_tok.eos_token_id,
-            pad_token_id=clip_tok.eos_token_id,
-        )
-    )
-    t5 = T5EncoderModel(
-        T5Config(
-            vocab_size=len(t5_tok),
-            d_model=spec.t5_hidden,
-            d_ff=spec.t5_hidden * 2,
-            d_kv=16,
-            num_layers=spec.text_layers,
-            num_heads=2,
-            relative_attention_num_buckets=8,
-        )
-    )
+    clip = CLIPTextModel(tiny_clip_config(spec, len(clip_tok), clip_tok.bos_token_id, clip_tok.eos_token_id))
+    t5 = tiny_t5(spec, len(t5_tok))
     transformer = FluxTransformer2DModel(
         patch_size=1,  # the latents come in 2×2-packed already
         in_channels=spec.latent_channels * 4,
@@ -101,20 +82,8 @@ def _build(spec: TinyFluxSpec):
         guidance_embeds=spec.guidance_embeds,
         axes_dims_rope=spec.rope_axes,
     )
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * len(spec.vae_channels),
-        up_block_types=("UpDecoderBlock2D",) * len(spec.vae_channels),
-        block_out_channels=spec.vae_channels,
-        layers_per_block=1,
-        latent_channels=spec.latent_channels,
-        norm_num_groups=8,
-        sample_size=spec.sample_size,
-        shift_factor=0.1159,  # FLUX.1's VAE factors
-        scaling_factor=0.3611,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
+    vae = tiny_autoencoder(  # FLUX.1's VAE factors, no quant convs
+        spec, shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False, use_post_quant_conv=False
     )
     scheduler = FlowMatchEulerDiscreteScheduler(**(DEV_SCHEDULER if spec.guidance_embeds else SCHNELL_SCHEDULER))
     return FluxPipeline(

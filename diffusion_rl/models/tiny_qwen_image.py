@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.models.tiny import _byte_level_alphabet
+from diffusion_rl.models.tiny import _byte_level_alphabet, build_seeded
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -93,9 +93,7 @@ def prompt_template() -> str:
 
 def build_tiny_qwen_image_pipeline(spec: TinyQwenImageSpec = TinyQwenImageSpec(), seed: int = 0):
     """A QwenImagePipeline with random weights drawn from `seed`; the caller's global RNG is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _build(spec)
+    return build_seeded(_build, spec, seed)
 
 
 def _build(spec: TinyQwenImageSpec):
