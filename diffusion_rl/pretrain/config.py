@@ -10,13 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.config import opt
+from diffusion_rl.config import _check, opt
 from diffusion_rl.config_io import load_config
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
 
 
 @dataclass

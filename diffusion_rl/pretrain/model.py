@@ -13,6 +13,7 @@ from typing import Any
 from diffusion_rl.data.shapes import write_prompt_files
 from diffusion_rl.models.tiny import TINY_PRESETS, build_tiny_pipeline
 from diffusion_rl.pretrain.config import PretrainConfig
+from diffusion_rl.trainer.checkpoint import rename_into_place
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +63,7 @@ def export_model(cfg: PretrainConfig, pipeline, info: dict[str, Any]) -> Path:
             **info,
         }
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        rename_into_place(tmp, out, aside=out.parent / f".{out.name}.old-{os.getpid()}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

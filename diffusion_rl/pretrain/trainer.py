@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from diffusion_rl.config_io import to_dict, to_yaml
 from diffusion_rl.data.shapes import ShapesWorld, spread_subset
 from diffusion_rl.engine.ema import EmaWeights
+from diffusion_rl.models.base import freeze
 from diffusion_rl.models.sd3 import SD3Model
 from diffusion_rl.pretrain.config import PretrainConfig
 from diffusion_rl.pretrain.evaluate import sample_specs, score_images
@@ -57,8 +58,8 @@ class PretrainTrainer:
         self.world = ShapesWorld(cfg.model.size, cfg.data.split_seed, cfg.data.heldout_fraction)
         self.pipeline = build_pipeline(cfg)
         self.vae, self.transformer = self.pipeline.vae, self.pipeline.transformer
-        for encoder in (self.pipeline.text_encoder, self.pipeline.text_encoder_2, self.pipeline.text_encoder_3):
-            encoder.requires_grad_(False).eval()  # eval: T5's dropout would corrupt the cached prompt embeddings
+        # eval (in freeze): T5's dropout would corrupt the cached prompt embeddings
+        freeze(self.pipeline.text_encoder, self.pipeline.text_encoder_2, self.pipeline.text_encoder_3)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.keep_last)
         _, probe = self.world.batch(range(_PROBE), "heldout", stream="vae_probe")
         self.probe = to_pixels(probe)

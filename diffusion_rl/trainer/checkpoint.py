@@ -60,6 +60,17 @@ def _fsync_tree(root: Path) -> None:
         _fsync_path(Path(folder), directory=True)
 
 
+def rename_into_place(tmp: Path, final: Path, aside: Path) -> None:
+    """Make the finished directory `tmp` become `final`, replacing what is there: a rename cannot replace a
+    non-empty directory, so an existing `final` is first moved to `aside`, then removed."""
+    if final.exists():
+        os.rename(final, aside)
+        os.rename(tmp, final)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -101,16 +112,9 @@ class CheckpointManager:
             raise
 
         final = self.dir / name
-        if final.exists():
-            # Move the old one aside first: a rename cannot replace a non-empty directory. A crash between the
-            # two renames leaves no step_ dir for this step (latest() then falls back to the previous one) and
-            # the old copy under .tmp-, removed by the next save.
-            old = self.dir / f"{TMP_PREFIX}old-{name}-{os.getpid()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        # A crash between the two renames leaves no step_ dir for this step (latest() then falls back to the
+        # previous one) and the old copy under .tmp-, removed by the next save.
+        rename_into_place(tmp, final, aside=self.dir / f"{TMP_PREFIX}old-{name}-{os.getpid()}")
         _fsync_path(self.dir, directory=True)
         self._write_latest(name)
         self._prune(keep=final)
