@@ -179,7 +179,8 @@ def run_algorithm(name: str, path: Path, work: Path, args, model_dir: Path | Non
     result = run_for_budget(
         trainer, args.budget_minutes * 60 if args.budget_minutes else None, args.steps, args.val_every_seconds
     )
-    return {**record, "family": cfg.algorithm.family, "loss": cfg.algorithm.loss, "batch": cfg.batch_size, **result}
+    family, loss = cfg.algorithm.spec.family, cfg.algorithm.loss
+    return {**record, "family": family, "loss": loss, "batch": cfg.batch_size, **result}
 
 
 def plot(results: dict, out_png: Path, base_reward: float | None, reward: str, task: str = "shapes") -> None:

@@ -24,10 +24,10 @@ import torch  # noqa: E402
 
 from diffusion_rl.config import load  # noqa: E402
 from diffusion_rl.data.ocr_prepare import write_synthetic_ocr  # noqa: E402
-from diffusion_rl.data.sampler import make_step_prompts  # noqa: E402
-from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model  # noqa: E402
-from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer  # noqa: E402
+from diffusion_rl.models.tiny import save_tiny  # noqa: E402
+from diffusion_rl.sampling.window import window_for_step  # noqa: E402
 from diffusion_rl.trainer.timing import PhaseTimer  # noqa: E402
+from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENCY_REWARD = """
@@ -41,13 +41,12 @@ def reward(images, prompts, metadata, latency_ms=40.0):
 
 
 def time_generate_and_score(trainer, repeats: int) -> float:
-    prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
-    window = trainer.window_for(0)
-    trainer.generate_and_score(prompts, 0, window, PhaseTimer())  # warm-up
+    window = window_for_step(trainer.cfg.sampling, trainer.cfg.run.seed, 0)
+    trainer.source.collect(0, window, PhaseTimer())  # warm-up
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        trainer.generate_and_score(prompts, 0, window, PhaseTimer())
+        trainer.source.collect(0, window, PhaseTimer())
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -64,7 +63,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model = save_tiny_model(Path(tmp) / "tiny", TINY_PRESETS["base"])
+        model = save_tiny(Path(tmp) / "tiny", "sd3", "base")
         (Path(tmp) / "judge.py").write_text(LATENCY_REWARD)
         ocr_prompts = Path(tmp) / "ocr.jsonl"
         write_synthetic_ocr(32, ocr_prompts, seed=0)
@@ -83,7 +82,7 @@ def main() -> None:
                     f"data.group_size={args.batch // 4}", f"sampling.score_chunks={chunks}", "val.prompts=null",
                     "log.tensorboard=false", *overrides,
                 ])  # fmt: skip
-                times[chunks] = time_generate_and_score(PolicyGradientTrainer(cfg), args.repeats)
+                times[chunks] = time_generate_and_score(Trainer(cfg), args.repeats)
             results[name] = {"chunks_1_s": times[1], f"chunks_{args.chunks}_s": times[args.chunks],
                              "ratio": times[args.chunks] / times[1]}  # fmt: skip
             print(f"{name}: {times[1]:.3f} s → {times[args.chunks]:.3f} s with {args.chunks} chunks "

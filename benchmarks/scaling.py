@@ -28,13 +28,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, throw-away Ray in
 import torch  # noqa: E402
 
 from diffusion_rl.config import load  # noqa: E402
-from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model  # noqa: E402
-from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer  # noqa: E402
+from diffusion_rl.models.tiny import save_tiny, tiny_presets  # noqa: E402
+from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(trainer: PolicyGradientTrainer, steps: int) -> dict:
+def measure(trainer: Trainer, steps: int) -> dict:
     """After one warm-up step, `steps` timed training steps: images/s of the best one (wall clock) and of the
     busiest worker's CPU time per step (what the step would take with a free core per worker: on a shared machine
     the wall clock also counts the time other processes hold the cores)."""
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per setting (the best counts)")
-    parser.add_argument("--preset", default="base", choices=sorted(TINY_PRESETS))
+    parser.add_argument("--preset", default="base", choices=sorted(tiny_presets("sd3")))
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/scaling.json"))
     args = parser.parse_args()
@@ -84,7 +84,7 @@ def main() -> None:
     print(f"ray.init: {ray_init_s:.1f} s", flush=True)
     results: dict = {"ray_init_s": ray_init_s, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        model = save_tiny_model(Path(tmp) / "tiny", TINY_PRESETS[args.preset])
+        model = save_tiny(Path(tmp) / "tiny", "sd3", args.preset)
         for n in counts:
             cfg = load(ROOT / "configs/quickstart.yaml", [
                 f"run.dir={tmp}/run_{n}", f"model.path={model}", f"model.device={args.device}",
@@ -93,7 +93,7 @@ def main() -> None:
                 "engine.kind=ray", f"engine.num_workers={n}", "engine.cpus_per_worker=1",
                 f"engine.gpus_per_worker={1 if gpu else 0}", "engine.num_threads=1",
             ])  # fmt: skip
-            trainer = PolicyGradientTrainer(cfg)
+            trainer = Trainer(cfg)
             try:
                 run = measure(trainer, args.steps)
             finally:

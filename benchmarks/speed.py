@@ -29,10 +29,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
+from diffusion_rl.algorithms.base import Targets  # noqa: E402
 from diffusion_rl.config import load  # noqa: E402
 from diffusion_rl.engine.worker import PolicyWorker  # noqa: E402
-from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model  # noqa: E402
-from diffusion_rl.sampling.rollout import rollout  # noqa: E402
+from diffusion_rl.models.tiny import save_tiny, tiny_presets  # noqa: E402
+from diffusion_rl.sampling.rollout import anonymous_ids, rollout  # noqa: E402
 from diffusion_rl.sampling.window import default_window  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def best_of(*fns, repeats: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="base", choices=sorted(TINY_PRESETS))
+    parser.add_argument("--preset", default="base", choices=sorted(tiny_presets("sd3")))
     parser.add_argument("--model", default=None, help="an existing diffusers model dir instead of the tiny one")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)
@@ -77,13 +78,13 @@ def main() -> None:
     load_before = os.getloadavg()
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = args.model or save_tiny_model(Path(tmp) / "tiny", TINY_PRESETS[args.preset])
+        model_dir = args.model or save_tiny(Path(tmp) / "tiny", "sd3", args.preset)
         cfg = load(ROOT / "configs/quickstart.yaml", [
             f"run.dir={tmp}/run", f"model.path={model_dir}", f"model.device={args.device}",
             f"model.dtype={args.dtype}", f"sampling.num_steps={args.steps}", f"sampling.guidance={args.guidance}",
             f"sampling.height={args.size}", f"sampling.width={args.size}", "data.prompts_per_step=1",
             f"data.group_size={args.batch}", f"train.micro_batch_size={args.batch}",
-            f"algorithm.kl_beta={args.kl_beta}", f"model.compile={str(args.compile).lower()}",
+            f"algorithm.flow_grpo.kl_beta={args.kl_beta}", f"model.compile={str(args.compile).lower()}",
         ])  # fmt: skip
         worker = PolicyWorker(cfg)
         results = run_benchmarks(worker, cfg, args)
@@ -93,7 +94,7 @@ def main() -> None:
                 f"run.dir={tmp}/e2e", f"model.path={model_dir}", f"model.device={args.device}",
                 f"model.dtype={args.dtype}", f"sampling.num_steps={args.steps}", f"sampling.guidance={args.guidance}",
                 f"sampling.height={args.size}", f"sampling.width={args.size}", "val.prompts=null",
-                f"algorithm.kl_beta={args.kl_beta}", "log.tensorboard=false", "log.progress_bar=false",
+                f"algorithm.flow_grpo.kl_beta={args.kl_beta}", "log.tensorboard=false", "log.progress_bar=false",
                 f"model.compile={str(args.compile).lower()}",
             ])  # fmt: skip
             results["end_to_end"] = run_end_to_end(e2e_cfg, args.e2e_steps)
@@ -117,8 +118,10 @@ def run_benchmarks(worker: PolicyWorker, cfg, args) -> dict:
     seeds = list(range(B))
     window = default_window(args.steps)
 
+    ids = anonymous_ids(prompts)
+
     def ours():
-        return rollout(model, cond, worker.settings, window, init_seeds=seeds, noise_seeds=seeds)
+        return rollout(model, cond, worker.settings, window, init_seeds=seeds, noise_seeds=seeds, ids=ids)
 
     pipe = model.pipeline
     pipe.set_progress_bar_config(disable=True)
@@ -134,25 +137,24 @@ def run_benchmarks(worker: PolicyWorker, cfg, args) -> dict:
     t_ours, t_pipe = best_of(ours, diffusers_pipeline, repeats=args.repeats)
 
     # update: the same trajectory, one optimizer step over all trained steps
-    batch = ours()
-    batch["cond"] = cond
-    batch["sample_index"] = torch.arange(B)
-    batch["advantages"] = torch.linspace(-1, 1, B)
+    traj = ours()
+    targets = Targets(advantages=torch.linspace(-1, 1, B), batch_size=[B])
     state = {k: v.detach().clone() for k, v in model.policies.trainable_state_dict().items()}
 
     def our_update():
-        worker.update(batch, step=0)
+        worker.pending, worker.pending_step = [traj], 0  # the kept rollout the update trains on
+        worker.update(targets, step=0)
 
     transformer, params = model.policies.module, model.trainable_parameters()
 
     def bare_forward_backward():
         # the same network work: per trained step one guided forward (2B rows) + backward, optional ref forward
-        for j in range(batch["latents"].shape[1] - 1):
-            v = model.velocity(batch["latents"][:, j], batch["sigmas"][:, j], cond, args.guidance)
+        for j in range(traj.window_size):
+            v = model.velocity(traj.latents[:, j], traj.sigmas[:, j], cond, args.guidance)
             v.square().mean().backward()
             if args.kl_beta > 0:
                 with torch.no_grad(), model.reference():
-                    model.velocity(batch["latents"][:, j], batch["sigmas"][:, j], cond, args.guidance)
+                    model.velocity(traj.latents[:, j], traj.sigmas[:, j], cond, args.guidance)
         for p in params:
             p.grad = None
 

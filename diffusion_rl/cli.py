@@ -20,7 +20,7 @@ logger = logging.getLogger("diffusion_rl")
 
 # Each module in diffusion_rl/commands/ defines `register(subparsers)`, adding its subcommand(s) with
 # `set_defaults(fn=...)`. Keep imports of heavy libraries inside the command functions.
-COMMAND_MODULES: list[str] = ["eval", "report", "prepare_pairs", "export", "doctor", "pretrain"]
+COMMAND_MODULES: list[str] = ["eval", "report", "prepare_pairs", "export", "doctor", "pretrain", "checkpoint"]
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -54,11 +54,9 @@ def cmd_train(args) -> None:
 
 
 def cmd_sample(args) -> None:
-    import torch
-
     from diffusion_rl.config import ModelConfig
     from diffusion_rl.models.loader import load_model
-    from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+    from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
     from diffusion_rl.sampling.window import default_window
     from diffusion_rl.tracking import image_grid, save_png
     from diffusion_rl.utils.seeding import seed_for
@@ -70,7 +68,7 @@ def cmd_sample(args) -> None:
     if args.noise_level < 0:
         raise UserError(f"--noise-level must be ≥ 0, got {args.noise_level}")
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
-        from diffusion_rl.models.export import load_checkpoint_model
+        from diffusion_rl.checkpoint.weights import load_checkpoint_model
 
         model, _, _ = load_checkpoint_model(
             args.checkpoint,
@@ -103,16 +101,15 @@ def cmd_sample(args) -> None:
     )
     window = None if args.sde_type == "ode" else default_window(args.steps)
     seeds = [seed_for(args.seed, i) for i in range(len(prompts))]
-    cond = model.encode_prompts(prompts, [args.negative_prompt] * len(prompts))
-    with torch.no_grad():
-        traj = rollout(model, cond, settings, window, init_seeds=seeds, noise_seeds=seeds)
-    grid = image_grid(traj["images"].cpu().numpy(), prompts, ncols=args.n)
+    images = sample_images(model, prompts, [args.negative_prompt] * len(prompts), settings, init_seeds=seeds,
+                           window=window)  # fmt: skip
+    grid = image_grid(images.numpy(), prompts, ncols=args.n)
     path = save_png(grid, args.out)
     logger.info("wrote %s (%d images, %d×%d)", path, len(prompts), args.height, args.width)
 
 
 def cmd_init_tiny(args) -> None:
-    from diffusion_rl.models.tiny_families import build_tiny
+    from diffusion_rl.models.tiny import build_tiny
 
     out = Path(args.dir)
     if out.exists() and not out.is_dir():
@@ -178,10 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-ema", action="store_true", help="with --checkpoint: the trained weights even if an EMA exists")
     p.set_defaults(fn=cmd_sample)
 
-    p = sub.add_parser("init-tiny", help="write a tiny random-weight model (SD3, FLUX or Qwen-Image) to a directory")
-    p.add_argument("--family", default="sd3", choices=["sd3", "flux", "qwen_image"])
+    p = sub.add_parser("init-tiny", help="write a tiny random-weight model of a model family to a directory")
+    p.add_argument("--family", default="sd3", help="the model family (sd3, flux, qwen_image, …)")
     p.add_argument("dir")
-    p.add_argument("--preset", default="base", choices=["base", "small", "schnell"], help="schnell: flux only")
+    p.add_argument("--preset", default="base", help="the tiny model's size: base, small (each family's own list)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true")
     p.set_defaults(fn=cmd_init_tiny)

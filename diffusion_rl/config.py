@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+from diffusion_rl.algorithms import LOSSES
 from diffusion_rl.algorithms.rollout_correction import RolloutCorrectionConfig
-from diffusion_rl.config_io import load_config
-
-
-def opt(default: Any, help: str, *, factory: bool = False):
-    """A config field with its help text (`factory` for mutable defaults)."""
-    if factory:
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+from diffusion_rl.config_io import SECTIONS, load_config
+from diffusion_rl.errors import did_you_mean
+from diffusion_rl.models.registry import load_families
+from diffusion_rl.settings import check, opt
 
 
 @dataclass
@@ -48,26 +40,41 @@ class LoraConfig:
     target_modules: list[str] = opt(list, "Module names to adapt; empty = the family's preset.", factory=True)
 
     def __post_init__(self):
-        _check(self.rank >= 1, f"lora.rank must be ≥ 1, got {self.rank}")
+        check(self.rank >= 1, f"lora.rank must be ≥ 1, got {self.rank}")
 
 
 @dataclass
 class ModelConfig:
     path: str = opt("models/tiny", "Local diffusers-format model directory.")
-    family: Literal["auto", "sd3", "flux", "qwen_image"] = opt("auto", "Model family; auto reads model_index.json.")
+    family: str = opt("auto", f"Model family ({', '.join(load_families().names())}); auto reads model_index.json.")
     dtype: Literal["fp32", "bf16", "fp16"] = opt("fp32", "Weight dtype (SDE math is always fp32).")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     lora: LoraConfig = opt(LoraConfig, "LoRA settings.", factory=True)
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     max_sequence_length: int = opt(256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).")
-    create_tiny_if_missing: Literal["base", "small"] | None = opt(
-        None, "Create the tiny model of this preset at model.path when the directory does not exist."
+    create_tiny_if_missing: str | None = opt(
+        None,
+        "Create the tiny model of this preset (base, small, …) at model.path when the directory does not exist; "
+        "of model.family (sd3 when auto).",
     )
     compile: bool = opt(
         False,
         "torch.compile the transformer for sampling (rollouts, validation; training passes stay eager): "
         "minutes of compiling on first use, then faster steps (see benchmarks/RESULTS.md).",
     )
+
+    def __post_init__(self):
+        names = load_families().names()
+        check(
+            self.family == "auto" or self.family in names,
+            f"model.family '{self.family}' is not a model family{did_you_mean(self.family, names)}; known: auto, "
+            + ", ".join(names),
+        )
+
+    @property
+    def tiny_family(self) -> str:
+        """The family of the tiny model create_tiny_if_missing makes: model.family, or sd3 when auto."""
+        return "sd3" if self.family == "auto" else self.family
 
 
 @dataclass
@@ -106,10 +113,10 @@ class SamplingConfig:
     )
 
     def __post_init__(self):
-        _check(self.num_steps >= 2, f"sampling.num_steps must be ≥ 2, got {self.num_steps}")
-        _check(self.noise_level >= 0, f"sampling.noise_level must be ≥ 0, got {self.noise_level}")
-        _check(self.guidance >= 1, f"sampling.guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
-        _check(self.score_chunks >= 1, f"sampling.score_chunks must be ≥ 1, got {self.score_chunks}")
+        check(self.num_steps >= 2, f"sampling.num_steps must be ≥ 2, got {self.num_steps}")
+        check(self.noise_level >= 0, f"sampling.noise_level must be ≥ 0, got {self.noise_level}")
+        check(self.guidance >= 1, f"sampling.guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
+        check(self.score_chunks >= 1, f"sampling.score_chunks must be ≥ 1, got {self.score_chunks}")
 
 
 @dataclass
@@ -130,8 +137,8 @@ class DataConfig:
     )
 
     def __post_init__(self):
-        _check(self.prompts_per_step >= 1, "data.prompts_per_step must be ≥ 1")
-        _check(self.group_size >= 1, "data.group_size must be ≥ 1")
+        check(self.prompts_per_step >= 1, "data.prompts_per_step must be ≥ 1")
+        check(self.group_size >= 1, "data.group_size must be ≥ 1")
 
 
 @dataclass
@@ -148,9 +155,9 @@ class RewardSpec:
     actor_gpus: float = opt(0.0, "GPUs each reward actor reserves (a fraction shares a GPU between actors).")
 
     def __post_init__(self):
-        _check(self.actors >= 0, f"rewards: actors must be ≥ 0 (0 = in the trainer process), got {self.actors}")
-        _check(self.actor_cpus >= 0 and self.actor_gpus >= 0, "rewards: actor_cpus and actor_gpus must be ≥ 0")
-        _check(
+        check(self.actors >= 0, f"rewards: actors must be ≥ 0 (0 = in the trainer process), got {self.actors}")
+        check(self.actor_cpus >= 0 and self.actor_gpus >= 0, "rewards: actor_cpus and actor_gpus must be ≥ 0")
+        check(
             self.label is None or bool(self.label.strip()),
             f"rewards: label must be a non-blank name (or null = the reward's name), got {self.label!r}",
         )
@@ -175,109 +182,86 @@ class AdvantageConfig:
 
     def __post_init__(self):
         # what compute_advantages accepts (a std undefined for too few rewards gives advantage 0; eps 0 is safe)
-        _check(
+        check(
             not isinstance(self.std_ddof, bool) and isinstance(self.std_ddof, int) and self.std_ddof >= 0,
             f"algorithm.advantage.std_ddof must be an integer ≥ 0 (0: population std, 1: sample std), "
             f"got {self.std_ddof!r}",
         )
-        _check(
+        check(
             0 <= self.eps < float("inf"),  # NaN fails too
             f"algorithm.advantage.eps must be a finite number ≥ 0, got {self.eps}",
         )
 
 
-# losses whose formulas assume the Flow-GRPO `sde` step (std_dev_t and √dt of that step)
-SDE_ONLY_LOSSES = ("grpo_guard", "flow_dppo")
+def _loss_sections() -> dict[str, type]:
+    """Every registered loss's settings dataclass, by loss name: the sections algorithm.<loss>."""
+    return {name: spec.settings for name, spec in LOSSES.items()}
 
-# algorithm fields whose null default depends on the loss (None: every other loss): the loss's reference recipe
-LOSS_DEFAULTS: dict[str, dict[str | None, float]] = {
-    "clip_range": {"awm": 1.0, None: 1e-4},  # AWM's recipes; Flow-GRPO's 1e-4 would clip nearly every AWM row
-    "kl_beta": {"nft": 1e-4, None: 0.0},  # DiffusionNFT's
-    "timestep_fraction": {"nft": 0.99, None: 1.0},  # DiffusionNFT's
-}
+
+# keys that lived in `algorithm` before each loss got its own section
+_LOSS_SETTING_KEYS = ("clip_range", "adv_clip_max", "kl_beta", "kl_mask_threshold", "add_kl_coefficient", "dpo_beta",
+                      "nft_beta", "old_update_interval", "old_decay", "old_decay_value", "train_timesteps",
+                      "weighting", "advantage_max", "ema_beta")  # fmt: skip
 
 
 @dataclass
 class AlgorithmConfig:
-    family: Literal["policy_gradient", "direct_preference"] = opt(
-        "policy_gradient",
-        "policy_gradient: per-step log-probs of an SDE sampler (flow_grpo, grpo_guard, flow_dppo); "
-        "direct_preference: re-noise the rollouts' final latents and regress velocities (dpo, nft, awm).",
+    loss: str = opt(
+        "flow_grpo",
+        "The algorithm, by its registered loss. Policy gradient on per-step SDE log-probs: flow_grpo, grpo_guard, "
+        "flow_dppo; direct preference on final latents: dpo, nft, awm. Its settings: the section algorithm.<loss>.",
     )
-    loss: str = opt("flow_grpo", "Registered loss of the family (see `family` for the names).")
-    clip_range: float | None = opt(None, "PPO ratio clip range (null = the loss's default: 1 for awm, else 1e-4).")
-    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this inside the loss.")
-    kl_beta: float | None = opt(
-        None, "Weight of the KL to the reference policy (0 = off, no reference forward; null = 1e-4 for nft, else 0)."
+    timestep_fraction: float = opt(1.0, "Policy gradient: fraction of the window's steps trained per sample.")
+    timestep_selection: Literal["first", "random"] = opt(
+        "first", "Policy gradient: train the first steps (flow_grpo) or a seeded random subset per sample."
     )
-    timestep_fraction: float | None = opt(
-        None,
-        "Fraction of the window's (nft, awm: the rollout's) steps trained per sample (null = 0.99 for nft, else 1).",
-    )
-    timestep_selection: Literal["first", "random"] = opt("first", "first (flow_grpo) or a seeded random subset.")
-    drop_zero_advantage: bool = opt(False, "Leave samples with advantage 0 out of the loss.")
-    kl_mask_threshold: float = opt(1e-5, "flow_dppo: mask a sample moving further when its KL to the rollout ≥ this.")
-    add_kl_coefficient: bool = opt(True, "flow_dppo: divide the mean gap by 2(std·√dt)² (false: by 2).")
+    drop_zero_advantage: bool = opt(False, "Policy gradient: leave samples with advantage 0 out of the loss.")
     advantage: AdvantageConfig = opt(AdvantageConfig, "Group advantage normalisation.", factory=True)
     rollout_correction: RolloutCorrectionConfig = opt(
-        RolloutCorrectionConfig, "Importance weights / rejection between rollout and trained policy.", factory=True
+        RolloutCorrectionConfig,
+        "Policy gradient: importance weights / rejection between rollout and trained policy.",
+        factory=True,
     )
-    # direct_preference family (diffusion_rl/algorithms/preference/)
-    dpo_beta: float = opt(2000.0, "dpo: β of Diffusion-DPO (flow models use ~100–5000).")
-    nft_beta: float = opt(1.0, "nft: β of the implicit policies v± = old ± β·(v_θ − old) (0.1 in NFT's OCR recipe).")
-    old_update_interval: int = opt(1, "nft: update the `old` adapter (which samples) every N training steps.")
-    old_decay: Literal["copy", "linear_to_0_5", "delayed_linear_to_0_999", "fixed"] = opt(
-        "delayed_linear_to_0_999",
-        "nft: d of old ← d·old + (1 − d)·θ after `step` completed steps: copy (0), linear_to_0_5 "
-        "(min(0.001·step, 0.5)), delayed_linear_to_0_999 (0 before step 75, then min(0.0075·(step − 75), 0.999)), "
-        "fixed (old_decay_value).",
-    )
-    old_decay_value: float | None = opt(None, "nft: the constant d in [0, 1] of old_decay=fixed.")
-    train_timesteps: int = opt(6, "awm: step indices trained per mini-batch, one from each of this many strata.")
-    weighting: Literal["uniform", "t", "ghuber"] = opt(
-        "ghuber", "awm: log p̂ = −w(mse, t): uniform (mse), t (t·mse), ghuber (t·((mse + 1e-10)^¼ − 1e-10^¼)·4)."
-    )
-    advantage_max: float = opt(1.0, "awm: advantages are clamped to ±adv_clip_max, then scaled to ±this.")
-    ema_beta: float = opt(
-        0.0, "awm: weight of mean (v_θ − v_ema)² (> 0 keeps an `ema` adapter, d = min(0.3, 0.001·step))."
+    losses: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            SECTIONS: _loss_sections,
+            "help": "Settings of the loss `{key}`, read when algorithm.loss={key} (the others are ignored).",
+        },
     )
 
+    moved_keys: ClassVar[dict[str, str]] = {
+        "family": "is gone: the family follows from algorithm.loss (dpo, nft and awm are direct-preference losses)",
+        **{
+            key: f"moved into the loss's own section: algorithm.<loss>.{key} (e.g. algorithm.flow_grpo.{key}; "
+            "`diffusion-rl config reference` lists each loss's keys)"
+            for key in _LOSS_SETTING_KEYS
+        },
+    }
+
     def __post_init__(self):
-        for name, by_loss in LOSS_DEFAULTS.items():
-            if getattr(self, name) is None:
-                setattr(self, name, by_loss.get(self.loss, by_loss[None]))
-        _check(
+        check(
+            self.loss in LOSSES,
+            f"algorithm.loss '{self.loss}' is not a registered loss{did_you_mean(self.loss, LOSSES.names())}; "
+            f"known: {', '.join(LOSSES.names())}",
+        )
+        # only the selected loss's section is kept (at its defaults when the config has none): the others were
+        # checked, but a run never reads them, and a written config.yaml should not suggest it does
+        self.losses = {self.loss: self.losses.get(self.loss) or LOSSES.get(self.loss).settings()}
+        check(
             0 < self.timestep_fraction <= 1,
             f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}",
         )
-        _check(self.clip_range > 0, "algorithm.clip_range must be > 0")
-        _check(self.kl_beta >= 0, "algorithm.kl_beta must be ≥ 0")
-        _check(self.adv_clip_max > 0, f"algorithm.adv_clip_max must be > 0, got {self.adv_clip_max}")
-        _check(self.kl_mask_threshold >= 0, f"algorithm.kl_mask_threshold must be ≥ 0, got {self.kl_mask_threshold}")
-        # GRPO-Guard's s = mean(√dt)·mean(std) is over a micro-batch's rows; the update's k-th backward pass holds
-        # every row's k-th trained step, which is one step for all rows only with `first`
-        _check(
-            self.loss != "grpo_guard" or self.timestep_selection == "first",
-            "algorithm.loss=grpo_guard needs algorithm.timestep_selection=first: its scale s = mean(√dt)·mean(std) "
-            "over a micro-batch's rows assumes they are all at one step, and random trains a different subset of "
-            "steps per sample",
-        )
-        for name in ("dpo_beta", "nft_beta", "advantage_max"):
-            _check(getattr(self, name) > 0, f"algorithm.{name} must be > 0, got {getattr(self, name)}")
-        _check(self.ema_beta >= 0, f"algorithm.ema_beta must be ≥ 0, got {self.ema_beta}")
-        _check(self.train_timesteps >= 1, f"algorithm.train_timesteps must be ≥ 1, got {self.train_timesteps}")
-        _check(
-            self.old_update_interval >= 1, f"algorithm.old_update_interval must be ≥ 1, got {self.old_update_interval}"
-        )
-        if self.old_decay == "fixed":
-            d = self.old_decay_value
-            _check(d is not None and 0 <= d <= 1, f"algorithm.old_decay=fixed needs old_decay_value in [0, 1], got {d}")
-        else:
-            _check(
-                self.old_decay_value is None,
-                f"algorithm.old_decay_value={self.old_decay_value} only goes with old_decay=fixed (got "
-                f"old_decay={self.old_decay}); set old_decay=fixed or remove old_decay_value",
-            )
+
+    @property
+    def settings(self):
+        """The selected loss's settings (its section algorithm.<loss>)."""
+        return self.losses[self.loss]
+
+    @property
+    def spec(self):
+        """The selected loss's registration: its function, settings class, algorithm and constraints."""
+        return LOSSES.get(self.loss)
 
 
 @dataclass
@@ -305,9 +289,9 @@ class TrainConfig:
     max_consecutive_skips: int = opt(3, "Stop after this many consecutive non-finite updates.")
 
     def __post_init__(self):
-        _check(self.total_steps >= 0, "train.total_steps must be ≥ 0")
-        _check(self.lr > 0, "train.lr must be > 0")
-        _check(
+        check(self.total_steps >= 0, "train.total_steps must be ≥ 0")
+        check(self.lr > 0, "train.lr must be > 0")
+        check(
             self.micro_batch_size >= 1 and self.num_minibatches >= 1 and self.ppo_epochs >= 1,
             "train.micro_batch_size, train.num_minibatches and train.ppo_epochs must be ≥ 1",
         )
@@ -315,7 +299,9 @@ class TrainConfig:
 
 @dataclass
 class ValConfig:
-    every: int = opt(10, "Validate every N steps (0 = never) and at the end.")
+    every: int = opt(
+        10, "Validate every N steps and after the last one (0 = never; val.before_train still validates step 0)."
+    )
     before_train: bool = opt(True, "Validate once before the first step.")
     prompts: str | None = opt("configs/prompts/val.txt", "Validation prompts file (null = no validation).")
     n: int = opt(2, "Samples per validation prompt.")
@@ -345,8 +331,8 @@ class LogConfig:
     rollout_max_images: int = opt(16, "Images kept per rollout dump (the first ones: whole groups); JSONL has all.")
 
     def __post_init__(self):
-        _check(self.rollout_every >= 0, f"log.rollout_every must be ≥ 0 (0 = off), got {self.rollout_every}")
-        _check(self.rollout_max_images >= 0, f"log.rollout_max_images must be ≥ 0, got {self.rollout_max_images}")
+        check(self.rollout_every >= 0, f"log.rollout_every must be ≥ 0 (0 = off), got {self.rollout_every}")
+        check(self.rollout_max_images >= 0, f"log.rollout_max_images must be ≥ 0, got {self.rollout_max_images}")
 
 
 @dataclass
@@ -358,8 +344,8 @@ class ProfileConfig:
 
     def __post_init__(self):
         bad = [s for s in self.steps if s < 1]
-        _check(not bad, f"profile.steps are training steps numbered from 1, got {bad}")
-        _check(len(set(self.steps)) == len(self.steps), f"profile.steps lists a step more than once: {self.steps}")
+        check(not bad, f"profile.steps are training steps numbered from 1, got {bad}")
+        check(len(set(self.steps)) == len(self.steps), f"profile.steps lists a step more than once: {self.steps}")
 
 
 @dataclass
@@ -391,17 +377,17 @@ class EngineConfig:
     start_timeout_s: float = opt(300.0, "ray: wait this long for the cluster to have the workers' CPUs and GPUs.")
 
     def __post_init__(self):
-        _check(self.num_workers >= 1, f"engine.num_workers must be ≥ 1, got {self.num_workers}")
-        _check(
+        check(self.num_workers >= 1, f"engine.num_workers must be ≥ 1, got {self.num_workers}")
+        check(
             self.cpus_per_worker > 0 and self.gpus_per_worker >= 0,
             f"engine.cpus_per_worker must be > 0 (a worker drives its device from a CPU) and engine.gpus_per_worker "
             f"≥ 0; got {self.cpus_per_worker} and {self.gpus_per_worker}",
         )
-        _check(
+        check(
             self.collective_timeout_s > 0 and self.start_timeout_s > 0,
             "engine.collective_timeout_s and engine.start_timeout_s must be > 0",
         )
-        _check(
+        check(
             self.address is None or self.address == "auto" or self.address.startswith("ray://") or ":" in self.address,
             f"engine.address={self.address!r}: use null (start Ray here), auto, ray://host:port or host:port",
         )
@@ -422,13 +408,13 @@ class Config:
     profile: ProfileConfig = opt(ProfileConfig, "torch.profiler traces of chosen steps.", factory=True)
 
     def __post_init__(self):
-        _check(
+        check(
             not self.run.val_only or bool(self.val.prompts),
             "run.val_only=true validates and exits, but val.prompts is null: set val.prompts to a prompt file",
         )
         batch = self.data.prompts_per_step * self.data.group_size
         minibatches = self.train.num_minibatches
-        _check(
+        check(
             batch % minibatches == 0,
             f"the batch (data.prompts_per_step × data.group_size = {batch}) must split evenly into "
             f"train.num_minibatches = {minibatches}",
@@ -436,32 +422,27 @@ class Config:
         w = self.sampling.window
         if w.kind == "random":
             hi = self.sampling.num_steps - 1 if w.hi is None else w.hi
-            _check(
+            check(
                 w.size >= 1 and w.lo >= 0 and w.lo + w.size <= hi <= self.sampling.num_steps,
                 f"sampling.window: need 1 ≤ size and lo + size ≤ hi ≤ num_steps; got size={w.size}, "
                 f"lo={w.lo}, hi={hi}, num_steps={self.sampling.num_steps}",
             )
         if w.kind == "sliding":
-            _check(
+            check(
                 1 <= w.size <= self.sampling.num_steps - 2,
                 f"sampling.window: a sliding window stays inside [0, num_steps − 2): need 1 ≤ size ≤ "
                 f"{self.sampling.num_steps - 2}, got size={w.size}",
             )
         alg = self.algorithm
-        self._check_family()
+        self._check_algorithm()
         self._check_engine()
         rc = alg.rollout_correction
-        _check(
+        check(
             rc.mode == "decoupled" or rc.rs_stat is None or rc.rs_level == "step",
             f"algorithm.rollout_correction: rs_level={rc.rs_level} needs every step's current log-prob before the "
             "update; use mode=decoupled, or rs_level=step with mode=bypass",
         )
-        if alg.loss in SDE_ONLY_LOSSES:
-            _check(
-                self.sampling.sde_type == "sde",
-                f"algorithm.loss={alg.loss} is defined for sampling.sde_type=sde, got {self.sampling.sde_type}",
-            )
-        _check(
+        check(
             len(self.rewards) > 0 or self.data.sample_source == "offline",
             "rewards: at least one reward is needed (only offline DPO trains without one)",
         )
@@ -470,7 +451,7 @@ class Config:
     def _check_rewards(self) -> None:
         """Each weight is finite and ≥ 0; each reward's metric name (label, else name) is unique."""
         for i, spec in enumerate(self.rewards):
-            _check(
+            check(
                 math.isfinite(spec.weight) and spec.weight >= 0,
                 f"rewards.{i}.weight must be a finite number ≥ 0, got {spec.weight}; to minimise a score, use a "
                 "reward that negates it",
@@ -490,63 +471,30 @@ class Config:
         e, batch, minibatches = self.engine, self.batch_size, self.train.num_minibatches
         if e.kind != "ray":
             return
-        _check(
+        check(
             batch % e.num_workers == 0 and (batch // e.num_workers) % minibatches == 0,
             f"engine.num_workers={e.num_workers}: each worker trains on batch / num_workers rows, which must be a "
             f"whole number divisible by train.num_minibatches={minibatches} (batch = data.prompts_per_step × "
             f"data.group_size = {batch}); pick num_workers dividing {batch // minibatches}",
         )
-        _check(
-            self.algorithm.family == "policy_gradient",
-            f"engine.kind=ray runs algorithm.family=policy_gradient; {self.algorithm.family} needs engine.kind=local",
+        family = self.algorithm.spec.family
+        check(
+            family == "policy_gradient",
+            f"engine.kind=ray runs the policy-gradient losses; algorithm.loss={self.algorithm.loss} ({family}) needs "
+            "engine.kind=local",
         )
 
-    def _check_family(self) -> None:
-        """The loss belongs to the family's registry; sampling and data settings suit the family."""
-        from diffusion_rl.algorithms.losses import LOSSES
-        from diffusion_rl.algorithms.preference import PREFERENCE_LOSSES
-
-        alg, s, data = self.algorithm, self.sampling, self.data
-        registries = {"policy_gradient": LOSSES, "direct_preference": PREFERENCE_LOSSES}
-        known = registries[alg.family]
-        if alg.loss not in known:
-            other = next((f for f, r in registries.items() if f != alg.family and alg.loss in r), None)
-            hint = f"; it is a {other} loss: set algorithm.family={other}" if other else ""
-            raise ValueError(
-                f"algorithm.loss '{alg.loss}' is not a {alg.family} loss (known: {', '.join(known.names())}){hint}"
-            )
-        if alg.family == "policy_gradient":
-            _check(
-                s.sde_type != "ode",
-                "sampling.sde_type=ode has no per-step log-probs for a policy-gradient loss; use sde, cps or dance_sde "
-                "(or algorithm.family=direct_preference)",
-            )
-            _check(
-                data.sample_source == "online",
-                "data.sample_source=offline needs algorithm.family=direct_preference and algorithm.loss=dpo",
-            )
-            return
-        _check(
-            s.window.kind == "all",
-            f"sampling.window.kind={s.window.kind} selects the steps a policy-gradient loss trains; the "
-            "direct_preference family trains on final latents: use window.kind=all (sde_type=ode for pure ODE)",
+    def _check_algorithm(self) -> None:
+        """The selected loss's own constraints, its family's, and its settings' on the rest of the config."""
+        spec = self.algorithm.spec
+        check(
+            not spec.sde_only or self.sampling.sde_type == "sde",
+            f"algorithm.loss={spec.name} is defined for sampling.sde_type=sde, got {self.sampling.sde_type}",
         )
-        rc = alg.rollout_correction
-        _check(
-            rc.mode == "bypass" and rc.rs_stat is None,
-            "algorithm.rollout_correction applies to the policy_gradient family; leave it at its defaults",
-        )
-        if alg.loss == "awm":
-            candidates = int(s.num_steps * alg.timestep_fraction) - 1
-            _check(
-                alg.train_timesteps <= candidates,
-                f"algorithm.train_timesteps={alg.train_timesteps}: awm draws that many distinct steps from "
-                f"1..{candidates} (int(sampling.num_steps × timestep_fraction) − 1); lower it or raise "
-                "sampling.num_steps",
-            )
-        if data.sample_source == "offline":
-            _check(alg.loss == "dpo", f"data.sample_source=offline trains algorithm.loss=dpo only, got {alg.loss}")
-            _check(bool(data.pairs), "data.sample_source=offline needs data.pairs (a .jsonl or .parquet pair file)")
+        spec.algorithm.check_config(self)
+        self.algorithm.settings.check_config(self)
+        if self.data.sample_source == "offline":
+            check(bool(self.data.pairs), "data.sample_source=offline needs data.pairs (a .jsonl or .parquet pair file)")
 
     @property
     def batch_size(self) -> int:

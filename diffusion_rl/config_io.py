@@ -146,11 +146,36 @@ def _type_error(tp: Any, value: Any, path: str) -> _ConfigError:
 # Building dataclasses
 
 
+SECTIONS = "sections"  # field metadata: a callable giving {key: dataclass} of registered sections (see below)
+
+
 @functools.cache
-def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
-    """Init fields of a dataclass with their resolved types (works with ``from __future__ import annotations``)."""
+def _all_fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
     hints = typing.get_type_hints(cls)
     return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+
+
+def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """Init fields of a dataclass with their resolved types (works with ``from __future__ import annotations``),
+    except a registered-sections field, whose keys are the sections themselves (see `_sections_field`)."""
+    return {name: ft for name, ft in _all_fields(cls).items() if SECTIONS not in ft[0].metadata}
+
+
+def _sections_field(cls: type) -> tuple[str, dict[str, type]] | None:
+    """A dataclass may hold one field `name: dict[str, Any]` with metadata {"sections": fn, "help": text}: fn()
+    gives the sections registered now ({key: dataclass}, e.g. each loss's settings). In YAML they sit directly in
+    the parent section (`algorithm.nft.nft_beta`), not under `name`; the field holds the given ones, built. The
+    help text describes each section, with `{key}` standing for its key."""
+    for name, (f, _) in _all_fields(cls).items():
+        if SECTIONS in f.metadata:
+            return name, f.metadata[SECTIONS]()
+    return None
+
+
+def _key_names(cls: type) -> list[str]:
+    """Every key valid directly under a section of type ``cls``: its fields, then its registered sections."""
+    extra = _sections_field(cls)
+    return [*_fields(cls), *(extra[1] if extra else ())]
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
@@ -160,10 +185,16 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
     if not isinstance(data, Mapping):
         raise _type_error(cls, data, path)
     fields = _fields(cls)
+    extra = _sections_field(cls)
+    registered = extra[1] if extra else {}
     for key in data:
-        if key not in fields:
+        if key not in fields and key not in registered:
             raise _unknown_key(cls, str(key), path)
     kwargs = {}
+    if extra:
+        kwargs[extra[0]] = {
+            key: from_dict(registered[key], value, _join(path, key)) for key, value in data.items() if key in registered
+        }
     for name, (f, tp) in fields.items():
         if name in data:
             kwargs[name] = _convert(tp, data[name], _join(path, name))
@@ -179,7 +210,10 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
 
 
 def _unknown_key(cls: type, key: str, path: str) -> _ConfigError:
-    names = list(_fields(cls))
+    moved = getattr(cls, "moved_keys", {}).get(key)
+    if moved:
+        return _ConfigError(f"config key '{_join(path, key)}' {moved}", _join(path, key))
+    names = _key_names(cls)
     # A key written one section too high ('lr' for 'train.lr') is the likeliest intent, then a misspelling,
     # then a longer or shorter form of a valid name ('lr_rate' for 'lr', which difflib finds too far).
     candidates = [k for k in field_help(cls) if k.endswith("." + key)][:3]
@@ -408,7 +442,11 @@ def _yaml_error_message(path: str, error: yaml.YAMLError) -> str:
 def to_dict(obj: Any) -> Any:
     """Plain data (dicts, lists, scalars) for a dataclass tree; ``from_dict`` turns it back into an equal tree."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        out = {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        extra = _sections_field(type(obj))
+        if extra:
+            out.update(out.pop(extra[0]))  # registered sections sit in the parent section
+        return out
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, Mapping):
@@ -423,7 +461,13 @@ def to_yaml(obj: Any) -> str:
 
 def _walk(cls: type, prefix: str = "", seen: tuple = ()) -> Iterator[tuple[str, dataclasses.Field, Any]]:
     """(dotted key, field, type) for every key under ``cls``; list/dict entries appear as ``*``."""
-    for name, (f, tp) in _fields(cls).items():
+    entries = [(name, f, tp) for name, (f, tp) in _fields(cls).items()]
+    extra = _sections_field(cls)
+    if extra:
+        template = _all_fields(cls)[extra[0]][0].metadata.get("help", "")
+        for name, section in extra[1].items():
+            entries.append((name, dataclasses.field(metadata={"help": template.format(key=name)}), section))
+    for name, f, tp in entries:
         key = _join(prefix, name)
         yield key, f, tp
         inner, sub = _section_of(tp)

@@ -33,5 +33,12 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self._items.items())
+
+    def remove(self, name: str) -> None:
+        """Unregister `name` (tests that register a temporary entry clean up with this)."""
+        self._items.pop(name)
+
     def __contains__(self, name: str) -> bool:
         return name in self._items

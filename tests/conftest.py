@@ -6,12 +6,16 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# what the engine sets before it first imports Ray for a local cluster (engine/ray.py): here before any test module
+# imports Ray, so every test's cluster listens on loopback only
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import pytest
 import torch
 
 from diffusion_rl.config import load
-from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
+from diffusion_rl.models.tiny import save_tiny
 
 torch.set_num_threads(2)
 
@@ -21,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny SD3-format model (0.3M-parameter transformer) written with save_pretrained."""
-    return save_tiny_model(tmp_path_factory.mktemp("tiny_model"), TINY_PRESETS["small"], seed=0)
+    return save_tiny(tmp_path_factory.mktemp("tiny_model"), "sd3", "small", seed=0)
 
 
 @pytest.fixture

@@ -30,12 +30,12 @@ QUICKSTART = str(ROOT / "configs/quickstart.yaml")
             "invalid config in 'algorithm.advantage': algorithm.advantage.eps must be a finite number ≥ 0, got inf",
         ),
         (
-            "algorithm.kl_mask_threshold=-0.1",
-            "invalid config in 'algorithm': algorithm.kl_mask_threshold must be ≥ 0, got -0.1",
+            "algorithm.loss=flow_dppo algorithm.flow_dppo.kl_mask_threshold=-0.1",
+            "invalid config in 'algorithm.flow_dppo': kl_mask_threshold must be ≥ 0, got -0.1",
         ),
         (
             "algorithm.loss=grpo_guard algorithm.timestep_selection=random",
-            "invalid config in 'algorithm': algorithm.loss=grpo_guard needs algorithm.timestep_selection=first: its "
+            "invalid config at top level: algorithm.loss=grpo_guard needs algorithm.timestep_selection=first: its "
             "scale s = mean(√dt)·mean(std) over a micro-batch's rows assumes they are all at one step, and random "
             "trains a different subset of steps per sample",
         ),
@@ -51,7 +51,7 @@ def test_bad_value_is_a_one_line_error_naming_the_key(override, message, capsys)
     "overrides",
     [
         ["algorithm.advantage.std_ddof=2", "algorithm.advantage.eps=0"],  # what compute_advantages accepts
-        ["algorithm.kl_mask_threshold=0", "algorithm.loss=flow_dppo"],
+        ["algorithm.flow_dppo.kl_mask_threshold=0", "algorithm.loss=flow_dppo"],
         ["algorithm.loss=grpo_guard", "algorithm.timestep_selection=first", "algorithm.timestep_fraction=0.5"],
         ["algorithm.loss=flow_grpo", "algorithm.timestep_selection=random"],
     ],

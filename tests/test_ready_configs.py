@@ -31,14 +31,15 @@ def test_ready_configs_keep_their_recipes_numbers():
         512, 10, 4.5, 0.7
     )  # fmt: skip
     assert (ocr.data.prompts_per_step, ocr.data.group_size, ocr.train.num_minibatches) == (48, 24, 2)
-    assert (ocr.algorithm.kl_beta, ocr.algorithm.clip_range, ocr.train.lr) == (0.04, 1e-4, 3e-4)
+    assert (ocr.algorithm.settings.kl_beta, ocr.algorithm.settings.clip_range, ocr.train.lr) == (0.04, 1e-4, 3e-4)
     assert (ocr.model.lora.rank, ocr.model.lora.alpha, ocr.train.ema.enabled, ocr.val.num_steps) == (32, 64, True, 40)
     fast = load(str(ROOT / "configs/sd35_pickscore_fast.yaml"))
     assert (fast.sampling.sde_type, fast.sampling.noise_level, fast.sampling.guidance) == ("cps", 0.8, 1.0)
     assert (fast.sampling.window.kind, fast.sampling.window.size, fast.sampling.window.lo, fast.sampling.window.hi) == (
         "random", 3, 0, 5
     )  # fmt: skip
-    assert (fast.data.group_size, fast.algorithm.clip_range, fast.algorithm.kl_beta) == (18, 1e-5, 0.0)
+    fast_loss = fast.algorithm.settings
+    assert (fast.data.group_size, fast_loss.clip_range, fast_loss.kl_beta) == (18, 1e-5, 0.0)
     flux = load(str(ROOT / "configs/flux_pickscore_lora.yaml"))
     assert (flux.sampling.num_steps, flux.sampling.guidance, flux.sampling.noise_level, flux.model.dtype) == (
         6, 3.5, 0.9, "bf16"
@@ -48,4 +49,4 @@ def test_ready_configs_keep_their_recipes_numbers():
         1.2, 4.0, 2, 5
     )  # fmt: skip
     assert (qwen.data.prompts_per_step, qwen.data.group_size, qwen.train.num_minibatches) == (32, 16, 2)
-    assert (qwen.algorithm.clip_range, qwen.model.lora.rank, qwen.model.lora.alpha) == (1e-5, 64, 128)
+    assert (qwen.algorithm.settings.clip_range, qwen.model.lora.rank, qwen.model.lora.alpha) == (1e-5, 64, 128)

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 _STAT_KEYS = ("mean", "std", "min", "max", "abs_mean")
@@ -208,3 +209,19 @@ def _group_fractions(
         f"{prefix}/zero_std_group_fraction": values[0].item(),
         f"{prefix}/singleton_group_fraction": values[1].item(),
     }
+
+
+def group_advantages(scored, group_index: torch.Tensor, options, weights: Mapping[str, float]) -> AdvantageResult:
+    """The advantages of a scored batch under `options` (the config's algorithm.advantage section).
+
+    `scored`: total [B] (the weighted reward sum, NaN = failed), per_reward {name: [B]}, failed [B] (numpy);
+    `weights`: each reward's weight by name. `combine: sum_rewards` normalises the total; `sum_advantages`
+    (MixGRPO's advantage_aggr) normalises each reward within its groups, then sums with the weights, a failed
+    sample (a required reward failed) being NaN in every reward, so that it gets advantage 0.
+    """
+    kwargs = dict(global_std=options.global_std, std_ddof=options.std_ddof, eps=options.eps,
+                  normalize_by_std=options.normalize_by_std)  # fmt: skip
+    if options.combine == "sum_rewards":
+        return compute_group_advantages(torch.from_numpy(scored.total), group_index, **kwargs)
+    per_reward = {name: torch.from_numpy(np.where(scored.failed, np.nan, s)) for name, s in scored.per_reward.items()}
+    return combine_per_reward_advantages(per_reward, dict(weights), group_index, **kwargs)

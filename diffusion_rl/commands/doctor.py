@@ -43,7 +43,7 @@ def cmd_doctor(args) -> None:
     from diffusion_rl.errors import UserError
     from diffusion_rl.models.doctor import dtype_of, estimate_memory, human_bytes, pipeline_components
     from diffusion_rl.models.loader import load_model
-    from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+    from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
     from diffusion_rl.tracking import image_grid, save_png
 
     for name in ("micro_batch", "steps"):
@@ -99,11 +99,9 @@ def cmd_doctor(args) -> None:
         lines.append(f"  {'measured peak so far':<28} {human_bytes(peak):>10}")
 
     settings = SamplerSettings(args.steps, args.guidance, args.height, args.width)
-    cond = model.encode_prompts([args.prompt], [""])
     start = time.perf_counter()
-    with torch.no_grad():
-        traj = rollout(model, cond, settings, None, init_seeds=[args.seed], noise_seeds=[args.seed])
+    images = sample_images(model, [args.prompt], [""], settings, init_seeds=[args.seed])
     seconds = time.perf_counter() - start
-    path = save_png(image_grid(traj["images"].cpu().numpy(), [args.prompt], ncols=1), args.out)
+    path = save_png(image_grid(images.numpy(), [args.prompt], ncols=1), args.out)
     lines.append(f"sample     {path} ({args.steps} ODE steps in {seconds:.2f} s, {seconds / args.steps:.3f} s/step)")
     print("\n".join(lines))

@@ -89,10 +89,10 @@ def _reward_choices(args: argparse.Namespace, first_config) -> list:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
+    from diffusion_rl.checkpoint.weights import checkpoint_config
     from diffusion_rl.config import LoraConfig, ModelConfig
     from diffusion_rl.data.prompts import load_prompts
     from diffusion_rl.evaluation import EvalSettings, evaluate, resolve_targets
-    from diffusion_rl.models.checkpoint_weights import checkpoint_config
 
     targets = resolve_targets(args.checkpoint)
     first = next((checkpoint_config(t.checkpoint) for t in targets if not t.is_base), None)

@@ -31,7 +31,8 @@ def register(subparsers) -> None:
 
 
 def cmd_export(args) -> None:
-    from diffusion_rl.models.export import export_merged, load_checkpoint_model, save_diffusers_lora
+    from diffusion_rl.checkpoint.weights import load_checkpoint_model
+    from diffusion_rl.models.export import export_merged, write_lora_adapter
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -49,8 +50,5 @@ def cmd_export(args) -> None:
         raise UserError(
             f"{checkpoint} is a full fine-tuning checkpoint (no LoRA): pass --merge to write the whole model"
         )
-    out.mkdir(parents=True, exist_ok=True)
-    model.policies.trained.save_pretrained(out, selected_adapters=["default"])
-    # peft writes a selected non-"default" adapter to a subfolder; "default" lands in `out` itself
-    file = save_diffusers_lora(model, out)
+    file = write_lora_adapter(model, out)
     logger.info("exported the LoRA of %s (%s weights) to %s", checkpoint, which, file)

@@ -65,9 +65,9 @@ def prepare_pairs(cfg, out: Path, n: int, limit: int | None = None) -> tuple[int
     from diffusion_rl.data.pairs import PreferencePair, write_pairs
     from diffusion_rl.data.prompts import load_prompts
     from diffusion_rl.models.loader import load_model
-    from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+    from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
     from diffusion_rl.sampling.window import default_window
-    from diffusion_rl.trainer.base import build_rewards, ensure_model
+    from diffusion_rl.trainer.trainer import build_rewards, ensure_model
     from diffusion_rl.utils.seeding import seed_for
 
     records = load_prompts(cfg.data.train)[:limit]
@@ -85,14 +85,9 @@ def prepare_pairs(cfg, out: Path, n: int, limit: int | None = None) -> tuple[int
         chunk = records[start : start + per_chunk]
         instances = [(start + i, r, j) for i, r in enumerate(chunk) for j in range(n)]
         seeds = [seed_for(cfg.run.seed, "prepare_pairs", i, j) for i, _, j in instances]
-        cond = model.encode_prompts(
-            [r.prompt for _, r, _ in instances], [r.negative_prompt or "" for _, r, _ in instances]
-        )
-        with torch.no_grad():
-            images = rollout(model, cond, settings, window, init_seeds=seeds, noise_seeds=seeds)["images"].cpu().numpy()
-        metadata = [
-            {**r.metadata, "ground_truth": r.ground_truth, "data_source": r.data_source} for _, r, _ in instances
-        ]
+        prompts, negative = [r.prompt for _, r, _ in instances], [r.negative_prompt for _, r, _ in instances]
+        images = sample_images(model, prompts, negative, settings, init_seeds=seeds, window=window).numpy()
+        metadata = [r.reward_metadata() for _, r, _ in instances]
         scored = rewards(images, [r.prompt for _, r, _ in instances], metadata)
         groups = torch.tensor([i for i, _, _ in instances])
         chosen = online_pairs(torch.from_numpy(np.asarray(scored.total, dtype=np.float64)), groups)

@@ -47,6 +47,11 @@ class PromptRecord:
         if problem:
             raise UserError(f"invalid PromptRecord: {problem}")
 
+    def reward_metadata(self) -> dict[str, Any]:
+        """What a reward gets with each image of this prompt: the metadata plus ground_truth and data_source (these
+        two win on a clash). A new dict each call, so a reward may change one without touching the others."""
+        return {**self.metadata, "ground_truth": self.ground_truth, "data_source": self.data_source}
+
 
 def load_prompts(path: str | Path) -> list[PromptRecord]:
     """Read a prompt dataset; the format follows the extension (.txt, .jsonl, .parquet)."""

@@ -141,7 +141,7 @@ class StepPrompts:
 
         Each instance gets its own dict, so a reward function may modify one without touching the others.
         """
-        return [{**r.metadata, "ground_truth": r.ground_truth, "data_source": r.data_source} for r in self.records]
+        return [r.reward_metadata() for r in self.records]
 
 
 def make_step_prompts(records: list[PromptRecord], sampler: PromptSampler, step: int, group_size: int) -> StepPrompts:

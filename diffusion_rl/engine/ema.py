@@ -38,6 +38,10 @@ class EmaWeights:
         return {"decay": self.decay, "shadow": [s.clone() for s in self.shadow]}
 
     def load_state_dict(self, state: dict) -> None:
-        if len(state["shadow"]) != len(self.shadow):
+        self.load_shadow(state["shadow"])
+
+    def load_shadow(self, shadow: list[torch.Tensor]) -> None:
+        """Replace the averaged weights (as a checkpoint stored them, in trainable-parameter order)."""
+        if len(shadow) != len(self.shadow) or any(a.shape != b.shape for a, b in zip(shadow, self.shadow)):
             raise ValueError("EMA state does not match the trainable parameters of this model")
-        self.shadow = [s.clone() for s in state["shadow"]]
+        self.shadow = [s.clone() for s in shadow]

@@ -1,4 +1,13 @@
-"""The in-process engine: one PolicyWorker on one device."""
+"""The in-process engine: one PolicyWorker on one device. `make_engine` picks the engine the config asks for.
+
+What every engine offers the trainer (the Ray engine, engine/ray.py, the same over many workers):
+- `generate(prompts, step, window, rows)`: roll out rows of the step's prompts, keep their trajectories, return
+  their images (uint8 [n, H, W, 3], CPU); `keep_offline(prompts, latents, step)`: keep offline latents instead;
+- `update(targets, step)`: train on the kept trajectories of `step` with the algorithm's targets (same rows);
+- `sample_images(...)` (validation), `encode_images(...)`;
+- `save(directory) -> state` / `load(directory, state)`: dcp/ in the directory, plain state for the trainer's
+  state.pt (checkpoint/state.py); `health_problem()`: why the model should not be checkpointed now, or None.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +15,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict
 
+from diffusion_rl.algorithms.base import Targets
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.worker import PolicyWorker
-from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.sampling.trajectory import SampleIds
 from diffusion_rl.sampling.window import SdeWindow
+
+
+def sample_ids(prompts: StepPrompts, rows: Sequence[int]) -> SampleIds:
+    """The ids of `rows` of a step's batch: their positions (which seed their noise), groups and prompts."""
+    rows = [int(i) for i in rows]
+    return SampleIds(
+        sample_index=torch.tensor(rows, dtype=torch.long),
+        group_index=prompts.group_index[rows].clone(),
+        prompt=[prompts.prompts[i] for i in rows],
+        batch_size=[len(rows)],
+    )
 
 
 class LocalEngine:
@@ -25,28 +45,22 @@ class LocalEngine:
 
     def generate(
         self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
-    ) -> TensorDict:
+    ) -> torch.Tensor:
         """Rollouts of the step's prompt instances (or of `rows` of them: a chunk; same samples either way)."""
         rows = list(range(len(prompts))) if rows is None else list(rows)
-        return self.worker.generate(
-            [prompts.prompts[i] for i in rows],
-            [prompts.negative_prompts[i] for i in rows],
-            rows,
-            prompts.group_index[rows].tolist(),
-            step,
-            window,
-        )
+        negative = [prompts.negative_prompts[i] for i in rows]
+        return self.worker.generate([prompts.prompts[i] for i in rows], negative, sample_ids(prompts, rows), step,
+                                    window)  # fmt: skip
 
-    def update(self, batch: TensorDict, step: int) -> dict[str, float]:
-        return self.worker.update(batch, step)
+    def keep_offline(self, prompts: StepPrompts, latents: torch.Tensor, step: int) -> None:
+        rows = range(len(prompts))
+        self.worker.keep_offline(prompts.prompts, prompts.negative_prompts, sample_ids(prompts, rows), latents, step)
+
+    def update(self, targets: Targets, step: int) -> dict[str, float]:
+        return self.worker.update(targets, step)
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         return self.worker.encode_images(images)
-
-    def offline_batch(
-        self, prompts: Sequence[str], negative: Sequence[str | None], sample_index: Sequence[int], latents: torch.Tensor
-    ) -> TensorDict:
-        return self.worker.offline_batch(prompts, negative, sample_index, latents)
 
     def sample_images(
         self,
@@ -58,16 +72,23 @@ class LocalEngine:
     ) -> torch.Tensor:
         return self.worker.sample_images(prompts, negative, seeds, settings, use_ema)
 
-    def save(self, directory: Path) -> None:
-        self.worker.save(directory)
+    def save(self, directory: Path) -> dict:
+        return self.worker.save(directory)
 
-    def load(self, directory: Path) -> None:
-        if (directory / "dcp").is_dir():
-            raise UserError(
-                f"{directory} was written by engine.kind=ray (sharded, in dcp/): resume it with engine.kind=ray "
-                "(any engine.num_workers)"
-            )
-        self.worker.load(directory)
+    def load(self, directory: Path, state: dict) -> None:
+        self.worker.load(directory, state)
+
+    def health_problem(self) -> str | None:
+        return health_problem(self.worker.optimizer.consecutive_skips, self.worker.weights_finite())
+
+
+def health_problem(consecutive_skips: int, weights_finite: bool) -> str | None:
+    """Why a model should not be checkpointed: its last updates were skipped, or its weights are not finite."""
+    if not weights_finite:
+        return "the trained weights are not finite"
+    if consecutive_skips:
+        return f"the last {consecutive_skips} update(s) were skipped for a non-finite gradient"
+    return None
 
 
 def make_engine(cfg):

@@ -10,6 +10,7 @@ The worker calls the same methods either way, so its sampling and update code ha
   loss by the global count and the summed gradients are the global mean);
 - `sync_gradients(last_before_step)` before each backward: whether this backward must reduce the gradients;
 - `clip_grad_norm(params, max_norm)`: the norm over all shards, identical on every worker;
+- `full_tensors(tensors, keep)`: whole CPU copies of (possibly sharded) tensors, for exports;
 - `gathered()`: a block in which the trained network's full weights are on this device, so a worker can sample
   any number of rows (even none) without collectives inside the sampler loop;
 - `training()`: a block holding one update (its forwards, backwards and optimizer steps).
@@ -42,6 +43,10 @@ class SingleDevice:
 
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def full_tensors(self, tensors: dict[str, torch.Tensor], keep: bool = True) -> dict[str, torch.Tensor]:
+        """Whole CPU copies of `tensors` (one device: they are whole already)."""
+        return {name: t.detach().cpu() for name, t in tensors.items()} if keep else {}
 
     @contextlib.contextmanager
     def gathered(self) -> Iterator[None]:
@@ -121,6 +126,18 @@ class Fsdp2Sharded(SingleDevice):
         total = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
         return type(value)(total.item()) if isinstance(value, int) else total.item()
+
+    def full_tensors(self, tensors: dict[str, torch.Tensor], keep: bool = True) -> dict[str, torch.Tensor]:
+        """Unsharded CPU copies: an all-gather per DTensor, in the dict's order (a collective: the same on every
+        rank). With keep=False this rank takes part in the gathers but keeps nothing (only rank 0 needs them)."""
+        from torch.distributed.tensor import DTensor
+
+        out = {}
+        for name, t in tensors.items():
+            full = (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+            if keep:
+                out[name] = full.cpu()
+        return out
 
     def sync_gradients(self, last_before_step: bool) -> None:
         """Called before each backward: reduce the gradients only on the last one before an optimizer step."""

@@ -1,15 +1,15 @@
 """The Ray engine: `engine.num_workers` PolicyWorker actors with the transformer FSDP2-sharded over them.
 
 The driver (the trainer's process) holds no model. It splits each call over the workers and gathers the results:
-- generate: the requested rows are split into one contiguous share per worker (with sampling.score_chunks = 1 and
-  prompts_per_step divisible by num_workers, a prompt's whole group stays on one worker); every worker all-gathers
-  the transformer once and samples its share; the trajectories come back to the driver, which scores them and
-  computes advantages exactly as with the local engine.
-- update: worker r trains on rows [r·B/N, (r+1)·B/N). Mini-batches are the interleaved rows m, m+M, … of the batch,
-  so with (B/N) % M == 0 each global mini-batch is the union of the workers' local ones; each worker scales its
-  loss by the mini-batch's global kept count, FSDP2 sums the gradients, and the optimizer step equals the local
-  engine's up to float reduction order.
-- save/load: every worker writes its shards with torch.distributed.checkpoint into the directory the driver passes.
+- generate: worker r owns rows [r·B/N, (r+1)·B/N) of the step's batch; each call's rows (a chunk, or all) go to
+  their owners, which all-gather the transformer once, sample their rows, keep the trajectories and return only
+  the images: the driver scores them and prepares the targets exactly as with the local engine.
+- update: worker r receives the targets of its rows (advantages or pairs: O(B) numbers) and trains on the
+  trajectories it kept. Mini-batches are the interleaved rows m, m+M, … of the batch, so with (B/N) % M == 0 each
+  global mini-batch is the union of the workers' local ones; each worker scales its loss by the mini-batch's global
+  count, FSDP2 sums the gradients, and the optimizer step equals the local engine's up to float reduction order.
+- save/load: every worker writes and reads its shards with torch.distributed.checkpoint, in the one checkpoint
+  format of every engine (checkpoint/state.py): a run moves between engines and worker counts.
 
 A failure on any worker (an exception, or a process that died) stops every worker and raises on the driver with the
 worker's rank, host and traceback; the trainer then publishes no checkpoint for the step.
@@ -18,18 +18,23 @@ worker's rank, host and traceback; the trainer then publishes no checkpoint for 
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict
 
+from diffusion_rl.algorithms.base import Targets
 from diffusion_rl.data.sampler import StepPrompts
+from diffusion_rl.engine.local import health_problem, sample_ids
 from diffusion_rl.engine.sharded_worker import ShardedWorker, WorkerError
 from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import SdeWindow
+from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +58,18 @@ class WorkerDied(RuntimeError):
     """A worker process ended (killed, out of memory, node lost) while the engine needed it."""
 
 
-def import_ray():
+# A local cluster of our own listens on loopback only. Ray turns a node address of 127.0.0.1 into the machine's
+# reachable one unless "clusters" are off, which keeps every Ray server (GCS, raylets, workers, the runtime-env
+# agent) on loopback; with nothing reachable from outside, Ray's token authentication is left off too (it would
+# only write ~/.ray/auth_token and warn). Read by Ray when it is first imported.
+LOCAL_CLUSTER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def import_ray(local: bool = False):
+    """Ray, imported for a local cluster on loopback (see LOCAL_CLUSTER_ENV) or for one joined at an address."""
+    if local and "ray" not in sys.modules:
+        for key, value in LOCAL_CLUSTER_ENV.items():
+            os.environ.setdefault(key, value)
     try:
         import ray
     except ImportError:
@@ -62,14 +78,20 @@ def import_ray():
 
 
 def ensure_ray(engine_cfg) -> None:
-    """Connect to Ray once per process: the cluster at engine.address, or a new local one when it is null."""
-    ray = import_ray()
+    """Connect to Ray once per process: the cluster at engine.address, or a new local one (on loopback) when null."""
+    local = engine_cfg.address is None
+    ray = import_ray(local)
     if ray.is_initialized():
         return
     start = time.perf_counter()
-    # a local cluster of our own listens on loopback only; a cluster we join decides its own addresses
-    local = {} if engine_cfg.address else {"_node_ip_address": "127.0.0.1"}
-    ray.init(address=engine_cfg.address, include_dashboard=False, logging_level=logging.WARNING, **local)
+    ray.init(address=engine_cfg.address, include_dashboard=False, logging_level=logging.WARNING)
+    if local and ray.util.get_node_ip_address() != "127.0.0.1":
+        logger.warning(
+            "the local Ray cluster listens on %s, not loopback only: Ray was imported before diffusion-rl could "
+            "set %s; set them in the environment to keep it local",
+            ray.util.get_node_ip_address(),
+            ", ".join(f"{k}={v}" for k, v in LOCAL_CLUSTER_ENV.items()),
+        )
     logger.info(
         "Ray %s in %.1f s: %s",
         "joined" if engine_cfg.address else "started",
@@ -78,26 +100,10 @@ def ensure_ray(engine_cfg) -> None:
     )
 
 
-def split_evenly(items: Sequence, parts: int) -> list[list]:
-    """`items` cut into `parts` contiguous pieces whose lengths differ by at most one (the first ones longer)."""
-    base, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        out.append(list(items[start:end]))
-        start = end
-    return out
-
-
 class RayEngine:
     def __init__(self, cfg):
         self.cfg = cfg
         e = cfg.engine
-        if cfg.algorithm.family != "policy_gradient":
-            raise UserError(
-                f"engine.kind=ray runs the policy_gradient family; algorithm.family={cfg.algorithm.family} runs "
-                "with engine.kind=local for now"
-            )
         start = time.perf_counter()
         ensure_ray(e)
         ray = import_ray()
@@ -106,6 +112,8 @@ class RayEngine:
 
         self.world_size = e.num_workers
         self.failed: str | None = None
+        self.held: list[list[int]] = [[] for _ in range(self.world_size)]  # the rows each worker keeps, in order
+        self.held_step: int | None = None
         bundle = {"CPU": e.cpus_per_worker, **({"GPU": e.gpus_per_worker} if e.gpus_per_worker else {})}
         # one bundle per worker, reserved all at once: either every worker can start or none does
         self._group = placement_group([bundle] * self.world_size, strategy="PACK")
@@ -131,7 +139,11 @@ class RayEngine:
         infos = self._call("info")
         self.where = [f"worker rank {i['rank']} on {i['host']} (pid {i['pid']})" for i in infos]
         self.pids = [i["pid"] for i in infos]
-        address = self._gather([self.workers[0].rendezvous_address.remote()], ranks=[0])[0]
+        if e.address is None:  # one machine: rendezvous through a file, so no store listens on a socket
+            self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="diffusion_rl_rendezvous_")
+            address = f"file://{self._rendezvous_dir.name}/store"
+        else:
+            address = self._gather([self.workers[0].rendezvous_address.remote()], ranks=[0])[0]
         started = time.perf_counter()
         self._call("setup", cfg, address)
         self.startup_seconds = time.perf_counter() - start
@@ -158,35 +170,47 @@ class RayEngine:
     # -- the engine interface ---------------------------------------------------------------------------------
     def generate(
         self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
-    ) -> TensorDict:
-        """Rollouts of the step's prompt instances (or of `rows` of them), each worker sampling a contiguous share."""
+    ) -> torch.Tensor:
+        """Rollouts of the step's prompt instances (or of `rows` of them), each sampled by the worker owning it;
+        the workers keep the trajectories, the driver gets the images (in the order of `rows`)."""
         rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
-        shares = split_evenly(rows, self.world_size)
-        texts, negative, groups = prompts.prompts, prompts.negative_prompts, prompts.group_index.tolist()
-        parts = self._call(
-            "generate",
-            per_rank=[
-                (
-                    [texts[i] for i in share],
-                    [negative[i] for i in share],
-                    share,
-                    [groups[i] for i in share],
-                    step,
-                    window,
-                )
-                for share in shares
-            ],
-        )
-        return torch.cat([p for p in parts if p is not None])  # shares are contiguous: the order of `rows`
+        shares = self._hold(len(prompts), rows, step)
+        texts, negative = prompts.prompts, prompts.negative_prompts
+        per_rank = [
+            ([texts[i] for i in s], [negative[i] for i in s], sample_ids(prompts, s), step, window) for s in shares
+        ]
+        images = self._call("generate", per_rank=per_rank)
+        return torch.cat([images[r] for r in range(self.world_size) if shares[r]])  # shares follow `rows`' order
 
-    def update(self, batch: TensorDict, step: int) -> dict[str, float]:
-        """Data-parallel update: worker r trains on the r-th contiguous B/N rows; metrics combined over workers."""
-        size = batch.batch_size[0]
-        if size % self.world_size:
-            raise ValueError(f"a batch of {size} rows does not split evenly over {self.world_size} workers")
-        shards = batch.cpu().split(size // self.world_size)
-        results = self._call("update", per_rank=[(shard, step) for shard in shards])
-        return combine_worker_metrics(results)
+    def keep_offline(self, prompts: StepPrompts, latents: torch.Tensor, step: int) -> None:
+        shares = self._hold(len(prompts), list(range(len(prompts))), step)
+        negative = prompts.negative_prompts
+        per_rank = [
+            ([prompts.prompts[i] for i in s], [negative[i] for i in s], sample_ids(prompts, s), latents[s], step)
+            for s in shares
+        ]
+        self._call("keep_offline", per_rank=per_rank)
+
+    def _hold(self, batch_size: int, rows: list[int], step: int) -> list[list[int]]:
+        """The part of `rows` each worker samples and keeps: worker r owns rows [r·B/N, (r+1)·B/N) of the step."""
+        if self.held_step != step:
+            self.held, self.held_step = [[] for _ in range(self.world_size)], step
+        owned = [set(share) for share in split_evenly(range(batch_size), self.world_size)]
+        shares = [[i for i in rows if i in mine] for mine in owned]
+        for held, share in zip(self.held, shares):
+            held.extend(share)
+        return shares
+
+    def update(self, targets: Targets, step: int) -> dict[str, float]:
+        """Data-parallel update: each worker gets the targets of the rows it keeps; metrics combined over workers."""
+        if self.held_step != step:
+            raise RuntimeError(f"update of step {step}: the workers keep no rollout of that step")
+        sizes = {len(rows) for rows in self.held}
+        if len(sizes) != 1:
+            raise ValueError(f"the workers keep {[len(r) for r in self.held]} rows; an update needs equal shares")
+        per_rank = [(targets[torch.tensor(rows, dtype=torch.long)], step) for rows in self.held]
+        self.held_step = None
+        return combine_worker_metrics(self._call("update", per_rank=per_rank))
 
     def sample_images(
         self,
@@ -206,12 +230,17 @@ class RayEngine:
         )
         return torch.cat(images)
 
-    def save(self, directory: Path) -> None:
-        """Every worker writes its shards into `directory` (the trainer's temp dir, published when all returned)."""
-        self._call("save", str(Path(directory).resolve()))
+    def save(self, directory: Path) -> dict:
+        """Every worker writes its shards into `directory` (the trainer's temp dir, published when all returned);
+        returns the plain state (LR schedule, counters: the same on every worker) for the trainer's state.pt."""
+        return self._call("save", str(Path(directory).resolve()))[0]
 
-    def load(self, directory: Path) -> None:
-        self._call("load", str(Path(directory).resolve()))
+    def load(self, directory: Path, state: dict) -> None:
+        self._call("load", str(Path(directory).resolve()), state)
+
+    def health_problem(self) -> str | None:
+        reports = self._call("health")  # (consecutive skips, this rank's shards finite) per worker
+        return health_problem(reports[0][0], all(finite for _, finite in reports))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained policy's full weights on the driver (names as PolicySet.trainable_state_dict)."""
@@ -233,6 +262,9 @@ class RayEngine:
         if getattr(self, "_group", None) is not None:
             remove_placement_group(self._group)
             self._group = None
+        if getattr(self, "_rendezvous_dir", None) is not None:
+            self._rendezvous_dir.cleanup()
+            self._rendezvous_dir = None
 
     # -- calls and failures --------------------------------------------------------------------------------------
     def _call(self, method: str, *args, per_rank: Sequence[tuple] | None = None) -> list:

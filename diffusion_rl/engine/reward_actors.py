@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from diffusion_rl.utils.split import split_evenly
+
 logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3  # per actor; each restart rebuilds the reward (reloads its model)
@@ -86,7 +88,7 @@ class ActorReward:
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
         ray = _ray()
-        pieces = [p for p in np.array_split(np.arange(len(images)), len(self.actors)) if len(p)]
+        pieces = [p for p in split_evenly(range(len(images)), len(self.actors)) if p]
         refs = [
             actor.score.remote(images[p], [prompts[i] for i in p], [metadata[i] for i in p])
             for actor, p in zip(self.actors, pieces)

@@ -1,9 +1,10 @@
 """One rank of the Ray engine: a PolicyWorker whose transformer is FSDP2-sharded over all ranks.
 
 This wraps the one PolicyWorker (engine/worker.py) rather than copying it: the worker gets an `Fsdp2Sharded`
-parallelism and everything else (sampling, the update, the optimizer step, EMA) is the same code the local engine
-runs. What is added here is what only a rank needs: joining the process group, sampling inside `gathered()`,
-sharded checkpoints (engine/sharded_checkpoint.py), and errors that say which rank on which host failed.
+parallelism and everything else (sampling, keeping trajectories, the update, the optimizer step, EMA,
+checkpoints) is the same code the local engine runs. What is added here is what only a rank needs: joining the
+process group, sampling inside `gathered()`, updating inside `training()`, and errors that say which rank on which
+host failed.
 
 Plain torch.distributed: Ray only hosts it as an actor (engine/ray.py).
 """
@@ -22,13 +23,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict
 
-from diffusion_rl.engine import sharded_checkpoint
+from diffusion_rl.algorithms.base import Targets
+from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.engine.parallel import Fsdp2Sharded
-from diffusion_rl.engine.worker import PolicyWorker, TrainingDiverged
+from diffusion_rl.engine.worker import PolicyWorker
 from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.sampling.trajectory import SampleIds
 from diffusion_rl.sampling.window import SdeWindow
 
 logger = logging.getLogger(__name__)
@@ -117,6 +119,8 @@ class ShardedWorker:
         device = resolve_device(cfg.model.device)
         if device.type == "cuda":  # Ray shows each worker its own GPU(s): index 0 unless model.device names one
             torch.cuda.set_device(device.index or 0)
+        if init_method.startswith("file://"):  # a local cluster: gloo's connections stay on loopback too
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend,
@@ -134,17 +138,23 @@ class ShardedWorker:
         self,
         prompts: Sequence[str],
         negative: Sequence[str | None],
-        sample_index: Sequence[int],
-        group_index: Sequence[int],
+        ids: SampleIds,
         step: int,
         window: SdeWindow | None,
-    ) -> TensorDict | None:
-        """This rank's rows of a training rollout (None when it has none: it still joins the all-gather)."""
+    ) -> torch.Tensor:
+        """This rank's rows of a training rollout, kept here; their images (it still joins the all-gather with
+        no rows)."""
         with self.parallel.gathered():
             if not prompts:
-                return None
-            traj = self.worker.generate(prompts, negative, sample_index, group_index, step, window)
-        return traj.cpu()
+                s = self.worker.settings
+                return torch.zeros(0, s.height, s.width, 3, dtype=torch.uint8)
+            return self.worker.generate(prompts, negative, ids, step, window)
+
+    @_reported
+    def keep_offline(
+        self, prompts: Sequence[str], negative: Sequence[str | None], ids: SampleIds, latents: torch.Tensor, step: int
+    ) -> None:
+        self.worker.keep_offline(prompts, negative, ids, latents, step)
 
     @_reported
     def sample_images(
@@ -155,31 +165,35 @@ class ShardedWorker:
         settings: SamplerSettings,
         use_ema: bool,
     ) -> torch.Tensor:
-        ema = self.worker.ema if use_ema else None
+        ema = self.worker.optimizer.ema if use_ema else None
         # swap the EMA into the shards before gathering them: the gathered copy is what the sampler runs
         with ema.swapped_in() if ema is not None else contextlib.nullcontext(), self.parallel.gathered():
-            if not prompts:
-                return torch.zeros(0, settings.height, settings.width, 3, dtype=torch.uint8)
             return self.worker.sample_images(prompts, negative, seeds, settings, use_ema=False)
 
     # -- update -------------------------------------------------------------------------------------------------
     @_reported
-    def update(self, shard: TensorDict, step: int) -> dict[str, float]:
+    def update(self, targets: Targets, step: int) -> dict[str, float]:
         """The update on this rank's rows; FSDP2 sums the gradients over the ranks."""
         with self.parallel.training():
-            return self.worker.update(shard.to(self.worker.model.device), step)
+            return self.worker.update(targets, step)
+
+    @_reported
+    def health(self) -> tuple[int, bool]:
+        """(consecutive skipped updates, whether this rank's shards of the trained weights are finite)."""
+        return self.worker.optimizer.consecutive_skips, self.worker.weights_finite()
 
     # -- state ------------------------------------------------------------------------------------------------------
     @_reported
-    def save(self, directory: str) -> None:
-        sharded_checkpoint.save(self.worker, Path(directory), self.rank)
+    def save(self, directory: str) -> dict:
+        return self.worker.save(Path(directory))
 
     @_reported
-    def load(self, directory: str) -> None:
-        sharded_checkpoint.load(self.worker, Path(directory))
+    def load(self, directory: str, state: dict) -> None:
+        self.worker.load(Path(directory), state)
 
     @_reported
     def trainable_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The trained policy's full weights (gathered from the shards) on rank 0; None elsewhere."""
-        full = sharded_checkpoint.full_tensors(self.worker.model.policies.state_dict_of("default"), self.rank == 0)
+        policies = self.worker.model.policies
+        full = self.parallel.full_tensors(policies.state_dict_of("default"), keep=self.rank == 0)
         return full if self.rank == 0 else None

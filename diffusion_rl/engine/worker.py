@@ -1,41 +1,35 @@
-"""PolicyWorker: one device's model, optimizer and EMA; samples rollouts and updates on its share of a batch.
+"""PolicyWorker: one device's model, algorithm and optimizer; samples rollouts, keeps them, updates on them.
 
-The local engine holds one; a distributed engine holds one per device. The trainer never calls it directly.
+The local engine holds one; the Ray engine one per device (engine/sharded_worker.py). A training step's
+trajectories stay here between `generate` (which returns only the images, for scoring) and `update` (which
+receives only the algorithm's targets: advantages or pairs). The trainer never calls a worker directly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-from tensordict import TensorDict
 
-from diffusion_rl.engine.direct_preference_update import DirectPreferenceUpdate
-from diffusion_rl.engine.ema import EmaWeights
+from diffusion_rl.algorithms.base import Targets, TrainBatch, make_algorithm
+from diffusion_rl.checkpoint import state as checkpoint_state
+from diffusion_rl.engine.optimizer import OptimizerStepper
 from diffusion_rl.engine.parallel import SingleDevice
-from diffusion_rl.engine.policy_gradient_update import PolicyGradientUpdate
+from diffusion_rl.engine.update_loop import run_update
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
-from diffusion_rl.models.export import save_diffusers_lora
+from diffusion_rl.models.export import write_lora_adapter
 from diffusion_rl.models.loader import load_model
-from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+from diffusion_rl.models.policies import DEFAULT
+from diffusion_rl.sampling.rollout import SamplerSettings, rollout, sample_images
+from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.seeding import seed_for
 
 logger = logging.getLogger(__name__)
-
-
-# algorithm.family → the update it runs (engine/*_update.py); an updater may add named policies to the model
-UPDATERS = {"policy_gradient": PolicyGradientUpdate, "direct_preference": DirectPreferenceUpdate}
-
-
-class TrainingDiverged(RuntimeError):
-    """Too many consecutive updates had a non-finite loss or gradient norm."""
 
 
 class PolicyWorker:
@@ -47,80 +41,70 @@ class PolicyWorker:
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed_for(cfg.run.seed, "model_init"))
             self.model: FlowModel = load_model(cfg.model)
-        if cfg.algorithm.kl_beta > 0:
-            self.model.policies.keep_reference()
+        self.algorithm = make_algorithm(cfg)
+        self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)
         s = cfg.sampling
         self.settings = SamplerSettings(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level)
-        self.updater = UPDATERS[cfg.algorithm.family](self)  # may add named policies (old, ema, reference)
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
         self.parallel = parallel if parallel is not None else SingleDevice()
         self.parallel.prepare(self.model)
         params = self.model.trainable_parameters()
         if not params:
             raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
-        t = cfg.train
-        self.optimizer = torch.optim.AdamW(
-            params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, eps=t.adam_eps
-        )
-        warmup = t.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
-        )
-        self.ema = EmaWeights(params, t.ema.decay) if t.ema.enabled else None
-        self.optimizer_steps = 0
-        self.skipped_updates = 0
-        self.consecutive_skips = 0
+        self.optimizer = OptimizerStepper(params, cfg.train, self.parallel)
+        self.pending: list[Trajectory] = []  # this step's trajectories, in the order generate() made them
+        self.pending_step: int | None = None
 
     # -- sampling -------------------------------------------------------------------------------------------
     def generate(
         self,
         prompts: Sequence[str],
         negative: Sequence[str | None],
-        sample_index: Sequence[int],
-        group_index: Sequence[int],
+        ids: SampleIds,
         step: int,
         window: SdeWindow | None,
-    ) -> TensorDict:
-        """A training rollout. Sample i's noise comes from (seed, step, sample_index[i]), never from its batch."""
+    ) -> torch.Tensor:
+        """Roll out a training batch, keep its trajectory for `update`, return its images (uint8 [B, H, W, 3], CPU).
+        Sample i's noise comes from (seed, step, sample_index[i]) (its group's with share_initial_noise)."""
         seed = self.cfg.run.seed
         cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative])
-        init_ids = group_index if self.cfg.sampling.share_initial_noise else sample_index
-        with self.model.using(self.updater.rollout_policy):  # the policy that samples (DiffusionNFT: `old`)
+        init_ids = ids.group_index if self.cfg.sampling.share_initial_noise else ids.sample_index
+        with self.model.using(self.algorithm.rollout_policy):  # the policy that samples (DiffusionNFT: `old`)
             traj = rollout(
                 self.model,
                 cond,
                 self.settings,
                 window,
                 init_seeds=[seed_for(seed, step, "init_noise", int(i)) for i in init_ids],
-                noise_seeds=[seed_for(seed, step, "sde_noise", int(i)) for i in sample_index],
+                noise_seeds=[seed_for(seed, step, "sde_noise", int(i)) for i in ids.sample_index],
+                ids=ids,
             )
-        traj["cond"] = cond
-        traj["sample_index"] = torch.as_tensor(list(sample_index), device=traj.device)
-        return traj
+        self._keep(traj, step)
+        return traj.images.cpu()
+
+    def keep_offline(
+        self, prompts: Sequence[str], negative: Sequence[str | None], ids: SampleIds, latents: torch.Tensor, step: int
+    ) -> None:
+        """Keep given clean latents [B, …] (an offline dataset) as this step's batch instead of a rollout's."""
+        device = self.model.device
+        traj = Trajectory(
+            final_latents=latents.to(device, torch.float32),
+            cond=self.model.encode_prompts(list(prompts), [n or "" for n in negative]),
+            ids=ids.to(device),
+            batch_size=[len(prompts)],
+            device=device,
+        )
+        self._keep(traj, step)
+
+    def _keep(self, traj: Trajectory, step: int) -> None:
+        if self.pending_step != step:  # a new step: whatever an interrupted one left is dropped
+            self.pending, self.pending_step = [], step
+        self.pending.append(traj)
 
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] → latents [B, …] on the CPU (offline datasets cache them)."""
         return self.model.encode(images).cpu()
-
-    def offline_batch(
-        self,
-        prompts: Sequence[str],
-        negative: Sequence[str | None],
-        sample_index: Sequence[int],
-        final_latents: torch.Tensor,
-    ) -> TensorDict:
-        """A training batch of given clean latents (offline data) instead of a rollout's: final_latents, cond."""
-        cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative])
-        return TensorDict(
-            {
-                "final_latents": final_latents.to(self.model.device, torch.float32),
-                "cond": cond,
-                "sample_index": torch.as_tensor(list(sample_index), device=self.model.device),
-            },
-            batch_size=[len(prompts)],
-            device=self.model.device,
-        )
 
     @torch.no_grad()
     def sample_images(
@@ -131,90 +115,70 @@ class PolicyWorker:
         settings: SamplerSettings,
         use_ema: bool = True,
     ) -> torch.Tensor:
-        """ODE samples (validation, evaluation): uint8 [B, H, W, 3], each from its own seed."""
-        cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative])
-        swap = self.ema.swapped_in() if (use_ema and self.ema is not None) else contextlib.nullcontext()
-        with swap:
-            traj = rollout(self.model, cond, settings, None, init_seeds=seeds, noise_seeds=seeds)
-        return traj["images"].cpu()
+        """ODE samples (validation): uint8 [B, H, W, 3], each from its own seed, in micro-batch-sized chunks."""
+        ema = self.optimizer.ema
+        with ema.swapped_in() if (use_ema and ema is not None) else contextlib.nullcontext():
+            return sample_images(
+                self.model, prompts, negative, settings, init_seeds=seeds, batch_size=self.cfg.train.micro_batch_size
+            )
 
     # -- update ----------------------------------------------------------------------------------------------
-    def update(self, batch: TensorDict, step: int) -> dict[str, float]:
-        """One training step's update by the algorithm family's updater (see engine/*_update.py)."""
-        return self.updater(batch, step)
+    def update(self, targets: Targets, step: int) -> dict[str, float]:
+        """Train on this step's kept trajectories with the algorithm's targets for the same rows, in order."""
+        if self.pending_step != step or not self.pending:
+            raise RuntimeError(f"update of step {step}: no trajectories of that step were generated on this worker")
+        traj = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+        self.pending, self.pending_step = [], None
+        if targets.batch_size != traj.batch_size:
+            raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows kept here")
+        batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
+        return run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer)
 
-    def optimizer_step(self) -> float:
-        """Clip, then step (or skip a non-finite gradient); returns the gradient norm before clipping."""
-        t = self.cfg.train
-        # the optimizer's own list: under FSDP2 the module may hold gathered copies now, the optimizer the shards
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
-        grad_norm = self.parallel.clip_grad_norm(params, max_norm)  # over all shards
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_updates += 1
-            self.consecutive_skips += 1
-            logger.warning(
-                "non-finite gradient norm (%s): update skipped (%d in a row)", grad_norm, self.consecutive_skips
-            )
-            if self.consecutive_skips >= t.max_consecutive_skips:
-                raise TrainingDiverged(
-                    f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient norm; "
-                    "stopping (the last good checkpoint is kept). Lower train.lr or check the rewards."
-                )
-            return grad_norm
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.optimizer_steps += 1
-        self.consecutive_skips = 0
-        if self.ema is not None and self.optimizer_steps % t.ema.update_every == 0:
-            self.ema.update()
-        return grad_norm
+    def weights_finite(self) -> bool:
+        """Whether every trained weight is finite (this worker's shards): a diverged model's are not."""
+        return all(bool(torch.isfinite(p.detach()).all()) for p in self.optimizer.params)
 
-    def optimizer_metrics(self, grad_norms: list[float]) -> dict[str, float]:
-        """What every update reports about its optimizer steps: the mean finite gradient norm, lr, step counts."""
-        finite = [g for g in grad_norms if math.isfinite(g)]
-        return {
-            "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
-            "lr": self.scheduler.get_last_lr()[0],
-            "train/optimizer_steps": self.optimizer_steps,
-            "train/skipped_updates": self.skipped_updates,
+    # -- state -----------------------------------------------------------------------------------------------
+    def tensors(self, with_ema: bool = True) -> dict:
+        """What dcp/ holds for this worker, shaped (and sharded) like its model: every named policy's weights, the
+        optimizer state and the EMA. Loading fills the same structure."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        policies = self.model.policies
+        state = {
+            "policies": {name: policies.state_dict_of(name) for name in policies.saved_names()},
+            "optimizer": get_optimizer_state_dict(policies.trained, self.optimizer.optimizer),
         }
+        ema = self.optimizer.ema
+        if ema is not None and with_ema:
+            state["ema"] = dict(zip(policies.trainable_names(), ema.shadow))
+        return state
 
-    # -- state ---------------------------------------------------------------------------------------------
-    def save(self, directory: Path) -> None:
-        """Trainable weights (safetensors; LoRA also for peft and diffusers), optimizer, scheduler, EMA, counters."""
-        policies = self.model.policies
-        for name in policies.names():
-            if name.startswith("__"):
-                continue
-            save_file(
-                {k: v.contiguous() for k, v in policies.state_dict_of(name).items()},
-                directory / f"policy_{name}.safetensors",
-            )
+    def save(self, directory: Path) -> dict:
+        """Write this worker's tensors to directory/dcp and (LoRA) the adapter export to directory/adapter, both
+        collective on several workers; return the plain state (LR schedule, counters) for the trainer's state.pt."""
+        checkpoint_state.save_tensors(self.tensors(), directory)
+        policies, rank0 = self.model.policies, self.parallel.rank == 0
         if policies.lora is not None:
-            policies.trained.save_pretrained(directory / "adapter", selected_adapters=["default"])
-            save_diffusers_lora(self.model, directory / "adapter")  # also for pipeline.load_lora_weights(adapter/)
-        torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "ema": self.ema.state_dict() if self.ema is not None else None,
-                "counters": [self.optimizer_steps, self.skipped_updates, self.consecutive_skips],
-            },
-            directory / "trainer_state.pt",
-        )
+            lora = {n: p for n, p in policies.trained.named_parameters() if "lora_" in n and f".{DEFAULT}." in n}
+            whole = self.parallel.full_tensors(lora, keep=rank0)
+            if rank0:
+                write_lora_adapter(self.model, directory / checkpoint_state.ADAPTER_DIR, whole)
+        return self.optimizer.counters_state()
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, state: dict) -> None:
+        """Load directory/dcp into this worker's (possibly differently sharded) model and optimizer, and `state`."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        has_ema = any(key.startswith("ema.") for key in checkpoint_state.saved_keys(directory))
+        if self.optimizer.ema is not None and not has_ema:
+            logger.warning("%s holds no EMA weights: the EMA restarts from the current weights", directory)
+        tensors = self.tensors(with_ema=has_ema and self.optimizer.ema is not None)
+        checkpoint_state.load_tensors(tensors, directory)
         policies = self.model.policies
-        for name in policies.names():
-            path = directory / f"policy_{name}.safetensors"
-            if path.is_file():
-                policies.load_state_dict_of(name, load_file(path, device=str(self.model.device)))
-        state = torch.load(directory / "trainer_state.pt", map_location="cpu", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.ema is not None and state["ema"] is not None:
-            self.ema.load_state_dict(state["ema"])
-        self.optimizer_steps, self.skipped_updates, self.consecutive_skips = state["counters"]
+        for name, weights in tensors["policies"].items():
+            policies.load_state_dict_of(name, weights)
+        set_optimizer_state_dict(policies.trained, self.optimizer.optimizer, tensors["optimizer"])
+        if "ema" in tensors:
+            self.optimizer.ema.load_shadow(list(tensors["ema"].values()))
+        self.optimizer.load_counters_state(state)

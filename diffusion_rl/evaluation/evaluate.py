@@ -31,14 +31,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from diffusion_rl.checkpoint.weights import checkpoint_config, load_trained_weights
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.errors import UserError
 from diffusion_rl.evaluation.summary import comparison_table, reward_stats
 from diffusion_rl.evaluation.targets import Target
-from diffusion_rl.models.checkpoint_weights import checkpoint_config, load_trained_weights, weights_sha256
 from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.rewards import RewardCombiner, RewardFailure, WeightedReward, make_reward
-from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.sampling.window import default_window
 from diffusion_rl.tracking import image_grid, save_png
 from diffusion_rl.utils.seeding import seed_for
@@ -175,9 +175,8 @@ class _ModelSlot:
 
 def _scores_of(scorer: RewardCombiner, images: np.ndarray, rows: Sequence[PromptRecord]) -> dict[str, np.ndarray]:
     prompts = [r.prompt for r in rows]
-    metadata = [{**r.metadata, "ground_truth": r.ground_truth, "data_source": r.data_source} for r in rows]
     try:
-        return scorer(images, prompts, metadata).per_reward
+        return scorer(images, prompts, [r.reward_metadata() for r in rows]).per_reward
     except RewardFailure as e:  # recorded as failed samples (NaN), counted in the table, not a crash mid-evaluation
         logger.error("%s", e)
         return {r.name: np.full(len(rows), np.nan, dtype=np.float32) for r in scorer.rewards}
@@ -207,11 +206,15 @@ def evaluate_target(
         chunk = items[start : start + settings.batch_size]
         chunk_records = [records[p] for p, _ in chunk]
         seeds = [settings.seeds(p, k) for p, k in chunk]
-        cond = model.encode_prompts([r.prompt for r in chunk_records], [r.negative_prompt or "" for r in chunk_records])
-        traj = rollout(
-            model, cond, sampler, window, init_seeds=[s for s, _ in seeds], noise_seeds=[s for _, s in seeds]
-        )
-        images = traj["images"].cpu().numpy()
+        images = sample_images(
+            model,
+            [r.prompt for r in chunk_records],
+            [r.negative_prompt for r in chunk_records],
+            sampler,
+            init_seeds=[s for s, _ in seeds],
+            noise_seeds=[s for _, s in seeds],
+            window=window,
+        ).numpy()
         chunk_scores = _scores_of(scorer, images, chunk_records)
         for i, ((p, k), record) in enumerate(zip(chunk, chunk_records)):
             image_path = save_png(images[i], image_dir / f"p{p:04d}_s{k:02d}.png")
@@ -239,16 +242,13 @@ def evaluate_target(
     return scores, rows, np.stack(sheet)
 
 
-def _identity(target: Target, model_path: str, weights: str | None) -> dict[str, Any]:
+def _identity(target: Target, model_path: str, weights: tuple[str, str] | None) -> dict[str, Any]:
+    """Which weights a column sampled: `weights` is load_trained_weights' (which, digest of the trained weights)."""
     if target.is_base:
         return {"path": None, "step": None, "weights_sha256": None, "weights": "base", "model": model_path}
-    return {
-        "path": str(target.checkpoint),
-        "step": target.step,
-        "weights_sha256": weights_sha256(target.checkpoint),
-        "weights": weights,
-        "model": model_path,
-    }
+    which, digest = weights
+    return {"path": str(target.checkpoint), "step": target.step, "weights_sha256": digest, "weights": which,
+            "model": model_path}  # fmt: skip
 
 
 def compare_sheet(

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from diffusion_rl.checkpoint.paths import CHECKPOINTS_DIR, step_dir_name
 from diffusion_rl.evaluation.summary import markdown_table
 from diffusion_rl.tracking import plot_metrics, read_metrics
-from diffusion_rl.trainer.checkpoint import CHECKPOINTS_DIR, step_dir_name
 
 REPORT_DIR = "report"
 POLICY_KEYS = ("approx_kl", "kl_ref", "kl", "clip_fraction", "grad_norm", "loss")

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffusion_rl.checkpoint.paths import resolve_checkpoint, step_of
+from diffusion_rl.checkpoint.state import check_format
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.checkpoint_weights import WEIGHTS_FILE
-from diffusion_rl.trainer.checkpoint import CHECKPOINTS_DIR, CheckpointManager, step_of
 
 BASE = "base"
-_STEP_DIR = re.compile(r"step_\d+")
 
 
 @dataclass(frozen=True)
@@ -25,25 +23,10 @@ class Target:
         return self.checkpoint is None
 
 
-def resolve_checkpoint(spec: str) -> Path:
-    """A checkpoint directory from a step_NNNNNN directory, a run directory (its latest) or its checkpoints/."""
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise UserError(f"--checkpoint {spec}: no such directory (give `base`, a step_NNNNNN checkpoint or a run dir)")
-    if _STEP_DIR.fullmatch(path.name):
-        if not (path / WEIGHTS_FILE).is_file():
-            raise UserError(f"--checkpoint {spec}: {path} has no {WEIGHTS_FILE}; is it a complete checkpoint?")
-        return path.resolve()
-    run_dir = path.parent if path.name == CHECKPOINTS_DIR else path
-    if not (run_dir / CHECKPOINTS_DIR).is_dir():
-        raise UserError(
-            f"--checkpoint {spec}: not a checkpoint: expected `base`, a step_NNNNNN directory, or a run directory "
-            f"with a {CHECKPOINTS_DIR}/ folder"
-        )
-    latest = CheckpointManager(run_dir).latest()
-    if latest is None:
-        raise UserError(f"--checkpoint {spec}: {run_dir / CHECKPOINTS_DIR} holds no checkpoint yet")
-    return latest.resolve()
+def _checkpoint(spec: str) -> Path:
+    directory = resolve_checkpoint(spec)
+    check_format(directory)
+    return directory
 
 
 def resolve_targets(specs: list[str]) -> list[Target]:
@@ -54,7 +37,7 @@ def resolve_targets(specs: list[str]) -> list[Target]:
     """
     if not specs:
         return [Target(BASE, None, None)]
-    resolved = [None if s == BASE else resolve_checkpoint(s) for s in specs]
+    resolved = [None if s == BASE else _checkpoint(s) for s in specs]
     seen: dict[Path | None, str] = {}
     for spec, path in zip(specs, resolved):
         if path in seen:

@@ -7,6 +7,7 @@ model's velocity v ≈ ε − x0. Each adapter converts σ to its network's own 
 from __future__ import annotations
 
 import contextlib
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
@@ -27,31 +28,39 @@ def freeze(*modules) -> None:
 class FlowModel(ABC):
     """A text-to-image flow-matching model: text encoders, a trainable transformer (`policies`), a VAE."""
 
-    family: str
+    family: str  # its registered name (models/registry.py); set by the loader
     policies: PolicySet
     device: torch.device
     dtype: torch.dtype
 
-    def _adopt_pipeline(
+    # pipeline attributes that never train (text encoders, VAE): frozen in eval mode
+    frozen_components: tuple[str, ...] = ()
+
+    def __init__(
         self,
         pipeline,
         *,
-        frozen: tuple,
         lora: LoraSettings | None,
         device: torch.device,
         dtype: torch.dtype,
-        gradient_checkpointing: bool,
-    ) -> None:
-        """What every adapter does with its diffusers pipeline: freeze the `frozen` modules (text encoders, VAE),
-        wrap the transformer in the policy set, keep the VAE and the scheduler's config."""
+        max_sequence_length: int = 256,
+        gradient_checkpointing: bool = False,
+    ):
+        """What every adapter does with its diffusers pipeline: freeze the frozen components, wrap the transformer in
+        the policy set (LoRA or full fine-tuning), keep the VAE and the scheduler's config; then `configure`."""
         self.pipeline = pipeline
         self.device, self.dtype = device, dtype
-        freeze(*frozen)
+        freeze(*(getattr(pipeline, name, None) for name in self.frozen_components))
         if gradient_checkpointing:
             pipeline.transformer.enable_gradient_checkpointing()
         self.policies = PolicySet(pipeline.transformer, lora)
         self.vae = pipeline.vae
         self._scheduler_config = pipeline.scheduler.config
+        self.max_sequence_length = max_sequence_length
+        self.configure()
+
+    def configure(self) -> None:  # noqa: B027  (most families read something of their pipeline here)
+        """Family-specific settings read from the pipeline, after the common set-up."""
 
     # -- conditioning -------------------------------------------------------------------------------------
     @abstractmethod
@@ -67,9 +76,22 @@ class FlowModel(ABC):
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         """Shape of one sample's latents (without batch) for an image of height × width pixels."""
 
-    @abstractmethod
     def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        """σ_0 = 1 > … > σ_T = 0, float32 [num_steps + 1], with the model's shift applied."""
+        """σ_0 = 1 > … > σ_T = 0, float32 [num_steps + 1] on the CPU, with the model's shift applied (cached:
+        building a scheduler per rollout costs about as much as one SDE step of the tiny model)."""
+        cache = self.__dict__.setdefault("_sigma_schedules", {})
+        key = (num_steps, height, width)
+        if key not in cache:
+            cache[key] = self._build_sigma_schedule(num_steps, height, width).float().cpu()
+        return cache[key].clone()
+
+    @abstractmethod
+    def _build_sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        """The family's schedule (see sigma_schedule), from a fresh scheduler."""
+
+    def fresh_scheduler(self):
+        """A new scheduler of the pipeline's kind and config (set_timesteps changes a scheduler's state)."""
+        return type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
 
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""Trained weights in the forms diffusers users load: a LoRA file for `load_lora_weights`, or a merged pipeline.
+"""Trained weights in the forms diffusers users load: a LoRA folder for `load_lora_weights`, or a merged pipeline.
 
-A checkpoint's `adapter/` folder holds the trained LoRA twice: in peft's format (`adapter_model.safetensors` +
+A LoRA folder holds the trained adapter twice: in peft's format (`adapter_model.safetensors` +
 `adapter_config.json`, for `PeftModel.from_pretrained`) and in diffusers' (`pytorch_lora_weights.safetensors`,
 with the LoRA config as metadata so that `pipeline.load_lora_weights(dir)` gets the alpha/rank scale right).
+Every checkpoint has one (its `adapter/`); `diffusion-rl export` writes one anywhere.
 """
 
 from __future__ import annotations
@@ -22,14 +23,6 @@ DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
 _PEFT_PREFIX = "base_model.model."
 
 
-def lora_state_dict(model) -> dict[str, torch.Tensor]:
-    """The trained LoRA tensors named as in the bare transformer (`transformer_blocks.0.attn.to_q.lora_A.weight`)."""
-    from peft import get_peft_model_state_dict
-
-    tensors = get_peft_model_state_dict(model.policies.trained, adapter_name=DEFAULT)
-    return {name.removeprefix(_PEFT_PREFIX): t.detach().cpu().contiguous() for name, t in tensors.items()}
-
-
 def lora_metadata(model) -> dict:
     """The adapter's LoraConfig as JSON-safe values (diffusers rebuilds the LoRA layers, alpha included, from it)."""
     config = model.policies.trained.peft_config[DEFAULT].to_dict()
@@ -45,18 +38,27 @@ def _json_safe(value) -> bool:
     return True
 
 
-def save_diffusers_lora(model, directory: str | Path) -> Path | None:
-    """Write the LoRA as `directory/pytorch_lora_weights.safetensors` for the family's `load_lora_weights`.
+def write_lora_adapter(model, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path | None:
+    """Write the trained LoRA to `directory` in peft's format (adapter_model.safetensors + adapter_config.json) and
+    in diffusers' (pytorch_lora_weights.safetensors, for the family's `pipeline.load_lora_weights(directory)`).
 
-    Returns the file, or None when the model trains no LoRA (full fine-tuning).
+    `state_dict`: the peft model's LoRA parameters, whole, named as in its named_parameters() — for a model whose
+    own parameters are sharded; None reads them from the model. Returns the diffusers file, or None without LoRA.
     """
     if model.policies.lora is None:
         return None
+    from peft import get_peft_model_state_dict
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    trained = model.policies.trained
+    trained.save_pretrained(str(directory), selected_adapters=[DEFAULT], state_dict=state_dict)
+    tensors = get_peft_model_state_dict(trained, state_dict=state_dict, adapter_name=DEFAULT)
     type(model.pipeline).save_lora_weights(
         directory,
-        transformer_lora_layers=lora_state_dict(model),
+        transformer_lora_layers={
+            n.removeprefix(_PEFT_PREFIX): t.detach().cpu().contiguous() for n, t in tensors.items()
+        },
         transformer_lora_adapter_metadata=lora_metadata(model),
         weight_name=DIFFUSERS_LORA_FILE,
     )
@@ -82,36 +84,3 @@ def export_merged(model, out: str | Path) -> Path:
     pipeline.save_pretrained(out)
     logger.info("wrote the merged %s model to %s", model.family, out)
     return out
-
-
-def load_checkpoint_model(
-    checkpoint: str,
-    model_path: str | None = None,
-    *,
-    device: str = "auto",
-    dtype: str | None = None,
-    max_sequence_length: int | None = None,
-    use_ema: bool = True,
-):
-    """The model a training checkpoint describes, with its trained (or EMA) weights applied.
-
-    `checkpoint`: a step_NNNNNN directory, a run directory (its latest checkpoint) or its checkpoints/ folder.
-    The LoRA settings come from the checkpoint's config.yaml; `model_path` (default: the run's model.path),
-    `dtype` and `max_sequence_length` override the run's. Returns (model, checkpoint directory, "ema"|"trained").
-    """
-    from diffusion_rl.evaluation.targets import resolve_checkpoint
-    from diffusion_rl.models.checkpoint_weights import checkpoint_model_config, load_trained_weights
-    from diffusion_rl.models.loader import load_model
-
-    directory = resolve_checkpoint(checkpoint)
-    overrides: dict = {"device": device, "create_tiny_if_missing": None}
-    if model_path is not None:
-        overrides["path"] = model_path
-    if dtype is not None:
-        overrides["dtype"] = dtype
-    if max_sequence_length is not None:
-        overrides["max_sequence_length"] = max_sequence_length
-    model = load_model(checkpoint_model_config(directory, **overrides))
-    which = load_trained_weights(model, directory, use_ema=use_ema)
-    logger.info("applied the %s weights of %s", which, directory)
-    return model, directory, which

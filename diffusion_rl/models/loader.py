@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from pathlib import Path
@@ -12,17 +11,10 @@ import torch
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.policies import LoraSettings
+from diffusion_rl.models.registry import family_named, family_of_pipeline
 
 logger = logging.getLogger(__name__)
 
-# diffusers pipeline class (model_index.json "_class_name") → our family name
-PIPELINE_FAMILIES = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "QwenImagePipeline": "qwen_image"}
-# family → (the diffusers pipeline class that loads it, our adapter as "module:Class")
-FAMILY_CLASSES = {
-    "sd3": ("StableDiffusion3Pipeline", "diffusion_rl.models.sd3:SD3Model"),
-    "flux": ("FluxPipeline", "diffusion_rl.models.flux:FluxModel"),
-    "qwen_image": ("QwenImagePipeline", "diffusion_rl.models.qwen_image:QwenImageModel"),
-}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -44,11 +36,7 @@ def detect_family(path: Path) -> str:
         class_name = json.loads(index.read_text())["_class_name"]
     except (json.JSONDecodeError, KeyError) as e:
         raise UserError(f"{index}: cannot read the pipeline class ({e})") from e
-    if class_name not in PIPELINE_FAMILIES:
-        raise UserError(
-            f"{index}: pipeline '{class_name}' is not supported; supported: {', '.join(sorted(PIPELINE_FAMILIES))}"
-        )
-    return PIPELINE_FAMILIES[class_name]
+    return family_of_pipeline(class_name, str(index)).name
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,29 +50,25 @@ def resolve_device(name: str) -> torch.device:
 def load_model(cfg) -> FlowModel:
     """Build the FlowModel for a `ModelConfig` (see diffusion_rl.config)."""
     path = Path(cfg.path).expanduser()
-    family = cfg.family if cfg.family != "auto" else detect_family(path)
-    if cfg.family != "auto" and detect_family(path) != family:  # also fails early and clearly on a bad directory
+    detected = detect_family(path)  # also fails early and clearly on a bad directory
+    if cfg.family not in ("auto", detected):
         raise UserError(
-            f"model.family={family} but {path / 'model_index.json'} holds a {detect_family(path)} pipeline; "
-            f"set model.family=auto or point model.path at a {family} model"
+            f"model.family={cfg.family} but {path / 'model_index.json'} holds a {detected} pipeline; "
+            f"set model.family=auto or point model.path at a {cfg.family} model"
         )
-    if family not in FAMILY_CLASSES:  # pragma: no cover - the config's Literal only allows known names
-        raise UserError(f"unknown model family '{family}'; known: {', '.join(FAMILY_CLASSES)}")
+    family = family_named(detected)
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
     import diffusers
 
-    pipeline_name, adapter = FAMILY_CLASSES[family]
-    module_name, class_name = adapter.split(":")
-    model_cls = getattr(importlib.import_module(module_name), class_name)
-    pipeline = getattr(diffusers, pipeline_name).from_pretrained(path, dtype=dtype)
+    pipeline = getattr(diffusers, family.pipeline).from_pretrained(path, dtype=dtype)
     pipeline.set_progress_bar_config(disable=True)
     pipeline.to(device)
     lora = None
     if cfg.lora.enabled:
-        targets = tuple(cfg.lora.target_modules) or model_cls.default_lora_targets
+        targets = tuple(cfg.lora.target_modules) or family.lora_targets
         lora = LoraSettings(rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=targets)
     try:
-        model = model_cls(
+        model = family.adapter(
             pipeline,
             lora=lora,
             device=device,
@@ -96,10 +80,16 @@ def load_model(cfg) -> FlowModel:
         if lora is None or not cfg.lora.target_modules:
             raise
         targets = list(cfg.lora.target_modules)
-        raise UserError(f"model.lora.target_modules={targets} do not fit this {family} model: {e}") from None
+        raise UserError(f"model.lora.target_modules={targets} do not fit this {family.name} model: {e}") from None
+    model.family = family.name
     model.policies.compile_sampling = getattr(cfg, "compile", False)
     n_train = sum(p.numel() for p in model.trainable_parameters())
     logger.info(
-        "loaded %s model from %s (%s, %s): %.2fM trainable parameters", family, path, cfg.dtype, device, n_train / 1e6
+        "loaded %s model from %s (%s, %s): %.2fM trainable parameters",
+        family.name,
+        path,
+        cfg.dtype,
+        device,
+        n_train / 1e6,
     )
     return model

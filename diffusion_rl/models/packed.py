@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from diffusion_rl.models.base import FlowModel
+
 
 def pack_latents(latents_BCHW: torch.Tensor) -> torch.Tensor:
     """VAE latents [B, C, H, W] → token grid [B, H/2, W/2, 4·C]."""
@@ -48,13 +50,17 @@ def latent_image_ids(h: int, w: int, device: torch.device) -> torch.Tensor:
 
 
 def resolution_shift_mu(image_seq_len: int, scheduler_config) -> float:
-    """μ for an image of `image_seq_len` tokens: linear through (base_len, base_shift) and (max_len, max_shift)."""
-    base_len = scheduler_config.get("base_image_seq_len", 256)
-    max_len = scheduler_config.get("max_image_seq_len", 4096)
-    base_shift = scheduler_config.get("base_shift", 0.5)
-    max_shift = scheduler_config.get("max_shift", 1.15)
-    slope = (max_shift - base_shift) / (max_len - base_len)
-    return base_shift + slope * (image_seq_len - base_len)
+    """μ for an image of `image_seq_len` tokens: linear through (base_len, base_shift) and (max_len, max_shift),
+    with the scheduler config's anchors (diffusers' `calculate_shift`, as the FLUX and Qwen-Image pipelines)."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    return calculate_shift(
+        image_seq_len,
+        scheduler_config.get("base_image_seq_len", 256),
+        scheduler_config.get("max_image_seq_len", 4096),
+        scheduler_config.get("base_shift", 0.5),
+        scheduler_config.get("max_shift", 1.15),
+    )
 
 
 def packed_sigma_schedule(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
@@ -88,3 +94,21 @@ def distinct_texts(
     if negative is None:
         return texts, prompt_index, None
     return texts, prompt_index, torch.tensor([position[n] for n in negative], dtype=torch.long)
+
+
+class PackedLatentModel(FlowModel):
+    """What FLUX.1 and Qwen-Image share: latents as a 2×2-packed token grid [H/2, W/2, 4·C] and their σ schedule
+    with the resolution-dependent shift. Subclasses set `latent_channels` and `vae_scale` (VAE down-sampling)."""
+
+    latent_channels: int
+    vae_scale: int
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        step = self.vae_scale * 2  # VAE down-sampling, then 2×2 packing
+        if height % step or width % step:
+            raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
+        return (height // step, width // step, self.latent_channels * 4)
+
+    def _build_sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        h, w, _ = self.latent_shape(height, width)
+        return packed_sigma_schedule(self.fresh_scheduler(), num_steps, h * w)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 DEFAULT = "default"
+REFERENCE = "__reference__"  # full fine-tuning's frozen copy of the starting weights (LoRA: adapters disabled)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class PolicySet:
             return list(self.trained.peft_config)
         return [DEFAULT, *self._copies]
 
+    def saved_names(self) -> list[str]:
+        """The policies a checkpoint holds: all but the frozen reference, which is rebuilt from the base weights."""
+        return [name for name in self.names() if name != REFERENCE]
+
     @contextlib.contextmanager
     def using(self, name: str) -> Iterator[None]:
         """Run the block with policy `name` active (no gradients flow into a non-default policy)."""
@@ -102,7 +107,7 @@ class PolicySet:
         if self._reference is None:
             raise RuntimeError("no reference copy: call PolicySet.keep_reference() before training")
         previous = self._active
-        self._active = "__reference__"
+        self._active = REFERENCE
         try:
             yield
         finally:
@@ -116,7 +121,7 @@ class PolicySet:
         """Full fine-tuning only: freeze a copy of the current weights as the reference."""
         if self.lora is None and self._reference is None:
             self._reference = _frozen_copy(self.trained)
-            self._copies["__reference__"] = self._reference
+            self._copies[REFERENCE] = self._reference
 
     # -- named copies ---------------------------------------------------------------------------------------
     def add(self, name: str) -> None:
@@ -152,6 +157,10 @@ class PolicySet:
     # -- trainable weights -----------------------------------------------------------------------------------
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.trained.parameters() if p.requires_grad]
+
+    def trainable_names(self) -> list[str]:
+        """The names of `trainable_parameters()`, in the same order (the EMA's shadow is stored by them)."""
+        return [n for n, p in self.trained.named_parameters() if p.requires_grad]
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained policy's weights (LoRA tensors, or the whole transformer), names without adapter tags."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.config import _check, opt
 from diffusion_rl.config_io import load_config
+from diffusion_rl.settings import check, opt
 
 
 @dataclass
@@ -31,9 +31,9 @@ class PretrainModelConfig:
     vae_channels: list[int] = opt(lambda: [16, 32, 32], "VAE block widths (3 blocks: 4× down-sampling).", factory=True)
 
     def __post_init__(self):
-        _check(self.size % 8 == 0 and self.size >= 16, f"model.size must be a multiple of 8 and ≥ 16, got {self.size}")
-        _check(8 <= self.text_tokens <= 77, f"model.text_tokens must be in [8, 77], got {self.text_tokens}")
-        _check(
+        check(self.size % 8 == 0 and self.size >= 16, f"model.size must be a multiple of 8 and ≥ 16, got {self.size}")
+        check(8 <= self.text_tokens <= 77, f"model.text_tokens must be in [8, 77], got {self.text_tokens}")
+        check(
             len(self.vae_channels) == 3 and all(c > 0 and c % 8 == 0 for c in self.vae_channels),
             f"model.vae_channels must be 3 multiples of 8 (the VAE normalises in groups of 8), got {self.vae_channels}",
         )
@@ -45,7 +45,7 @@ class ShapesDataConfig:
     heldout_fraction: float = opt(0.15, "Share of each kind of prompt held out of training.")
 
     def __post_init__(self):
-        _check(0 < self.heldout_fraction < 1, f"data.heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        check(0 < self.heldout_fraction < 1, f"data.heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
 
 
 @dataclass
@@ -57,8 +57,8 @@ class VaePhaseConfig:
     stats_images: int = opt(512, "Images whose latents set the VAE's shift and scale (latents ≈ zero mean, unit std).")
 
     def __post_init__(self):
-        _check(self.steps >= 1 and self.batch_size >= 1, "vae.steps and vae.batch_size must be ≥ 1")
-        _check(self.lr > 0 and self.kl_weight >= 0, "vae.lr must be > 0 and vae.kl_weight ≥ 0")
+        check(self.steps >= 1 and self.batch_size >= 1, "vae.steps and vae.batch_size must be ≥ 1")
+        check(self.lr > 0 and self.kl_weight >= 0, "vae.lr must be > 0 and vae.kl_weight ≥ 0")
 
 
 @dataclass
@@ -77,13 +77,13 @@ class FlowPhaseConfig:
     ema_decay: float = opt(0.998, "EMA of the transformer's weights; the EMA is what gets exported (0 = off).")
 
     def __post_init__(self):
-        _check(self.steps >= 0 and self.batch_size >= 1, "flow.steps must be ≥ 0 and flow.batch_size ≥ 1")
-        _check(self.lr > 0, "flow.lr must be > 0")
-        _check(0 <= self.min_lr_ratio <= 1, "flow.min_lr_ratio must be in [0, 1]")
-        _check(0 <= self.cond_dropout < 1, "flow.cond_dropout must be in [0, 1)")
-        _check(self.logit_std > 0, "flow.logit_std must be > 0")
-        _check(self.latent_pool >= self.batch_size, "flow.latent_pool must be ≥ flow.batch_size")
-        _check(0 <= self.ema_decay < 1, "flow.ema_decay must be in [0, 1)")
+        check(self.steps >= 0 and self.batch_size >= 1, "flow.steps must be ≥ 0 and flow.batch_size ≥ 1")
+        check(self.lr > 0, "flow.lr must be > 0")
+        check(0 <= self.min_lr_ratio <= 1, "flow.min_lr_ratio must be in [0, 1]")
+        check(0 <= self.cond_dropout < 1, "flow.cond_dropout must be in [0, 1)")
+        check(self.logit_std > 0, "flow.logit_std must be > 0")
+        check(self.latent_pool >= self.batch_size, "flow.latent_pool must be ≥ flow.batch_size")
+        check(0 <= self.ema_decay < 1, "flow.ema_decay must be in [0, 1)")
 
 
 @dataclass

@@ -10,7 +10,7 @@ import torch
 from diffusion_rl.data.shapes import SceneSpec
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.rewards.shapes import color_score, count_score, geneval_score, position_score, read_images
-from diffusion_rl.sampling.rollout import SamplerSettings, rollout
+from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.utils.seeding import seed_for
 
 
@@ -20,14 +20,8 @@ def sample_specs(
 ) -> np.ndarray:
     """uint8 [len(specs), H, W, 3]: one ODE sample per spec, sample i from seed (seed, i)."""
     prompts = [s.prompt() for s in specs]
-    images = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        seeds = [seed_for(seed, "shapes_eval", start + i) for i in range(len(chunk))]
-        cond = model.encode_prompts(chunk, [""] * len(chunk))
-        traj = rollout(model, cond, settings, None, init_seeds=seeds, noise_seeds=seeds)
-        images.append(traj["images"].cpu().numpy())
-    return np.concatenate(images)
+    seeds = [seed_for(seed, "shapes_eval", i) for i in range(len(prompts))]
+    return sample_images(model, prompts, [""] * len(prompts), settings, init_seeds=seeds, batch_size=batch_size).numpy()
 
 
 def score_images(specs: Sequence[SceneSpec], images: np.ndarray) -> dict[str, float]:

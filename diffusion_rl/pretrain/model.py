@@ -10,10 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from diffusion_rl.checkpoint.store import rename_into_place
 from diffusion_rl.data.shapes import write_prompt_files
-from diffusion_rl.models.tiny import TINY_PRESETS, build_tiny_pipeline
+from diffusion_rl.models.tiny.parts import build_seeded
+from diffusion_rl.models.tiny.sd3 import PRESETS, build
 from diffusion_rl.pretrain.config import PretrainConfig
-from diffusion_rl.trainer.checkpoint import rename_into_place
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +30,12 @@ def build_pipeline(cfg: PretrainConfig):
     """
     m = cfg.model
     spec = dataclasses.replace(
-        TINY_PRESETS[m.preset],
+        PRESETS[m.preset],
         sample_size=m.size,
         max_sequence_length=m.text_tokens,
         vae_channels=tuple(m.vae_channels),
     )
-    pipeline = build_tiny_pipeline(spec, seed=cfg.run.seed)
+    pipeline = build_seeded(build, spec, cfg.run.seed)
     for tokenizer in {id(t): t for t in (pipeline.tokenizer, pipeline.tokenizer_2)}.values():
         tokenizer.model_max_length = m.text_tokens
     pipeline.tokenizer_max_length = m.text_tokens

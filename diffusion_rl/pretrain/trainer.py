@@ -20,11 +20,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from diffusion_rl.checkpoint.paths import step_dir_name, step_of
+from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config_io import to_dict, to_yaml
 from diffusion_rl.data.shapes import ShapesWorld, spread_subset
 from diffusion_rl.engine.ema import EmaWeights
 from diffusion_rl.models.base import freeze
-from diffusion_rl.models.sd3 import SD3Model
+from diffusion_rl.models.families.sd3 import SD3Model
 from diffusion_rl.pretrain.config import PretrainConfig
 from diffusion_rl.pretrain.evaluate import sample_specs, score_images
 from diffusion_rl.pretrain.flow_matching import cosine_lr_factor, flow_matching_loss, logit_normal_sigmas, noisy_latents
@@ -32,7 +34,6 @@ from diffusion_rl.pretrain.model import build_pipeline, export_model
 from diffusion_rl.pretrain.vae import latent_stats, reconstruction_mse, to_pixels, vae_loss
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.tracking import ConsoleTracker, image_grid, make_trackers, plot_metrics, read_metrics, save_png
-from diffusion_rl.trainer.checkpoint import CheckpointManager, step_dir_name, step_of
 from diffusion_rl.trainer.timing import PhaseTimer
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import make_generator
@@ -41,10 +42,10 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "pretrain_state.pt"
 CONSOLE_FIELDS = (
-    ("vae/loss", "vae_loss", "{:.4g}"),
-    ("vae/probe_mse", "vae_probe_mse", "{:.4g}"),
-    ("flow/loss", "flow_loss", "{:.4g}"),
-    ("eval/shapes/geneval", "heldout_geneval", "{:.3f}"),
+    ("vae/loss", "vae_loss", "{:.4g}", True),
+    ("vae/probe_mse", "vae_probe_mse", "{:.4g}", True),
+    ("flow/loss", "flow_loss", "{:.4g}", True),
+    ("eval/shapes/geneval", "heldout_geneval", "{:.3f}", True),
 )
 _PROBE = 64  # fixed held-out images on which the VAE's reconstruction error is reported
 
@@ -82,7 +83,7 @@ class PretrainTrainer:
             self.run_dir, tensorboard=cfg.log.tensorboard, console_every=0, config=to_dict(cfg)
         )
         if cfg.log.console_every > 0:
-            self.trackers.trackers.append(ConsoleTracker(cfg.log.console_every, CONSOLE_FIELDS))
+            self.trackers.trackers.append(ConsoleTracker(cfg.log.console_every, fields=CONSOLE_FIELDS))
         self.trackers.resume_from(self.step)
         try:
             if self.step == 0:
@@ -267,7 +268,7 @@ class PretrainTrainer:
         return self.checkpoints.save(self.step, write)
 
     def load_checkpoint(self, path: Path) -> None:
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
         if state["step"] != step_of(path):
             raise RuntimeError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
         self.vae.load_state_dict(load_file(path / "vae.safetensors"))

@@ -1,17 +1,27 @@
-"""The sampler loop: ODE steps outside the SDE window, SDE steps inside it, recording what training needs."""
+"""The sampler loop: ODE steps outside the SDE window, SDE steps inside it, recording what training needs.
+
+`rollout` samples one batch and returns its `Trajectory`; `sample_images` is what every other caller uses
+(validation, `sample`, `eval`, `doctor`, `prepare pairs`, pretraining checks): encode the prompts and roll out in
+chunks, each sample from its own seeds, so an image never depends on the chunk it was drawn in.
+`recompute_step` replays one recorded step under the current weights (the policy-gradient update).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.base import FlowModel
-from diffusion_rl.sampling.sde import get_step
+from diffusion_rl.sampling.sde import StepOutput, get_step
+from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.window import SdeWindow, step_types
 from diffusion_rl.utils.seeding import make_generator
+
+if TYPE_CHECKING:
+    from diffusion_rl.models.base import FlowModel
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,12 @@ def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[i
     return noise.to(model.device)
 
 
+def anonymous_ids(prompts: Sequence[str]) -> SampleIds:
+    """Row ids for a batch that is not part of a training step (validation, evaluation): rows 0..B−1, one group each."""
+    rows = torch.arange(len(prompts))
+    return SampleIds(sample_index=rows, group_index=rows.clone(), prompt=list(prompts), batch_size=[len(prompts)])
+
+
 @torch.no_grad()
 def rollout(
     model: FlowModel,
@@ -40,16 +56,15 @@ def rollout(
     *,
     init_seeds: Sequence[int],
     noise_seeds: Sequence[int],
-) -> TensorDict:
-    """Sample a batch and return its trajectory (a TensorDict, batch [B]).
-
-    Keys: `latents` [B, W+1, …] (x before each window step and after the last one), `log_probs` [B, W],
-    `means` [B, W, …], `sigmas`/`sigmas_next`/`stds` [B, W], `step_index` [B, W] (position in the schedule),
-    `final_latents` [B, …], `images` uint8 [B, H, W, 3]. W = 0 when `window` is None (pure ODE sampling).
-    """
+    ids: SampleIds,
+) -> Trajectory:
+    """Sample a batch of B = len(init_seeds) rows and return its trajectory (W = 0 when `window` is None)."""
     batch = len(init_seeds)
-    if len(noise_seeds) != batch or cond.batch_size[0] != batch:
-        raise ValueError(f"rollout: {batch} init seeds, {len(noise_seeds)} noise seeds, {cond.batch_size[0]} conds")
+    if len(noise_seeds) != batch or cond.batch_size[0] != batch or ids.batch_size[0] != batch:
+        raise ValueError(
+            f"rollout: {batch} init seeds, {len(noise_seeds)} noise seeds, {cond.batch_size[0]} conds, "
+            f"{ids.batch_size[0]} ids"
+        )
     sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width)
     kinds = step_types(settings.num_steps, window, settings.sde_type)
     generators = [make_generator(s) for s in noise_seeds]
@@ -75,35 +90,82 @@ def rollout(
                 if j + 1 == window.start + window.size:
                     latents.append(out.prev_sample)
             x = out.prev_sample
-    traj = TensorDict(
-        {"final_latents": x.float(), "images": model.decode(x).to(x.device)}, batch_size=[batch], device=x.device
-    )
+    device = x.device
+    steps = {}
     if window is not None:
-        step_index = torch.tensor(index, device=x.device)
-        traj.update(
-            {
-                "latents": torch.stack(latents, dim=1),
-                "log_probs": torch.stack(log_probs, dim=1),
-                "means": torch.stack(means, dim=1),
-                "stds": torch.stack(stds, dim=1),
-                "sigmas": sigmas[step_index].to(x.device).expand(batch, -1).clone(),
-                "sigmas_next": sigmas[step_index + 1].to(x.device).expand(batch, -1).clone(),
-                "step_index": step_index.expand(batch, -1).clone(),
-            }
-        )
-    return traj
-
-
-def recompute_step(model: FlowModel, traj: TensorDict, cond: TensorDict, j: int, settings: SamplerSettings):
-    """Log-prob and mean of window step j of a stored trajectory under the active policy (with grad if enabled)."""
-    x = traj["latents"][:, j]
-    v = model.velocity(x, traj["sigmas"][:, j], cond, settings.guidance)
-    step = get_step(settings.sde_type)
-    return step(
-        x,
-        v,
-        traj["sigmas"][:, j],
-        traj["sigmas_next"][:, j],
-        settings.noise_level,
-        prev_sample=traj["latents"][:, j + 1],
+        step_index = torch.tensor(index, device=device)
+        steps = {
+            "latents": torch.stack(latents, dim=1),
+            "log_probs": torch.stack(log_probs, dim=1),
+            "means": torch.stack(means, dim=1),
+            "stds": torch.stack(stds, dim=1),
+            "sigmas": sigmas[step_index].to(device).expand(batch, -1).clone(),
+            "sigmas_next": sigmas[step_index + 1].to(device).expand(batch, -1).clone(),
+            "step_index": step_index.expand(batch, -1).clone(),
+        }
+    return Trajectory(
+        final_latents=x.float(),
+        cond=cond,
+        ids=ids.to(device),
+        images=model.decode(x).to(device),
+        **steps,
+        batch_size=[batch],
+        device=device,
     )
+
+
+@torch.no_grad()
+def sample_images(
+    model: FlowModel,
+    prompts: Sequence[str],
+    negative: Sequence[str | None],
+    settings: SamplerSettings,
+    *,
+    init_seeds: Sequence[int],
+    noise_seeds: Sequence[int] | None = None,
+    window: SdeWindow | None = None,
+    batch_size: int | None = None,
+) -> torch.Tensor:
+    """uint8 [N, H, W, 3] on the CPU: sample i from (init_seeds[i], noise_seeds[i]) (noise seeds default to the
+    init seeds), in chunks of `batch_size` rows (None: all at once), each chunk encoding its own prompts.
+    ODE sampling unless a `window` makes steps stochastic."""
+    noise_seeds = list(init_seeds) if noise_seeds is None else list(noise_seeds)
+    if not (len(prompts) == len(negative) == len(init_seeds) == len(noise_seeds)):
+        raise ValueError(
+            f"sample_images: {len(prompts)} prompts, {len(negative)} negatives, {len(init_seeds)} init seeds, "
+            f"{len(noise_seeds)} noise seeds"
+        )
+    size = batch_size or max(1, len(prompts))
+    images = []
+    for start in range(0, len(prompts), size):
+        rows = slice(start, start + size)
+        chunk = list(prompts[rows])
+        cond = model.encode_prompts(chunk, [n or "" for n in negative[rows]])
+        traj = rollout(
+            model,
+            cond,
+            settings,
+            window,
+            init_seeds=list(init_seeds[rows]),
+            noise_seeds=noise_seeds[rows],
+            ids=anonymous_ids(chunk),
+        )
+        images.append(traj.images.cpu())
+    if not images:
+        return torch.zeros(0, settings.height, settings.width, 3, dtype=torch.uint8)
+    return torch.cat(images)
+
+
+def recompute_step(
+    model: FlowModel,
+    x: torch.Tensor,
+    x_next: torch.Tensor,
+    sigma: torch.Tensor,
+    sigma_next: torch.Tensor,
+    cond: TensorDict,
+    settings: SamplerSettings,
+) -> StepOutput:
+    """Log-prob and mean of the recorded step x [B, …] → x_next at σ → σ_next ([B] each) under the active policy,
+    with the rollout's guidance and step type (with grad if enabled)."""
+    v = model.velocity(x, sigma, cond, settings.guidance)
+    return get_step(settings.sde_type)(x, v, sigma, sigma_next, settings.noise_level, prev_sample=x_next)

@@ -121,3 +121,26 @@ def sliding_window(
             raise ValueError("the random sliding-window strategy needs a generator")
         return SdeWindow(start=int(torch.randint(0, max_start + 1, (1,), generator=generator).item()), size=size)
     raise ValueError(f"unknown sliding-window strategy '{strategy}'; use progressive or random")
+
+
+def window_for_step(sampling, seed: int, step: int) -> SdeWindow | None:
+    """The SDE window of training step `step` under the `sampling` config section: a pure function of (config,
+    seed, step), so a resumed run and every worker draw the same one. None for `sde_type: ode` (no SDE step)."""
+    if sampling.sde_type == "ode":
+        return None
+    w = sampling.window
+    generator = window_generator(seed, step)
+    if w.kind == "random":
+        hi = sampling.num_steps - 1 if w.hi is None else w.hi
+        return random_window(sampling.num_steps, w.size, w.lo, hi, generator)
+    if w.kind == "sliding":
+        return sliding_window(
+            step,
+            sampling.num_steps,
+            w.size,
+            iters_per_window=w.iters_per_window,
+            stride=w.stride,
+            strategy=w.strategy,
+            generator=generator,
+        )
+    return default_window(sampling.num_steps)

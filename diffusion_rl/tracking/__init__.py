@@ -40,13 +40,14 @@ def make_trackers(
     tensorboard: bool = True,
     wandb: Mapping[str, Any] | None = None,
     console_every: int = 1,
+    total_steps: int | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> MultiTracker:
     """The run's trackers, all writing inside `run_dir`.
 
     wandb: None for no W&B, else keyword arguments of WandbTracker: `project` (required), `name` (default: the
     run directory's name), `mode` ("online" | "offline" | "disabled", default "online"), `tags`.
-    console_every: log a console line every N steps; 0 turns the console line off.
+    console_every: log a console line every N steps (and at the first and the last, `total_steps`); 0 = none.
     config: the run's resolved config, recorded with the W&B run.
     """
     if console_every < 0:
@@ -58,7 +59,7 @@ def make_trackers(
     if tensorboard:
         trackers.append(TensorBoardTracker(run_dir))
     if console_every > 0:
-        trackers.append(ConsoleTracker(every=console_every))
+        trackers.append(ConsoleTracker(every=console_every, total_steps=total_steps))
     if wandb is not None:
         unknown = [key for key in wandb if key not in WANDB_KEYS]
         if unknown:

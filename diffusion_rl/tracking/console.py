@@ -1,9 +1,15 @@
-"""A one-line progress summary through the `logging` module, every N steps."""
+"""A one-line progress summary through the `logging` module: at the first step, every N steps, and at the last.
+
+Each line shows what a person can read off a run: the reward, the validation reward when there is one, the clip
+fraction and KL to the reference only when they are not zero (on-policy Flow-GRPO clips nothing, and the policy
+loss itself is ~0 by construction: ratio 1 times zero-mean advantages), seconds per step and the time left.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -12,40 +18,63 @@ from diffusion_rl.tracking.base import to_scalar
 
 logger = logging.getLogger(__name__)
 
-# (metric key, label in the line, format). Keys absent from a call are left out of its line.
-DEFAULT_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("reward/mean", "reward", "{:.4f}"),
-    ("val/reward/mean", "val_reward", "{:.4f}"),
-    ("loss", "loss", "{:.4g}"),
-    ("kl", "kl", "{:.3g}"),
-    ("timing/step", "s/step", "{:.2f}"),
-    ("images/s", "img/s", "{:.1f}"),
+# (metric key, label in the line, format, shown when zero). Keys absent from a call are left out of its line.
+DEFAULT_FIELDS: tuple[tuple[str, str, str, bool], ...] = (
+    ("reward/mean", "reward", "{:.5g}", True),
+    ("val/reward/mean", "val_reward", "{:.5g}", True),
+    ("reward/failed_fraction", "failed", "{:.2%}", False),
+    ("clip_fraction", "clipped", "{:.2%}", False),
+    ("kl_ref", "kl_ref", "{:.3g}", False),
+    ("timing/step", "s/step", "{:.2f}", True),
 )
 
 
-class ConsoleTracker:
-    """Logs e.g. `step 120 | reward 0.6123 | loss 0.0123 | kl 0.0004 | s/step 3.21 | img/s 9.9` at INFO.
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
-    Only calls whose step is a multiple of `every` and that carry at least one of `fields` produce a line.
+
+class ConsoleTracker:
+    """Logs e.g. `step 20/100 | reward -0.0123 | val_reward -0.0119 | s/step 3.21 | eta 4m17s` at INFO.
+
+    A line at the first step a run logs, at every multiple of `every`, and at `total_steps`; the ETA is the mean
+    time per step so far (of this process) times the steps left.
     """
 
-    def __init__(self, every: int = 1, fields: Sequence[tuple[str, str, str]] = DEFAULT_FIELDS) -> None:
+    def __init__(
+        self,
+        every: int = 1,
+        total_steps: int | None = None,
+        fields: Sequence[tuple[str, str, str, bool]] = DEFAULT_FIELDS,
+    ) -> None:
         if every < 1:
             raise ValueError(f"ConsoleTracker(every={every}): log every N >= 1 steps (leave it out to disable)")
-        self.every = every
+        self.every, self.total_steps = every, total_steps
         self.fields = tuple(fields)
+        self.first_step: int | None = None
+        self.start = time.perf_counter()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        if step % self.every != 0:
+        if step == 0:  # validation before training: no step yet
+            return
+        first = self.first_step is None
+        if first:
+            self.first_step, self.start = step - 1, time.perf_counter() - float(metrics.get("timing/step", 0.0))
+        if not (first or step % self.every == 0 or step == self.total_steps):
             return
         parts = []
-        for key, label, fmt in self.fields:
+        for key, label, fmt, show_zero in self.fields:
             if key in metrics:
                 value = to_scalar(key, metrics[key])
-                text = fmt.format(value) if math.isfinite(value) else str(value)
-                parts.append(f"{label} {text}")
-        if parts:
-            logger.info("step %d | %s", step, " | ".join(parts))
+                if value == 0 and not show_zero:
+                    continue
+                parts.append(f"{label} {fmt.format(value) if math.isfinite(value) else value}")
+        where = f"{step}/{self.total_steps}" if self.total_steps else f"{step}"
+        if self.total_steps and step < self.total_steps:
+            per_step = (time.perf_counter() - self.start) / (step - self.first_step)
+            parts.append(f"eta {_duration(per_step * (self.total_steps - step))}")
+        logger.info("step %s | %s", where, " | ".join(parts))
 
     def log_images(self, tag: str, image: np.ndarray, step: int, caption: str = "") -> None:
         pass

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.losses import LOSSES, PolicyLossInput
+from diffusion_rl.algorithms.losses.flow_dppo import FlowDppoSettings
 
 THRESHOLD = 1e-3
 STD = [1.0, 0.5, 2.0]
@@ -76,9 +77,11 @@ def test_without_kl_coefficient_the_kl_is_half_the_squared_drift():
     assert out.metrics["dppo/kl_mean"].item() == pytest.approx(sum(_hand_kl(False)) / 3)
 
 
-def test_defaults_when_cfg_has_no_dppo_fields():
+def test_the_settings_defaults_are_flow_dppos():
     # threshold 1e-5: samples 0 and 1 (KL 0.005) are above it, sample 2 (6.25e-6) below; only sample 0 widens
-    out = LOSSES.get("flow_dppo")(_input(), SimpleNamespace())
+    defaults = FlowDppoSettings()
+    assert (defaults.kl_mask_threshold, defaults.add_kl_coefficient, defaults.kl_beta) == (1e-5, True, 0.0)
+    out = LOSSES.get("flow_dppo")(_input(), defaults)
     assert out.metrics["dppo/masked_fraction"].item() == pytest.approx(1 / 3)
     assert out.metrics["dppo/kl_mean"].item() == pytest.approx(sum(_hand_kl()) / 3)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diffusion_rl.engine.ray import split_evenly
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils.split import split_evenly
 
 
 def test_workers_must_split_the_batch_into_whole_minibatch_shards(make_config):
@@ -24,8 +24,8 @@ def test_ray_engine_settings_are_checked(make_config):
         make_config("engine.address=localhost")
     with pytest.raises(UserError, match="engine.num_workers must be ≥ 1"):
         make_config("engine.num_workers=0")
-    with pytest.raises(UserError, match="direct_preference needs engine.kind=local"):
-        make_config("engine.kind=ray", "algorithm.family=direct_preference", "algorithm.loss=dpo")
+    with pytest.raises(UserError, match="direct_preference\\) needs engine.kind=local"):
+        make_config("engine.kind=ray", "algorithm.loss=dpo", "sampling.sde_type=ode")
     with pytest.raises(UserError, match="actors must be ≥ 0"):
         make_config("rewards.0.actors=-1")
 

@@ -6,7 +6,10 @@ Ray starts once for the module; each test starts its own workers (a failure test
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
+import subprocess
 import threading
 import time
 
@@ -16,25 +19,45 @@ from safetensors.torch import load_file
 
 ray = pytest.importorskip("ray")
 
+from diffusion_rl.algorithms.base import Targets  # noqa: E402
+from diffusion_rl.checkpoint.state import read_saved_tensors  # noqa: E402
+from diffusion_rl.checkpoint.store import CheckpointManager  # noqa: E402
 from diffusion_rl.data.sampler import make_step_prompts  # noqa: E402
-from diffusion_rl.engine.ray import RayEngine, WorkerDied  # noqa: E402
+from diffusion_rl.engine.ray import LOCAL_CLUSTER_ENV, RayEngine, WorkerDied  # noqa: E402
 from diffusion_rl.engine.reward_actors import ActorReward, RewardActorDied  # noqa: E402
 from diffusion_rl.engine.sharded_worker import WorkerError  # noqa: E402
 from diffusion_rl.sampling.window import default_window  # noqa: E402
-from diffusion_rl.trainer.checkpoint import CheckpointManager  # noqa: E402
-from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer  # noqa: E402
+from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
 
 RAY = ("engine.kind=ray", "engine.cpus_per_worker=1", "engine.collective_timeout_s=60", "engine.start_timeout_s=120")
 # lr 1e-4: Adam's first step moves a weight by ~lr whatever its gradient, so a gradient within float noise of 0
-# (summed in another order over 2 workers) can move by up to lr·(its relative noise); 1e-4 keeps that below 1e-5
-EQUAL = ("train.lr=1e-4", "sampling.window.kind=random", "sampling.window.size=2")
+# (summed in another order over 2 workers) can move by up to lr·(its relative noise); 1e-4 keeps that below 1e-5.
+# The same arithmetic as 2 workers with cpus_per_worker=1, so that the images (and the JPEG rewards, which one
+# pixel off by 1 moves by bytes) are bit-identical: one torch thread (two split matmuls differently), and the
+# local engine sampling in 2 chunks of 2 rows, the rows each worker samples (a matmul over 2 rows may round
+# differently from one over 4). The update's gradients then differ only by float reduction order.
+EQUAL = (
+    "train.lr=1e-4",
+    "sampling.window.kind=random",
+    "sampling.window.size=2",
+    "engine.num_threads=1",
+    "sampling.score_chunks=2",
+)
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # the local runs here set 1 (EQUAL)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    # logical CPUs: 2 workers and a reward actor; the tiny model needs no more than the 2 real cores
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1")
+    # logical CPUs: 2 workers and a reward actor; the tiny model needs no more than the 2 real cores. Ray listens on
+    # loopback only: the engine's LOCAL_CLUSTER_ENV, which conftest.py sets before Ray is first imported
+    assert all(os.environ.get(k) == v for k, v in LOCAL_CLUSTER_ENV.items())
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
 
@@ -54,8 +77,8 @@ def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def _train(cfg) -> tuple[PolicyGradientTrainer, list[dict]]:
-    trainer = PolicyGradientTrainer(cfg)
+def _train(cfg) -> tuple[Trainer, list[dict]]:
+    trainer = Trainer(cfg)
     try:
         rows = trainer.train()
     except BaseException:
@@ -94,16 +117,16 @@ def test_resume_on_one_worker_continues_like_two(make_config, tmp_path):
         straight.engine.close()
     checkpoints = CheckpointManager(straight_cfg.run.dir)
     step2, step3 = (path for _, path in checkpoints.list())
-    # sharded in dcp/ (what resumes), and gathered as the local engine writes them (for eval and export)
-    assert {"dcp", "adapter", "policy_default.safetensors", "trainer_state.pt"} <= {p.name for p in step2.iterdir()}
-    assert _max_difference(load_file(step3 / "policy_default.safetensors"), straight_weights) == 0.0
+    # the one checkpoint format: sharded in dcp/ (what resumes, on any engine), and the gathered LoRA export
+    assert {"dcp", "adapter", "state.pt", "config.yaml"} <= {p.name for p in step2.iterdir()}
+    assert _max_difference(read_saved_tensors(step3, "policies.default."), straight_weights) == 0.0
     adapter = load_file(step3 / "adapter" / "adapter_model.safetensors")  # the LoRA in peft format
     assert _max_difference(adapter, straight_weights) == 0.0
 
     resumed_cfg = make_config(
         *options, "engine.num_workers=1", "train.total_steps=3", f"run.dir={tmp_path / 'one'}", f"run.resume={step2}"
     )
-    resumed = PolicyGradientTrainer(resumed_cfg)
+    resumed = Trainer(resumed_cfg)
     ran = []
     train_step = resumed.train_step
     resumed.train_step = lambda step: ran.append(step) or train_step(step)
@@ -116,6 +139,48 @@ def test_resume_on_one_worker_continues_like_two(make_config, tmp_path):
     assert ran == [2]  # it continued from step 2, now on one worker (DCP resharded the 2-worker checkpoint)
     _assert_close_rows(straight_rows[-1], resumed_rows[-1])
     assert _max_difference(straight_weights, resumed_weights) <= 1e-5
+
+
+def test_a_local_checkpoint_resumes_on_two_workers_and_theirs_back_on_the_local_engine(make_config, tmp_path):
+    options = (*EQUAL, "train.save_every=1", "train.keep_last=0")
+    straight, _ = _train(make_config(*options, "train.total_steps=3", f"run.dir={tmp_path / 'straight'}"))
+    mixed = f"run.dir={tmp_path / 'mixed'}"
+    _train(make_config(*options, "train.total_steps=1", mixed))  # step 1 on the local engine
+    on_ray, _ = _train(make_config(*options, *RAY, "engine.num_workers=2", "train.total_steps=2", mixed))
+    on_ray.engine.close()
+    back, rows = _train(make_config(*options, "train.total_steps=3", mixed))  # step 3 local again
+    assert [r["step"] for r in rows] == [1, 2, 3]  # each resumed where the other left; one metrics file
+    checkpoints = CheckpointManager(tmp_path / "mixed")
+    assert [step for step, _ in checkpoints.list()] == [1, 2, 3]
+    expected = straight.engine.model.policies.trainable_state_dict()
+    assert _max_difference(expected, back.engine.model.policies.trainable_state_dict()) <= 1e-5
+    step2 = read_saved_tensors(checkpoints.dir / "step_000002", "policies.default.")  # written by the 2 workers
+    assert _max_difference(read_saved_tensors(tmp_path / "straight/checkpoints/step_000002", "policies.default."),
+                           step2) <= 1e-5  # fmt: skip
+
+
+def _listening_off_loopback(pids: set[int]) -> list[str]:
+    """`ss -ltnp` lines of sockets that processes `pids` listen on at an address other than loopback."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    lines = []
+    for line in out.splitlines():
+        local = line.split()[3]
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if owners & pids and not local.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")):
+            lines.append(line)
+    return lines
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2) to list listening sockets")
+def test_a_local_cluster_and_its_workers_listen_on_loopback_only(make_config):
+    engine = RayEngine(make_config(*RAY, "engine.num_workers=2"))
+    try:
+        ray_processes = subprocess.run(["pgrep", "-f", "ray|gcs_server|raylet"], capture_output=True, text=True)
+        pids = {int(p) for p in ray_processes.stdout.split()} | set(engine.pids) | {os.getpid()}
+        assert len(pids) > 3  # GCS, raylet, the workers, this driver
+        assert _listening_off_loopback(pids) == []
+    finally:
+        engine.close()
 
 
 def _batch(engine, cfg, step: int = 0):
@@ -132,13 +197,13 @@ def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_writte
     cfg = make_config(*RAY, "engine.num_workers=2")
     engine = RayEngine(cfg)
     try:
-        batch = _batch(engine, cfg)  # no advantages: the update raises KeyError in every worker
-        with pytest.raises(WorkerError) as caught:
-            engine.update(batch, 0)
+        _batch(engine, cfg)
+        with pytest.raises(WorkerError) as caught:  # no advantages: the update raises TypeError in every worker
+            engine.update(Targets(batch_size=[4]), 0)
         message = str(caught.value)
         assert "worker rank" in message and f"on {os.uname().nodename}" in message
-        assert "KeyError" in message and "advantages" in message
-        assert "policy_gradient_update.py" in message  # the worker's traceback
+        assert "TypeError" in message
+        assert "policy_gradient.py" in message  # the worker's traceback
         # the engine stopped its workers: a checkpoint now fails and leaves nothing behind
         manager = CheckpointManager(tmp_path / "run")
         with pytest.raises(RuntimeError, match="stopped after a worker failure"):
@@ -152,8 +217,8 @@ def test_a_killed_worker_is_detected_within_a_bounded_time(make_config):
     cfg = make_config(*RAY, "engine.num_workers=2")
     engine = RayEngine(cfg)
     try:
-        prompts_batch = _batch(engine, cfg)
-        assert prompts_batch.batch_size[0] == 4
+        images = _batch(engine, cfg)
+        assert images.shape[0] == 4 and images.dtype == torch.uint8
         threading.Timer(0.5, os.kill, (engine.pids[1], signal.SIGKILL)).start()
         start = time.perf_counter()
         with pytest.raises(WorkerDied, match="rank 1") as caught:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer
+from diffusion_rl.trainer.trainer import Trainer
 
 
 @pytest.fixture
 def trained_run(make_config):
-    """trained_run(*overrides) → the finished PolicyGradientTrainer (2 steps, checkpoints step_000001 and 2)."""
+    """trained_run(*overrides) → the finished Trainer (2 steps, checkpoints step_000001 and 2)."""
 
-    def run(*overrides: str) -> PolicyGradientTrainer:
-        trainer = PolicyGradientTrainer(make_config("train.save_every=1", "train.keep_last=0", *overrides))
+    def run(*overrides: str) -> Trainer:
+        trainer = Trainer(make_config("train.save_every=1", "train.keep_last=0", *overrides))
         trainer.train()
         return trainer
 

@@ -7,8 +7,8 @@ import torch
 
 from diffusion_rl.config import LoraConfig, ModelConfig
 from diffusion_rl.models.loader import load_model
-from diffusion_rl.models.tiny_families import save_tiny
-from diffusion_rl.trainer.policy_gradient import PolicyGradientTrainer
+from diffusion_rl.models.tiny import save_tiny
+from diffusion_rl.trainer.trainer import Trainer
 
 
 @pytest.fixture(scope="session")
@@ -54,10 +54,10 @@ def load():
 
 @pytest.fixture
 def train_model(make_config):
-    """train_model(model_dir, *overrides) → a PolicyGradientTrainer of the fast test config on that model."""
+    """train_model(model_dir, *overrides) → a Trainer of the fast test config on that model."""
 
-    def make(model_dir, *overrides: str) -> PolicyGradientTrainer:
-        return PolicyGradientTrainer(make_config(f"model.path={model_dir}", *overrides))
+    def make(model_dir, *overrides: str) -> Trainer:
+        return Trainer(make_config(f"model.path={model_dir}", *overrides))
 
     return make
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from diffusion_rl.checkpoint import weights
 from diffusion_rl.cli import main
 from diffusion_rl.models.export import DIFFUSERS_LORA_FILE
 
@@ -81,12 +82,12 @@ def test_full_finetuning_checkpoint_exports_only_merged(family_dirs, load, train
 
 
 def test_sample_with_a_checkpoint_uses_the_trained_weights(family_dirs, train_model, tmp_path, monkeypatch):
-    from diffusion_rl.models import export
 
     model, checkpoint = _trained(train_model, family_dirs["flux"], tmp_path, lora=True)
     loaded = []
-    original = export.load_checkpoint_model
-    monkeypatch.setattr(export, "load_checkpoint_model", lambda *a, **k: loaded.append(original(*a, **k)) or loaded[-1])
+    original = weights.load_checkpoint_model
+    record = lambda *a, **k: loaded.append(original(*a, **k)) or loaded[-1]  # noqa: E731
+    monkeypatch.setattr(weights, "load_checkpoint_model", record)
     out = tmp_path / "grid.png"
     argv = ["sample", "--model", str(family_dirs["flux"]), "--checkpoint", str(checkpoint), "--prompt", "a cat"]
     argv += ["--steps", "2", "--height", "32", "--width", "32", "--max-sequence-length", "16", "--device", "cpu"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.tiny_flux import TINY_FLUX_PRESETS, build_tiny_flux_pipeline
+from diffusion_rl.models.tiny import build_tiny
 
 
 def _sinusoid(values: list[float], dim: int = 256) -> torch.Tensor:
@@ -37,7 +37,7 @@ def _capture_inputs(module) -> list[torch.Tensor]:
 def test_saved_tiny_flux_loads_back_bit_identical(flux_model_dir):
     from diffusers import FluxPipeline
 
-    built = build_tiny_flux_pipeline(TINY_FLUX_PRESETS["small"], seed=0)
+    built = build_tiny("flux", "small", seed=0)
     loaded = FluxPipeline.from_pretrained(flux_model_dir)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         expected, actual = getattr(built, name).state_dict(), getattr(loaded, name).state_dict()

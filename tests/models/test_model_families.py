@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diffusion_rl.models.policies import DEFAULT
-from diffusion_rl.sampling.rollout import SamplerSettings, recompute_step, rollout
+from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, recompute_step, rollout
 from diffusion_rl.sampling.window import default_window
 
 FAMILIES = ["sd3", "flux", "flux_schnell", "qwen_image"]
@@ -21,11 +21,13 @@ def test_family_is_detected_from_model_index_and_samples_2_steps(family_dirs, lo
     settings = SamplerSettings(num_steps=2, guidance=GUIDANCE, height=32, width=32)
     cond = model.encode_prompts(["a red apple", "a lighthouse"], ["", "blurry"])
     with torch.no_grad():
-        traj = rollout(model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2])
-    assert traj["images"].dtype == torch.uint8 and traj["images"].shape == (2, 32, 32, 3)
-    assert traj["final_latents"].shape == (2, *model.latent_shape(32, 32))
-    assert traj["final_latents"].dtype == torch.float32
-    assert traj["images"].float().std() > 0
+        traj = rollout(
+            model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2], ids=anonymous_ids(["a", "b"])
+        )
+    assert traj.images.dtype == torch.uint8 and traj.images.shape == (2, 32, 32, 3)
+    assert traj.final_latents.shape == (2, *model.latent_shape(32, 32))
+    assert traj.final_latents.dtype == torch.float32
+    assert traj.images.float().std() > 0
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -35,17 +37,22 @@ def test_rollout_log_probs_are_reproduced_by_recomputation(family_dirs, load, na
     prompts = ["a red apple", "a red apple", "a lighthouse at dusk on a rocky coast", "a cat"]
     cond = model.encode_prompts(prompts, ["", "", "blurry", ""])
     with torch.no_grad():
-        traj = rollout(model, cond, settings, default_window(4), init_seeds=[1, 2, 3, 4], noise_seeds=[5, 6, 7, 8])
-        traj["cond"] = cond
-        W = traj["log_probs"].shape[1]
-        assert W == 3
-        for j in range(W):
-            whole = recompute_step(model, traj, cond, j, settings)
-            assert (whole.log_prob - traj["log_probs"][:, j]).abs().max() <= 1e-6
-            assert (whole.mean - traj["means"][:, j]).abs().max() <= 1e-6
+        ids = anonymous_ids(prompts)
+        traj = rollout(model, cond, settings, default_window(4), init_seeds=[1, 2, 3, 4], noise_seeds=[5, 6, 7, 8],
+                       ids=ids)  # fmt: skip
+        assert traj.window_size == 3
+        for j in range(traj.window_size):
+            whole = _recompute(model, traj, j, settings)
+            assert (whole.log_prob - traj.log_probs[:, j]).abs().max() <= 1e-6
+            assert (whole.mean - traj.means[:, j]).abs().max() <= 1e-6
             for rows in (torch.tensor([0, 1]), torch.tensor([2]), torch.tensor([3, 1])):  # micro-batches
-                part = recompute_step(model, traj[rows], cond[rows], j, settings)
-                assert (part.log_prob - traj["log_probs"][rows, j]).abs().max() <= 1e-6
+                part = _recompute(model, traj[rows], j, settings)
+                assert (part.log_prob - traj.log_probs[rows, j]).abs().max() <= 1e-6
+
+
+def _recompute(model, traj, j, settings):
+    x, x_next = traj.latents[:, j], traj.latents[:, j + 1]
+    return recompute_step(model, x, x_next, traj.sigmas[:, j], traj.sigmas_next[:, j], traj.cond, settings)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -57,7 +64,7 @@ def test_one_flow_grpo_update_moves_the_trained_weights_only(family_dirs, load, 
         "model.lora.rank=4",
         f"sampling.guidance={GUIDANCE}",
         "train.total_steps=1",
-        "algorithm.kl_beta=0.04",
+        "algorithm.flow_grpo.kl_beta=0.04",
         "train.lr=1e-2",
     )
     model = trainer.engine.model

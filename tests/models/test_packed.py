@@ -16,8 +16,8 @@ from diffusion_rl.models.packed import (
     tokens_of,
     unpack_latents,
 )
-from diffusion_rl.models.tiny_flux import DEV_SCHEDULER, SCHNELL_SCHEDULER
-from diffusion_rl.models.tiny_qwen_image import QWEN_IMAGE_SCHEDULER
+from diffusion_rl.models.tiny.flux import DEV_SCHEDULER, SCHNELL_SCHEDULER
+from diffusion_rl.models.tiny.qwen_image import QWEN_IMAGE_SCHEDULER
 
 
 def test_pack_unpack_round_trip_is_exact():

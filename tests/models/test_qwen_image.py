@@ -9,14 +9,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.qwen_image import norm_rescaled_cfg
-from diffusion_rl.models.tiny_qwen_image import TINY_QWEN_IMAGE_PRESETS, build_tiny_qwen_image_pipeline
+from diffusion_rl.models.families.qwen_image import norm_rescaled_cfg
+from diffusion_rl.models.tiny import build_tiny
 
 
 def test_saved_tiny_qwen_image_loads_back_bit_identical(qwen_image_model_dir):
     from diffusers import QwenImagePipeline
 
-    built = build_tiny_qwen_image_pipeline(TINY_QWEN_IMAGE_PRESETS["small"], seed=0)
+    built = build_tiny("qwen_image", "small", seed=0)
     loaded = QwenImagePipeline.from_pretrained(qwen_image_model_dir)
     for name in ("transformer", "vae", "text_encoder"):
         expected, actual = getattr(built, name).state_dict(), getattr(loaded, name).state_dict()

@@ -10,7 +10,7 @@ import torch
 from diffusion_rl.config import LoraConfig, ModelConfig
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.loader import load_model
-from diffusion_rl.models.tiny import TINY_PRESETS, build_tiny_pipeline
+from diffusion_rl.models.tiny import build_tiny
 
 COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
 TOKENIZERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
@@ -28,7 +28,7 @@ def _n_params(module: torch.nn.Module) -> int:
 
 def test_saved_tiny_model_loads_back_bit_identical(tiny_model_dir):
     # tiny_model_dir was saved from the small preset with seed 0; building it again gives the same weights
-    built = build_tiny_pipeline(TINY_PRESETS["small"], seed=0)
+    built = build_tiny("sd3", "small", seed=0)
     loaded = _load_pipeline(tiny_model_dir)
     for name in COMPONENTS:
         expected, actual = getattr(built, name).state_dict(), getattr(loaded, name).state_dict()
@@ -39,8 +39,8 @@ def test_saved_tiny_model_loads_back_bit_identical(tiny_model_dir):
 
 
 def test_tiny_build_depends_on_the_seed():
-    a = build_tiny_pipeline(TINY_PRESETS["small"], seed=0).transformer.state_dict()
-    b = build_tiny_pipeline(TINY_PRESETS["small"], seed=1).transformer.state_dict()
+    a = build_tiny("sd3", "small", seed=0).transformer.state_dict()
+    b = build_tiny("sd3", "small", seed=1).transformer.state_dict()
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
@@ -48,18 +48,18 @@ def test_tiny_build_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    build_tiny_pipeline(TINY_PRESETS["small"], seed=0)
+    build_tiny("sd3", "small", seed=0)
     assert torch.equal(torch.rand(3), expected)
 
 
 @pytest.mark.parametrize(("preset", "low", "high"), [("base", 2.2e6, 2.4e6), ("small", 0.25e6, 0.35e6)])
 def test_tiny_preset_transformer_sizes(preset, low, high):
-    pipeline = build_tiny_pipeline(TINY_PRESETS[preset], seed=0)
+    pipeline = build_tiny("sd3", preset, seed=0)
     assert low < _n_params(pipeline.transformer) < high
 
 
 def test_tokenizers_round_trip_through_save_and_load(tiny_model_dir):
-    built = build_tiny_pipeline(TINY_PRESETS["small"], seed=0)
+    built = build_tiny("sd3", "small", seed=0)
     loaded = _load_pipeline(tiny_model_dir)
     prompt = "A red cube, on a blue Table! 42"
     for name in TOKENIZERS:
@@ -90,7 +90,8 @@ def test_load_model_rejects_an_unsupported_pipeline_and_lists_the_supported(tmp_
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}))
     with pytest.raises(UserError, match="StableDiffusionXLPipeline") as info:
         load_model(ModelConfig(path=str(tmp_path), device="cpu"))
-    assert "supported: FluxPipeline, QwenImagePipeline, StableDiffusion3Pipeline" in str(info.value)
+    supported = "supported: FluxPipeline (flux), QwenImagePipeline (qwen_image), StableDiffusion3Pipeline (sd3)"
+    assert supported in str(info.value)
 
 
 def test_load_model_rejects_an_unreadable_model_index(tmp_path):

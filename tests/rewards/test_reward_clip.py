@@ -8,7 +8,7 @@ import torch
 from transformers import CLIPConfig, CLIPModel
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.tiny import TinySpec, build_tokenizers
+from diffusion_rl.models.tiny.parts import build_tokenizers
 from diffusion_rl.rewards import make_reward
 
 SIZE = 32  # the tiny model's input size: images of this size go in without resizing
@@ -19,7 +19,7 @@ PROMPTS = ["a red cube", "a photo of a dog on the beach", "text"]
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny_clip")
-    tokenizer, _ = build_tokenizers(TinySpec())
+    tokenizer, _ = build_tokenizers(32)
     text = dict(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -59,7 +59,7 @@ def images():
 def _hand_cosines(clip_dir, images, prompts):
     """cos(image, text) from get_image_features/get_text_features, with pixels normalised by hand."""
     model = CLIPModel.from_pretrained(clip_dir).eval()
-    tokenizer, _ = build_tokenizers(TinySpec())
+    tokenizer, _ = build_tokenizers(32)
     pixels = (images.astype(np.float32) / 255 - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
     pixels_BCHW = torch.from_numpy(pixels).permute(0, 3, 1, 2)
     tokens = tokenizer(prompts, padding=True, return_tensors="pt")

@@ -27,16 +27,30 @@ class _Recorder:
             raise RuntimeError("close failed")
 
 
-def test_console_logs_a_compact_line_every_n_steps(caplog):
-    tracker = ConsoleTracker(every=2)
-    metrics = {"reward/mean": 0.61234, "loss": 0.0123, "kl": 0.0004, "timing/step": 3.214, "images/s": 9.94, "x": 1}
+def test_console_logs_the_first_step_every_n_steps_and_the_last_with_an_eta(caplog, monkeypatch):
+    clock = iter([0.0, 103.0, 103.0, 106.0])  # made; step 3's end (twice); step 4's end
+    monkeypatch.setattr("diffusion_rl.tracking.console.time.perf_counter", lambda: next(clock))
+    tracker = ConsoleTracker(every=4, total_steps=6)
+    metrics = {"reward/mean": 0.61234, "loss": 1e-9, "clip_fraction": 0.0, "kl_ref": 0.0, "timing/step": 3.0, "x": 1}
     with caplog.at_level(logging.INFO, logger="diffusion_rl.tracking.console"):
-        tracker.log_metrics(metrics, step=3)
-        tracker.log_metrics(metrics, step=4)
-        tracker.log_metrics({"unrelated": 1.0}, step=6)
+        tracker.log_metrics({"val/reward/mean": 0.5}, step=0)  # validation before training: no line
+        tracker.log_metrics(metrics, step=3)  # a resumed run's first step: a line
+        tracker.log_metrics(metrics, step=4)  # every 4
+        tracker.log_metrics({**metrics, "clip_fraction": 0.25}, step=5)  # neither
+        tracker.log_metrics({**metrics, "val/reward/mean": 0.7}, step=6)  # the last
+    # the clock starts 3 s (the first step's timing/step) before it ended at 103 s: 3 s per step since then
     assert [r.getMessage() for r in caplog.records] == [
-        "step 4 | reward 0.6123 | loss 0.0123 | kl 0.0004 | s/step 3.21 | img/s 9.9"
+        "step 3/6 | reward 0.61234 | s/step 3.00 | eta 0m09s",  # 3 steps to go
+        "step 4/6 | reward 0.61234 | s/step 3.00 | eta 0m06s",  # (106 − 100) s / 2 steps, 2 to go
+        "step 6/6 | reward 0.61234 | val_reward 0.7 | s/step 3.00",
     ]
+
+
+def test_console_shows_clip_fraction_and_kl_only_when_they_are_not_zero(caplog):
+    tracker = ConsoleTracker(every=1, total_steps=1)
+    with caplog.at_level(logging.INFO, logger="diffusion_rl.tracking.console"):
+        tracker.log_metrics({"reward/mean": 1.0, "clip_fraction": 0.125, "kl_ref": 0.002}, step=1)
+    assert caplog.records[-1].getMessage() == "step 1/1 | reward 1 | clipped 12.50% | kl_ref 0.002"
 
 
 def test_console_every_must_be_positive():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffusion_rl.trainer import make_trainer as trainer_for
-from diffusion_rl.trainer.base import Trainer
+from diffusion_rl.trainer.trainer import Trainer
 
 # Quickstart settings (full fine-tuning, CFG 4.5, jpeg_compressibility, eps 1e-8) at reduced size: small preset,
 # 32 px, 4 steps, 16 steps of 4 prompts × 4. The higher lr makes up for the fewer steps. Seeds 0-9 all improve
@@ -21,6 +21,7 @@ LEARNS = (
     "train.total_steps=16",
     "train.lr=1e-2",
     "val.before_train=true",
+    "val.every=1000",  # more than the run's steps: after the last step only
     "val.n=4",
 )
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from diffusion_rl.checkpoint.paths import step_of
+from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.errors import UserError
-from diffusion_rl.trainer.checkpoint import CheckpointManager, step_of
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 
 
@@ -31,7 +32,7 @@ def test_save_publishes_the_dir_and_points_latest_at_it(tmp_path):
     assert (path / "sub" / "weights.bin").is_file()
     assert (manager.dir / "latest").read_text().strip() == "step_000010"
     assert manager.latest() == path
-    assert manager.step_of(path) == step_of(path) == 10
+    assert step_of(path) == 10
     assert _entries(manager) == ["latest", "step_000010"]
 
 
@@ -125,10 +126,10 @@ def test_resolve_resume_accepts_a_checkpoint_or_run_directory(tmp_path):
 
 def test_resolve_resume_rejects_missing_paths_and_non_checkpoints(tmp_path):
     manager = CheckpointManager(tmp_path / "run")
-    with pytest.raises(UserError, match="does not exist; use auto, never, or a checkpoint directory"):
+    with pytest.raises(UserError, match="run.resume .*nope: no such directory"):
         manager.resolve_resume(str(tmp_path / "nope"))
     (tmp_path / "random_dir").mkdir()
-    with pytest.raises(UserError, match="is not a checkpoint"):
+    with pytest.raises(UserError, match="not a checkpoint"):
         manager.resolve_resume(str(tmp_path / "random_dir"))
     (tmp_path / "empty_run" / "checkpoints").mkdir(parents=True)
     with pytest.raises(UserError, match="holds no checkpoint"):

@@ -11,7 +11,8 @@ import torch
 
 from diffusion_rl.algorithms.preference import ema_decay_awm
 from diffusion_rl.data.sampler import make_step_prompts
-from diffusion_rl.trainer.direct_preference import DirectPreferenceTrainer
+from diffusion_rl.sampling.window import window_for_step
+from diffusion_rl.trainer.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {mode: ROOT / f"configs/quickstart_{mode}.yaml" for mode in ("dpo", "nft", "awm", "dpo_offline")}
@@ -38,7 +39,7 @@ def _named(policies) -> list[str]:
 
 def _rollout_images(trainer, step: int) -> torch.Tensor:
     prompts = make_step_prompts(trainer.records, trainer.sampler, step, trainer.cfg.data.group_size)
-    return trainer.engine.generate(prompts, step, trainer.window_for(step))["images"]
+    return trainer.engine.generate(prompts, step, window_for_step(trainer.cfg.sampling, trainer.cfg.run.seed, step))
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -51,7 +52,7 @@ def test_nft_old_adapter_samples_and_differs_from_the_policy_only_when_it_lags(m
     assert set(v0) == {"default", "old", "reference"}
     assert torch.equal(v0["old"], v0["default"]) and torch.equal(v0["reference"], v0["default"])
 
-    fixed = ("algorithm.old_decay=fixed", "algorithm.old_decay_value=1.0")
+    fixed = ("algorithm.nft.old_decay=fixed", "algorithm.nft.old_decay_value=1.0")
     frozen = make_trainer(*options, *fixed, f"run.dir={tmp_path / 'frozen'}", config=CONFIGS["nft"])
     frozen.train()
     v = _velocities(frozen)
@@ -60,7 +61,9 @@ def test_nft_old_adapter_samples_and_differs_from_the_policy_only_when_it_lags(m
     # rollouts come from `old`: the same images as the untrained model's
     assert torch.equal(_rollout_images(frozen, 5), _rollout_images(fresh, 5))
 
-    copied = make_trainer(*options, "algorithm.old_decay=copy", f"run.dir={tmp_path / 'copied'}", config=CONFIGS["nft"])
+    copied = make_trainer(
+        *options, "algorithm.nft.old_decay=copy", f"run.dir={tmp_path / 'copied'}", config=CONFIGS["nft"]
+    )
     copied.train()
     v = _velocities(copied)
     assert torch.equal(v["old"], v["default"])  # d = 0: old is the policy
@@ -90,9 +93,9 @@ def _record_weights(trainer, names: tuple[str, ...]) -> list[dict[str, dict[str,
 def test_nft_old_adapter_follows_a_fixed_decay_every_second_step(make_trainer):
     trainer = make_trainer(
         "train.total_steps=4",
-        "algorithm.old_decay=fixed",
-        "algorithm.old_decay_value=0.5",
-        "algorithm.old_update_interval=2",
+        "algorithm.nft.old_decay=fixed",
+        "algorithm.nft.old_decay_value=0.5",
+        "algorithm.nft.old_update_interval=2",
         config=CONFIGS["nft"],
     )
     history = _record_weights(trainer, ("default", "old"))
@@ -112,7 +115,7 @@ def test_nft_old_adapter_follows_a_fixed_decay_every_second_step(make_trainer):
 
 def test_awm_ema_adapter_follows_its_decay(make_trainer):
     trainer = make_trainer(
-        "train.total_steps=3", "sampling.num_steps=8", "algorithm.ema_beta=0.5", config=CONFIGS["awm"]
+        "train.total_steps=3", "sampling.num_steps=8", "algorithm.awm.ema_beta=0.5", config=CONFIGS["awm"]
     )
     history = _record_weights(trainer, ("default", "ema"))
     rows = trainer.train()
@@ -141,8 +144,8 @@ def test_dpo_takes_no_step_when_every_group_ties(make_trainer, user_reward, weig
     ("mode", "options"),
     [
         ("dpo", ()),
-        ("nft", ("algorithm.old_decay=fixed", "algorithm.old_decay_value=0.3")),
-        ("awm", ("sampling.num_steps=8", "algorithm.ema_beta=0.5", "algorithm.kl_beta=0.1")),
+        ("nft", ("algorithm.nft.old_decay=fixed", "algorithm.nft.old_decay_value=0.3")),
+        ("awm", ("sampling.num_steps=8", "algorithm.awm.ema_beta=0.5", "algorithm.awm.kl_beta=0.1")),
     ],
 )
 def test_gradient_accumulation_matches_one_big_micro_batch(make_trainer, weights, tmp_path, mode, options):
@@ -165,9 +168,9 @@ def _comparable(row: dict) -> dict:
 @pytest.mark.parametrize(
     ("mode", "options"),
     [
-        ("nft", ("model.lora.enabled=true", "train.lr=1e-2", "algorithm.old_decay=linear_to_0_5")),
-        ("nft", ("algorithm.old_decay=fixed", "algorithm.old_decay_value=0.5")),
-        ("awm", ("sampling.num_steps=8", "algorithm.ema_beta=0.5", "train.num_minibatches=2")),
+        ("nft", ("model.lora.enabled=true", "train.lr=1e-2", "algorithm.nft.old_decay=linear_to_0_5")),
+        ("nft", ("algorithm.nft.old_decay=fixed", "algorithm.nft.old_decay_value=0.5")),
+        ("awm", ("sampling.num_steps=8", "algorithm.awm.ema_beta=0.5", "train.num_minibatches=2")),
         ("dpo", ("sampling.sde_type=sde",)),
     ],
     ids=["nft-lora", "nft-full", "awm-ema-minibatches", "dpo-sde"],
@@ -179,7 +182,7 @@ def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, mode, options
     resumed_dir = f"run.dir={tmp_path / 'resumed'}"
     make_trainer(*common, resumed_dir, "train.total_steps=2", config=CONFIGS[mode]).train()
     resumed = make_trainer(*common, resumed_dir, "train.total_steps=4", config=CONFIGS[mode])
-    assert isinstance(resumed, DirectPreferenceTrainer)
+    assert isinstance(resumed, Trainer)
     ran = []
     step_fn = resumed.train_step
     resumed.train_step = lambda step: ran.append(step) or step_fn(step)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # DPO at β = 2000 (the config default): at lr 1e-2 and 32 px it learns where the quickstart's 100 (tuned at 64 px,
 # lr 1e-3) does not reliably
 MODES = {
-    "dpo": ("algorithm.dpo_beta=2000",),
+    "dpo": ("algorithm.dpo.dpo_beta=2000",),
     "nft": (),
     "awm": ("sampling.num_steps=8",),
 }

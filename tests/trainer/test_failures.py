@@ -6,27 +6,28 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from diffusion_rl.checkpoint.state import read_saved_tensors
+from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config import load
-from diffusion_rl.engine.worker import TrainingDiverged
+from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards import RewardFailure
 from diffusion_rl.tracking import read_metrics
-from diffusion_rl.trainer.checkpoint import CheckpointManager
 
 
-def _record_batches(trainer) -> list:
-    """Keep each batch the trainer hands to the engine's update."""
-    batches = []
-    update = trainer.engine.update
+def _record_targets(trainer) -> list[tuple]:
+    """Keep each step's (scored rewards [B], the targets the algorithm prepared from them)."""
+    calls = []
+    prepare = trainer.algorithm.prepare
 
-    def record(batch, step):
-        batches.append(batch.clone())
-        return update(batch, step)
+    def record(scored, group_index):
+        targets, metrics = prepare(scored, group_index)
+        calls.append((torch.from_numpy(scored.total.copy()), targets.clone()))
+        return targets, metrics
 
-    trainer.engine.update = record
-    return batches
+    trainer.algorithm.prepare = record
+    return calls
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # e.g. numpy's all-NaN slice in validation's best@n
@@ -44,16 +45,16 @@ def test_samples_whose_reward_raises_get_advantage_0_and_the_step_completes(make
         return np.array(scores, dtype=np.float32)
         """
     )
-    trainer = make_trainer(f"rewards.0.name={spec}", "data.prompts_per_step=1", "data.group_size=4")
-    batches = _record_batches(trainer)
+    trainer = make_trainer(f"rewards.0.name={spec}", "data.prompts_per_step=1", "data.group_size=4", "val.every=2")
+    calls = _record_targets(trainer)
     rows = trainer.train()
 
     assert [r["step"] for r in rows] == [1, 2]
-    for row, batch in zip(rows, batches):
-        failed = torch.isnan(batch["rewards"])
+    for row, (rewards, targets) in zip(rows, calls):
+        failed = torch.isnan(rewards)
         assert failed.tolist() == [False, False, False, True]
-        assert torch.all(batch["advantages"][failed] == 0)
-        assert torch.all(batch["advantages"][~failed] != 0)
+        assert torch.all(targets.advantages[failed] == 0)
+        assert torch.all(targets.advantages[~failed] != 0)
         assert row["reward/failed_fraction"] == 0.25
         assert math.isfinite(row["reward/mean"]) and math.isfinite(row["loss"])
         assert row["train/optimizer_steps"] >= 1
@@ -80,24 +81,24 @@ def test_reward_failing_every_sample_stops_the_run_and_keeps_the_last_checkpoint
     assert checkpoints.latest() == checkpoints.dir / "step_000001"
     assert [step for step, _ in checkpoints.list()] == [1]
     assert sorted(p.name for p in checkpoints.dir.iterdir()) == ["latest", "step_000001"]  # no half-written dir
-    saved = load_file(checkpoints.latest() / "policy_default.safetensors")
+    saved = read_saved_tensors(checkpoints.latest(), "policies.default.")
     now = weights(trainer)  # the failing step never reached its update
     assert all(torch.equal(saved[k], now[k]) for k in now)
     assert [r["step"] for r in read_metrics(trainer.run_dir)] == [1]
 
 
 def _nan_loss(worker) -> None:
-    loss_fn = worker.updater.loss_fn
+    loss_fn = worker.algorithm.loss_fn
 
     def nan(inp, cfg):
         out = loss_fn(inp, cfg)
         out.loss = out.loss * float("nan")
         return out
 
-    worker.updater.loss_fn = nan
+    worker.algorithm.loss_fn = nan
 
 
-def test_non_finite_updates_are_skipped_then_stop_the_run(make_trainer, weights):
+def test_non_finite_updates_are_skipped_then_stop_the_run_with_latest_on_the_last_healthy_step(make_trainer, weights):
     options = ("train.save_every=1", "train.keep_last=0", "train.max_consecutive_skips=2")
     make_trainer(*options, "train.total_steps=1").train()
 
@@ -112,13 +113,14 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(make_trainer, weights)
     assert rows[1]["train/skipped_updates"] == 1 and rows[1]["train/optimizer_steps"] == 1
     assert rows[1]["grad_norm"] is None  # non-finite: stored as null
 
+    # step 2's update was skipped: its checkpoint is not published, `latest` stays on step 1
     checkpoints = CheckpointManager(trainer.run_dir)
-    assert checkpoints.latest().name == "step_000002"
-    step1 = load_file(checkpoints.dir / "step_000001" / "policy_default.safetensors")
-    step2 = load_file(checkpoints.latest() / "policy_default.safetensors")
+    assert [step for step, _ in checkpoints.list()] == [1]
+    assert checkpoints.latest().name == "step_000001"
+    step1 = read_saved_tensors(checkpoints.latest(), "policies.default.")
     now = weights(trainer)
     for name in now:  # both skipped updates left the weights as step 1 made them
-        assert torch.equal(step1[name], now[name]) and torch.equal(step2[name], now[name])
+        assert torch.equal(step1[name], now[name])
         assert torch.isfinite(now[name]).all()
 
 

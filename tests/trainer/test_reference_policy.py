@@ -22,7 +22,7 @@ def _velocity(model, reference: bool = False) -> torch.Tensor:
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_reference_stays_the_base_model_while_the_policy_trains(make_trainer, make_config, lora):
-    trainer = make_trainer(f"model.lora.enabled={str(lora).lower()}", "algorithm.kl_beta=0.04")
+    trainer = make_trainer(f"model.lora.enabled={str(lora).lower()}", "algorithm.flow_grpo.kl_beta=0.04")
     rows = trainer.train()
     model = trainer.engine.model
     assert rows[-1]["train/optimizer_steps"] == 2

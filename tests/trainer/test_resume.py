@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from diffusion_rl.checkpoint.state import read_saved_tensors
+from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.errors import UserError
-from diffusion_rl.trainer.checkpoint import CheckpointManager
 
 # a random SDE window, EMA validation, LR warm-up, checkpoints and validation every 2 steps: all saved state matters
 RESUMABLE = (
@@ -58,9 +58,10 @@ def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, weights, lora
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     worker_a, worker_b = straight.engine.worker, resumed.engine.worker
-    _assert_same_optimizer_state(worker_a.optimizer.state_dict(), worker_b.optimizer.state_dict())
-    assert worker_a.scheduler.state_dict() == worker_b.scheduler.state_dict()
-    assert all(torch.equal(x, y) for x, y in zip(worker_a.ema.shadow, worker_b.ema.shadow))
+    opt_a, opt_b = worker_a.optimizer, worker_b.optimizer
+    _assert_same_optimizer_state(opt_a.optimizer.state_dict(), opt_b.optimizer.state_dict())
+    assert opt_a.scheduler.state_dict() == opt_b.scheduler.state_dict()
+    assert all(torch.equal(x, y) for x, y in zip(opt_a.ema.shadow, opt_b.ema.shadow))
 
 
 def test_resume_from_a_missing_path_is_a_user_error(make_trainer, tmp_path):
@@ -73,7 +74,7 @@ def test_resume_never_starts_fresh_next_to_checkpoints(make_trainer, weights):
     make_trainer("train.save_every=1", "train.keep_last=0").train()
     checkpoints = CheckpointManager(make_trainer().run_dir)
     assert [step for step, _ in checkpoints.list()] == [1, 2]
-    after_one_step = load_file(checkpoints.dir / "step_000001" / "policy_default.safetensors")
+    after_one_step = read_saved_tensors(checkpoints.dir / "step_000001", "policies.default.")
 
     fresh = make_trainer("train.total_steps=1", "run.resume=never")
     rows = fresh.train()

@@ -7,22 +7,24 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.advantages import compute_group_advantages
-from diffusion_rl.data.sampler import make_step_prompts
+from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.timing import PhaseTimer
 
 
 def _first_batch(trainer):
-    prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
-    batch, scored = trainer.generate_and_score(prompts, 0, trainer.window_for(0), PhaseTimer())
-    return prompts, batch, scored
+    """The first step's prompts, the trajectory the engine kept, and the scores."""
+    collected = trainer.source.collect(0, window_for_step(trainer.cfg.sampling, trainer.cfg.run.seed, 0), PhaseTimer())
+    kept = trainer.engine.worker.pending
+    return collected.prompts, torch.cat(kept) if len(kept) > 1 else kept[0], collected.scored
 
 
 def test_chunked_sampling_and_scoring_equals_one_chunk(make_trainer, tmp_path):
     (_, batch1, scored1), (_, batch3, scored3) = (
         _first_batch(make_trainer(f"run.dir={tmp_path / str(n)}", f"sampling.score_chunks={n}")) for n in (1, 3)
     )
-    assert torch.allclose(batch1["log_probs"], batch3["log_probs"], atol=1e-5)
-    assert torch.allclose(batch1["final_latents"], batch3["final_latents"], atol=1e-5)
+    assert len(batch3.ids.sample_index) == 4 and batch3.ids.sample_index.tolist() == [0, 1, 2, 3]
+    assert torch.allclose(batch1.log_probs, batch3.log_probs, atol=1e-5)
+    assert torch.allclose(batch1.final_latents, batch3.final_latents, atol=1e-5)
     assert np.allclose(scored1.total, scored3.total, atol=1e-6)
     assert scored1.metrics.keys() == scored3.metrics.keys()
 
@@ -35,7 +37,7 @@ def test_sum_advantages_normalises_each_reward_then_weights(make_trainer, user_r
         "algorithm.advantage.combine=sum_advantages",
     )
     prompts, _, scored = _first_batch(trainer)
-    got = trainer.advantages(scored, prompts).advantages
+    got = trainer.algorithm.advantages(scored, prompts.group_index).advantages
     # by hand: each reward normalised on its own (global std, ddof 0, eps 1e-8), then 1.0·A1 + 0.5·A2
     expected = torch.zeros(len(prompts))
     for name, weight in ((first, 1.0), (second, 0.5)):

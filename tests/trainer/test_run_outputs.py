@@ -46,7 +46,8 @@ def test_short_run_writes_metrics_samples_plot_config_checkpoint_and_tensorboard
     assert (run / "reward.png").stat().st_size > 0
     assert (run / "config.yaml").read_text().startswith("run:")
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
-    assert (run / "checkpoints" / "step_000002" / "policy_default.safetensors").is_file()
+    checkpoint = run / "checkpoints" / "step_000002"
+    assert {"dcp", "state.pt", "config.yaml"} <= {p.name for p in checkpoint.iterdir()}
     events = list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert events and all(e.stat().st_size > 0 for e in events)
 

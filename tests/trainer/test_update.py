@@ -4,37 +4,43 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
 
+from diffusion_rl.algorithms.base import Targets
+from diffusion_rl.algorithms.policy_gradient import trained_columns
 from diffusion_rl.data.sampler import make_step_prompts
-from diffusion_rl.engine.policy_gradient_update import trained_columns
+from diffusion_rl.sampling.window import window_for_step
 
 
 def _record_gradients(worker) -> list[list[torch.Tensor]]:
     """Make the worker keep a copy of the accumulated gradients at each optimizer step (which still runs)."""
     grads: list[list[torch.Tensor]] = []
-    optimizer_step = worker.optimizer_step
+    optimizer_step = worker.optimizer.step
 
     def step() -> float:
         grads.append([p.grad.clone() for p in worker.model.trainable_parameters()])
         return optimizer_step()
 
-    worker.optimizer_step = step
+    worker.optimizer.step = step
     return grads
 
 
 def _record_backward_steps(worker) -> list[tuple[torch.Tensor, torch.Tensor, dict]]:
     """Make the worker keep (sample indices, trained columns, loss metrics) of each backward pass (which still runs)."""
     calls: list[tuple[torch.Tensor, torch.Tensor, dict]] = []
-    backward_step = worker.updater._backward_step
+    loss = worker.algorithm.loss
 
-    def step(mb, cols, k, keep, scale):
-        metrics = backward_step(mb, cols, k, keep, scale)
-        calls.append((mb["sample_index"].clone(), cols.clone(), {k: float(v) for k, v in metrics.items()}))
-        return metrics
+    def chunk(units, k, at):
+        out = loss(units, k, at)
+        metrics = {"loss": float(out.loss.detach()), **{name: float(v) for name, v in out.metrics.items()}}
+        calls.append((units.traj.ids.sample_index.clone(), units.columns[:, k].clone(), metrics))
+        return out
 
-    worker.updater._backward_step = step
+    worker.algorithm.loss = chunk
     return calls
+
+
+def _targets(*advantages: float) -> Targets:
+    return Targets(advantages=torch.tensor(advantages), batch_size=[len(advantages)])
 
 
 def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -77,7 +83,7 @@ def test_two_minibatches_make_two_optimizer_steps(make_trainer):
 
 
 def test_second_ppo_epoch_has_ratios_off_1_and_clips(make_trainer):
-    trainer = make_trainer("train.total_steps=1", "train.ppo_epochs=2", "algorithm.clip_range=1e-6")
+    trainer = make_trainer("train.total_steps=1", "train.ppo_epochs=2", "algorithm.flow_grpo.clip_range=1e-6")
     calls = _record_backward_steps(trainer.engine.worker)
     rows = trainer.train()
     assert rows[0]["train/optimizer_steps"] == 2
@@ -100,11 +106,9 @@ def test_first_timesteps_trains_columns_0_to_k_minus_1(make_trainer):
 
 def test_random_timesteps_differ_between_samples_and_repeat_for_the_same_seed_and_step(make_trainer, tmp_path):
     def columns(seed: int, step: int) -> torch.Tensor:
-        batch = TensorDict({"log_probs": torch.zeros(8, 4), "sample_index": torch.arange(8)}, batch_size=[8])
-        return trained_columns(batch, trainers[seed].cfg, step)
+        return trained_columns(torch.arange(8), 4, 0.5, "random", seed, step)
 
     options = ("sampling.num_steps=5", "algorithm.timestep_fraction=0.5", "algorithm.timestep_selection=random")
-    trainers = {seed: make_trainer(*options, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}") for seed in (0, 1)}
     picked = columns(0, 3)
     assert picked.shape == (8, 2)
     assert all(len(set(row)) == 2 and min(row) >= 0 and max(row) < 4 for row in picked.tolist())
@@ -117,8 +121,7 @@ def test_random_timesteps_differ_between_samples_and_repeat_for_the_same_seed_an
     trainer = make_trainer(*options, "train.total_steps=1", f"run.dir={tmp_path / 'run'}")
     calls = _record_backward_steps(trainer.engine.worker)
     trainer.train()
-    batch = TensorDict({"log_probs": torch.zeros(4, 4), "sample_index": torch.arange(4)}, batch_size=[4])
-    expected = trained_columns(batch, trainer.cfg, 0)
+    expected = trained_columns(torch.arange(4), 4, 0.5, "random", trainer.cfg.run.seed, 0)
     assert torch.equal(torch.stack([cols for _, cols, _ in calls], dim=1), expected)
 
 
@@ -126,20 +129,21 @@ def test_zero_advantage_samples_are_left_out_of_the_gradient(make_trainer):
     trainer = make_trainer("algorithm.drop_zero_advantage=true")
     worker = trainer.engine.worker
     prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
-    batch = trainer.engine.generate(prompts, 0, trainer.window_for(0))
-    batch["advantages"] = torch.tensor([1.0, 0.0, -1.0, 0.0])
+    trainer.engine.generate(prompts, 0, window_for_step(trainer.cfg.sampling, 0, 0))
+    traj = worker.pending[0]
 
     grads = []
 
     def capture() -> float:  # keep the gradient, leave the weights as they are
         grads.append([p.grad.clone() for p in worker.model.trainable_parameters()])
-        worker.optimizer.zero_grad(set_to_none=True)
+        worker.optimizer.optimizer.zero_grad(set_to_none=True)
         return 0.0
 
-    worker.optimizer_step = capture
-    metrics = worker.update(batch, 0)
+    worker.optimizer.step = capture
+    metrics = worker.update(_targets(1.0, 0.0, -1.0, 0.0), 0)
     assert metrics["train/kept_fraction"] == 0.5
-    worker.update(batch[torch.tensor([0, 2])], 0)
+    worker.pending, worker.pending_step = [traj[torch.tensor([0, 2])]], 0  # the two kept rows alone
+    worker.update(_targets(1.0, -1.0), 0)
     scale = max(float(g.abs().max()) for g in grads[1])
     assert scale > 0
     assert _max_abs_diff(grads[0], grads[1]) <= 1e-5 * scale
@@ -178,12 +182,12 @@ def test_rejected_fraction_is_the_share_of_rejected_sample_steps_of_the_update(m
     )
     worker = trainer.engine.worker
     prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
-    batch = trainer.engine.generate(prompts, 0, trainer.window_for(0))
-    assert batch["log_probs"].shape == (4, 3)
-    batch["advantages"] = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    trainer.engine.generate(prompts, 0, window_for_step(trainer.cfg.sampling, 0, 0))
+    traj = worker.pending[0]
+    assert traj.log_probs.shape == (4, 3)
     # the rollout's log-prob of 3 entries, 2 in the first micro-batch and 1 in the second, is off by 5:
     # log w = −5, k2 = 12.5 > 1, rejected; the others match the current policy (k2 ≈ 0), kept
     for row, col in [(0, 0), (1, 2), (3, 1)]:
-        batch["log_probs"][row, col] += 5.0
-    metrics = worker.update(batch, 0)
+        traj.log_probs[row, col] += 5.0
+    metrics = worker.update(_targets(1.0, -1.0, 1.0, -1.0), 0)
     assert metrics["rollout_corr/rejected_fraction"] == pytest.approx(3 / 12, abs=1e-6)

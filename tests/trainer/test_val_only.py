@@ -10,7 +10,7 @@ from diffusion_rl.tracking import read_metrics
 
 
 def test_val_only_validates_the_resumed_checkpoint_as_training_did(make_trainer):
-    trained = make_trainer("train.save_every=1")
+    trained = make_trainer("train.save_every=1", "val.every=2")
     trained.train()
     run = trained.run_dir
     metrics_before = (run / "metrics.jsonl").read_text()

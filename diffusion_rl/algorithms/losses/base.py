@@ -1,16 +1,18 @@
-"""The shared signature of policy losses: `fn(inp: PolicyLossInput, cfg) -> LossOutput`, registered in LOSSES.
+"""What every policy-gradient loss shares: its input, the base of its settings, and the KL-to-reference term.
 
-`cfg` is any object carrying the attributes the loss reads (e.g. the algorithm section of the config); each loss
-documents which. The trainer never special-cases a loss name.
+A policy-gradient loss is `fn(inp: PolicyLossInput, settings) -> LossOutput`, registered with `register_loss(...,
+algorithm=PolicyGradient)` in a file of its own; `settings` is its dataclass (any object with those attributes
+works, e.g. a SimpleNamespace in a test). The update (algorithms/policy_gradient.py) builds the input.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from diffusion_rl.registry import Registry
+from diffusion_rl.algorithms.base import LossOutput, LossSettings
+from diffusion_rl.settings import check, opt
+
+__all__ = ["ClippedLossSettings", "LossOutput", "PolicyLossInput", "PolicyLossSettings", "kl_to_reference"]
 
 
 @dataclass
@@ -44,11 +46,43 @@ class PolicyLossInput:
 
 
 @dataclass
-class LossOutput:
-    loss: torch.Tensor  # scalar, to call backward on
-    metrics: dict[str, torch.Tensor]  # scalar tensors, detached; reduced (and synced) by the caller
+class PolicyLossSettings(LossSettings):
+    """Settings every policy-gradient loss has; a loss's own settings subclass this."""
+
+    kl_beta: float = opt(0.0, "Weight of the KL to the reference policy's step (0 = off: no reference forward).")
+
+    def __post_init__(self):
+        check(self.kl_beta >= 0, f"kl_beta must be ≥ 0, got {self.kl_beta}")
 
 
-LossFn = Callable[[PolicyLossInput, Any], LossOutput]
+@dataclass
+class ClippedLossSettings(PolicyLossSettings):
+    """Settings of a PPO-clip loss (the clip range's default is Flow-GRPO's; a loss may set its own)."""
 
-LOSSES: Registry[LossFn] = Registry("loss")
+    clip_range: float = opt(1e-4, "PPO ratio clip range (Flow-GRPO's 1e-4).")
+    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this inside the loss.")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}")
+        check(self.adv_clip_max > 0, f"adv_clip_max must be > 0, got {self.adv_clip_max}")
+
+
+def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
+    """[B]: the KL term of every policy-gradient loss, 0 when kl_beta is 0 (no reference forward needed).
+
+        kl_i = mean over the non-batch dims of (mean_i - ref_mean_i)^2 / (2 * std_i^2)
+
+    std_i is the step's std as its step type reports it. For the `sde` step that is std_dev_t, without √dt (the
+    noise variance is std_dev_t^2 * dt), as Flow-GRPO does: kl_i is the per-element Gaussian KL between the two
+    step distributions times dt (= sigma - sigma_next), so Flow-GRPO's kl_beta values carry over. For `cps` and
+    `dance_sde` std already is the step's noise std, and kl_i is the per-element KL itself (for `cps`, whose
+    log-prob has no Gaussian scale, the KL of the Gaussians with that std).
+    """
+    if kl_beta <= 0:
+        return torch.zeros_like(inp.log_prob, dtype=torch.float32)
+    if inp.ref_mean is None:
+        raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
+    # fp32: the mean difference is small next to the means; bf16 would round most of it away
+    sq_diff_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1)
+    return sq_diff_B / (2 * inp.std.float() ** 2)

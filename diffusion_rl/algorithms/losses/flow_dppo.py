@@ -5,7 +5,7 @@ KL between the current and the rollout step distributions is at least kl_mask_th
 move it further away (ratio > 1 with A > 0, or ratio < 1 with A < 0). Updates that pull back toward the rollout
 policy always stay.
 
-Per sample i (cfg: kl_mask_threshold, default 1e-5; add_kl_coefficient, default true; kl_beta, default 0):
+Per sample i (cfg: kl_mask_threshold, add_kl_coefficient, kl_beta):
 
     ratio_i  = exp(log_prob_i - old_log_prob_i)
     kl_i     = mean over the non-batch dims of (mean_i - old_mean_i)^2 / (2 * (std_i * sqrt_dt_i)^2)
@@ -16,25 +16,38 @@ Per sample i (cfg: kl_mask_threshold, default 1e-5; add_kl_coefficient, default 
 - The advantages are NOT clamped and the ratio is not clipped: the mask is the only trust region.
 - Masked samples stay in the mean's denominator, so masking lowers the loss's scale rather than re-weighting
   the kept samples. kl_i only decides the mask and is detached.
-- klref_i is the optional KL to the reference policy, exactly as in the `flow_grpo` loss (kl_beta > 0 needs
-  ref_mean); it is never masked. Flow-DPPO's recipe runs with kl_beta 0.
+- klref_i is the KL term shared by every policy-gradient loss (losses/base.py `kl_to_reference`; kl_beta > 0
+  needs ref_mean); it is never masked. Flow-DPPO's recipe runs with kl_beta 0.
 """
+
+from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.algorithms.losses.base import LOSSES, LossOutput, PolicyLossInput
+from diffusion_rl.algorithms.base import LossOutput, register_loss
+from diffusion_rl.algorithms.losses.base import PolicyLossInput, PolicyLossSettings, kl_to_reference
+from diffusion_rl.algorithms.policy_gradient import PolicyGradient
+from diffusion_rl.settings import check, opt
 
 
-@LOSSES.register("flow_dppo")
+@dataclass
+class FlowDppoSettings(PolicyLossSettings):
+    kl_mask_threshold: float = opt(1e-5, "Mask a sample moving further when its KL to the rollout step ≥ this.")
+    add_kl_coefficient: bool = opt(True, "Divide the mean gap by 2(std·√dt)² (false: by 2).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check(self.kl_mask_threshold >= 0, f"kl_mask_threshold must be ≥ 0, got {self.kl_mask_threshold}")
+
+
+@register_loss("flow_dppo", settings=FlowDppoSettings, algorithm=PolicyGradient, sde_only=True)
 def flow_dppo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
-    """cfg may carry kl_mask_threshold (default 1e-5), add_kl_coefficient (default True), kl_beta (default 0)."""
-    threshold = float(getattr(cfg, "kl_mask_threshold", 1e-5))
-    add_kl_coefficient = bool(getattr(cfg, "add_kl_coefficient", True))
-    kl_beta = float(getattr(cfg, "kl_beta", 0.0))
+    """cfg needs kl_mask_threshold, add_kl_coefficient and kl_beta."""
+    threshold = float(cfg.kl_mask_threshold)
+    add_kl_coefficient = bool(cfg.add_kl_coefficient)
+    kl_beta = float(cfg.kl_beta)
     if threshold < 0:
         raise ValueError(f"kl_mask_threshold must be ≥ 0, got {threshold}")
-    if kl_beta > 0 and inp.ref_mean is None:
-        raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
 
     # fp32: bf16 rounds away most of the ratio's distance from 1 and of the mean difference
     log_ratio_B = inp.log_prob.float() - inp.old_log_prob.detach().float()
@@ -52,13 +65,8 @@ def flow_dppo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
         masked_B = (kl_B >= threshold) & widening_B
 
     policy_B = torch.where(masked_B, torch.zeros_like(ratio_B), -adv_B * ratio_B)
-    if kl_beta > 0:
-        sq_ref_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1)
-        kl_ref_B = sq_ref_B / (2 * inp.std.float() ** 2)
-        per_sample_B = policy_B + kl_beta * kl_ref_B
-    else:
-        kl_ref_B = torch.zeros_like(policy_B)
-        per_sample_B = policy_B
+    kl_ref_B = kl_to_reference(inp, kl_beta)
+    per_sample_B = policy_B + kl_beta * kl_ref_B if kl_beta > 0 else policy_B
 
     if inp.weights is not None:
         per_sample_B = per_sample_B * inp.weights.detach().float()

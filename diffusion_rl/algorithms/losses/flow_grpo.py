@@ -8,24 +8,28 @@ Per sample i (cfg: clip_range, adv_clip_max, kl_beta):
     kl_i     = mean over the non-batch dims of (mean_i - ref_mean_i)^2 / (2 * std_i^2)    if kl_beta > 0
     loss     = mean_i of weight_i * (policy_i + kl_beta * kl_i)                          (weight_i = 1 if None)
 
-kl_i divides by std_i^2 as the step type reports it. For the `sde` step std is std_dev_t, without √dt (the noise
-variance is std_dev_t^2 * dt), as Flow-GRPO does: kl_i is the per-element Gaussian KL between the two step
-distributions times dt (= sigma - sigma_next), so Flow-GRPO's kl_beta values carry over. For `cps` and
-`dance_sde` std already is the step's noise std, and kl_i is the per-element KL itself (for `cps`, whose log-prob
-has no Gaussian scale, the KL of the Gaussians with that std).
+kl_i is the KL term shared by every policy-gradient loss (losses/base.py `kl_to_reference`).
 """
+
+from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.algorithms.losses.base import LOSSES, LossOutput, PolicyLossInput
+from diffusion_rl.algorithms.base import LossOutput, register_loss
+from diffusion_rl.algorithms.losses.base import ClippedLossSettings, PolicyLossInput, kl_to_reference
+from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 
 
-@LOSSES.register("flow_grpo")
+@dataclass
+class FlowGrpoSettings(ClippedLossSettings):
+    """Flow-GRPO's: clip range 1e-4, advantages clamped to ±5, no KL."""
+
+
+@register_loss("flow_grpo", settings=FlowGrpoSettings, algorithm=PolicyGradient)
 def flow_grpo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     """cfg needs clip_range, adv_clip_max and kl_beta."""
     clip_range, kl_beta = float(cfg.clip_range), float(cfg.kl_beta)
-    if kl_beta > 0 and inp.ref_mean is None:
-        raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
+    kl_B = kl_to_reference(inp, kl_beta)
 
     # fp32: in bf16, exp() moves in steps of ~0.4%, coarser than clip ranges like 1e-4
     log_ratio_B = inp.log_prob.float() - inp.old_log_prob.float()
@@ -35,14 +39,7 @@ def flow_grpo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     clipped_B = -adv_B * ratio_B.clamp(1.0 - clip_range, 1.0 + clip_range)
     policy_B = torch.maximum(unclipped_B, clipped_B)
 
-    if kl_beta > 0:
-        # fp32: the mean difference is small next to the means; bf16 would round most of it away
-        sq_diff_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1)
-        kl_B = sq_diff_B / (2 * inp.std.float() ** 2)
-        per_sample_B = policy_B + kl_beta * kl_B
-    else:
-        kl_B = torch.zeros_like(policy_B)
-        per_sample_B = policy_B
+    per_sample_B = policy_B + kl_beta * kl_B if kl_beta > 0 else policy_B
 
     if inp.weights is not None:
         per_sample_B = per_sample_B * inp.weights.detach().float()

@@ -21,22 +21,40 @@ bias_i is computed per sample, as verl-omni does. flow_grpo's GRPO-Guard script 
 difference over an empty tuple of dims, which averages it over the whole batch; we follow verl-omni.
 The KL term is the one of the `flow_grpo` loss (not divided by dt).
 
-Recommended settings (the config defaults are Flow-GRPO's and do not suit this loss): clip_range 2e-6 and
-kl_beta 0. The log-ratio is multiplied by s < 1, so the ratio stays much closer to 1 than Flow-GRPO's and a
-clip range sized for Flow-GRPO would rarely clip.
+The default clip_range is 2e-6, not Flow-GRPO's 1e-4: the log-ratio is multiplied by s < 1, so the ratio stays
+much closer to 1 than Flow-GRPO's and a clip range sized for Flow-GRPO would rarely clip.
 """
+
+from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.algorithms.losses.base import LOSSES, LossOutput, PolicyLossInput
+from diffusion_rl.algorithms.base import LossOutput, register_loss
+from diffusion_rl.algorithms.losses.base import ClippedLossSettings, PolicyLossInput, kl_to_reference
+from diffusion_rl.algorithms.policy_gradient import PolicyGradient
+from diffusion_rl.settings import check, opt
 
 
-@LOSSES.register("grpo_guard")
+@dataclass
+class GrpoGuardSettings(ClippedLossSettings):
+    clip_range: float = opt(2e-6, "Clip range of the re-centred, rescaled ratio (GRPO-Guard's 2e-6).")
+
+    def check_config(self, config) -> None:
+        # s = mean(√dt)·mean(std) is over a micro-batch's rows; the update's k-th backward pass holds every row's
+        # k-th trained step, which is one step for all rows only with `first`
+        check(
+            config.algorithm.timestep_selection == "first",
+            "algorithm.loss=grpo_guard needs algorithm.timestep_selection=first: its scale s = mean(√dt)·mean(std) "
+            "over a micro-batch's rows assumes they are all at one step, and random trains a different subset of "
+            "steps per sample",
+        )
+
+
+@register_loss("grpo_guard", settings=GrpoGuardSettings, algorithm=PolicyGradient, sde_only=True)
 def grpo_guard_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     """cfg needs clip_range, adv_clip_max and kl_beta."""
     clip_range, kl_beta = float(cfg.clip_range), float(cfg.kl_beta)
-    if kl_beta > 0 and inp.ref_mean is None:
-        raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
+    kl_B = kl_to_reference(inp, kl_beta)
 
     # The scale is a property of the step, not of the parameters: no gradient flows through it.
     sqrt_dt_mean = inp.sqrt_dt.detach().float().mean()
@@ -53,13 +71,7 @@ def grpo_guard_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     clipped_B = -adv_B * ratio_B.clamp(1.0 - clip_range, 1.0 + clip_range)
     policy_B = torch.maximum(unclipped_B, clipped_B) / sqrt_dt_mean**2
 
-    if kl_beta > 0:
-        sq_diff_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1)
-        kl_B = sq_diff_B / (2 * inp.std.float() ** 2)
-        per_sample_B = policy_B + kl_beta * kl_B
-    else:
-        kl_B = torch.zeros_like(policy_B)
-        per_sample_B = policy_B
+    per_sample_B = policy_B + kl_beta * kl_B if kl_beta > 0 else policy_B
 
     if inp.weights is not None:
         per_sample_B = per_sample_B * inp.weights.detach().float()

@@ -1,8 +1,8 @@
-"""Direct-preference / forward-process losses (Diffusion-DPO, DiffusionNFT, AWM), registered in PREFERENCE_LOSSES,
-with their pairing, timestep and adapter-decay helpers. Importing this package registers the losses."""
+"""Direct-preference / forward-process losses (Diffusion-DPO, DiffusionNFT, AWM), one file each with the algorithm
+that runs it, and their pairing, timestep and adapter-decay helpers. Importing this package registers the losses."""
 
 from diffusion_rl.algorithms.preference.awm import WEIGHTINGS, AwmInput, awm_log_p, awm_loss
-from diffusion_rl.algorithms.preference.base import PREFERENCE_LOSSES, PreferenceLossFn
+from diffusion_rl.algorithms.preference.base import PREFERENCE_LOSSES
 from diffusion_rl.algorithms.preference.dpo import DpoInput, dpo_loss
 from diffusion_rl.algorithms.preference.nft import NftInput, nft_loss, reward_probability
 from diffusion_rl.algorithms.preference.pairs import PreferencePairs, online_pairs
@@ -16,7 +16,6 @@ __all__ = [
     "AwmInput",
     "DpoInput",
     "NftInput",
-    "PreferenceLossFn",
     "PreferencePairs",
     "awm_log_p",
     "awm_loss",

@@ -20,21 +20,44 @@ The KL terms are the plain velocity gaps ("Uniform" in AWM's reference), not div
 
 Metrics: awm/ratio_mean, awm/clip_fraction (|ratio - 1| > clip_range), awm/mse (mean mse_theta),
 awm/policy_loss, kl_ref (mean (v_theta - v_ref)^2, 0 without v_ref), awm/ema_gap (the same to v_ema).
+
+The update (`Awm`): K = train_timesteps stratified step indices per mini-batch (timesteps.awm_timestep_indices),
+one backward pass each; eps per (sample, index), the same in every epoch, so the ratio's log p_old (under the
+weights that sampled, computed before the first optimizer step when there are several) stays valid across the
+update's optimizer steps.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from tensordict import tensorclass
 
-from diffusion_rl.algorithms.losses.base import LossOutput
+from diffusion_rl.algorithms.base import (
+    LossOutput,
+    LossSettings,
+    TrainBatch,
+    UpdatePosition,
+    minibatch_rows,
+    register_loss,
+)
 from diffusion_rl.algorithms.preference.base import (
-    PREFERENCE_LOSSES,
+    ForwardProcess,
     batch_rows,
     check_same_shape,
     check_vectors,
     detached,
+    forward_noise,
+    noise_like,
     row_mean,
 )
+from diffusion_rl.algorithms.preference.schedules import ema_decay_awm
+from diffusion_rl.algorithms.preference.timesteps import awm_timestep_indices
+from diffusion_rl.sampling.trajectory import Trajectory
+from diffusion_rl.settings import check, opt
+from diffusion_rl.utils.seeding import make_generator
 
 WEIGHTINGS = ("uniform", "t", "ghuber")
 GHUBER_POWER = 0.25
@@ -80,7 +103,126 @@ def _gap(v: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
     return row_mean((v.float() - other.detach().float()).pow(2))
 
 
-@PREFERENCE_LOSSES.register("awm")
+@dataclass
+class AwmSettings(LossSettings):
+    clip_range: float = opt(
+        1.0, "PPO ratio clip range (AWM's recipes: 1; Flow-GRPO's 1e-4 would clip nearly every row)."
+    )
+    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this, then scaled to ±advantage_max.")
+    advantage_max: float = opt(1.0, "Scale of the clamped advantages.")
+    kl_beta: float = opt(0.0, "Weight of mean (v_θ − v_ref)² (0 = off: no reference forward).")
+    ema_beta: float = opt(0.0, "Weight of mean (v_θ − v_ema)² (> 0 keeps an `ema` adapter, d = min(0.3, 0.001·step)).")
+    timestep_fraction: float = opt(1.0, "Step indices are drawn from 1..int(num_steps × this) − 1.")
+    train_timesteps: int = opt(6, "Step indices trained per mini-batch, one from each of this many strata.")
+    weighting: Literal["uniform", "t", "ghuber"] = opt(
+        "ghuber", "log p̂ = −w(mse, t): uniform (mse), t (t·mse), ghuber (t·((mse + 1e-10)^¼ − 1e-10^¼)·4)."
+    )
+
+    def __post_init__(self):
+        check(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}")
+        for name in ("adv_clip_max", "advantage_max"):
+            check(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        check(self.kl_beta >= 0 and self.ema_beta >= 0, "kl_beta and ema_beta must be ≥ 0")
+        check(0 < self.timestep_fraction <= 1, f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        check(self.train_timesteps >= 1, f"train_timesteps must be ≥ 1, got {self.train_timesteps}")
+
+    def check_config(self, config) -> None:
+        candidates = int(config.sampling.num_steps * self.timestep_fraction) - 1
+        check(
+            self.train_timesteps <= candidates,
+            f"algorithm.awm.train_timesteps={self.train_timesteps}: awm draws that many distinct steps from "
+            f"1..{candidates} (int(sampling.num_steps × timestep_fraction) − 1); lower it or raise sampling.num_steps",
+        )
+
+
+@tensorclass
+class AwmUnits:
+    """The update's units: one row per sample, with its mini-batch's step indices and (several optimizer steps)
+    the log p̂ under the weights that sampled."""
+
+    traj: Trajectory
+    advantages: torch.Tensor  # [B]
+    t_indices: torch.Tensor  # [B, K] long: the step indices of the row's mini-batch (the same within one)
+    log_p_old: torch.Tensor | None = None  # [B, K] float64; None: the update's only optimizer step computes it
+
+
+class Awm(ForwardProcess):
+    def attach(self, model) -> None:
+        super().attach(model)
+        if self.settings.kl_beta > 0:
+            model.policies.keep_reference()
+        if self.settings.ema_beta > 0:
+            model.policies.add("ema")
+
+    def chunks(self, units: AwmUnits) -> int:
+        return self.settings.train_timesteps
+
+    def begin(self, batch: TrainBatch, step: int) -> tuple[AwmUnits, dict[str, float]]:
+        t, s, traj = self.config.train, self.settings, batch.traj
+        B, M = traj.batch_size[0], t.num_minibatches
+        train_steps = int(self.config.sampling.num_steps * s.timestep_fraction)
+        t_indices = torch.zeros(B, s.train_timesteps, dtype=torch.long)
+        for m in range(M):
+            generator = make_generator(self.seed, step, "awm_t", m)
+            t_indices[minibatch_rows(B, M, m)] = awm_timestep_indices(s.train_timesteps, train_steps, generator)
+        units = AwmUnits(traj=traj, advantages=batch.targets.advantages, t_indices=t_indices.to(traj.device),
+                         batch_size=traj.batch_size)  # fmt: skip
+        if M * t.ppo_epochs > 1:  # later optimizer steps see changed weights: keep the sampling ones' log p̂
+            units.log_p_old = self._log_p_now(units, step)
+        return units, {}
+
+    @torch.no_grad()
+    def _log_p_now(self, units: AwmUnits, step: int) -> torch.Tensor:
+        """[B, K] float64 log p̂ of every (row, chunk) under the current weights."""
+        out = torch.zeros(units.batch_size[0], self.chunks(units), dtype=torch.float64)
+        M = self.config.train.num_minibatches
+        for m in range(M):
+            for micro in minibatch_rows(units.batch_size[0], M, m).split(self.micro_size):
+                chunk = units[micro.to(units.device)]
+                for k in range(self.chunks(units)):
+                    x_t, t_B, eps, x0 = self._draw(chunk, k, step)
+                    mse = row_mean((self.velocity(x_t, t_B, chunk.traj.cond).double() - (eps - x0)) ** 2)
+                    out[micro, k] = awm_log_p(mse, t_B, self.settings.weighting).cpu()
+        return out.to(units.device)
+
+    def _draw(self, units: AwmUnits, k: int, step: int):
+        traj = units.traj
+        t_B = self.sigmas[units.t_indices[:, k].cpu()].to(traj.device)
+        x0 = traj.final_latents.float()
+        generators = [make_generator(self.seed, step, "awm_noise", int(i), k) for i in traj.ids.sample_index]
+        eps = noise_like(x0, generators)
+        return forward_noise(x0, eps, t_B), t_B, eps, x0
+
+    def loss(self, units: AwmUnits, k: int, at: UpdatePosition) -> LossOutput:
+        x_t, t_B, eps, x0 = self._draw(units, k, at.step)
+        cond = units.traj.cond
+        v = self.velocity(x_t, t_B, cond)
+        target = eps - x0
+        s = self.settings
+        if units.log_p_old is None:  # the only optimizer step: the current weights are the ones that sampled
+            log_p_old = awm_log_p(row_mean((v.detach().double() - target.double()) ** 2), t_B, s.weighting)
+        else:
+            log_p_old = units.log_p_old[:, k]
+        inp = AwmInput(
+            v=v,
+            target=target,
+            t=t_B,
+            log_p_old=log_p_old.to(v.device),
+            advantages=units.advantages,
+            v_ref=self.velocity_of("reference", x_t, t_B, cond) if s.kl_beta > 0 else None,
+            v_ema=self.velocity_of("ema", x_t, t_B, cond) if s.ema_beta > 0 else None,
+        )
+        return self.loss_fn(inp, s)
+
+    def end(self, step: int) -> dict[str, float]:
+        if self.settings.ema_beta <= 0:
+            return {}
+        decay = ema_decay_awm(step + 1)
+        self.model.policies.ema_update("ema", "default", decay)
+        return {"awm/ema_decay": decay}
+
+
+@register_loss("awm", settings=AwmSettings, algorithm=Awm)
 def awm_loss(inp: AwmInput, cfg) -> LossOutput:
     """cfg needs clip_range, adv_clip_max, advantage_max, weighting, kl_beta and ema_beta."""
     clip_range, c = float(cfg.clip_range), float(cfg.adv_clip_max)
@@ -117,6 +259,3 @@ def awm_loss(inp: AwmInput, cfg) -> LossOutput:
             "awm/ema_gap": ema_N.mean(),
         }
     return LossOutput(loss=loss, metrics=detached(metrics))
-
-
-awm_loss.input_type = AwmInput

@@ -1,26 +1,23 @@
-"""The shared signature of direct-preference / forward-process losses, registered in PREFERENCE_LOSSES.
+"""What the direct-preference / forward-process algorithms (Diffusion-DPO, DiffusionNFT, AWM) share.
 
-These losses train on the final clean latents x0 of rollouts, re-noised by the forward process
-x_t = (1 - t) * x0 + t * eps with fresh eps, instead of on the sampler's per-step log-probs. Each loss is
-`fn(inp, cfg) -> LossOutput` where `inp` is that loss's own input dataclass (named by the function's
-`input_type` attribute) and `cfg` is any object carrying the attributes the loss documents.
-
-Conventions shared by every input: tensors the loss trains through carry grad; "old", reference and EMA
-predictions are computed by the caller under no_grad (the losses detach them anyway). Velocities are the
-model's conditional predictions (guidance 1).
+These train on the final clean latents x0 of rollouts, re-noised by the forward process
+x_t = (1 - t) * x0 + t * eps with fresh eps, instead of on the sampler's per-step log-probs, so their rollouts
+may be plain ODE samples. Each loss is `fn(inp, settings) -> LossOutput` with an input dataclass of its own;
+velocities are the model's conditional predictions (guidance 1), and "old", reference and EMA predictions are
+computed under no_grad (the losses detach them anyway). Every eps and t comes from a generator seeded by
+(run seed, step, sample, …), so a sample's draws never depend on the batch it is in, and a resumed run draws the
+same ones.
 """
 
-from collections.abc import Callable
-from typing import Any
+from __future__ import annotations
 
 import torch
+from tensordict import TensorDict
 
-from diffusion_rl.algorithms.losses.base import LossOutput
-from diffusion_rl.registry import Registry
+from diffusion_rl.algorithms.base import LOSSES, Algorithm
+from diffusion_rl.settings import check
 
-PreferenceLossFn = Callable[[Any, Any], LossOutput]
-
-PREFERENCE_LOSSES: Registry[PreferenceLossFn] = Registry("preference loss")
+PREFERENCE_LOSSES = LOSSES  # the one registry of every loss, under the name code looking up these losses used
 
 
 def row_mean(x: torch.Tensor) -> torch.Tensor:
@@ -50,3 +47,56 @@ def check_same_shape(like: torch.Tensor, like_name: str, **tensors: torch.Tensor
 
 def detached(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in metrics.items()}
+
+
+def noise_like(x0: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """ε [B, …] with row i drawn from generators[i] (on the CPU, so the draw is the same on every device)."""
+    shape = tuple(x0.shape[1:])
+    return torch.stack([torch.randn(shape, generator=g) for g in generators]).to(x0.device, torch.float32)
+
+
+def forward_noise(x0: torch.Tensor, eps: torch.Tensor, t_B: torch.Tensor) -> torch.Tensor:
+    """x_t = (1 − t)·x0 + t·ε, fp32."""
+    t = t_B.to(x0.device, torch.float32).view(-1, *([1] * (x0.ndim - 1)))
+    return (1 - t) * x0.float() + t * eps
+
+
+class ForwardProcess(Algorithm):
+    """Base of the direct-preference algorithms: velocities of the named policies at re-noised final latents."""
+
+    family = "direct_preference"
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        check(
+            config.sampling.window.kind == "all",
+            f"sampling.window.kind={config.sampling.window.kind} selects the steps a policy-gradient loss trains; "
+            f"algorithm.loss={config.algorithm.loss} trains on final latents: use window.kind=all "
+            "(sde_type=ode for pure ODE sampling)",
+        )
+        rc = config.algorithm.rollout_correction
+        check(
+            rc.mode == "bypass" and rc.rs_stat is None,
+            "algorithm.rollout_correction applies to the policy-gradient losses; leave it at its defaults",
+        )
+        check(
+            config.data.sample_source == "online" or config.algorithm.loss == "dpo",
+            f"data.sample_source=offline trains algorithm.loss=dpo only, got {config.algorithm.loss}",
+        )
+
+    def attach(self, model) -> None:
+        super().attach(model)
+        s = self.config.sampling
+        self.sigmas = model.sigma_schedule(s.num_steps, s.height, s.width)  # [T + 1], σ_0 = 1, σ_T = 0
+
+    def velocity(self, x_t: torch.Tensor, t_B: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        return self.model.velocity(x_t, t_B, cond, 1.0)  # conditional prediction: guidance 1
+
+    @torch.no_grad()
+    def velocity_of(self, policy: str, x_t: torch.Tensor, t_B: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        """The velocity of a named policy (`reference`: the frozen start), without gradient."""
+        if policy == "reference":
+            with self.model.reference():
+                return self.velocity(x_t, t_B, cond)
+        with self.model.using(policy):
+            return self.velocity(x_t, t_B, cond)

@@ -13,21 +13,37 @@ because per-sample error differences between policy and reference are small.
 
 Metrics: dpo/implicit_acc (fraction of pairs with inside > 0), dpo/reward_chosen = mean of
 -beta/2 * (err^theta_w - err^ref_w), dpo/reward_rejected (the same for l), dpo/margin = mean of inside.
+
+The update (`Dpo`): pairs come from `prepare` (one per group: best vs worst reward, algorithms/preference/pairs.py;
+offline data gives them ready-made); each pair is one unit of the update, with one logit-normal t and one eps per
+pair and epoch, shared by its two members.
 """
+
+from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from tensordict import tensorclass
 
-from diffusion_rl.algorithms.losses.base import LossOutput
+from diffusion_rl.algorithms.base import LossOutput, LossSettings, Targets, TrainBatch, UpdatePosition, register_loss
 from diffusion_rl.algorithms.preference.base import (
-    PREFERENCE_LOSSES,
+    ForwardProcess,
     batch_rows,
     check_same_shape,
     detached,
+    forward_noise,
+    noise_like,
     row_mean,
 )
+from diffusion_rl.algorithms.preference.pairs import online_pairs
+from diffusion_rl.algorithms.preference.timesteps import dpo_timesteps
+from diffusion_rl.sampling.trajectory import Trajectory
+from diffusion_rl.settings import check, opt
+from diffusion_rl.utils.seeding import make_generator
+
+TRAIN_SCHEDULE_STEPS = 1000  # the training schedule DPO's logit-normal t indexes (SD3-style: 1000 timesteps)
 
 
 @dataclass
@@ -59,7 +75,80 @@ def _error(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return row_mean((v.float() - target.float()).pow(2))
 
 
-@PREFERENCE_LOSSES.register("dpo")
+@dataclass
+class DpoSettings(LossSettings):
+    dpo_beta: float = opt(2000.0, "β of Diffusion-DPO (flow models use ~100–5000).")
+
+    def __post_init__(self):
+        check(self.dpo_beta > 0, f"dpo_beta must be > 0, got {self.dpo_beta}")
+
+
+@tensorclass
+class PairUnits:
+    """The update's units: one row per pair, its chosen and its rejected sample."""
+
+    chosen: Trajectory
+    rejected: Trajectory
+
+
+class Dpo(ForwardProcess):
+    def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
+        """One pair per group (best vs worst valid reward), stored per row so that it survives splitting the batch."""
+        pairs = online_pairs(torch.from_numpy(scored.total), group_index)
+        B = len(group_index)
+        pair_id = torch.full((B,), -1, dtype=torch.long)
+        role = torch.zeros(B, dtype=torch.long)
+        index = torch.arange(len(pairs.chosen))
+        pair_id[pairs.chosen], role[pairs.chosen] = index, 1
+        pair_id[pairs.rejected], role[pairs.rejected] = index, -1
+        return Targets(pair_id=pair_id, pair_role=role, batch_size=[B]), pairs.metrics
+
+    def attach(self, model) -> None:
+        super().attach(model)
+        model.policies.keep_reference()
+        s = self.config.sampling
+        self.sigmas_train = model.sigma_schedule(TRAIN_SCHEDULE_STEPS, s.height, s.width)[:-1]  # [1000]
+
+    def begin(self, batch: TrainBatch, step: int) -> tuple[PairUnits, dict[str, float]]:
+        """The chosen rows whose rejected partner (same pair_id, role −1) is in this batch, each with its partner."""
+        role_B, id_B = batch.targets.pair_role, batch.targets.pair_id
+        rejected_of = {int(i): row for row, i in enumerate(id_B.tolist()) if role_B[row] == -1}
+        chosen = [row for row, i in enumerate(id_B.tolist()) if role_B[row] == 1 and int(i) in rejected_of]
+        rejected = [rejected_of[int(id_B[row])] for row in chosen]
+        chosen_t = torch.tensor(chosen, dtype=torch.long, device=batch.device)
+        rejected_t = torch.tensor(rejected, dtype=torch.long, device=batch.device)
+        units = PairUnits(chosen=batch.traj[chosen_t], rejected=batch.traj[rejected_t], batch_size=[len(chosen)])
+        return units, {}
+
+    @property
+    def micro_size(self) -> int:
+        return max(1, self.config.train.micro_batch_size // 2)  # a pair is two forwards
+
+    def loss(self, units: PairUnits, k: int, at: UpdatePosition) -> LossOutput:
+        chosen, rejected = units.chosen, units.rejected
+        generators = [make_generator(self.seed, at.step, "dpo", at.epoch, int(i)) for i in chosen.ids.sample_index]
+        t_P = torch.cat([dpo_timesteps(1, g, self.sigmas_train) for g in generators]).to(chosen.device)
+        x0_w, x0_l = chosen.final_latents, rejected.final_latents
+        eps = noise_like(x0_w, generators)
+        t_2P, x0 = torch.cat([t_P, t_P]), torch.cat([x0_w, x0_l])
+        x_t = forward_noise(x0, torch.cat([eps, eps]), t_2P)
+        cond = torch.cat([chosen.cond, rejected.cond])
+        v = self.velocity(x_t, t_2P, cond)
+        v_ref = self.velocity_of("reference", x_t, t_2P, cond)
+        target = torch.cat([eps, eps]) - x0
+        n = len(chosen)
+        inp = DpoInput(
+            v_chosen=v[:n],
+            v_rejected=v[n:],
+            v_ref_chosen=v_ref[:n],
+            v_ref_rejected=v_ref[n:],
+            target_chosen=target[:n],
+            target_rejected=target[n:],
+        )
+        return self.loss_fn(inp, self.settings)
+
+
+@register_loss("dpo", settings=DpoSettings, algorithm=Dpo)
 def dpo_loss(inp: DpoInput, cfg) -> LossOutput:
     """cfg needs dpo_beta."""
     beta = float(cfg.dpo_beta)
@@ -82,6 +171,3 @@ def dpo_loss(inp: DpoInput, cfg) -> LossOutput:
             "dpo/margin": inside_P.mean(),
         }
     return LossOutput(loss=loss, metrics=detached(metrics))
-
-
-dpo_loss.input_type = DpoInput

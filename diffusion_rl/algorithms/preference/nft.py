@@ -17,21 +17,36 @@ v_ref is the frozen base model and is only needed when kl_beta > 0.
 
 Metrics: nft/r_mean, nft/policy_loss (c * mean pol_i, the term in the loss), kl_ref (mean (v_theta - v_ref)^2,
 0 without v_ref), nft/old_gap (mean (v_theta - v_old)^2).
+
+The update (`Nft`): the `old` adapter samples the rollouts; each sample trains at a seeded subset of the rollout
+schedule's sigmas (timestep_fraction of them), one per backward pass; after every `old_update_interval` steps
+`old` moves toward the policy by the decay schedule (schedules.old_decay).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from tensordict import tensorclass
 
-from diffusion_rl.algorithms.losses.base import LossOutput
+from diffusion_rl.algorithms.base import LossOutput, LossSettings, TrainBatch, UpdatePosition, register_loss
 from diffusion_rl.algorithms.preference.base import (
-    PREFERENCE_LOSSES,
+    ForwardProcess,
     batch_rows,
     check_same_shape,
     check_vectors,
     detached,
+    forward_noise,
+    noise_like,
     row_mean,
 )
+from diffusion_rl.algorithms.preference.schedules import old_decay
+from diffusion_rl.algorithms.preference.timesteps import nft_timestep_indices
+from diffusion_rl.sampling.trajectory import Trajectory
+from diffusion_rl.settings import check, opt
+from diffusion_rl.utils.seeding import make_generator
 
 MIN_WEIGHT = 1e-5  # floor of the adaptive normaliser: a near-perfect prediction must not blow the loss up
 
@@ -60,7 +75,103 @@ def reward_probability(advantages: torch.Tensor, adv_clip_max: float) -> torch.T
     return (advantages.float().clamp(-c, c) / (2 * c) + 0.5).clamp(0.0, 1.0)
 
 
-@PREFERENCE_LOSSES.register("nft")
+@dataclass
+class NftSettings(LossSettings):
+    nft_beta: float = opt(1.0, "β of the implicit policies v± = old ± β·(v_θ − old) (0.1 in NFT's OCR recipe).")
+    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this; r = clamp(A)/(2·this) + 1/2.")
+    kl_beta: float = opt(1e-4, "Weight of mean (v_θ − v_ref)² (0 = off: no reference forward). DiffusionNFT's 1e-4.")
+    timestep_fraction: float = opt(0.99, "Fraction of the rollout schedule's σs each sample trains at (NFT's 0.99).")
+    old_update_interval: int = opt(1, "Update the `old` adapter (which samples) every N training steps.")
+    old_decay: Literal["copy", "linear_to_0_5", "delayed_linear_to_0_999", "fixed"] = opt(
+        "delayed_linear_to_0_999",
+        "d of old ← d·old + (1 − d)·θ after `step` completed steps: copy (0), linear_to_0_5 (min(0.001·step, 0.5)), "
+        "delayed_linear_to_0_999 (0 before step 75, then min(0.0075·(step − 75), 0.999)), fixed (old_decay_value).",
+    )
+    old_decay_value: float | None = opt(None, "The constant d in [0, 1] of old_decay=fixed.")
+
+    def __post_init__(self):
+        check(self.nft_beta > 0, f"nft_beta must be > 0, got {self.nft_beta}")
+        check(self.adv_clip_max > 0, f"adv_clip_max must be > 0, got {self.adv_clip_max}")
+        check(self.kl_beta >= 0, f"kl_beta must be ≥ 0, got {self.kl_beta}")
+        check(0 < self.timestep_fraction <= 1, f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        check(self.old_update_interval >= 1, f"old_update_interval must be ≥ 1, got {self.old_update_interval}")
+        if self.old_decay == "fixed":
+            d = self.old_decay_value
+            check(d is not None and 0 <= d <= 1, f"old_decay=fixed needs old_decay_value in [0, 1], got {d}")
+        else:
+            check(
+                self.old_decay_value is None,
+                f"old_decay_value={self.old_decay_value} only goes with old_decay=fixed (got old_decay="
+                f"{self.old_decay}); set old_decay=fixed or remove old_decay_value",
+            )
+
+
+@tensorclass
+class NftUnits:
+    """The update's units: one row per sample, with the schedule indices of the σs it trains at."""
+
+    traj: Trajectory
+    advantages: torch.Tensor  # [B]
+    t_indices: torch.Tensor  # [B, K] long: indices into the rollout schedule's σs
+
+
+class Nft(ForwardProcess):
+    rollout_policy = "old"
+
+    def attach(self, model) -> None:
+        super().attach(model)
+        model.policies.add("old")
+        if self.settings.kl_beta > 0:
+            model.policies.keep_reference()
+
+    def begin(self, batch: TrainBatch, step: int) -> tuple[NftUnits, dict[str, float]]:
+        steps, fraction = self.config.sampling.num_steps, self.settings.timestep_fraction
+        traj = batch.traj
+        indices = [
+            nft_timestep_indices(steps, fraction, make_generator(self.seed, step, "nft_timesteps", int(i)))
+            for i in traj.ids.sample_index
+        ]
+        t_indices = torch.stack(indices).to(traj.device) if indices else torch.zeros(0, 1, dtype=torch.long)
+        units = NftUnits(
+            traj=traj, advantages=batch.targets.advantages, t_indices=t_indices, batch_size=traj.batch_size
+        )
+        return units, {}
+
+    def chunks(self, units: NftUnits) -> int:
+        return max(1, int(self.config.sampling.num_steps * self.settings.timestep_fraction))
+
+    def loss(self, units: NftUnits, k: int, at: UpdatePosition) -> LossOutput:
+        traj = units.traj
+        t_B = self.sigmas[units.t_indices[:, k].cpu()].to(traj.device)
+        x0 = traj.final_latents
+        generators = [
+            make_generator(self.seed, at.step, "nft_noise", at.epoch, int(i), k) for i in traj.ids.sample_index
+        ]
+        x_t = forward_noise(x0, noise_like(x0, generators), t_B)
+        v = self.velocity(x_t, t_B, traj.cond)
+        v_ref = self.velocity_of("reference", x_t, t_B, traj.cond) if self.settings.kl_beta > 0 else None
+        inp = NftInput(
+            v=v,
+            v_old=self.velocity_of("old", x_t, t_B, traj.cond),
+            v_ref=v_ref,
+            x_t=x_t,
+            x0=x0.float(),
+            t=t_B,
+            advantages=units.advantages,
+        )
+        return self.loss_fn(inp, self.settings)
+
+    def end(self, step: int) -> dict[str, float]:
+        completed, s = step + 1, self.settings
+        if completed % s.old_update_interval:
+            return {}
+        fixed = s.old_decay_value if s.old_decay == "fixed" else None
+        decay = old_decay(completed, s.old_decay, fixed)
+        self.model.policies.ema_update("old", "default", decay)
+        return {"nft/old_decay": decay}
+
+
+@register_loss("nft", settings=NftSettings, algorithm=Nft)
 def nft_loss(inp: NftInput, cfg) -> LossOutput:
     """cfg needs nft_beta, adv_clip_max and kl_beta."""
     beta, c, kl_beta = float(cfg.nft_beta), float(cfg.adv_clip_max), float(cfg.kl_beta)
@@ -100,6 +211,3 @@ def nft_loss(inp: NftInput, cfg) -> LossOutput:
             "nft/old_gap": row_mean((v - v_old).pow(2)).mean(),
         }
     return LossOutput(loss=loss, metrics=detached(metrics))
-
-
-nft_loss.input_type = NftInput

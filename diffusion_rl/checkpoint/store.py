@@ -1,43 +1,37 @@
 """Checkpoint directories that are either complete or absent, with a `latest` pointer and pruning.
 
-Layout:
     <run_dir>/checkpoints/step_000010/    one complete checkpoint (contents are up to the caller's write_fn)
     <run_dir>/checkpoints/latest          text file holding the newest checkpoint's directory name
-    <run_dir>/checkpoints/.tmp-*          work in progress, or leftovers of a crash: never listed, removed by save()
+    <run_dir>/checkpoints/.tmp-*          work in progress, a pruned checkpoint being deleted, or leftovers of a
+                                          crash: never listed, removed by the next save()
 
 Invariant: a `step_*` directory only ever appears by an atomic rename of a fully written and fsynced temp
-directory, so every `step_*` directory is complete. One process (rank 0) saves at a time.
+directory, and only ever disappears by an atomic rename out of the `step_*` names (then it is deleted), so every
+`step_*` directory is complete. One process (the driver) saves at a time.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from diffusion_rl.checkpoint.paths import (
+    CHECKPOINTS_DIR,
+    LATEST_FILE,
+    latest_checkpoint,
+    list_checkpoints,
+    resolve_checkpoint,
+    step_dir_name,
+)
 from diffusion_rl.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
-LATEST_FILE = "latest"
 TMP_PREFIX = ".tmp-"
-_STEP_DIR = re.compile(r"step_(\d+)")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
-def step_of(path: str | os.PathLike[str]) -> int:
-    """The step of a checkpoint directory from its name (`step_000010` -> 10)."""
-    match = _STEP_DIR.fullmatch(Path(path).name)
-    if match is None:
-        raise UserError(f"{path} is not a checkpoint directory: its name should be step_NNNNNN")
-    return int(match.group(1))
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
@@ -78,6 +72,13 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _disk_full(error: BaseException) -> bool:
+    """torch.save on a full disk raises a RuntimeError about 'unexpected pos' rather than an OSError."""
+    if isinstance(error, OSError):
+        return error.errno == errno.ENOSPC
+    return isinstance(error, RuntimeError) and "unexpected pos" in str(error)
+
+
 class CheckpointManager:
     """Saves, finds and prunes the checkpoints of one run directory.
 
@@ -89,13 +90,12 @@ class CheckpointManager:
         self.dir = self.run_dir / CHECKPOINTS_DIR
         self.keep_last = keep_last
 
-    step_of = staticmethod(step_of)
-
     def save(self, step: int, write_fn: Callable[[Path], None]) -> Path:
         """Has write_fn fill a temp dir, publishes it as step_NNNNNN, points `latest` at it, prunes old ones.
 
         If write_fn raises, its temp dir is removed, `latest` and existing checkpoints are untouched, and the
-        error propagates. An existing checkpoint of the same step is replaced.
+        error propagates (a full disk as a UserError that says so). An existing checkpoint of the same step is
+        replaced.
         """
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
@@ -107,8 +107,13 @@ class CheckpointManager:
         try:
             write_fn(tmp)
             _fsync_tree(tmp)
-        except BaseException:
+        except BaseException as error:
             shutil.rmtree(tmp, ignore_errors=True)
+            if _disk_full(error):
+                raise UserError(
+                    f"no space left on the device of {self.dir} while writing checkpoint {name}; free space (or set "
+                    "train.keep_last) and resume: the previous checkpoints are intact"
+                ) from error
             raise
 
         final = self.dir / name
@@ -123,26 +128,11 @@ class CheckpointManager:
 
     def list(self) -> list[tuple[int, Path]]:
         """The complete checkpoints as (step, path), oldest first. Temp dirs are never listed."""
-        if not self.dir.is_dir():
-            return []
-        found = []
-        for entry in self.dir.iterdir():
-            match = _STEP_DIR.fullmatch(entry.name)
-            if match and entry.is_dir():
-                found.append((int(match.group(1)), entry))
-        return sorted(found)
+        return list_checkpoints(self.dir)
 
     def latest(self) -> Path | None:
         """The checkpoint `latest` points to; the highest step when the pointer is missing or stale; else None."""
-        pointer = self.dir / LATEST_FILE
-        if pointer.is_file():
-            name = pointer.read_text(encoding="utf-8").strip()
-            target = self.dir / name
-            if _STEP_DIR.fullmatch(name) and target.is_dir():
-                return target
-            logger.warning("%s names %r, which is not a checkpoint here; using the highest step", pointer, name)
-        found = self.list()
-        return found[-1][1] if found else None
+        return latest_checkpoint(self.dir)
 
     def resolve_resume(self, resume: str) -> Path | None:
         """The checkpoint to resume from for `run.resume`, or None for a fresh start.
@@ -154,24 +144,7 @@ class CheckpointManager:
             return None
         if resume == "auto":
             return self.latest()
-        path = Path(resume).expanduser()
-        if not resume or not path.exists():
-            raise UserError(f"run.resume={resume!r} does not exist; use auto, never, or a checkpoint directory")
-        if path.is_dir() and _STEP_DIR.fullmatch(path.name):
-            return path.resolve()
-        if path.is_dir() and (path / CHECKPOINTS_DIR).is_dir():
-            run_dir = path
-        elif path.is_dir() and path.name == CHECKPOINTS_DIR:
-            run_dir = path.parent
-        else:
-            raise UserError(
-                f"run.resume={resume!r} is not a checkpoint: expected a step_NNNNNN directory or a run directory "
-                f"with a {CHECKPOINTS_DIR}/ folder (or use auto, never)"
-            )
-        checkpoint = CheckpointManager(run_dir).latest()
-        if checkpoint is None:
-            raise UserError(f"run.resume={resume!r}: {run_dir / CHECKPOINTS_DIR} holds no checkpoint yet")
-        return checkpoint.resolve()
+        return resolve_checkpoint(resume, what="run.resume")
 
     def _write_latest(self, name: str) -> None:
         tmp = self.dir / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}"
@@ -189,9 +162,15 @@ class CheckpointManager:
                 _remove(entry)
 
     def _prune(self, keep: Path) -> None:
+        """Delete all but the newest keep_last checkpoints: each is first renamed out of the step_* names (atomic),
+        so a kill mid-delete leaves a .tmp- folder for the next save to remove, never a partial step_*."""
         if self.keep_last <= 0:
             return
         found = self.list()
         for _, path in found[: max(0, len(found) - self.keep_last)]:
-            if path != keep:
-                shutil.rmtree(path)
+            if path == keep:
+                continue
+            doomed = self.dir / f"{TMP_PREFIX}pruned-{path.name}-{os.getpid()}"
+            os.rename(path, doomed)
+            _fsync_path(self.dir, directory=True)
+            shutil.rmtree(doomed)

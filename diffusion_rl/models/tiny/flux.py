@@ -10,14 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffusion_rl.models.tiny import (
-    TinySpec,
-    build_seeded,
-    build_tokenizers,
-    tiny_autoencoder,
-    tiny_clip_config,
-    tiny_t5,
-)
+from diffusion_rl.models.tiny.parts import build_tokenizers, tiny_autoencoder, tiny_clip_config, tiny_t5
 
 
 @dataclass(frozen=True)
@@ -37,7 +30,7 @@ class TinyFluxSpec:
     sample_size: int = 64
 
 
-TINY_FLUX_PRESETS = {
+PRESETS = {
     "base": TinyFluxSpec(),  # ~2.3M-parameter transformer; small and schnell ~0.08M
     "small": TinyFluxSpec(double_layers=1, single_layers=1, head_dim=16, heads=2, rope_axes=(4, 6, 6)),  # tests
     "schnell": TinyFluxSpec(
@@ -58,16 +51,12 @@ DEV_SCHEDULER = dict(
 SCHNELL_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False)
 
 
-def build_tiny_flux_pipeline(spec: TinyFluxSpec = TinyFluxSpec(), seed: int = 0):
-    """A FluxPipeline with random weights drawn from `seed`; the caller's global RNG is left as it was."""
-    return build_seeded(_build, spec, seed)
-
-
-def _build(spec: TinyFluxSpec):
+def build(spec: TinyFluxSpec):
+    """A FluxPipeline of `spec`, its random weights drawn from the global RNG (see build_seeded)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextModel
 
-    clip_tok, t5_tok = build_tokenizers(TinySpec(max_sequence_length=spec.max_sequence_length))
+    clip_tok, t5_tok = build_tokenizers(spec.max_sequence_length)
     clip = CLIPTextModel(tiny_clip_config(spec, len(clip_tok), clip_tok.bos_token_id, clip_tok.eos_token_id))
     t5 = tiny_t5(spec, len(t5_tok))
     transformer = FluxTransformer2DModel(

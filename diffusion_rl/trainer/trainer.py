@@ -1,7 +1,13 @@
-"""The trainer skeleton shared by every algorithm family: data, rewards, engine, checkpoints, validation, logging.
+"""The trainer: one loop and one training step for every algorithm.
 
-A family subclasses `Trainer` and implements `train_step(step) -> metrics`; the loop in `train()` is the same
-for all. Steps count completed training steps: checkpoint `step_000010` holds the state after 10 steps.
+    train_step:  collect (sample the step's prompts and score them; or load offline pairs)
+                 → prepare (the algorithm turns scores into targets: advantages, pairs)
+                 → update (the engine trains on the trajectories it kept, with those targets)
+    the loop:    train_step → validate when due → log the step's metrics → checkpoint when due and healthy
+
+Steps count completed training steps: checkpoint `step_000010` holds the state after 10 steps, and metrics,
+validation grids and checkpoints of a step are all numbered by it. A step's metrics and validation are written
+before its checkpoint is published, so a resumed run ends with every row and file a straight run writes.
 """
 
 from __future__ import annotations
@@ -9,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,20 +22,26 @@ import torch
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from diffusion_rl.algorithms import make_algorithm
+from diffusion_rl.checkpoint.paths import step_dir_name, step_of
+from diffusion_rl.checkpoint.state import CONFIG_FILE, read_state, write_state
+from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config import Config
 from diffusion_rl.config_io import to_dict, to_yaml
+from diffusion_rl.data.pairs import load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine.local import make_engine
 from diffusion_rl.engine.reward_actors import make_reward_fn
 from diffusion_rl.models.loader import resolve_device
-from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
+from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.rewards import RewardCombiner, WeightedReward
 from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.tracking import image_grid, make_trackers, plot_metrics, read_metrics, save_png
-from diffusion_rl.trainer.checkpoint import CheckpointManager, step_dir_name, step_of
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
+from diffusion_rl.trainer.sources import Collected, OfflinePairs, OnlineRollouts
 from diffusion_rl.trainer.timing import PhaseTimer
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
@@ -39,11 +50,11 @@ logger = logging.getLogger(__name__)
 
 
 def ensure_model(cfg: Config) -> None:
-    """Create the tiny model at model.path when asked to and it is absent."""
-    path = Path(cfg.model.path)
-    if cfg.model.create_tiny_if_missing and not path.exists():
-        logger.info("creating the tiny model (%s preset) at %s", cfg.model.create_tiny_if_missing, path)
-        save_tiny_model(path, TINY_PRESETS[cfg.model.create_tiny_if_missing])
+    """Create the tiny model (of model.family; sd3 when auto) at model.path when asked to and it is absent."""
+    path, m = Path(cfg.model.path), cfg.model
+    if m.create_tiny_if_missing and not path.exists():
+        logger.info("creating the tiny %s model (%s preset) at %s", m.tiny_family, m.create_tiny_if_missing, path)
+        save_tiny(path, m.tiny_family, m.create_tiny_if_missing)
 
 
 def build_rewards(cfg: Config) -> RewardCombiner:
@@ -59,16 +70,24 @@ class Trainer:
         if cfg.engine.num_threads:
             torch.set_num_threads(cfg.engine.num_threads)
         self.run_dir = Path(cfg.run.dir)
-        self.records = self.training_records()
+        offline = cfg.data.sample_source == "offline"
+        pairs = load_pairs(cfg.data.pairs) if offline else None
+        if offline:
+            logger.info("loaded %d preference pairs from %s", len(pairs), cfg.data.pairs)
+        self.records = [PromptRecord(p.prompt, p.negative_prompt) for p in pairs] if offline else load_prompts(
+            cfg.data.train
+        )
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
         self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and cfg.rewards else []
         self.rewards = build_rewards(cfg) if cfg.rewards else None
-        # scores chunks of a batch while the next chunk samples (sampling.score_chunks); one thread keeps the
-        # rewards' own order and state simple
-        self.reward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+        self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
         ensure_model(cfg)
         self.engine = make_engine(cfg)
+        if offline:
+            self.source = OfflinePairs(cfg, pairs, self.sampler, self.engine)
+        else:
+            self.source = OnlineRollouts(cfg, self.records, self.sampler, self.engine, self.rewards)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
         device = resolve_device(cfg.model.device)
         self.profiler = StepProfiler(cfg.profile.steps, cfg.profile.memory, self.run_dir, device)
@@ -84,12 +103,13 @@ class Trainer:
         if cfg.run.val_only:
             return self.validate_only(resume_from)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (self.run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
         self.trackers = make_trackers(
             self.run_dir,
             jsonl=cfg.log.jsonl,
             tensorboard=cfg.log.tensorboard,
-            console_every=0,
+            console_every=cfg.log.console_every,
+            total_steps=cfg.train.total_steps,
             wandb=self._wandb_settings(),
             config=to_dict(cfg),
         )
@@ -106,47 +126,50 @@ class Trainer:
         cfg = self.cfg
         if cfg.val.before_train and self.step == 0 and self.val_records:
             self.trackers.log_metrics(self.validate(), 0)
-        bar = tqdm(
-            total=cfg.train.total_steps,
-            initial=self.step,
-            desc="train",
-            disable=None if cfg.log.progress_bar else True,
-            dynamic_ncols=True,
-        )
+        bar = tqdm(total=cfg.train.total_steps, initial=self.step, desc="train",
+                   disable=None if cfg.log.progress_bar else True, dynamic_ncols=True)  # fmt: skip
+        carried: dict[str, float] = {}  # the previous step's checkpoint time, logged with this step
         while self.step < cfg.train.total_steps:
             start = time.perf_counter()
             with self.profiler.step(self.step + 1):  # numbered as in metrics: the first step is 1
                 metrics = self.train_step(self.step)
             self.step += 1
-            timer = PhaseTimer()
             last = self.step == cfg.train.total_steps
-            if last or (cfg.train.save_every > 0 and self.step % cfg.train.save_every == 0):
-                with timer("checkpoint"):
-                    self.save_checkpoint()
-            if self.val_records and (last or (cfg.val.every > 0 and self.step % cfg.val.every == 0)):
+            timer = PhaseTimer()
+            if self.val_records and cfg.val.every > 0 and (last or self.step % cfg.val.every == 0):
                 with timer("validate"):
                     metrics.update(self.validate())
-            metrics.update(timer.metrics())
-            metrics["timing/step"] = time.perf_counter() - start
+            metrics.update({**timer.metrics(), **carried, "timing/step": time.perf_counter() - start})
             self.trackers.log_metrics(metrics, self.step)
-            self._console(metrics, bar)
+            bar.update(1)
+            shown = {"reward": "reward/mean", "val": "val/reward/mean", "s/step": "timing/step"}
+            bar.set_postfix({k: f"{metrics[m]:.4g}" for k, m in shown.items() if m in metrics}, refresh=False)
+            carried = {}
+            if last or (cfg.train.save_every > 0 and self.step % cfg.train.save_every == 0):
+                started = time.perf_counter()
+                if self.save_checkpoint() is not None:
+                    carried["timing/checkpoint"] = time.perf_counter() - started
         bar.close()
 
     def train_step(self, step: int) -> dict[str, float]:
-        raise NotImplementedError
-
-    def training_records(self) -> list[PromptRecord]:
-        """The records the prompt sampler draws from each step (a family may read other training data)."""
-        return load_prompts(self.cfg.data.train)
-
-    def _console(self, metrics: dict, bar) -> None:
-        bar.update(1)
-        shown = {"reward": "reward/mean", "val": "val/reward/mean", "loss": "loss", "s/step": "timing/step"}
-        bar.set_postfix({k: f"{metrics[m]:.4g}" for k, m in shown.items() if m in metrics}, refresh=False)
-        every = self.cfg.log.console_every
-        if every and self.step % every == 0:
-            text = " ".join(f"{k}={metrics[m]:.4g}" for k, m in shown.items() if m in metrics)
-            logger.info("step %d/%d %s", self.step, self.cfg.train.total_steps, text)
+        """One training step (0-based): collect → prepare → update. Returns its metrics."""
+        timer = PhaseTimer()
+        window = window_for_step(self.cfg.sampling, self.cfg.run.seed, step)
+        batch = self.source.collect(step, window, timer)
+        with timer("prepare"):
+            targets, prepared = self.algorithm.prepare(batch.scored, batch.prompts.group_index)
+        with timer("update"):
+            update_metrics = self.engine.update(targets, step)
+        metrics = {**batch.scored.metrics, **prepared, **update_metrics, **timer.metrics()}
+        if window is not None:
+            metrics["window/start"] = window.start
+        # the step's throughput: generate (or load), reward, prepare and update; not dumps, validation, checkpoints
+        metrics["images_per_second"] = len(batch.prompts) / sum(timer.seconds.values())
+        if self.rollout_due(step) and batch.images is not None:
+            with timer("dump"):
+                self.dump_rollout(step, batch, targets.advantages)
+            metrics["timing/dump"] = timer.seconds["dump"]
+        return metrics
 
     def finish(self) -> list[dict]:
         rows = read_metrics(self.run_dir / "metrics.jsonl") if self.cfg.log.jsonl else []
@@ -160,7 +183,7 @@ class Trainer:
             return None
         return {"project": w.project, "mode": w.mode, "tags": list(w.tags), "name": self.cfg.run.name}
 
-    # -- validation -----------------------------------------------------------------------------------------------
+    # -- validation -------------------------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         """ODE samples of the fixed validation prompts with fixed seeds; rewards, best@n and an image grid."""
         cfg, val = self.cfg, self.cfg.val
@@ -168,20 +191,10 @@ class Trainer:
         seeds = [seed_for(val.seed, "validation", i) for i in range(len(records))]
         guidance = val.guidance if val.guidance is not None else cfg.sampling.guidance
         settings = SamplerSettings(val.num_steps, guidance, cfg.sampling.height, cfg.sampling.width)
-        images = []
-        for start in range(0, len(records), cfg.train.micro_batch_size):
-            chunk = records[start : start + cfg.train.micro_batch_size]
-            images.append(
-                self.engine.sample_images(
-                    [r.prompt for r in chunk],
-                    [r.negative_prompt for r in chunk],
-                    seeds[start : start + len(chunk)],
-                    settings,
-                )
-            )
-        images = torch.cat(images).numpy()
-        metadata = [{**r.metadata, "ground_truth": r.ground_truth, "data_source": r.data_source} for r in records]
-        result = self.rewards(images, [r.prompt for r in records], metadata)
+        images = self.engine.sample_images(
+            [r.prompt for r in records], [r.negative_prompt for r in records], seeds, settings
+        ).numpy()
+        result = self.rewards(images, [r.prompt for r in records], [r.reward_metadata() for r in records])
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
         per_prompt = result.total.reshape(len(self.val_records), val.n)
         scored = ~np.isnan(per_prompt).all(axis=1)  # a prompt whose samples all failed has no best (not -inf, not 0)
@@ -210,16 +223,19 @@ class Trainer:
         every = self.cfg.log.rollout_every
         return every > 0 and (step + 1) % every == 0
 
-    def dump_rollout(self, step: int, prompts, images_BHW3: np.ndarray, scored, advantages_B) -> None:
+    def dump_rollout(self, step: int, batch: Collected, advantages_B: torch.Tensor | None) -> None:
         """Write training step `step`'s rollout under <run.dir>/rollouts/ and show its sheet in the trackers."""
+        prompts = batch.prompts
+        if advantages_B is None:  # an algorithm without advantages (DPO: pairs)
+            advantages_B = torch.full((len(prompts),), float("nan"))
         folder, sheet = write_rollout_dump(
             self.run_dir / ROLLOUTS_DIR,
             step + 1,  # numbered as in metrics and checkpoints: after step + 1 completed steps
-            images_BHW3,
+            batch.images,
             prompts.records,
             prompts.uids,
             prompts.group_index.tolist(),
-            scored,
+            batch.scored,
             np.asarray(advantages_B, dtype=np.float64),
             self.cfg.log.rollout_max_images,
             prompts.group_size,
@@ -227,37 +243,30 @@ class Trainer:
         if sheet is not None and self.trackers is not None:
             self.trackers.log_images("train/rollout", sheet, step + 1, caption=f"step {step + 1}: {folder}")
 
-    # -- checkpoints ----------------------------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path | None:
+        """Publish the state after self.step steps; None (and a warning) when the model is not healthy: updates
+        are being skipped or its weights are not finite, so `latest` stays on the last healthy checkpoint."""
+        problem = self.engine.health_problem()
+        if problem is not None:
+            logger.warning("step %d: no checkpoint (%s); the latest stays %s", self.step, problem,
+                           self.checkpoints.latest())  # fmt: skip
+            return None
+
         def write(directory: Path) -> None:
-            self.engine.save(directory)
-            torch.save(
-                {
-                    "step": self.step,
-                    "sampler": self.sampler.state_dict(),
-                    "rng": capture_rng_state(),
-                    "trainer": self.extra_state(),
-                },
-                directory / "run_state.pt",
-            )
-            (directory / "config.yaml").write_text(to_yaml(self.cfg))
+            engine_state = self.engine.save(directory)
+            write_state(directory, {"step": self.step, "sampler": self.sampler.state_dict(),
+                                    "rng": capture_rng_state(), "engine": engine_state})  # fmt: skip
+            (directory / CONFIG_FILE).write_text(to_yaml(self.cfg))
 
         return self.checkpoints.save(self.step, write)
 
     def load_checkpoint(self, path: Path) -> None:
-        state = torch.load(path / "run_state.pt", map_location="cpu", weights_only=False)
+        state = read_state(path)
+        if state["step"] != step_of(path):
+            raise RuntimeError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
         self.sampler.load_state_dict(state["sampler"])
-        self.engine.load(path)
+        self.engine.load(path, state["engine"])
         self.step = state["step"]
-        if self.step != step_of(path):
-            raise RuntimeError(f"checkpoint {path} holds step {self.step}, not the step its name says")
-        self.load_extra_state(state["trainer"])
         restore_rng_state(state["rng"])
         logger.info("resumed from %s (step %d)", path, self.step)
-
-    def extra_state(self) -> dict:
-        """State a family keeps beyond the engine's (e.g. a window schedule); saved with each checkpoint."""
-        return {}
-
-    def load_extra_state(self, state: dict) -> None:
-        pass

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from tensordict import TensorDict
 
 from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
-from diffusion_rl.models.policies import LoraSettings
+from diffusion_rl.models.registry import ModelFamily, register_family
 
 # flow_grpo's SD3 targets: every attention projection of the joint blocks, image and text streams
 SD3_LORA_TARGETS = (
@@ -24,25 +22,11 @@ SD3_LORA_TARGETS = (
 
 
 class SD3Model(FlowModel):
-    family = "sd3"
-    default_lora_targets = SD3_LORA_TARGETS
+    frozen_components = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 
-    def __init__(
-        self,
-        pipeline,
-        *,
-        lora: LoraSettings | None,
-        device: torch.device,
-        dtype: torch.dtype,
-        max_sequence_length: int = 256,
-        gradient_checkpointing: bool = False,
-    ):
-        frozen = tuple(getattr(pipeline, n, None) for n in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"))
-        self._adopt_pipeline(pipeline, frozen=frozen, lora=lora, device=device, dtype=dtype,
-                             gradient_checkpointing=gradient_checkpointing)  # fmt: skip
-        self.max_sequence_length = max_sequence_length
+    def configure(self) -> None:
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        self.timestep_scale = float(pipeline.scheduler.config.num_train_timesteps)  # SD3 timestep = 1000·σ
+        self.timestep_scale = float(self._scheduler_config.num_train_timesteps)  # SD3 timestep = 1000·σ
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
         # A step repeats each prompt group_size times: encode each distinct (prompt, negative) pair once.
@@ -100,14 +84,10 @@ class SD3Model(FlowModel):
             raise ValueError(f"height and width must be multiples of {self.vae_scale * 2}, got {height}×{width}")
         return (self.vae.config.latent_channels, height // self.vae_scale, width // self.vae_scale)
 
-    def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        # cached: building a scheduler for every rollout costs about as much as one SDE step of the tiny model
-        cache = self.__dict__.setdefault("_sigma_schedules", {})
-        if num_steps not in cache:
-            scheduler = type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
-            scheduler.set_timesteps(num_steps, device="cpu")
-            cache[num_steps] = scheduler.sigmas.float().cpu()
-        return cache[num_steps].clone()
+    def _build_sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        scheduler = self.fresh_scheduler()  # SD3's shift is fixed: the size plays no part
+        scheduler.set_timesteps(num_steps, device="cpu")
+        return scheduler.sigmas
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -121,3 +101,14 @@ class SD3Model(FlowModel):
         pixels = uint8_to_images(images).to(self.device, self.vae.dtype)
         posterior = self.vae.encode(pixels).latent_dist
         return ((posterior.mode() - config.shift_factor) * config.scaling_factor).float()
+
+
+register_family(
+    ModelFamily(
+        name="sd3",
+        pipeline="StableDiffusion3Pipeline",
+        adapter=SD3Model,
+        tiny="diffusion_rl.models.tiny.sd3",
+        lora_targets=SD3_LORA_TARGETS,
+    )
+)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.models.tiny import _byte_level_alphabet, build_seeded
+from diffusion_rl.models.tiny.parts import byte_level_alphabet
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -34,7 +34,7 @@ class TinyQwenImageSpec:
     sample_size: int = 64
 
 
-TINY_QWEN_IMAGE_PRESETS = {
+PRESETS = {
     "base": TinyQwenImageSpec(),  # ~2.5M-parameter transformer
     "small": TinyQwenImageSpec(layers=1, head_dim=16, heads=2, rope_axes=(4, 6, 6)),  # ~0.05M: for the test suite
 }
@@ -68,7 +68,7 @@ def build_qwen_tokenizer():
         ]
     )
     trainer = trainers.BpeTrainer(
-        vocab_size=4096, min_frequency=1, initial_alphabet=_byte_level_alphabet(), show_progress=False
+        vocab_size=4096, min_frequency=1, initial_alphabet=byte_level_alphabet(), show_progress=False
     )
     bpe.train_from_iterator([corpus], trainer)
     learned = json.loads(bpe.to_str())["model"]
@@ -91,12 +91,8 @@ def prompt_template() -> str:
     return bare.prompt_template_encode
 
 
-def build_tiny_qwen_image_pipeline(spec: TinyQwenImageSpec = TinyQwenImageSpec(), seed: int = 0):
-    """A QwenImagePipeline with random weights drawn from `seed`; the caller's global RNG is left as it was."""
-    return build_seeded(_build, spec, seed)
-
-
-def _build(spec: TinyQwenImageSpec):
+def build(spec: TinyQwenImageSpec):
+    """A QwenImagePipeline of `spec`, its random weights drawn from the global RNG (see build_seeded)."""
     from diffusers import (
         AutoencoderKLQwenImage,
         FlowMatchEulerDiscreteScheduler,

@@ -14,20 +14,12 @@ so σ goes in unchanged (`model_timestep`).
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
-from diffusion_rl.models.packed import (
-    distinct_texts,
-    pack_latents,
-    packed_sigma_schedule,
-    tokens_of,
-    unpack_latents,
-)
-from diffusion_rl.models.policies import LoraSettings
+from diffusion_rl.models.base import as_sigma_batch, images_to_uint8, uint8_to_images
+from diffusion_rl.models.packed import PackedLatentModel, distinct_texts, pack_latents, tokens_of, unpack_latents
+from diffusion_rl.models.registry import ModelFamily, register_family
 
 # verl-omni's Qwen-Image LoRA targets: attention of both streams and both streams' MLPs
 QWEN_IMAGE_LORA_TARGETS = (
@@ -54,24 +46,12 @@ def norm_rescaled_cfg(v_uncond: torch.Tensor, v_cond: torch.Tensor, scale: float
     return combined * (v_cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
 
 
-class QwenImageModel(FlowModel):
-    family = "qwen_image"
-    default_lora_targets = QWEN_IMAGE_LORA_TARGETS
+class QwenImageModel(PackedLatentModel):
+    frozen_components = ("text_encoder", "vae")
 
-    def __init__(
-        self,
-        pipeline,
-        *,
-        lora: LoraSettings | None,
-        device: torch.device,
-        dtype: torch.dtype,
-        max_sequence_length: int = 256,
-        gradient_checkpointing: bool = False,
-    ):
-        self._adopt_pipeline(pipeline, frozen=(pipeline.text_encoder, pipeline.vae), lora=lora, device=device,
-                             dtype=dtype, gradient_checkpointing=gradient_checkpointing)  # fmt: skip
-        self.max_sequence_length = min(max_sequence_length, MAX_TEXT_TOKENS)
-        self.latent_channels = pipeline.transformer.config.in_channels // 4
+    def configure(self) -> None:
+        self.max_sequence_length = min(self.max_sequence_length, MAX_TEXT_TOKENS)
+        self.latent_channels = self.pipeline.transformer.config.in_channels // 4
         self.vae_scale = 2 ** len(self.vae.temperal_downsample)
 
     @staticmethod
@@ -131,17 +111,6 @@ class QwenImageModel(FlowModel):
             v = norm_rescaled_cfg(v_uncond, v_cond, guidance)
         return v.reshape(B, h, w, K)
 
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        step = self.vae_scale * 2  # VAE down-sampling, then 2×2 packing
-        if height % step or width % step:
-            raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
-        return (height // step, width // step, self.latent_channels * 4)
-
-    def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        h, w, _ = self.latent_shape(height, width)
-        scheduler = type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
-        return packed_sigma_schedule(scheduler, num_steps, h * w)
-
     # -- pixels ------------------------------------------------------------------------------------------------
     def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         config = self.vae.config
@@ -162,3 +131,14 @@ class QwenImageModel(FlowModel):
         pixels = uint8_to_images(images).to(self.vae.device, self.vae.dtype)[:, :, None]
         z = (self.vae.encode(pixels).latent_dist.mode() - mean) / std
         return pack_latents(z[:, :, 0]).float()
+
+
+register_family(
+    ModelFamily(
+        name="qwen_image",
+        pipeline="QwenImagePipeline",
+        adapter=QwenImageModel,
+        tiny="diffusion_rl.models.tiny.qwen_image",
+        lora_targets=QWEN_IMAGE_LORA_TARGETS,
+    )
+)

@@ -11,22 +11,21 @@ guidance scale), so σ goes in unchanged (`model_timestep`).
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
+from diffusion_rl.models.base import as_sigma_batch, images_to_uint8, uint8_to_images
 from diffusion_rl.models.packed import (
+    PackedLatentModel,
     distinct_texts,
     latent_image_ids,
     pack_latents,
-    packed_sigma_schedule,
     tokens_of,
     unpack_latents,
 )
-from diffusion_rl.models.policies import LoraSettings
+from diffusion_rl.models.registry import ModelFamily, register_family
 
 logger = logging.getLogger(__name__)
 
@@ -51,25 +50,12 @@ FLUX_LORA_TARGETS = (
 MAX_T5_TOKENS = 512  # the pipeline refuses longer text
 
 
-class FluxModel(FlowModel):
-    family = "flux"
-    default_lora_targets = FLUX_LORA_TARGETS
+class FluxModel(PackedLatentModel):
+    frozen_components = ("text_encoder", "text_encoder_2", "vae")
 
-    def __init__(
-        self,
-        pipeline,
-        *,
-        lora: LoraSettings | None,
-        device: torch.device,
-        dtype: torch.dtype,
-        max_sequence_length: int = 256,
-        gradient_checkpointing: bool = False,
-    ):
-        frozen = (pipeline.text_encoder, pipeline.text_encoder_2, pipeline.vae)
-        self._adopt_pipeline(pipeline, frozen=frozen, lora=lora, device=device, dtype=dtype,
-                             gradient_checkpointing=gradient_checkpointing)  # fmt: skip
-        self.max_sequence_length = min(max_sequence_length, MAX_T5_TOKENS)
-        config = pipeline.transformer.config
+    def configure(self) -> None:
+        self.max_sequence_length = min(self.max_sequence_length, MAX_T5_TOKENS)
+        config = self.pipeline.transformer.config
         # dev: guidance is an input of the network; schnell: none, so guidance > 1 is real CFG
         self.guidance_embeds = bool(config.guidance_embeds)
         self.latent_channels = config.in_channels // 4
@@ -128,17 +114,6 @@ class FluxModel(FlowModel):
             v = v_uncond + guidance * (v_cond - v_uncond)
         return v.reshape(B, h, w, K)
 
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        step = self.vae_scale * 2  # VAE down-sampling, then 2×2 packing
-        if height % step or width % step:
-            raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
-        return (height // step, width // step, self.latent_channels * 4)
-
-    def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        h, w, _ = self.latent_shape(height, width)
-        scheduler = type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
-        return packed_sigma_schedule(scheduler, num_steps, h * w)
-
     # -- pixels ------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -152,3 +127,14 @@ class FluxModel(FlowModel):
         pixels = uint8_to_images(images).to(self.device, self.vae.dtype)
         z = self.vae.encode(pixels).latent_dist.mode()
         return pack_latents((z - config.shift_factor) * config.scaling_factor).float()
+
+
+register_family(
+    ModelFamily(
+        name="flux",
+        pipeline="FluxPipeline",
+        adapter=FluxModel,
+        tiny="diffusion_rl.models.tiny.flux",
+        lora_targets=FLUX_LORA_TARGETS,
+    )
+)

@@ -1,0 +1,175 @@
+"""What an algorithm is made of, and the registry that selects one by `algorithm.loss`.
+
+A loss is registered once, in its own file, with `register_loss`: its name, its settings (a dataclass next to it,
+read from the config's `algorithm.<name>` section), the `Algorithm` class that runs it, and its constraints. The
+engine's update loop (engine/update_loop.py) is the same for every algorithm; an `Algorithm` supplies only
+
+- on the driver, `prepare`: the step's scores → `Targets`, the O(B) numbers the update needs (advantages, pairs);
+- on the worker that holds the rollout: `attach` (the named policies it keeps), `begin` (the batch → its own
+  units: samples, or pairs, with what they train on), `loss` (one micro-batch chunk), `end` (after the update).
+
+Algorithms import neither models nor the engine: they get the model (a `FlowModel`) in `attach`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from tensordict import tensorclass
+
+from diffusion_rl.algorithms.advantages import AdvantageResult, group_advantages
+from diffusion_rl.registry import Registry
+from diffusion_rl.sampling.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from diffusion_rl.config import Config
+
+DEFAULT_POLICY = "default"  # the trained policy's name among the model's named policies
+
+
+@tensorclass
+class Targets:
+    """What the update needs from scoring, per row of the step: set by `Algorithm.prepare` on the driver."""
+
+    advantages: torch.Tensor | None = None  # [B] fp32: group-relative advantage (0 for a failed sample)
+    pair_id: torch.Tensor | None = None  # [B] long: the preference pair a row belongs to (−1: none)
+    pair_role: torch.Tensor | None = None  # [B] long: 1 chosen, −1 rejected, 0 unpaired
+
+
+@tensorclass
+class TrainBatch:
+    """A rollout and its targets, row by row: what `Algorithm.begin` turns into the update's units."""
+
+    traj: Trajectory
+    targets: Targets
+
+
+@dataclass(frozen=True)
+class UpdatePosition:
+    """Where in the update a loss chunk is: its PPO epoch, mini-batch and the training step (0-based)."""
+
+    epoch: int
+    minibatch: int
+    step: int
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar, to call backward on
+    metrics: dict[str, torch.Tensor]  # scalar tensors, detached: averaged over the update's backward passes
+    # detached scalars that are shares of this chunk's (row, step) entries: averaged weighted by rows instead
+    entry_metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class LossSettings:
+    """Base of every loss's settings dataclass (its `algorithm.<loss>` config section)."""
+
+    def check_config(self, config: Config) -> None:
+        """Refuse settings elsewhere in the config that this loss cannot work with (ValueError)."""
+
+
+def minibatch_rows(units: int, minibatches: int, m: int) -> torch.Tensor:
+    """[≤ U / M] the units of mini-batch m: m, m + M, m + 2M, … (interleaved, so every mini-batch mixes groups)."""
+    return torch.arange(m, units, minibatches)
+
+
+class Algorithm(ABC):
+    """How one registered loss trains; see the module docstring. One instance per process that needs it."""
+
+    family: ClassVar[str]  # "policy_gradient" or "direct_preference": docs and error messages only
+    rollout_policy: ClassVar[str] = DEFAULT_POLICY  # the named policy that samples training rollouts
+
+    def __init__(self, config: Config, spec: LossSpec):
+        self.config = config
+        self.seed = config.run.seed
+        self.settings = config.algorithm.settings  # this loss's section
+        self.loss_fn = spec.fn
+        self.model = None
+
+    @classmethod  # noqa: B027  (an optional hook: most families accept any config)
+    def check_config(cls, config: Config) -> None:
+        """Refuse config values this family cannot work with (ValueError naming the key)."""
+
+    # -- driver side ------------------------------------------------------------------------------------------
+    def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
+        """Targets from the step's scores (`RewardResult`: total [B], per_reward, failed); default: group-relative
+        advantages (algorithm.advantage), which every algorithm but DPO trains on."""
+        result = self.advantages(scored, group_index)
+        return Targets(advantages=result.advantages, batch_size=[len(group_index)]), result.metrics
+
+    def advantages(self, scored, group_index: torch.Tensor) -> AdvantageResult:
+        weights = {spec.metric_name: spec.weight for spec in self.config.rewards}
+        return group_advantages(scored, group_index, self.config.algorithm.advantage, weights)
+
+    # -- worker side ------------------------------------------------------------------------------------------
+    def attach(self, model) -> None:
+        """Take the model to train (before it is sharded): add the named policies this algorithm keeps."""
+        self.model = model
+
+    @abstractmethod
+    def begin(self, batch: TrainBatch, step: int) -> tuple[Any, dict[str, float]]:
+        """The update's units (a tensorclass of U rows: samples or pairs) and metrics, before any optimizer step."""
+
+    def count(self, units) -> int:
+        """How many of `units` carry weight: the loss of each chunk is scaled by the global count."""
+        return units.batch_size[0]
+
+    @property
+    def micro_size(self) -> int:
+        """Units per forward/backward."""
+        return self.config.train.micro_batch_size
+
+    def chunks(self, units) -> int:
+        """Backward passes per micro-batch (trained steps or timesteps, one at a time: flat activation memory)."""
+        return 1
+
+    @abstractmethod
+    def loss(self, units, k: int, at: UpdatePosition) -> LossOutput:
+        """The loss of chunk k of one micro-batch of units (with grad), averaged over its units."""
+
+    def end(self, step: int) -> dict[str, float]:
+        """After the update of training step `step` (0-based): `step + 1` steps are complete."""
+        return {}
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered loss: `fn(input, settings) -> LossOutput` run by `algorithm`, configured by `settings`."""
+
+    name: str
+    fn: Callable[[Any, Any], LossOutput]
+    settings: type  # a LossSettings dataclass: the config section algorithm.<name>
+    algorithm: type[Algorithm]
+    sde_only: bool = False  # its formulas assume Flow-GRPO's `sde` step (its std and √dt)
+
+    @property
+    def family(self) -> str:
+        return self.algorithm.family
+
+    def __call__(self, inp, cfg) -> LossOutput:
+        return self.fn(inp, cfg)
+
+
+LOSSES: Registry[LossSpec] = Registry("loss")
+
+
+def register_loss(name: str, *, settings: type, algorithm: type[Algorithm], sde_only: bool = False):
+    """Decorator: register `fn(input, settings) -> LossOutput` as loss `name` (see LossSpec)."""
+    if not (isinstance(settings, type) and issubclass(settings, LossSettings)):
+        raise TypeError(f"loss '{name}': settings must be a LossSettings dataclass, got {settings!r}")
+
+    def add(fn):
+        LOSSES.register(name)(LossSpec(name, fn, settings, algorithm, sde_only))
+        return fn
+
+    return add
+
+
+def make_algorithm(config: Config) -> Algorithm:
+    """The algorithm of `config.algorithm.loss` (not attached to a model yet)."""
+    spec = LOSSES.get(config.algorithm.loss)
+    return spec.algorithm(config, spec)

@@ -1,0 +1,177 @@
+"""The policy-gradient algorithm (Flow-GRPO, GRPO-Guard, Flow-DPPO, and any loss registered with it).
+
+For every trained window step j of every sample: recompute log π_θ(x_{j+1} | x_j) and the step mean with the
+rollout's guided velocity and step type, and hand them, with the rollout's (or recomputed old) values, to the
+registered loss. Which of the window's W steps train: the first K = max(1, int(W · timestep_fraction)), or a
+seeded per-sample subset of K (`timestep_selection: random`). The update loop scales each chunk so that an
+optimizer step sees the mean over (kept samples × trained steps) of its mini-batch, whatever the micro-batch size.
+
+Rollout correction (algorithm.rollout_correction): `decoupled` recomputes the old log-probs and means with the
+weights before the update and weights each entry by π_old / π_rollout (algorithms/rollout_correction.py);
+`bypass` keeps the rollout's as the PPO anchor and, with a rejection statistic, drops entries whose current
+log-prob is too far from the rollout's.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import tensorclass
+
+from diffusion_rl.algorithms.base import Algorithm, LossOutput, TrainBatch, UpdatePosition
+from diffusion_rl.algorithms.losses.base import PolicyLossInput
+from diffusion_rl.algorithms.rollout_correction import correction_weights
+from diffusion_rl.sampling.rollout import SamplerSettings, recompute_step
+from diffusion_rl.sampling.trajectory import Trajectory
+from diffusion_rl.settings import check
+from diffusion_rl.utils.seeding import make_generator
+
+
+@tensorclass
+class PolicyGradientUnits:
+    """The update's rows: one per sample, with the K window columns it trains and their anchors."""
+
+    traj: Trajectory
+    advantages: torch.Tensor  # [B]
+    keep: torch.Tensor  # [B] bool: in the loss (algorithm.drop_zero_advantage leaves A = 0 out)
+    columns: torch.Tensor  # [B, K] long: the window columns trained, in order
+    old_log_probs: torch.Tensor  # [B, K]: the PPO anchor (rollout's, or recomputed with decoupled correction)
+    old_means: torch.Tensor  # [B, K, …]: the anchor's step means
+    weights: torch.Tensor  # [B, K]: rollout-correction weights (1 without decoupled correction)
+
+
+def trained_columns(sample_index: torch.Tensor, window: int, fraction: float, selection: str, seed: int, step: int):
+    """[B, K] window columns each sample trains on at step `step`: the first K, or a seeded per-sample subset."""
+    B, K = len(sample_index), max(1, int(window * fraction))
+    if selection == "first":
+        return torch.arange(K).expand(B, K)
+    rows = [
+        torch.randperm(window, generator=make_generator(seed, step, "timesteps", int(i)))[:K]
+        for i in sample_index.tolist()
+    ]
+    return torch.stack(rows)
+
+
+def gather_columns(values_BW: torch.Tensor, columns_BK: torch.Tensor) -> torch.Tensor:
+    """values[b, columns[b, k]] → [B, K, …]."""
+    rows = torch.arange(values_BW.shape[0], device=values_BW.device)[:, None]
+    return values_BW[rows, columns_BK]
+
+
+class PolicyGradient(Algorithm):
+    family = "policy_gradient"
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        check(
+            config.sampling.sde_type != "ode",
+            "sampling.sde_type=ode has no per-step log-probs for a policy-gradient loss; use sde, cps or dance_sde "
+            "(or a direct-preference loss: dpo, nft, awm)",
+        )
+        check(
+            config.data.sample_source == "online",
+            "data.sample_source=offline trains algorithm.loss=dpo only (offline pairs have no per-step log-probs)",
+        )
+
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        s, alg = config.sampling, config.algorithm
+        self.sampler = SamplerSettings(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level)
+        self.correction = alg.rollout_correction
+        self.kl_beta = self.settings.kl_beta
+
+    def attach(self, model) -> None:
+        super().attach(model)
+        if self.kl_beta > 0:
+            model.policies.keep_reference()
+
+    def begin(self, batch: TrainBatch, step: int) -> tuple[PolicyGradientUnits, dict[str, float]]:
+        alg, traj = self.config.algorithm, batch.traj
+        advantages = batch.targets.advantages
+        columns = trained_columns(
+            traj.ids.sample_index, traj.window_size, alg.timestep_fraction, alg.timestep_selection, self.seed, step
+        ).to(traj.device)
+        keep = advantages != 0 if alg.drop_zero_advantage else torch.ones_like(advantages, dtype=torch.bool)
+        rollout_log_probs = gather_columns(traj.log_probs, columns)
+        metrics = {"train/kept_fraction": float(keep.float().mean())}
+        if self.correction.mode == "decoupled":
+            old_log_probs, old_means = self._old_policy(traj, columns)
+            corrected = correction_weights(old_log_probs, rollout_log_probs, self.correction)
+            weights = corrected.weights_BW
+            metrics.update({name: float(value) for name, value in corrected.metrics.items()})
+        else:
+            old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns)
+            weights = torch.ones_like(rollout_log_probs)
+        units = PolicyGradientUnits(
+            traj=traj,
+            advantages=advantages,
+            keep=keep,
+            columns=columns,
+            old_log_probs=old_log_probs,
+            old_means=old_means,
+            weights=weights,
+            batch_size=traj.batch_size,
+        )
+        return units, metrics
+
+    def count(self, units: PolicyGradientUnits) -> int:
+        return int(units.keep.sum())
+
+    def chunks(self, units: PolicyGradientUnits) -> int:
+        return units.columns.shape[1]  # K trained steps, one backward pass each
+
+    def loss(self, units: PolicyGradientUnits, k: int, at: UpdatePosition) -> LossOutput:
+        step = self._recompute(units.traj, units.columns[:, k])
+        ref_mean = None
+        if self.kl_beta > 0:
+            with torch.no_grad(), self.model.reference():
+                ref_mean = self._recompute(units.traj, units.columns[:, k]).mean
+        weights = units.keep.float() * units.weights[:, k]
+        entry_metrics = {}
+        rc = self.correction
+        if rc.mode == "bypass" and rc.rs_stat is not None:
+            # rejection from the current policy's log-probs of this step against the rollout's
+            current = step.log_prob.detach()[:, None]
+            corrected = correction_weights(current, units.old_log_probs[:, k : k + 1], rc)
+            weights = weights * corrected.weights_BW[:, 0]
+            entry_metrics["rollout_corr/rejected_fraction"] = corrected.metrics["rollout_corr/rejected_fraction"]
+        sigma, sigma_next = self._columns_of(units.traj, units.columns[:, k])[2:]
+        inp = PolicyLossInput(
+            log_prob=step.log_prob,
+            old_log_prob=units.old_log_probs[:, k],
+            advantages=units.advantages,
+            mean=step.mean,
+            old_mean=units.old_means[:, k],
+            ref_mean=ref_mean,
+            std=step.std,
+            sqrt_dt=(sigma - sigma_next).sqrt(),
+            weights=weights,
+        )
+        out = self.loss_fn(inp, self.settings)
+        return LossOutput(out.loss, out.metrics, entry_metrics)
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _columns_of(traj: Trajectory, cols_B: torch.Tensor):
+        """(x_j, x_{j+1}, σ_j, σ_{j+1}) of window column cols_B[b] of each row b."""
+        rows = torch.arange(traj.batch_size[0], device=cols_B.device)
+        return (
+            traj.latents[rows, cols_B],
+            traj.latents[rows, cols_B + 1],
+            traj.sigmas[rows, cols_B],
+            traj.sigmas_next[rows, cols_B],
+        )
+
+    def _recompute(self, traj: Trajectory, cols_B: torch.Tensor):
+        x, x_next, sigma, sigma_next = self._columns_of(traj, cols_B)
+        return recompute_step(self.model, x, x_next, sigma, sigma_next, traj.cond, self.sampler)
+
+    @torch.no_grad()
+    def _old_policy(self, traj: Trajectory, columns_BK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs [B, K] and means [B, K, …] of the trained steps under the weights before this update."""
+        logps, means = [], []
+        for micro in torch.arange(traj.batch_size[0], device=traj.device).split(self.micro_size):
+            rows, cols = traj[micro], columns_BK[micro]
+            steps = [self._recompute(rows, cols[:, k]) for k in range(cols.shape[1])]
+            logps.append(torch.stack([s.log_prob for s in steps], dim=1))
+            means.append(torch.stack([s.mean for s in steps], dim=1))
+        return torch.cat(logps), torch.cat(means)

@@ -1,0 +1,161 @@
+"""What a checkpoint holds, in one format for every engine and worker count.
+
+    step_000010/
+      dcp/         torch.distributed.checkpoint: every named policy's weights, the optimizer state and the EMA.
+                   Written sharded by the Ray engine's workers or whole by the local engine, and read back into
+                   whatever sharding the loading run has: a run moves between engines and worker counts.
+      state.pt     plain data (loaded with weights_only=True): format version, step, data order, RNG states,
+                   the LR schedule and update counters.
+      config.yaml  the run's config (secrets redacted): what `eval`, `sample` and `export` rebuild the model from.
+      adapter/     LoRA only, an export not read on resume: the trained adapter in peft's format and in
+                   diffusers' (`pipeline.load_lora_weights(adapter/)`).
+
+A checkpoint directory is read without running code from it: state.pt with torch's weights_only loader, DCP's
+metadata with an unpickler that admits only DCP's own metadata classes, and DCP's non-tensor entries with the
+weights_only loader. Checkpoints of the earlier formats (before `state.pt`) are refused with the command that
+converts them (checkpoint/legacy.py).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+from diffusion_rl.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2
+DCP_DIR = "dcp"
+STATE_FILE = "state.pt"
+CONFIG_FILE = "config.yaml"
+ADAPTER_DIR = "adapter"
+LEGACY_FILES = ("trainer_state.pt", "run_state.pt")
+
+# what DCP's .metadata pickle may name: its own metadata classes and the torch types they hold
+_METADATA_GLOBALS = {
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module, name) in _METADATA_GLOBALS or is_dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader, with its metadata read by an unpickler that admits only DCP's own classes."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        path = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            with self.fs.create_stream(path, "rb") as file:
+                metadata = _MetadataUnpickler(file).load()
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
+            raise UserError(f"{path}: not a readable checkpoint metadata file ({e})") from None
+        if getattr(metadata, "storage_meta", None) is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's planner, reading non-tensor entries (optimizer hyper-parameters) with torch's weights_only loader."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def saved_keys(directory: Path) -> set[str]:
+    """The flattened keys the checkpoint's dcp/ holds (e.g. 'policies.default.<name>', 'ema.<name>')."""
+    return set(SafeReader(directory / DCP_DIR).read_metadata().state_dict_metadata)
+
+
+def read_saved_tensors(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Whole CPU copies of the tensors dcp/ holds under a key prefix (e.g. 'policies.default.', 'ema.'), named
+    without it: read from the metadata's shapes, so no model is needed (and any saved sharding works)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    check_format(directory)
+    metadata = SafeReader(directory / DCP_DIR).read_metadata()
+    targets = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+    }
+    load_tensors(targets, directory)
+    return {key.removeprefix(prefix): tensor for key, tensor in targets.items()}
+
+
+def save_tensors(tensors: dict, directory: Path) -> None:
+    """Write `tensors` (nested dicts of tensors or DTensors) to directory/dcp. Collective under a process group."""
+    with warnings.catch_warnings():  # one process without a process group is the local engine's normal case
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.save(tensors, checkpoint_id=directory / DCP_DIR)
+
+
+def load_tensors(tensors: dict, directory: Path) -> None:
+    """Fill `tensors` (nested dicts shaped like the saved ones, in this run's sharding) from directory/dcp."""
+    check_format(directory)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(tensors, storage_reader=SafeReader(directory / DCP_DIR), planner=SafeLoadPlanner())
+
+
+def write_state(directory: Path, state: dict) -> None:
+    """state.pt: plain data only (numbers, strings, lists, dicts, tensors), so weights_only loading reads it."""
+    torch.save({"format": FORMAT_VERSION, **state}, directory / STATE_FILE)
+
+
+def read_state(directory: Path) -> dict:
+    check_format(directory)
+    try:
+        return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UserError(f"{directory / STATE_FILE}: refused to load (it holds more than plain data): {e}") from None
+
+
+def check_format(directory: Path) -> None:
+    """A UserError unless `directory` is a checkpoint of this format (an earlier one names the command to convert)."""
+    if (directory / STATE_FILE).is_file() and (directory / DCP_DIR).is_dir():
+        return
+    if any((directory / name).is_file() for name in LEGACY_FILES):
+        raise UserError(
+            f"{directory} is a checkpoint of an earlier diffusion-rl format; convert it once with "
+            f"`diffusion-rl checkpoint upgrade {directory}`"
+        )
+    raise UserError(f"{directory} is not a complete checkpoint: it has no {STATE_FILE} and {DCP_DIR}/")

@@ -1,0 +1,127 @@
+"""`diffusion-rl checkpoint upgrade DIR`: rewrite a checkpoint of the earlier formats in the current one.
+
+Before the one format (checkpoint/state.py), the local engine wrote `policy_<name>.safetensors` and
+`trainer_state.pt` (optimizer, LR schedule, EMA, counters), the Ray engine `dcp/` (policies, optimizer, EMA,
+sharded) and a `trainer_state.pt` without the optimizer; both a `run_state.pt` (step, data order, RNG). Every file
+is read without running code from it (weights_only). The model is rebuilt from the checkpoint's config.yaml on the
+CPU (`--model` points at the base model when it has moved), the old state loaded into it and written anew; the
+directory is replaced only once the new one is complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from diffusion_rl.checkpoint.paths import step_of
+from diffusion_rl.checkpoint.state import CONFIG_FILE, DCP_DIR, STATE_FILE, write_state
+from diffusion_rl.checkpoint.store import rename_into_place
+from diffusion_rl.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("checkpoint", help="checkpoint tools: upgrade a checkpoint of an earlier format")
+    actions = p.add_subparsers(dest="action", required=True)
+    up = actions.add_parser(
+        "upgrade",
+        help="rewrite a checkpoint of an earlier diffusion-rl format in the current one (in place)",
+        description=__doc__.split("\n\n")[1],
+    )
+    up.add_argument("checkpoint", nargs="+", help="step_NNNNNN checkpoint directories")
+    up.add_argument("--model", default=None, help="base model directory (default: the run's model.path)")
+    up.set_defaults(fn=cmd_upgrade)
+
+
+def cmd_upgrade(args) -> None:
+    for directory in args.checkpoint:
+        upgrade(directory, args.model)
+
+OLD_TRAINER_STATE = "trainer_state.pt"
+OLD_RUN_STATE = "run_state.pt"
+
+
+def _load_plain(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any failure to read is the same answer for the user
+        raise UserError(f"{path}: cannot be read as plain data ({type(e).__name__}: {e})") from None
+
+
+def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) -> Path:
+    """Rewrite the checkpoint `directory` (a step_NNNNNN folder) in the current format, in place."""
+    from diffusion_rl.checkpoint.weights import checkpoint_config
+    from diffusion_rl.engine.worker import PolicyWorker
+
+    directory = Path(directory).resolve()
+    step_of(directory)  # a step_NNNNNN folder, or a UserError
+    if (directory / STATE_FILE).is_file():
+        raise UserError(f"{directory} is already in the current checkpoint format")
+    missing = [n for n in (OLD_TRAINER_STATE, OLD_RUN_STATE, CONFIG_FILE) if not (directory / n).is_file()]
+    if missing:
+        raise UserError(f"{directory} is not a checkpoint of an earlier diffusion-rl format: no {', '.join(missing)}")
+    cfg = checkpoint_config(directory)
+    model = {"device": "cpu", "create_tiny_if_missing": None, **({"path": model_path} if model_path else {})}
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
+    cfg.engine.kind = "local"
+    worker = PolicyWorker(cfg)
+    trainer_state = _load_plain(directory / OLD_TRAINER_STATE)
+    run_state = _load_plain(directory / OLD_RUN_STATE)
+    if (directory / DCP_DIR).is_dir():
+        _load_old_sharded(worker, directory)
+    else:
+        _load_old_local(worker, directory, trainer_state)
+    worker.optimizer.load_counters_state(trainer_state)
+
+    tmp = directory.parent / f".tmp-upgrade-{directory.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        engine_state = worker.save(tmp)
+        state = {"step": run_state["step"], "sampler": run_state["sampler"], "rng": run_state["rng"]}
+        write_state(tmp, {**state, "engine": engine_state})
+        shutil.copy2(directory / CONFIG_FILE, tmp / CONFIG_FILE)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    rename_into_place(tmp, directory, aside=directory.parent / f".tmp-old-{directory.name}-{os.getpid()}")
+    logger.info("upgraded %s to the current checkpoint format", directory)
+    return directory
+
+
+def _load_old_local(worker, directory: Path, trainer_state: dict) -> None:
+    policies = worker.model.policies
+    for name in policies.saved_names():
+        path = directory / f"policy_{name}.safetensors"
+        if not path.is_file():
+            raise UserError(f"{directory}: no {path.name} for the model's '{name}' policy")
+        policies.load_state_dict_of(name, load_file(path))
+    worker.optimizer.optimizer.load_state_dict(trainer_state["optimizer"])
+    ema, saved = worker.optimizer.ema, trainer_state.get("ema")
+    if ema is not None and saved is not None:
+        ema.load_shadow(saved["shadow"])
+
+
+def _load_old_sharded(worker, directory: Path) -> None:
+    """The Ray engine's dcp/ already had today's layout (policies, optimizer, EMA)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    from diffusion_rl.checkpoint.state import SafeLoadPlanner, SafeReader
+
+    reader = SafeReader(directory / DCP_DIR)
+    has_ema = any(k.startswith("ema.") for k in reader.read_metadata().state_dict_metadata)
+    tensors = worker.tensors(with_ema=has_ema and worker.optimizer.ema is not None)
+    dcp.load(tensors, storage_reader=reader, planner=SafeLoadPlanner())
+    for name, weights in tensors["policies"].items():
+        worker.model.policies.load_state_dict_of(name, weights)
+    set_optimizer_state_dict(worker.model.policies.trained, worker.optimizer.optimizer, tensors["optimizer"])
+    if "ema" in tensors:
+        worker.optimizer.ema.load_shadow(list(tensors["ema"].values()))

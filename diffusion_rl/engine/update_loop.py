@@ -1,0 +1,68 @@
+"""The one update loop: epochs × mini-batches × micro-batches × chunks, gradient sync, optimizer steps, metrics.
+
+Every algorithm runs through it (algorithms/base.py says what an algorithm supplies). It never names one.
+
+Scaling: mini-batch m holds units m, m + M, … of the U units the algorithm made of the batch; each chunk's loss
+(a mean over its micro-batch's units) is multiplied by len(micro) / (n · K), with n the units that carry weight in
+the mini-batch summed over every worker and K the chunks per micro-batch, so the accumulated gradient of an
+optimizer step is the mean over the mini-batch's (unit, chunk) pairs, whatever the micro-batch size and the
+number of workers. Only the last backward before an optimizer step reduces gradients across workers.
+"""
+
+from __future__ import annotations
+
+from diffusion_rl.algorithms.base import Algorithm, TrainBatch, UpdatePosition, minibatch_rows
+
+
+class _Means:
+    """Sums of per-pass metrics and of per-entry metrics (weighted by rows), reported as their means."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.entry_sums: dict[str, float] = {}
+        self.passes = 0
+        self.entries = 0
+
+    def add(self, metrics: dict, entry_metrics: dict, rows: int) -> None:
+        for name, value in metrics.items():
+            self.sums[name] = self.sums.get(name, 0.0) + float(value)
+        for name, value in entry_metrics.items():
+            self.entry_sums[name] = self.entry_sums.get(name, 0.0) + float(value) * rows
+        self.passes += 1
+        self.entries += rows
+
+    def result(self) -> dict[str, float]:
+        out = {name: value / self.passes for name, value in self.sums.items()}
+        out.update({name: value / self.entries for name, value in self.entry_sums.items()})
+        return out
+
+
+def run_update(algorithm: Algorithm, batch: TrainBatch, step: int, train, parallel, optimizer) -> dict[str, float]:
+    """One training step's update of `batch` (this worker's rows); `optimizer` is an engine.optimizer stepper,
+    `parallel` the worker's device layout (engine/parallel.py). Returns the update's metrics."""
+    units, out = algorithm.begin(batch, step)
+    U, M = units.batch_size[0], train.num_minibatches
+    out["train/units"] = float(parallel.sum(U))
+    means, grad_norms = _Means(), []
+    K = algorithm.chunks(units)
+    for epoch in range(train.ppo_epochs):
+        for m in range(M):
+            rows = minibatch_rows(U, M, m).to(units.device)
+            # over all workers: each scales by the global count, so the summed gradients are the global mean
+            n = parallel.sum(algorithm.count(units[rows]))
+            if n == 0:
+                continue
+            micros = rows.split(algorithm.micro_size)
+            for i, micro in enumerate(micros):
+                chunk = units[micro]
+                for k in range(K):
+                    parallel.sync_gradients(last_before_step=(i, k) == (len(micros) - 1, K - 1))
+                    loss = algorithm.loss(chunk, k, UpdatePosition(epoch, m, step))
+                    (loss.loss * (len(micro) / (n * K))).backward()
+                    means.add({"loss": loss.loss.detach(), **loss.metrics}, loss.entry_metrics, len(micro))
+            grad_norms.append(optimizer.step())
+    if means.passes:
+        out.update(means.result())
+    out.update(algorithm.end(step))
+    out.update(optimizer.metrics(grad_norms))
+    return out

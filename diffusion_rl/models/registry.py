@@ -1,0 +1,54 @@
+"""The model families, each registered once, in its adapter's file (models/families/<name>.py).
+
+A family ties together what the rest of the code must know about it: its name (`model.family`, `init-tiny
+--family`), the diffusers pipeline class a model directory's model_index.json names, our `FlowModel` adapter,
+its tiny random-weight builder (models/tiny/<name>.py: `PRESETS` and `build`) and its LoRA target preset. Adding
+a family is its adapter file (with the registration) and its tiny-builder file; nothing else spells its name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.registry import Registry
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    pipeline: str  # the diffusers pipeline class (model_index.json's "_class_name") that loads it
+    adapter: type  # the FlowModel subclass that wraps the pipeline
+    tiny: str  # module of the tiny builder: PRESETS {name: spec} and build(spec) -> pipeline
+    lora_targets: tuple[str, ...]  # module names LoRA adapts when model.lora.target_modules is empty
+
+
+FAMILIES: Registry[ModelFamily] = Registry("model family")
+
+
+def register_family(family: ModelFamily) -> None:
+    FAMILIES.register(family.name)(family)
+
+
+def load_families() -> Registry[ModelFamily]:
+    """The registry with every family of models/families/ registered (importing a module registers it)."""
+    from diffusion_rl.models import families
+
+    for module in pkgutil.iter_modules(families.__path__):
+        importlib.import_module(f"{families.__name__}.{module.name}")
+    return FAMILIES
+
+
+def family_named(name: str) -> ModelFamily:
+    return load_families().get(name)
+
+
+def family_of_pipeline(class_name: str, where: str) -> ModelFamily:
+    """The family whose pipeline class is `class_name` (read from `where`, named in the error)."""
+    for _, family in load_families().items():
+        if family.pipeline == class_name:
+            return family
+    known = ", ".join(f"{f.pipeline} ({name})" for name, f in FAMILIES.items())
+    raise UserError(f"{where}: pipeline '{class_name}' is not supported; supported: {known}")

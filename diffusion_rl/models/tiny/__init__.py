@@ -1,0 +1,35 @@
+"""Tiny random-weight models of every family, by (family, preset): what `diffusion-rl init-tiny` writes.
+
+Each family's builder lives in models/tiny/<family>.py (named by its registration) with `PRESETS` and
+`build(spec)`; the shared pieces in tiny/parts.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.models.registry import family_named
+from diffusion_rl.models.tiny.parts import build_seeded
+
+
+def tiny_presets(family: str) -> dict:
+    """The presets {name: spec} of `family`'s tiny model."""
+    return importlib.import_module(family_named(family).tiny).PRESETS
+
+
+def build_tiny(family: str = "sd3", preset: str = "base", seed: int = 0):
+    """The tiny diffusers pipeline of `family` at `preset`, its random weights drawn from `seed` (the caller's
+    global RNG is left as it was)."""
+    module = importlib.import_module(family_named(family).tiny)
+    if preset not in module.PRESETS:
+        raise UserError(f"the tiny {family} model has no preset '{preset}'; presets: {', '.join(module.PRESETS)}")
+    return build_seeded(module.build, module.PRESETS[preset], seed)
+
+
+def save_tiny(directory: str | Path, family: str = "sd3", preset: str = "base", seed: int = 0) -> Path:
+    """Write the tiny model of `family` in diffusers format to `directory` and return it."""
+    directory = Path(directory)
+    build_tiny(family, preset, seed).save_pretrained(directory)
+    return directory

@@ -1,0 +1,42 @@
+"""What a rollout produced: a typed batch that stays on the worker that sampled it until the update is done.
+
+B rows (samples); W = the SDE window's steps (the trained ones). An ODE rollout (no window) has W = 0 and its
+per-step fields are None. Latents keep the model's own layout ([C, H, W] for SD3, a token grid for FLUX and
+Qwen-Image, [C, F, H, W] for video): the step functions and losses reduce over every non-batch dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, tensorclass
+
+
+@tensorclass
+class SampleIds:
+    """Who each row is within its training step; set by the engine when it asks for the rollout."""
+
+    sample_index: torch.Tensor  # [B] long: position in the step's batch; seeds the row's noise and timestep draws
+    group_index: torch.Tensor  # [B] long: the step's prompt the row belongs to (its advantage group)
+    prompt: list  # [B] str: the prompt text (for logs and dumps; the model reads `Trajectory.cond`)
+
+
+@tensorclass
+class Trajectory:
+    """A rollout, as `sampling.rollout.rollout` returns it (offline data: `final_latents`, `cond`, `ids` only)."""
+
+    final_latents: torch.Tensor  # [B, …] fp32: the clean latents at σ = 0, which `images` decode from
+    cond: TensorDict  # [B]: the model's conditioning (text embeddings, negatives for CFG, condition images)
+    ids: SampleIds  # [B]
+    images: torch.Tensor | None = None  # uint8 [B, H, W, 3]; None for offline latents
+    latents: torch.Tensor | None = None  # [B, W+1, …] fp32: x before each window step, and after the last one
+    log_probs: torch.Tensor | None = None  # [B, W] fp32: log π_rollout(x_{j+1} | x_j), mean over latent elements
+    means: torch.Tensor | None = None  # [B, W, …] fp32: the mean of each window step's Gaussian
+    stds: torch.Tensor | None = None  # [B, W] fp32: each window step's std as its step type defines it
+    sigmas: torch.Tensor | None = None  # [B, W] fp32: σ_j of each window step
+    sigmas_next: torch.Tensor | None = None  # [B, W] fp32: σ_{j+1}
+    step_index: torch.Tensor | None = None  # [B, W] long: each window step's position in the schedule
+
+    @property
+    def window_size(self) -> int:
+        """W: the number of SDE steps recorded (0 for an ODE rollout)."""
+        return 0 if self.log_probs is None else self.log_probs.shape[1]

@@ -1,0 +1,100 @@
+"""Where a training step's batch comes from, and its scores: the trainer's `collect` phase.
+
+- `OnlineRollouts` (data.sample_source: online): the step's prompts, each repeated group_size times, are sampled
+  by the engine (which keeps the trajectories for the update) and scored by the rewards. The batch is sampled in
+  `sampling.score_chunks` chunks; each chunk is scored in a background thread while the next one samples.
+- `OfflinePairs` (offline, Diffusion-DPO): data.prompts_per_step pairs of a pair dataset, their images
+  VAE-encoded once and cached; rows 0..P−1 are the chosen images, P..2P−1 the rejected ones, row p and P + p
+  forming group p, and the "scores" are the dataset's labels (1 chosen, 0 rejected), from which the algorithm
+  pairs them like any other group.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from diffusion_rl.data.pairs import PreferencePair, load_image
+from diffusion_rl.data.prompts import PromptRecord
+from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prompts
+from diffusion_rl.rewards import RewardCombiner, RewardResult
+from diffusion_rl.sampling.window import SdeWindow
+from diffusion_rl.trainer.timing import PhaseTimer
+from diffusion_rl.utils.split import split_evenly
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Collected:
+    prompts: StepPrompts  # the step's rows
+    images: np.ndarray | None  # uint8 [B, H, W, 3] of the rollout; None for offline data
+    scored: RewardResult  # total [B] (NaN = failed), per reward, failed, metrics
+
+
+class OnlineRollouts:
+    def __init__(self, cfg, records: list[PromptRecord], sampler: PromptSampler, engine, rewards: RewardCombiner):
+        self.cfg, self.records, self.sampler = cfg, records, sampler
+        self.engine, self.rewards = engine, rewards
+        # one thread keeps the rewards' own order and state simple
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+
+    def collect(self, step: int, window: SdeWindow | None, timer: PhaseTimer) -> Collected:
+        """`timing/generate` covers sampling (and scoring that overlapped it); `timing/reward` the time left
+        waiting for scores after the last chunk."""
+        prompts = make_step_prompts(self.records, self.sampler, step, self.cfg.data.group_size)
+        images, pending = [], []
+        with timer("generate"):
+            for rows in split_evenly(range(len(prompts)), self.cfg.sampling.score_chunks):
+                if not rows:
+                    continue
+                part = self.engine.generate(prompts, step, window, rows=rows).numpy()
+                images.append(part)
+                texts, metadata = [prompts.prompts[i] for i in rows], [prompts.metadata[i] for i in rows]
+                pending.append(self.pool.submit(self.rewards.score, part, texts, metadata))
+        with timer("reward"):
+            scored = self.rewards.combine([p.result() for p in pending], prompts.metadata)
+        return Collected(prompts, np.concatenate(images), scored)
+
+
+class OfflinePairs:
+    def __init__(self, cfg, pairs: list[PreferencePair], sampler: PromptSampler, engine):
+        self.cfg, self.pairs, self.sampler, self.engine = cfg, pairs, sampler, engine
+        self.latents: dict[int, torch.Tensor] = {}  # pair index → latents [2, …] (chosen, rejected), CPU
+
+    def collect(self, step: int, window: SdeWindow | None, timer: PhaseTimer) -> Collected:
+        with timer("load"):
+            indices = self.sampler.indices(step)
+            latents = torch.stack([self.latents_of(i) for i in indices])  # [P, 2, …]
+            pairs = [self.pairs[i] for i in indices]
+            P = len(pairs)
+            records = [PromptRecord(p.prompt, p.negative_prompt) for p in pairs] * 2
+            prompts = StepPrompts(
+                records=records,
+                uids=[f"s{step}-pair{i}" for i in indices] * 2,
+                group_index=torch.arange(P).repeat(2),
+                prompt_index=list(indices) * 2,
+                step=step,
+                group_size=2,
+            )
+            self.engine.keep_offline(prompts, torch.cat([latents[:, 0], latents[:, 1]]), step)
+        labels = np.concatenate([np.ones(P), np.zeros(P)]).astype(np.float32)
+        scored = RewardResult(
+            total=labels,
+            per_reward={},
+            failed=np.zeros(2 * P, dtype=bool),
+            metrics={"data/cached_pairs": float(len(self.latents))},
+        )
+        return Collected(prompts, None, scored)
+
+    def latents_of(self, index: int) -> torch.Tensor:
+        """[2, …] VAE latents of pair `index`'s chosen and rejected images, encoded on first use."""
+        if index not in self.latents:
+            s, pair = self.cfg.sampling, self.pairs[index]
+            images = torch.stack([load_image(path, s.height, s.width) for path in (pair.chosen, pair.rejected)])
+            self.latents[index] = self.engine.encode_images(images)
+        return self.latents[index]

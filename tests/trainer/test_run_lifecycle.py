@@ -1,0 +1,67 @@
+"""A run's life: the model it creates, when it validates, and what a kill at the worst moment leaves behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffusion_rl.checkpoint.store import CheckpointManager
+from diffusion_rl.models.loader import detect_family
+from diffusion_rl.tracking import read_metrics
+
+
+@pytest.mark.parametrize("family", ["flux", "qwen_image"])
+def test_create_tiny_if_missing_makes_the_requested_family(make_config, tmp_path, family):
+    from diffusion_rl.trainer.trainer import ensure_model
+
+    path = tmp_path / f"tiny_{family}"
+    ensure_model(make_config(f"model.path={path}", f"model.family={family}", "model.create_tiny_if_missing=small"))
+    assert detect_family(path) == family
+
+
+def test_val_every_0_never_validates_and_before_train_still_asks_for_step_0(make_trainer, tmp_path):
+    never = make_trainer("val.every=0", "val.before_train=false", f"run.dir={tmp_path / 'never'}")
+    rows = never.train()
+    assert not any(k.startswith("val/") for r in rows for k in r)
+    assert not (never.run_dir / "samples").exists()
+
+    asked = make_trainer("val.every=0", "val.before_train=true", f"run.dir={tmp_path / 'asked'}")
+    rows = asked.train()
+    assert [r["step"] for r in rows if "val/reward/mean" in r] == [0]
+    assert sorted(p.name for p in (asked.run_dir / "samples").iterdir()) == ["step_000000.png"]
+
+
+def test_a_kill_right_after_the_last_checkpoint_leaves_every_row_and_file_of_a_straight_run(make_trainer, tmp_path):
+    options = ("train.total_steps=2", "train.save_every=1", "val.every=2", "val.before_train=true")
+    straight = make_trainer(*options, f"run.dir={tmp_path / 'straight'}")
+    straight_rows = straight.train()
+
+    killed = make_trainer(*options, f"run.dir={tmp_path / 'killed'}")
+    save = killed.checkpoints.save
+
+    def save_then_die(step, write):
+        path = save(step, write)
+        if step == 2:
+            raise SystemExit("killed after publishing the last checkpoint")
+        return path
+
+    killed.checkpoints.save = save_then_die
+    with pytest.raises(SystemExit):
+        killed.train()
+    rerun = make_trainer(*options, f"run.dir={tmp_path / 'killed'}")  # run.resume=auto: from step 2, nothing left
+    rows = rerun.train()
+
+    assert CheckpointManager(rerun.run_dir).latest().name == "step_000002"
+    assert [r["step"] for r in rows] == [r["step"] for r in straight_rows] == [0, 1, 2]
+    assert [sorted(r) for r in rows] == [sorted(r) for r in straight_rows]  # the same metrics, the validation's too
+    for name in ("step_000000.png", "step_000002.png"):
+        assert (rerun.run_dir / "samples" / name).is_file()
+    assert read_metrics(rerun.run_dir)[-1]["val/reward/mean"] == pytest.approx(straight_rows[-1]["val/reward/mean"])
+
+
+def test_the_checkpoint_time_is_logged_with_the_next_step(make_trainer):
+    trainer = make_trainer("train.total_steps=3", "train.save_every=1")
+    trainer.train()
+    rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert ["timing/checkpoint" in r for r in rows] == [False, True, True]
