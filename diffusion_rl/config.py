@@ -475,13 +475,8 @@ class Config:
             batch % e.num_workers == 0 and (batch // e.num_workers) % minibatches == 0,
             f"engine.num_workers={e.num_workers}: each worker trains on batch / num_workers rows, which must be a "
             f"whole number divisible by train.num_minibatches={minibatches} (batch = data.prompts_per_step × "
-            f"data.group_size = {batch}); pick num_workers dividing {batch // minibatches}",
-        )
-        family = self.algorithm.spec.family
-        check(
-            family == "policy_gradient",
-            f"engine.kind=ray runs the policy-gradient losses; algorithm.loss={self.algorithm.loss} ({family}) needs "
-            "engine.kind=local",
+            f"data.group_size = {batch}, offline: 2 × data.prompts_per_step); pick num_workers dividing "
+            f"{batch // minibatches}",
         )
 
     def _check_algorithm(self) -> None:
@@ -498,6 +493,9 @@ class Config:
 
     @property
     def batch_size(self) -> int:
+        """Rows of a training step: prompts × group size; offline pairs: chosen and rejected of each."""
+        if self.data.sample_source == "offline":
+            return 2 * self.data.prompts_per_step
         return self.data.prompts_per_step * self.data.group_size
 
 

@@ -72,6 +72,19 @@ class LossSettings:
         """Refuse settings elsewhere in the config that this loss cannot work with (ValueError)."""
 
 
+def pad_units(units, size: int):
+    """`units` padded to `size` with weight-0 copies of its first unit (engine workers must all take the same
+    forward and backward passes; a padding unit computes like a real one and trains nothing)."""
+    missing = size - units.batch_size[0]
+    if missing <= 0:
+        return units
+    if units.batch_size[0] == 0:
+        raise ValueError(f"cannot pad an update with no unit to {size}: the engine must give every worker a unit")
+    extra = units[torch.zeros(missing, dtype=torch.long, device=units.device)].clone()
+    extra.weight = torch.zeros_like(extra.weight)
+    return torch.cat([units, extra])
+
+
 def minibatch_rows(units: int, minibatches: int, m: int) -> torch.Tensor:
     """[≤ U / M] the units of mini-batch m: m, m + M, m + 2M, … (interleaved, so every mini-batch mixes groups)."""
     return torch.arange(m, units, minibatches)
@@ -115,8 +128,14 @@ class Algorithm(ABC):
         """The update's units (a tensorclass of U rows: samples or pairs) and metrics, before any optimizer step."""
 
     def count(self, units) -> int:
-        """How many of `units` carry weight: the loss of each chunk is scaled by the global count."""
-        return units.batch_size[0]
+        """How many of `units` carry weight (every units tensorclass has `weight` [U], 1 or 0): the loss of each
+        chunk is scaled by the global count."""
+        return int(units.weight.sum())
+
+    def unit_rows(self, targets: Targets) -> list[list[int]]:
+        """The rows each unit of the update trains on (driver side: where rows must be for the update); default:
+        one unit per row."""
+        return [[row] for row in range(targets.batch_size[0])]
 
     @property
     def micro_size(self) -> int:

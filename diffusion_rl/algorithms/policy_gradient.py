@@ -32,11 +32,11 @@ class PolicyGradientUnits:
 
     traj: Trajectory
     advantages: torch.Tensor  # [B]
-    keep: torch.Tensor  # [B] bool: in the loss (algorithm.drop_zero_advantage leaves A = 0 out)
+    weight: torch.Tensor  # [B] 1, or 0 out of the loss (drop_zero_advantage's A = 0, or padding a worker's share)
     columns: torch.Tensor  # [B, K] long: the window columns trained, in order
     old_log_probs: torch.Tensor  # [B, K]: the PPO anchor (rollout's, or recomputed with decoupled correction)
     old_means: torch.Tensor  # [B, K, …]: the anchor's step means
-    weights: torch.Tensor  # [B, K]: rollout-correction weights (1 without decoupled correction)
+    correction: torch.Tensor  # [B, K]: rollout-correction weights (1 without decoupled correction)
 
 
 def trained_columns(sample_index: torch.Tensor, window: int, fraction: float, selection: str, seed: int, step: int):
@@ -90,31 +90,28 @@ class PolicyGradient(Algorithm):
         columns = trained_columns(
             traj.ids.sample_index, traj.window_size, alg.timestep_fraction, alg.timestep_selection, self.seed, step
         ).to(traj.device)
-        keep = advantages != 0 if alg.drop_zero_advantage else torch.ones_like(advantages, dtype=torch.bool)
+        weight = (advantages != 0).float() if alg.drop_zero_advantage else torch.ones_like(advantages)
         rollout_log_probs = gather_columns(traj.log_probs, columns)
-        metrics = {"train/kept_fraction": float(keep.float().mean())}
+        metrics = {"train/kept_fraction": float(weight.mean())}
         if self.correction.mode == "decoupled":
             old_log_probs, old_means = self._old_policy(traj, columns)
             corrected = correction_weights(old_log_probs, rollout_log_probs, self.correction)
-            weights = corrected.weights_BW
+            correction = corrected.weights_BW
             metrics.update({name: float(value) for name, value in corrected.metrics.items()})
         else:
             old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns)
-            weights = torch.ones_like(rollout_log_probs)
+            correction = torch.ones_like(rollout_log_probs)
         units = PolicyGradientUnits(
             traj=traj,
             advantages=advantages,
-            keep=keep,
+            weight=weight,
             columns=columns,
             old_log_probs=old_log_probs,
             old_means=old_means,
-            weights=weights,
+            correction=correction,
             batch_size=traj.batch_size,
         )
         return units, metrics
-
-    def count(self, units: PolicyGradientUnits) -> int:
-        return int(units.keep.sum())
 
     def chunks(self, units: PolicyGradientUnits) -> int:
         return units.columns.shape[1]  # K trained steps, one backward pass each
@@ -125,7 +122,7 @@ class PolicyGradient(Algorithm):
         if self.kl_beta > 0:
             with torch.no_grad(), self.model.reference():
                 ref_mean = self._recompute(units.traj, units.columns[:, k]).mean
-        weights = units.keep.float() * units.weights[:, k]
+        weights = units.weight * units.correction[:, k]
         entry_metrics = {}
         rc = self.correction
         if rc.mode == "bypass" and rc.rs_stat is not None:

@@ -13,7 +13,8 @@ The worker calls the same methods either way, so its sampling and update code ha
 - `full_tensors(tensors, keep)`: whole CPU copies of (possibly sharded) tensors, for exports;
 - `gathered()`: a block in which the trained network's full weights are on this device, so a worker can sample
   any number of rows (even none) without collectives inside the sampler loop;
-- `training()`: a block holding one update (its forwards, backwards and optimizer steps).
+- `training()`: a block holding one update (its forwards, backwards and optimizer steps);
+- `settle()`: every network back to its shards, before an algorithm edits weights in place (EMA of a policy).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+from diffusion_rl.models.policies import DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +47,15 @@ class SingleDevice:
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
+    def settle(self) -> None:
+        """Every network back to its own weights before anything edits them in place (one device: always)."""
+
     def full_tensors(self, tensors: dict[str, torch.Tensor], keep: bool = True) -> dict[str, torch.Tensor]:
         """Whole CPU copies of `tensors` (one device: they are whole already)."""
         return {name: t.detach().cpu() for name, t in tensors.items()} if keep else {}
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
+    def gathered(self, policy: str = "default") -> Iterator[None]:
         yield
 
     @contextlib.contextmanager
@@ -93,7 +99,7 @@ class Fsdp2Sharded(SingleDevice):
         self.mesh = init_device_mesh(device.type, (self.world_size,))
         self.mixed_precision = mixed_precision
         self.reshard_after_forward = reshard_after_forward
-        self.roots: list[nn.Module] = []  # the FSDP root of each sharded network; roots[0] is the trained one
+        self.roots: dict[str, nn.Module] = {}  # the FSDP root of each sharded network, by policy: "default" trains
         self._accumulating = False  # inside training() with reshard_after_forward False
 
     def prepare(self, model) -> None:
@@ -103,8 +109,8 @@ class Fsdp2Sharded(SingleDevice):
         if self.mixed_precision == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         policies = model.policies
-        networks = [policies.trained, *policies.frozen_copies().values()]
-        for network in networks:
+        networks = {DEFAULT: policies.trained, **policies.frozen_copies()}  # LoRA: every adapter is in "default"
+        for name, network in networks.items():
             # peft wraps the diffusers transformer: shard the transformer itself, which holds every parameter
             root = network.get_base_model() if hasattr(network, "get_base_model") else network
             for block in transformer_blocks(root):
@@ -116,9 +122,16 @@ class Fsdp2Sharded(SingleDevice):
                 if isinstance(module, FSDPModule):
                     module.set_gradient_divide_factor(1.0)
                     module.set_force_sum_reduction_for_comms(True)
-            self.roots.append(root)
-        self.units = [m for m in self.roots[0].modules() if isinstance(m, FSDPModule)]
+            self.roots[name] = root
+        self.units = self._units_of(DEFAULT)
         logger.info("FSDP2: %d blocks + root sharded over %d workers", len(self.units) - 1, self.world_size)
+
+    def _units_of(self, policy: str) -> list[nn.Module]:
+        """The FSDP units of the network that runs `policy` (a LoRA adapter runs in the trained network)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        root = self.roots.get(policy, self.roots[DEFAULT])
+        return [m for m in root.modules() if isinstance(m, FSDPModule)]
 
     def sum(self, value: float) -> float:
         import torch.distributed as dist
@@ -142,7 +155,7 @@ class Fsdp2Sharded(SingleDevice):
     def sync_gradients(self, last_before_step: bool) -> None:
         """Called before each backward: reduce the gradients only on the last one before an optimizer step."""
         if self._accumulating:
-            self.roots[0].set_requires_gradient_sync(last_before_step, recurse=True)
+            self.roots[DEFAULT].set_requires_gradient_sync(last_before_step, recurse=True)
 
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
         from torch.distributed.tensor import DTensor
@@ -157,29 +170,36 @@ class Fsdp2Sharded(SingleDevice):
         return float(total)
 
     # -- when the full weights stay gathered --------------------------------------------------------------------------
-    def _keep_gathered(self, keep: bool) -> None:
-        root = self.roots[0]
+    def _keep_gathered(self, keep: bool, policy: str = DEFAULT) -> None:
+        root = self.roots.get(policy, self.roots[DEFAULT])
         root.set_reshard_after_forward(not keep, recurse=True)
         root.set_reshard_after_backward(not keep, recurse=True)
         if not keep:  # fully_shard's default: the root keeps its parameters from forward to backward
             root.set_reshard_after_forward(False, recurse=False)
 
-    def _reshard(self) -> None:
-        for unit in self.units:
+    def settle(self) -> None:
+        """Reshard every network: a frozen copy's root keeps the weights a forward gathered (it waits for a backward
+        that never comes), and an in-place edit of gathered weights (an EMA of `old`) would be lost."""
+        for policy in self.roots:
+            self._reshard(self._units_of(policy))
+
+    def _reshard(self, units: list[nn.Module] | None = None) -> None:
+        for unit in self.units if units is None else units:
             unit.reshard()
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
-        """All-gather the trained network once (a collective: every worker enters this together); its forwards
-        inside the block are then local. Resharded on exit."""
-        self._keep_gathered(True)
+    def gathered(self, policy: str = DEFAULT) -> Iterator[None]:
+        """All-gather the network that runs `policy` once (a collective: every worker enters this together); its
+        forwards inside the block are then local. Resharded on exit: nothing done to it inside is kept."""
+        units = self._units_of(policy)
+        self._keep_gathered(True, policy)
         try:
-            for unit in self.units:
+            for unit in units:
                 unit.unshard()
             yield
         finally:
-            self._reshard()
-            self._keep_gathered(False)
+            self._reshard(units)
+            self._keep_gathered(False, policy)
 
     @contextlib.contextmanager
     def training(self) -> Iterator[None]:
@@ -193,6 +213,6 @@ class Fsdp2Sharded(SingleDevice):
             yield
         finally:
             self._accumulating = False
-            self.roots[0].set_requires_gradient_sync(True, recurse=True)
+            self.roots[DEFAULT].set_requires_gradient_sync(True, recurse=True)
             self._reshard()
             self._keep_gathered(False)

@@ -17,20 +17,26 @@ worker's rank, host and traceback; the trainer then publishes no checkpoint for 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import pickle
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
+from tensordict import is_tensorclass
 
-from diffusion_rl.algorithms.base import Targets
+from diffusion_rl.algorithms.base import Targets, make_algorithm
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.local import health_problem, sample_ids
+from diffusion_rl.engine.placement import place_units
 from diffusion_rl.engine.sharded_worker import ShardedWorker, WorkerError
+from diffusion_rl.engine.worker import UpdatePlan
 from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import SdeWindow
@@ -42,16 +48,53 @@ FAILURE_GRACE_S = 5.0  # after a first failure, how long to wait for the others 
 
 
 def combine_worker_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
-    """One metrics dict from the workers' update metrics (same keys): `*_max` the max, `*_min` the min, the rest
-    the mean. Every worker has as many rows and micro-batches, so the mean of their means is the global mean; the
-    mean of their maxima would not be the global maximum."""
+    """One metrics dict from the workers' update metrics: `*_max` the max, `*_min` the min, the rest the mean, each
+    over the workers that report the key (a worker whose units only pad reports no loss). Every worker has as many
+    rows and micro-batches, so the mean of their means is the global mean; the mean of their maxima would not be
+    the global maximum."""
     reduce = {"_max": max, "_min": min}
     combined = {}
-    for name in results[0]:
-        values = [r[name] for r in results]
+    for name in dict.fromkeys(key for r in results for key in r):
+        values = [r[name] for r in results if name in r]
         combine = reduce.get(name[-4:])
         combined[name] = combine(values) if combine else sum(values) / len(values)
     return combined
+
+
+def payload_bytes(obj) -> int:
+    """Bytes of what a value carries: tensors and arrays by their data, an object reference as nothing (its data
+    stays in the object store), other values by their pickled size."""
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return int(obj.nbytes)
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(x) for x in obj)
+    if isinstance(obj, dict):
+        return sum(payload_bytes(k) + payload_bytes(v) for k, v in obj.items())
+    if type(obj).__name__ == "ObjectRef":
+        return 0
+    if is_tensorclass(obj):
+        return sum(payload_bytes(v) for v in obj.to_tensordict().values(include_nested=True, leaves_only=True))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(payload_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return len(pickle.dumps(obj))
+
+
+class DriverTraffic:
+    """Bytes the driver sent to and received from the workers since the last update (`driver/bytes_out|in`)."""
+
+    def __init__(self):
+        self.bytes_in = self.bytes_out = 0
+
+    def sent(self, calls) -> None:
+        self.bytes_out += payload_bytes(calls)
+
+    def received(self, results) -> None:
+        self.bytes_in += payload_bytes(results)
+
+    def step_metrics(self) -> dict[str, float]:
+        metrics = {"driver/bytes_in": float(self.bytes_in), "driver/bytes_out": float(self.bytes_out)}
+        self.bytes_in = self.bytes_out = 0
+        return metrics
 
 
 class WorkerDied(RuntimeError):
@@ -114,6 +157,8 @@ class RayEngine:
         self.failed: str | None = None
         self.held: list[list[int]] = [[] for _ in range(self.world_size)]  # the rows each worker keeps, in order
         self.held_step: int | None = None
+        self.algorithm = make_algorithm(cfg)  # its unit_rows: how an update's rows go together (DPO: pairs)
+        self.traffic = DriverTraffic()
         bundle = {"CPU": e.cpus_per_worker, **({"GPU": e.gpus_per_worker} if e.gpus_per_worker else {})}
         # one bundle per worker, reserved all at once: either every worker can start or none does
         self._group = placement_group([bundle] * self.world_size, strategy="PACK")
@@ -202,15 +247,31 @@ class RayEngine:
         return shares
 
     def update(self, targets: Targets, step: int) -> dict[str, float]:
-        """Data-parallel update: each worker gets the targets of the rows it keeps; metrics combined over workers."""
+        """Data-parallel update: the units (rows, or DPO's pairs) spread evenly over the workers, each trained where
+        its rows are or with its rows sent there worker to worker; each worker gets the targets of its rows (O(B)
+        numbers). Metrics combined over workers, with the driver's traffic of the step."""
         if self.held_step != step:
             raise RuntimeError(f"update of step {step}: the workers keep no rollout of that step")
-        sizes = {len(rows) for rows in self.held}
-        if len(sizes) != 1:
-            raise ValueError(f"the workers keep {[len(r) for r in self.held]} rows; an update needs equal shares")
-        per_rank = [(targets[torch.tensor(rows, dtype=torch.long)], step) for rows in self.held]
+        shares, pad_to = place_units(self.algorithm.unit_rows(targets), self.held)
+        exports = {  # (source, destination) → the rows' trajectories, in the object store: never on the driver
+            (source, dest): self.workers[source].export_rows.remote(step, [self.held[source].index(r) for r in rows])
+            for dest, share in enumerate(shares)
+            for source, rows in share.imported.items()
+        }
+        per_rank = []
+        for w, share in enumerate(shares):
+            keep = [self.held[w].index(r) for r in share.local]
+            imported = [exports[source, w] for source in sorted(share.imported)]
+            plan = UpdatePlan(keep=keep, imported=imported, pad_to=pad_to, padding_only=share.padding_only)
+            per_rank.append((targets[torch.tensor(share.rows, dtype=torch.long)], step, plan))
         self.held_step = None
-        return combine_worker_metrics(self._call("update", per_rank=per_rank))
+        metrics = combine_worker_metrics(self._call("update", per_rank=per_rank))
+        metrics.update(self.traffic.step_metrics())
+        return metrics
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, H, W, 3] → latents [B, …] (the VAE is whole on every worker: the first one encodes)."""
+        return self._gather([self.workers[0].encode_images.remote(images)], ranks=[0])[0]
 
     def sample_images(
         self,
@@ -271,11 +332,12 @@ class RayEngine:
         """Call `method` on every worker (with `args`, or per_rank[r] on worker r); their results by rank."""
         if self.failed:
             raise RuntimeError(f"the Ray engine stopped after a worker failure ({self.failed}); start a new run")
-        refs = [
-            getattr(worker, method).remote(*(per_rank[rank] if per_rank is not None else args))
-            for rank, worker in enumerate(self.workers)
-        ]
-        return self._gather(refs, ranks=list(range(len(refs))))
+        calls = [per_rank[rank] if per_rank is not None else args for rank in range(len(self.workers))]
+        self.traffic.sent(calls)
+        refs = [getattr(worker, method).remote(*call) for worker, call in zip(self.workers, calls)]
+        results = self._gather(refs, ranks=list(range(len(refs))))
+        self.traffic.received(results)
+        return results
 
     def _gather(self, refs: list, ranks: list[int]) -> list:
         """Results by position; the first failure stops every worker and raises (not a wait on a hung collective)."""

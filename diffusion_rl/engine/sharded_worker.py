@@ -27,7 +27,7 @@ import torch
 from diffusion_rl.algorithms.base import Targets
 from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.engine.parallel import Fsdp2Sharded
-from diffusion_rl.engine.worker import PolicyWorker
+from diffusion_rl.engine.worker import PolicyWorker, UpdatePlan
 from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import SampleIds
@@ -144,7 +144,7 @@ class ShardedWorker:
     ) -> torch.Tensor:
         """This rank's rows of a training rollout, kept here; their images (it still joins the all-gather with
         no rows)."""
-        with self.parallel.gathered():
+        with self.parallel.gathered(self.worker.algorithm.rollout_policy):
             if not prompts:
                 s = self.worker.settings
                 return torch.zeros(0, s.height, s.width, 3, dtype=torch.uint8)
@@ -172,10 +172,22 @@ class ShardedWorker:
 
     # -- update -------------------------------------------------------------------------------------------------
     @_reported
-    def update(self, targets: Targets, step: int) -> dict[str, float]:
-        """The update on this rank's rows; FSDP2 sums the gradients over the ranks."""
+    def export_rows(self, step: int, positions: list[int]):
+        """Rows of this step's kept trajectories that another rank trains on (into the object store)."""
+        return self.worker.export_rows(step, positions)
+
+    @_reported
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        return self.worker.encode_images(images)
+
+    @_reported
+    def update(self, targets: Targets, step: int, plan: UpdatePlan) -> dict[str, float]:
+        """The update on this rank's rows (some sent by other ranks); FSDP2 sums the gradients over the ranks."""
+        import ray
+
+        plan.imported = ray.get(plan.imported)  # references inside an argument are not resolved by Ray
         with self.parallel.training():
-            return self.worker.update(targets, step)
+            return self.worker.update(targets, step, plan)
 
     @_reported
     def health(self) -> tuple[int, bool]:

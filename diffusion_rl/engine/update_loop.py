@@ -11,7 +11,9 @@ number of workers. Only the last backward before an optimizer step reduces gradi
 
 from __future__ import annotations
 
-from diffusion_rl.algorithms.base import Algorithm, TrainBatch, UpdatePosition, minibatch_rows
+import torch
+
+from diffusion_rl.algorithms.base import Algorithm, TrainBatch, UpdatePosition, minibatch_rows, pad_units
 
 
 class _Means:
@@ -37,12 +39,27 @@ class _Means:
         return out
 
 
-def run_update(algorithm: Algorithm, batch: TrainBatch, step: int, train, parallel, optimizer) -> dict[str, float]:
+def run_update(
+    algorithm: Algorithm,
+    batch: TrainBatch,
+    step: int,
+    train,
+    parallel,
+    optimizer,
+    pad_to: int = 0,
+    padding_only: bool = False,
+) -> dict[str, float]:
     """One training step's update of `batch` (this worker's rows); `optimizer` is an engine.optimizer stepper,
-    `parallel` the worker's device layout (engine/parallel.py). Returns the update's metrics."""
+    `parallel` the worker's device layout (engine/parallel.py). Returns the update's metrics.
+
+    `pad_to`: the units every worker trains (with several workers, each must take the same passes): this worker's
+    are padded with weight-0 copies up to it; `padding_only`: all of this worker's units are such copies."""
     units, out = algorithm.begin(batch, step)
+    if padding_only:
+        units.weight = torch.zeros_like(units.weight)
+    out["train/units"] = float(parallel.sum(algorithm.count(units)))
+    units = pad_units(units, pad_to)
     U, M = units.batch_size[0], train.num_minibatches
-    out["train/units"] = float(parallel.sum(U))
     means, grad_norms = _Means(), []
     K = algorithm.chunks(units)
     for epoch in range(train.ppo_epochs):
@@ -59,10 +76,12 @@ def run_update(algorithm: Algorithm, batch: TrainBatch, step: int, train, parall
                     parallel.sync_gradients(last_before_step=(i, k) == (len(micros) - 1, K - 1))
                     loss = algorithm.loss(chunk, k, UpdatePosition(epoch, m, step))
                     (loss.loss * (len(micro) / (n * K))).backward()
-                    means.add({"loss": loss.loss.detach(), **loss.metrics}, loss.entry_metrics, len(micro))
+                    if algorithm.count(chunk):  # a pass of padding units only trains nothing and reports nothing
+                        means.add({"loss": loss.loss.detach(), **loss.metrics}, loss.entry_metrics, len(micro))
             grad_norms.append(optimizer.step())
     if means.passes:
         out.update(means.result())
+    parallel.settle()
     out.update(algorithm.end(step))
     out.update(optimizer.metrics(grad_norms))
     return out

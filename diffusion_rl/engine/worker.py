@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +31,16 @@ from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.seeding import seed_for
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class UpdatePlan:
+    """Where a worker's update rows come from (engine/ray.py plans it; one worker alone needs none)."""
+
+    keep: list[int] | None = None  # positions of the kept rows this worker trains, in order (None: all of them)
+    imported: list[Trajectory] = field(default_factory=list)  # rows other workers sampled, trained here after them
+    pad_to: int = 0  # units every worker trains: this worker's are padded with weight-0 copies up to it
+    padding_only: bool = False  # fewer units than workers: this worker's rows are copies that only pad
 
 
 class PolicyWorker:
@@ -123,16 +134,31 @@ class PolicyWorker:
             )
 
     # -- update ----------------------------------------------------------------------------------------------
-    def update(self, targets: Targets, step: int) -> dict[str, float]:
-        """Train on this step's kept trajectories with the algorithm's targets for the same rows, in order."""
+    def kept(self, step: int) -> Trajectory:
+        """This step's kept trajectories, in the order generate() made them."""
         if self.pending_step != step or not self.pending:
             raise RuntimeError(f"update of step {step}: no trajectories of that step were generated on this worker")
-        traj = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+        return torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+
+    def export_rows(self, step: int, positions: Sequence[int]) -> Trajectory:
+        """Rows of this step's kept trajectories (by position) that another worker trains on (engine/ray.py)."""
+        return self.kept(step)[torch.tensor(list(positions), dtype=torch.long)].cpu()
+
+    def update(self, targets: Targets, step: int, plan: UpdatePlan | None = None) -> dict[str, float]:
+        """Train on this step's kept trajectories with the algorithm's targets for the same rows, in order; `plan`
+        (several workers) says which kept rows train here, which come from other workers, and the units to pad to."""
+        traj = self.kept(step)
         self.pending, self.pending_step = [], None
+        plan = plan or UpdatePlan()
+        if plan.keep is not None:
+            traj = traj[torch.tensor(plan.keep, dtype=torch.long, device=traj.device)]
+        if plan.imported:
+            traj = torch.cat([traj, *(rows.to(traj.device) for rows in plan.imported)])
         if targets.batch_size != traj.batch_size:
-            raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows kept here")
+            raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
-        return run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer)
+        return run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer, plan.pad_to,
+                          plan.padding_only)  # fmt: skip
 
     def weights_finite(self) -> bool:
         """Whether every trained weight is finite (this worker's shards): a diverged model's are not."""

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,7 +64,8 @@ def ray_session():
 
 
 def _comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith("timing/") and k != "images_per_second"}
+    skip = ("timing/", "driver/")  # durations, and the Ray driver's traffic (the local engine has none)
+    return {k: v for k, v in row.items() if not k.startswith(skip) and k != "images_per_second"}
 
 
 def _assert_close_rows(a: dict, b: dict, rel: float = 1e-5) -> None:
@@ -157,6 +159,67 @@ def test_a_local_checkpoint_resumes_on_two_workers_and_theirs_back_on_the_local_
     step2 = read_saved_tensors(checkpoints.dir / "step_000002", "policies.default.")  # written by the 2 workers
     assert _max_difference(read_saved_tensors(tmp_path / "straight/checkpoints/step_000002", "policies.default."),
                            step2) <= 1e-5  # fmt: skip
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# the direct-preference losses train on final latents: no window, one thread, 2 chunks of 2 rows as the workers
+EQUAL_PREFERENCE = ("train.lr=1e-4", "engine.num_threads=1", "sampling.score_chunks=2", "train.total_steps=3")
+LOSS_OPTIONS = {"dpo": ("algorithm.dpo.dpo_beta=2000",), "nft": (), "awm": ("algorithm.awm.train_timesteps=2",)}
+
+
+@pytest.mark.parametrize("loss", sorted(LOSS_OPTIONS))
+def test_every_direct_preference_loss_takes_the_same_steps_on_two_workers(make_config, tmp_path, loss):
+    config = ROOT / f"configs/quickstart_{loss}.yaml"
+    options = (*EQUAL_PREFERENCE, *LOSS_OPTIONS[loss])
+    local, local_rows = _train(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
+    sharded, ray_rows = _train(make_config(*options, *RAY, "engine.num_workers=2", config=config))
+    try:
+        weights = sharded.engine.trainable_state_dict()
+    finally:
+        sharded.engine.close()
+    for local_row, ray_row in zip(local_rows, ray_rows):
+        assert ray_row["reward/mean"] == local_row["reward/mean"]  # the same samples, bit for bit
+        _assert_close_rows(local_row, ray_row, rel=1e-4)
+        assert ray_row["driver/bytes_out"] < 10_000  # prompts and targets, never a trajectory
+    difference = _max_difference(local.engine.model.policies.trainable_state_dict(), weights)
+    print(f"{loss}: max parameter difference after 3 steps, local vs 2 workers: {difference:.3g}")
+    assert difference <= 1e-5
+
+
+def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the_local_engine(make_config, tmp_path):
+    # 2 pairs a step: rows 0-1 chosen, 2-3 rejected; worker 0 holds rows 0-1, worker 1 rows 2-3, so every pair has
+    # one row on each worker and one of them must move
+    pairs = _pair_file(tmp_path, 3)
+    # the workers encode the prompts of their 2 rows, the local engine of all 4: embeddings equal up to float noise,
+    # which Adam's eps of 1e-8 would turn into ~lr moves of weights whose gradient is ~0; 1e-4 keeps it proportional
+    options = (*EQUAL_PREFERENCE, f"data.pairs={pairs}", "data.prompts_per_step=2", "rewards=[]", "train.adam_eps=1e-4")
+    config = ROOT / "configs/quickstart_dpo_offline.yaml"
+    local, local_rows = _train(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
+    sharded, ray_rows = _train(make_config(*options, *RAY, "engine.num_workers=2", config=config))
+    try:
+        weights = sharded.engine.trainable_state_dict()
+    finally:
+        sharded.engine.close()
+    assert [r["train/units"] for r in ray_rows] == [2.0, 2.0, 2.0]
+    assert _max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
+
+
+def _pair_file(folder: Path, n: int) -> Path:
+    """n pairs of random 32 × 32 images."""
+    import numpy as np
+    from PIL import Image
+
+    from diffusion_rl.data.pairs import PreferencePair, write_pairs
+
+    rng = np.random.default_rng(0)
+    pairs = []
+    for i in range(n):
+        paths = folder / f"{i}_chosen.png", folder / f"{i}_rejected.png"
+        for path in paths:
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(path)
+        pairs.append(PreferencePair(f"prompt {i}", *paths))
+    write_pairs(pairs, folder / "pairs.jsonl")
+    return folder / "pairs.jsonl"
 
 
 def _listening_off_loopback(pids: set[int]) -> list[str]:

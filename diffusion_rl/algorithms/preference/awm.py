@@ -50,8 +50,10 @@ from diffusion_rl.algorithms.preference.base import (
     check_vectors,
     detached,
     forward_noise,
+    metric_mean,
     noise_like,
     row_mean,
+    weighted,
 )
 from diffusion_rl.algorithms.preference.schedules import ema_decay_awm
 from diffusion_rl.algorithms.preference.timesteps import awm_timestep_indices
@@ -75,11 +77,12 @@ class AwmInput:
     advantages: torch.Tensor  # [N] the row's sample's advantage
     v_ref: torch.Tensor | None = None  # [N, ...] reference velocity, no grad; needed when kl_beta > 0
     v_ema: torch.Tensor | None = None  # [N, ...] EMA velocity, no grad; needed when ema_beta > 0
+    weights: torch.Tensor | None = None  # [N] per row (0: a row that only pads a worker's share); None: all 1
 
     def __post_init__(self):
         rows = batch_rows("v", self.v)
         check_same_shape(self.v, "v", target=self.target, v_ref=self.v_ref, v_ema=self.v_ema)
-        check_vectors(rows, t=self.t, log_p_old=self.log_p_old, advantages=self.advantages)
+        check_vectors(rows, t=self.t, log_p_old=self.log_p_old, advantages=self.advantages, weights=self.weights)
 
 
 def awm_log_p(mse: torch.Tensor, t: torch.Tensor, weighting: str) -> torch.Tensor:
@@ -143,6 +146,7 @@ class AwmUnits:
     traj: Trajectory
     advantages: torch.Tensor  # [B]
     t_indices: torch.Tensor  # [B, K] long: the step indices of the row's mini-batch (the same within one)
+    weight: torch.Tensor  # [B] 1, or 0 for a sample that only pads this worker's share
     log_p_old: torch.Tensor | None = None  # [B, K] float64; None: the update's only optimizer step computes it
 
 
@@ -166,7 +170,7 @@ class Awm(ForwardProcess):
             generator = make_generator(self.seed, step, "awm_t", m)
             t_indices[minibatch_rows(B, M, m)] = awm_timestep_indices(s.train_timesteps, train_steps, generator)
         units = AwmUnits(traj=traj, advantages=batch.targets.advantages, t_indices=t_indices.to(traj.device),
-                         batch_size=traj.batch_size)  # fmt: skip
+                         weight=torch.ones(B, device=traj.device), batch_size=traj.batch_size)  # fmt: skip
         if M * t.ppo_epochs > 1:  # later optimizer steps see changed weights: keep the sampling ones' log p̂
             units.log_p_old = self._log_p_now(units, step)
         return units, {}
@@ -211,6 +215,7 @@ class Awm(ForwardProcess):
             advantages=units.advantages,
             v_ref=self.velocity_of("reference", x_t, t_B, cond) if s.kl_beta > 0 else None,
             v_ema=self.velocity_of("ema", x_t, t_B, cond) if s.ema_beta > 0 else None,
+            weights=units.weight,
         )
         return self.loss_fn(inp, s)
 
@@ -240,22 +245,23 @@ def awm_loss(inp: AwmInput, cfg) -> LossOutput:
     adv_N = inp.advantages.double().clamp(-c, c) / c * float(cfg.advantage_max)
     unclipped_N = -adv_N * ratio_N
     clipped_N = -adv_N * ratio_N.clamp(1.0 - clip_range, 1.0 + clip_range)
-    policy = torch.maximum(unclipped_N, clipped_N).mean().float()
+    w = inp.weights
+    policy = weighted(torch.maximum(unclipped_N, clipped_N), w).mean().float()
 
     kl_N, ema_N = _gap(inp.v, inp.v_ref), _gap(inp.v, inp.v_ema)
     loss = policy
     if kl_beta > 0:
-        loss = loss + kl_beta * kl_N.mean()
+        loss = loss + kl_beta * weighted(kl_N, w).mean()
     if ema_beta > 0:
-        loss = loss + ema_beta * ema_N.mean()
+        loss = loss + ema_beta * weighted(ema_N, w).mean()
 
     with torch.no_grad():
         metrics = {
-            "awm/ratio_mean": ratio_N.mean().float(),
-            "awm/clip_fraction": ((ratio_N - 1.0).abs() > clip_range).float().mean(),
-            "awm/mse": mse_N.mean().float(),
+            "awm/ratio_mean": metric_mean(ratio_N, w).float(),
+            "awm/clip_fraction": metric_mean(((ratio_N - 1.0).abs() > clip_range).float(), w),
+            "awm/mse": metric_mean(mse_N, w).float(),
             "awm/policy_loss": policy,
-            "kl_ref": kl_N.mean(),
-            "awm/ema_gap": ema_N.mean(),
+            "kl_ref": metric_mean(kl_N, w),
+            "awm/ema_gap": metric_mean(ema_N, w),
         }
     return LossOutput(loss=loss, metrics=detached(metrics))

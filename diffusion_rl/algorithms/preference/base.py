@@ -49,6 +49,20 @@ def detached(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in metrics.items()}
 
 
+def weighted(values_N: torch.Tensor, weights_N: torch.Tensor | None) -> torch.Tensor:
+    """Per-unit loss terms times their weights (None: all 1). A zero weight (a unit that only pads a worker's share
+    of an update to its peers') leaves the unit in the mean's denominator, as the policy-gradient weights do."""
+    return values_N if weights_N is None else values_N * weights_N.detach().to(values_N.dtype)
+
+
+def metric_mean(values_N: torch.Tensor, weights_N: torch.Tensor | None) -> torch.Tensor:
+    """The mean of a metric over the units that carry weight (all units when weights is None)."""
+    if weights_N is None:
+        return values_N.mean()
+    w = weights_N.detach().to(values_N.dtype)
+    return (values_N * w).sum() / w.sum().clamp_min(1)
+
+
 def noise_like(x0: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """ε [B, …] with row i drawn from generators[i] (on the CPU, so the draw is the same on every device)."""
     shape = tuple(x0.shape[1:])

@@ -32,10 +32,13 @@ from diffusion_rl.algorithms.preference.base import (
     ForwardProcess,
     batch_rows,
     check_same_shape,
+    check_vectors,
     detached,
     forward_noise,
+    metric_mean,
     noise_like,
     row_mean,
+    weighted,
 )
 from diffusion_rl.algorithms.preference.pairs import online_pairs
 from diffusion_rl.algorithms.preference.timesteps import dpo_timesteps
@@ -56,9 +59,10 @@ class DpoInput:
     v_ref_rejected: torch.Tensor  # reference velocity, no grad
     target_chosen: torch.Tensor  # u = eps - x0 of the chosen sample
     target_rejected: torch.Tensor  # u = eps - x0 of the rejected sample
+    weights: torch.Tensor | None = None  # [P] per pair (0: a pair that only pads a worker's share); None: all 1
 
     def __post_init__(self):
-        batch_rows("v_chosen", self.v_chosen)
+        check_vectors(batch_rows("v_chosen", self.v_chosen), weights=self.weights)
         check_same_shape(
             self.v_chosen,
             "v_chosen",
@@ -89,6 +93,7 @@ class PairUnits:
 
     chosen: Trajectory
     rejected: Trajectory
+    weight: torch.Tensor  # [P] 1, or 0 for a pair that only pads this worker's share (engine/update_loop.py)
 
 
 class Dpo(ForwardProcess):
@@ -117,8 +122,19 @@ class Dpo(ForwardProcess):
         rejected = [rejected_of[int(id_B[row])] for row in chosen]
         chosen_t = torch.tensor(chosen, dtype=torch.long, device=batch.device)
         rejected_t = torch.tensor(rejected, dtype=torch.long, device=batch.device)
-        units = PairUnits(chosen=batch.traj[chosen_t], rejected=batch.traj[rejected_t], batch_size=[len(chosen)])
+        weight = torch.ones(len(chosen), device=batch.device)
+        units = PairUnits(chosen=batch.traj[chosen_t], rejected=batch.traj[rejected_t], weight=weight,
+                          batch_size=[len(chosen)])  # fmt: skip
         return units, {}
+
+    def unit_rows(self, targets: Targets) -> list[list[int]]:
+        """Each pair's (chosen, rejected) rows, in pair order: the rows a worker needs to train the pair."""
+        role, pair = targets.pair_role.tolist(), targets.pair_id.tolist()
+        rows: dict[int, list[int]] = {}
+        for row in sorted(range(len(role)), key=lambda r: -role[r]):  # chosen (1) first, rejected (−1) last
+            if role[row]:
+                rows.setdefault(pair[row], []).append(row)
+        return [rows[p] for p in sorted(rows) if len(rows[p]) == 2]
 
     @property
     def micro_size(self) -> int:
@@ -144,6 +160,7 @@ class Dpo(ForwardProcess):
             v_ref_rejected=v_ref[n:],
             target_chosen=target[:n],
             target_rejected=target[n:],
+            weights=units.weight,
         )
         return self.loss_fn(inp, self.settings)
 
@@ -161,13 +178,14 @@ def dpo_loss(inp: DpoInput, cfg) -> LossOutput:
     reward_w_P = -0.5 * beta * (err_w_P - err_ref_w_P)
     reward_l_P = -0.5 * beta * (err_l_P - err_ref_l_P)
     inside_P = reward_w_P - reward_l_P
-    loss = -F.logsigmoid(inside_P).mean()
+    loss = -weighted(F.logsigmoid(inside_P), inp.weights).mean()
 
     with torch.no_grad():
+        w = inp.weights
         metrics = {
-            "dpo/implicit_acc": (inside_P > 0).float().mean(),
-            "dpo/reward_chosen": reward_w_P.mean(),
-            "dpo/reward_rejected": reward_l_P.mean(),
-            "dpo/margin": inside_P.mean(),
+            "dpo/implicit_acc": metric_mean((inside_P > 0).float(), w),
+            "dpo/reward_chosen": metric_mean(reward_w_P, w),
+            "dpo/reward_rejected": metric_mean(reward_l_P, w),
+            "dpo/margin": metric_mean(inside_P, w),
         }
     return LossOutput(loss=loss, metrics=detached(metrics))

@@ -39,8 +39,10 @@ from diffusion_rl.algorithms.preference.base import (
     check_vectors,
     detached,
     forward_noise,
+    metric_mean,
     noise_like,
     row_mean,
+    weighted,
 )
 from diffusion_rl.algorithms.preference.schedules import old_decay
 from diffusion_rl.algorithms.preference.timesteps import nft_timestep_indices
@@ -62,11 +64,12 @@ class NftInput:
     x0: torch.Tensor  # [B, ...] the rollout's clean final latent
     t: torch.Tensor  # [B] sigma in [0, 1]
     advantages: torch.Tensor  # [B]
+    weights: torch.Tensor | None = None  # [B] per sample (0: a sample that only pads a worker's share); None: all 1
 
     def __post_init__(self):
         batch = batch_rows("v", self.v)
         check_same_shape(self.v, "v", v_old=self.v_old, v_ref=self.v_ref, x_t=self.x_t, x0=self.x0)
-        check_vectors(batch, t=self.t, advantages=self.advantages)
+        check_vectors(batch, t=self.t, advantages=self.advantages, weights=self.weights)
 
 
 def reward_probability(advantages: torch.Tensor, adv_clip_max: float) -> torch.Tensor:
@@ -113,6 +116,7 @@ class NftUnits:
     traj: Trajectory
     advantages: torch.Tensor  # [B]
     t_indices: torch.Tensor  # [B, K] long: indices into the rollout schedule's σs
+    weight: torch.Tensor  # [B] 1, or 0 for a sample that only pads this worker's share
 
 
 class Nft(ForwardProcess):
@@ -132,9 +136,9 @@ class Nft(ForwardProcess):
             for i in traj.ids.sample_index
         ]
         t_indices = torch.stack(indices).to(traj.device) if indices else torch.zeros(0, 1, dtype=torch.long)
-        units = NftUnits(
-            traj=traj, advantages=batch.targets.advantages, t_indices=t_indices, batch_size=traj.batch_size
-        )
+        weight = torch.ones(traj.batch_size[0], device=traj.device)
+        units = NftUnits(traj=traj, advantages=batch.targets.advantages, t_indices=t_indices, weight=weight,
+                         batch_size=traj.batch_size)  # fmt: skip
         return units, {}
 
     def chunks(self, units: NftUnits) -> int:
@@ -158,6 +162,7 @@ class Nft(ForwardProcess):
             x0=x0.float(),
             t=t_B,
             advantages=units.advantages,
+            weights=units.weight,
         )
         return self.loss_fn(inp, self.settings)
 
@@ -195,19 +200,20 @@ def nft_loss(inp: NftInput, cfg) -> LossOutput:
         w_neg_B = row_mean((x0_neg - x0).abs()).clamp_min(MIN_WEIGHT)
     pos_B = row_mean((x0_pos - x0).pow(2)) / w_pos_B
     neg_B = row_mean((x0_neg - x0).pow(2)) / w_neg_B
-    policy = c * ((r_B * pos_B + (1 - r_B) * neg_B) / beta).mean()
+    w = inp.weights
+    policy = c * weighted((r_B * pos_B + (1 - r_B) * neg_B) / beta, w).mean()
 
     if inp.v_ref is not None:
         kl_B = row_mean((v - inp.v_ref.detach().float()).pow(2))
     else:
         kl_B = torch.zeros_like(r_B)
-    loss = policy + kl_beta * kl_B.mean() if kl_beta > 0 else policy
+    loss = policy + kl_beta * weighted(kl_B, w).mean() if kl_beta > 0 else policy
 
     with torch.no_grad():
         metrics = {
-            "nft/r_mean": r_B.mean(),
+            "nft/r_mean": metric_mean(r_B, w),
             "nft/policy_loss": policy,
-            "kl_ref": kl_B.mean(),
-            "nft/old_gap": row_mean((v - v_old).pow(2)).mean(),
+            "kl_ref": metric_mean(kl_B, w),
+            "nft/old_gap": metric_mean(row_mean((v - v_old).pow(2)), w),
         }
     return LossOutput(loss=loss, metrics=detached(metrics))

@@ -1,0 +1,63 @@
+"""Which worker trains which units of an update, and which rows must move between workers for it (engine/ray.py).
+
+Each worker keeps the rows it sampled. An update's units (a row for most algorithms, a (chosen, rejected) pair of
+rows for DPO) are spread so that every worker trains as many units as the others (up to one), and a unit stays,
+when it can, on the worker that holds all its rows; a unit whose rows are elsewhere moves them worker to worker.
+Every worker then pads its units to the largest share with weight-0 copies, so that all take the same passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diffusion_rl.utils.split import split_evenly
+
+
+@dataclass
+class WorkerShare:
+    """One worker's part of an update."""
+
+    local: list[int] = field(default_factory=list)  # the step's rows this worker holds and trains, in its order
+    imported: dict[int, list[int]] = field(default_factory=dict)  # source worker → the rows it sends here
+    padding_only: bool = False  # no unit of its own: its rows are a copy of another worker's unit, weight 0
+
+    @property
+    def rows(self) -> list[int]:
+        """The step's rows this worker trains on, in the order its update sees them: local, then imported."""
+        return self.local + [row for source in sorted(self.imported) for row in self.imported[source]]
+
+
+def place_units(unit_rows: list[list[int]], held: list[list[int]]) -> tuple[list[WorkerShare], int]:
+    """Each worker's share of the units (whose rows are `unit_rows`), given the rows `held[w]` worker w sampled, and
+    the number of units every worker pads to."""
+    workers = len(held)
+    owner = {row: w for w, rows in enumerate(held) for row in rows}
+    quota = [len(share) for share in split_evenly(range(len(unit_rows)), workers)]
+    assigned: list[list[int]] = [[] for _ in range(workers)]
+    leftover = []
+    for u, rows in enumerate(unit_rows):  # first, units that can stay where all their rows are
+        home = owner[rows[0]]
+        if all(owner[r] == home for r in rows) and len(assigned[home]) < quota[home]:
+            assigned[home].append(u)
+        else:
+            leftover.append(u)
+    for u in leftover:  # then the rest, to a worker with room, preferring one that holds some of their rows
+        room = [w for w in range(workers) if len(assigned[w]) < quota[w]]
+        w = max(room, key=lambda w: sum(owner[r] == w for r in unit_rows[u]))
+        assigned[w].append(u)
+    pad_to = max(quota) if unit_rows else 0
+    shares = []
+    for w in range(workers):
+        units = sorted(assigned[w])
+        padding_only = not units and bool(unit_rows)
+        if padding_only:
+            units = [0]  # a copy of the first unit, trained with weight 0
+        share = WorkerShare(padding_only=padding_only)
+        rows = [r for u in units for r in unit_rows[u]]
+        local = set(rows) & set(held[w])
+        share.local = [r for r in held[w] if r in local]  # in the order this worker holds them
+        for r in rows:
+            if owner[r] != w:
+                share.imported.setdefault(owner[r], []).append(r)
+        shares.append(share)
+    return shares, pad_to
