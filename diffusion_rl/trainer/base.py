@@ -23,11 +23,14 @@ from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine.local import make_engine
 from diffusion_rl.engine.reward_actors import make_reward_fn
+from diffusion_rl.guard import RunGuard
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import TINY_PRESETS, save_tiny_model
-from diffusion_rl.rewards import RewardCombiner, WeightedReward
+from diffusion_rl.rewards import RewardCombiner
+from diffusion_rl.rewards.build import build_combiner
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.tracking import image_grid, make_trackers, plot_metrics, read_metrics, save_png
+from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.checkpoint import CheckpointManager, step_dir_name, step_of
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
@@ -46,11 +49,10 @@ def ensure_model(cfg: Config) -> None:
         save_tiny_model(path, TINY_PRESETS[cfg.model.create_tiny_if_missing])
 
 
-def build_rewards(cfg: Config) -> RewardCombiner:
-    """The config's rewards, each keyed in metrics and logs by its label (else its name)."""
-    return RewardCombiner(
-        [WeightedReward(s.metric_name, s.weight, make_reward_fn(s, cfg.engine), s.required) for s in cfg.rewards]
-    )
+def build_rewards(cfg: Config, specs=None, where: str = "rewards") -> RewardCombiner:
+    """The config's rewards (or `specs`, e.g. val.rewards), each keyed in metrics and logs by its label."""
+    specs = cfg.rewards if specs is None else specs
+    return build_combiner(specs, lambda s: make_reward_fn(s, cfg.engine), where)
 
 
 class Trainer:
@@ -62,8 +64,11 @@ class Trainer:
         self.records = self.training_records()
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
-        self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and cfg.rewards else []
+        self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
         self.rewards = build_rewards(cfg) if cfg.rewards else None
+        # -- val.rewards + guard hooks (diffusion_rl/guard, rewards/build.py) --
+        self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
+        self.guard = RunGuard(cfg.guard, self.run_dir)
         # scores chunks of a batch while the next chunk samples (sampling.score_chunks); one thread keeps the
         # rewards' own order and state simple
         self.reward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
@@ -130,6 +135,8 @@ class Trainer:
             metrics["timing/step"] = time.perf_counter() - start
             self.trackers.log_metrics(metrics, self.step)
             self._console(metrics, bar)
+            if self.guard.should_stop(self.step, self.checkpoints, self.load_checkpoint):  # guard hook: stop/rollback
+                break
         bar.close()
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -181,14 +188,18 @@ class Trainer:
             )
         images = torch.cat(images).numpy()
         metadata = [{**r.metadata, "ground_truth": r.ground_truth, "data_source": r.data_source} for r in records]
-        result = self.rewards(images, [r.prompt for r in records], metadata)
+        groups = np.arange(len(self.val_records)).repeat(val.n)  # a prompt's val.n samples: one group
+        result = self.val_rewards(images, [r.prompt for r in records], metadata, group_index=groups)
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
+        metrics.update(self.guard.on_validation(self.step, images))  # guard hook: drift from the first validation
         per_prompt = result.total.reshape(len(self.val_records), val.n)
         scored = ~np.isnan(per_prompt).all(axis=1)  # a prompt whose samples all failed has no best (not -inf, not 0)
         metrics["val/reward/best@n"] = float(np.nanmax(per_prompt[scored], axis=1).mean())
         captions = [f"{r.prompt} | {s:.4g}" for r, s in zip(records, result.total)]
         grid = image_grid(images, captions, ncols=val.n * min(4, len(self.val_records)))
         save_png(grid, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png")
+        prompts = [r.prompt for r in records]  # per-image files, for the HTML report (tracking/val_images.py):
+        write_validation_images(self.run_dir / "samples", self.step, images, prompts, val.n, result.total)
         if self.trackers is not None:  # None when called outside train(), e.g. to evaluate a loaded checkpoint
             caption = validation_caption(self.step, [r.prompt for r in self.val_records], per_prompt)
             self.trackers.log_images("val/samples", grid, self.step, caption=caption)
@@ -237,6 +248,7 @@ class Trainer:
                     "sampler": self.sampler.state_dict(),
                     "rng": capture_rng_state(),
                     "trainer": self.extra_state(),
+                    "guard": self.guard.state_dict(),
                 },
                 directory / "run_state.pt",
             )
@@ -252,6 +264,7 @@ class Trainer:
         if self.step != step_of(path):
             raise RuntimeError(f"checkpoint {path} holds step {self.step}, not the step its name says")
         self.load_extra_state(state["trainer"])
+        self.guard.load_state_dict(state.get("guard"), self.step)  # guard hook (None: checkpoint from before it)
         restore_rng_state(state["rng"])
         logger.info("resumed from %s (step %d)", path, self.step)
 

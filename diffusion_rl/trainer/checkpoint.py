@@ -173,6 +173,12 @@ class CheckpointManager:
             raise UserError(f"run.resume={resume!r}: {run_dir / CHECKPOINTS_DIR} holds no checkpoint yet")
         return checkpoint.resolve()
 
+    def point_latest_at(self, checkpoint: Path) -> None:
+        """Make `latest` name `checkpoint` (one of this run's), e.g. after the guard rolled the run back to it."""
+        if Path(checkpoint).parent.resolve() != self.dir.resolve() or not _STEP_DIR.fullmatch(Path(checkpoint).name):
+            raise ValueError(f"{checkpoint} is not a checkpoint of {self.dir}")
+        self._write_latest(Path(checkpoint).name)
+
     def _write_latest(self, name: str) -> None:
         tmp = self.dir / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as file:

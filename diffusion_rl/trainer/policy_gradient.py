@@ -70,7 +70,12 @@ class PolicyGradientTrainer(Trainer):
                                                        [prompts.metadata[i] for i in rows]))  # fmt: skip
             batch = torch.cat(parts) if len(parts) > 1 else parts[0]
         with timer("reward"):
-            scored = self.rewards.combine([p.result() for p in pending], prompts.metadata)
+            images = batch["images"].cpu().numpy()
+            # group rewards are scored here, on the whole batch: a group is never split across chunks
+            scored = self.rewards.combine([p.result() for p in pending], prompts.metadata, images=images,
+                                          prompts=prompts.prompts, group_index=prompts.group_index.numpy())  # fmt: skip
+        with timer("guard"):  # guard hook: image statistics of the rollout, logged with the reward metrics
+            scored.metrics.update(self.guard.on_rollout(step + 1, images, prompts.group_index.numpy()))
         return batch, scored
 
     def advantages(self, scored, prompts) -> AdvantageResult:
