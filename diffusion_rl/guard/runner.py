@@ -46,12 +46,15 @@ class RunGuard:
         self.pending: Alert | None = None  # an alert whose action is due after this step's metrics are logged
         self.bad_policy: int | None = None  # first policy (updates done) of the streak that acted
         self.outcome: str | None = None
+        self._resumed_at: int | None = None  # the checkpoint step load_state_dict restored, if any
+        self._files_ready = False
 
     # -- measuring -------------------------------------------------------------------------------------------
     def on_rollout(self, step: int, images_BHW3: np.ndarray, group_index: Any) -> dict[str, float]:
         """Metrics `guard/<stat>` of the rollout logged at `step` (sampled by the policy after step − 1 updates)."""
         if not self.cfg.enabled:
             return {}
+        self._prepare_files()
         names = tuple(s for s in self.cfg.watched if s in ROLLOUT_STATS)
         values = rollout_stats(images_BHW3, np.asarray(group_index), names, self.cfg.max_side)
         return self._record(step, values, policy=step - 1)
@@ -60,6 +63,7 @@ class RunGuard:
         """Metrics of the validation at `step`: val_drift from the first validation's images (its reference)."""
         if not self.cfg.enabled or "val_drift" not in self.cfg.watched:
             return {}
+        self._prepare_files()
         images = shrink(images_BHW3, self.cfg.max_side)
         if self.reference_val is None or self.reference_val.shape != images.shape:
             if self.reference_val is not None:
@@ -69,9 +73,9 @@ class RunGuard:
             np.savez(self.dir / REFERENCE_FILE, images=self.reference_val, step=step)
             self._write_summary()
         values = {"val_drift": val_drift(images, self.reference_val)}
-        return self._record(step, values, policy=step)
+        return self._record(step, values, policy=step, alerts_key="guard/val_alerts")
 
-    def _record(self, step: int, values: dict[str, float], policy: int) -> dict[str, float]:
+    def _record(self, step: int, values: dict[str, float], policy: int, alerts_key: str = "guard/alerts") -> dict:
         alerts = self.detector.update(step, values)
         for alert in alerts:
             logger.warning("%s", alert.message)
@@ -84,7 +88,7 @@ class RunGuard:
         if any(len(self.detector.history.get(k, [])) == self.cfg.baseline_steps for k in values):
             self._write_summary()  # a baseline was just established
         metrics = {f"guard/{k}": v for k, v in values.items()}
-        metrics["guard/alerts"] = float(len(alerts))
+        metrics[alerts_key] = float(len(alerts))
         return metrics
 
     # -- acting ----------------------------------------------------------------------------------------------
@@ -95,8 +99,8 @@ class RunGuard:
             return False
         alert, self.pending = self.pending, None
         if self.cfg.action == "stop":
-            self.outcome = f"stopped at step {step} ({alert.stat})"
-            logger.error("guard: stopping the run at step %d: %s", step, alert.message)
+            self.outcome = f"Stopped at step {step} ({alert.stat})"
+            logger.error("%s; stopping the run at step %d", alert.message, step)
         else:
             self.outcome = self._rollback(step, alert, checkpoints, load_checkpoint)
         self._write_summary()
@@ -106,27 +110,41 @@ class RunGuard:
         good = [(s, path) for s, path in checkpoints.list() if s < self.bad_policy]
         if not good:
             logger.error(
-                "guard: %s; no kept checkpoint predates the policy after %d updates (the first out of range), so "
+                "%s; no kept checkpoint predates the policy after %d updates (the first out of range), so "
                 "there is nothing to roll back to: stopping at step %d",
                 alert.message,
                 self.bad_policy,
                 step,
             )
-            return f"stopped at step {step} ({alert.stat}); no in-range checkpoint to roll back to"
+            return f"Stopped at step {step} ({alert.stat}); no in-range checkpoint to roll back to"
         good_step, path = good[-1]
         load_checkpoint(path)
         checkpoints.point_latest_at(path)
         logger.error(
-            "guard: %s; rolled back to %s (step %d, the newest checkpoint before the policy after %d updates) and "
+            "%s; rolled back to %s (step %d, the newest checkpoint before the policy after %d updates) and "
             "stopped; checkpoints/latest points at it",
             alert.message,
             path,
             good_step,
             self.bad_policy,
         )
-        return f"rolled back at step {step} ({alert.stat}) to checkpoint step {good_step}"
+        return f"Rolled back at step {step} ({alert.stat}) to checkpoint step {good_step}"
 
     # -- files and state ---------------------------------------------------------------------------------------
+    def _prepare_files(self) -> None:
+        """Once per process: a fresh run drops an earlier run's files; a resumed one the alerts after its step."""
+        if self._files_ready:
+            return
+        self._files_ready = True
+        if self._resumed_at is None:
+            for name in (ALERTS_FILE, SUMMARY_FILE, REFERENCE_FILE):
+                (self.dir / name).unlink(missing_ok=True)
+            return
+        alerts = self.dir / ALERTS_FILE
+        if alerts.is_file():
+            kept = [x for x in alerts.read_text().splitlines() if x and json.loads(x)["step"] <= self._resumed_at]
+            alerts.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+
     def _append(self, alert: Alert) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / ALERTS_FILE, "a", encoding="utf-8") as file:
@@ -165,6 +183,7 @@ class RunGuard:
 
     def load_state_dict(self, state: dict[str, Any] | None, step: int) -> None:
         """Restore the state saved with the checkpoint of `step` (None: a checkpoint from before the guard)."""
+        self._resumed_at = step
         if state:
             self.detector.load_state_dict(state["detector"])
             self.reference_val, self.reference_step = state["reference_val"], state["reference_step"]

@@ -92,11 +92,11 @@ def test_runner_acts_after_the_alert_and_writes_files(tmp_path, action, caplog):
         return
     assert step == 6 and [r["step"] for r in rows] == [6]
     if action == "stop":
-        assert summary["outcome"] == "stopped at step 6 (brightness)" and not loaded
+        assert summary["outcome"] == "Stopped at step 6 (brightness)" and not loaded
     else:
         # step 6's rollout came from the policy after 5 updates: checkpoint 4 is the newest before it
         assert loaded == [Path("step_000004")] and checkpoints.latest == Path("step_000004")
-        assert summary["outcome"] == "rolled back at step 6 (brightness) to checkpoint step 4"
+        assert summary["outcome"] == "Rolled back at step 6 (brightness) to checkpoint step 4"
 
 
 def test_rollback_without_an_older_checkpoint_stops(tmp_path):
@@ -112,7 +112,7 @@ def test_validation_drift_is_measured_from_the_first_validation(tmp_path):
     guard = RunGuard(GuardConfig(max_val_drift=0.1), tmp_path)
     assert guard.on_validation(0, _dark_images(100))["guard/val_drift"] == 0.0
     metrics = guard.on_validation(5, _dark_images(151))
-    assert metrics["guard/val_drift"] == pytest.approx(0.2) and metrics["guard/alerts"] == 1.0
+    assert metrics["guard/val_drift"] == pytest.approx(0.2) and metrics["guard/val_alerts"] == 1.0
 
 
 def test_state_round_trip_keeps_baseline_and_reference(tmp_path):
