@@ -16,6 +16,8 @@ Common kwargs: path, device (None = cuda if available, else cpu), batch_size, dt
 "float16"), processor_path.
 """
 
+from __future__ import annotations
+
 import logging
 from pathlib import Path
 from typing import Any
@@ -41,25 +43,30 @@ class ClipEncoder:
         dtype: str = "float32",
         processor_path: str | None = None,
     ):
-        import torch
         from transformers import AutoTokenizer, CLIPModel
 
-        if dtype not in DTYPES:
-            raise UserError(f"CLIP reward: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-        if batch_size < 1:
-            raise UserError(f"CLIP reward: batch_size must be >= 1, got {batch_size}")
+        torch_dtype, torch_device = check_settings(dtype, batch_size, device, "CLIP reward")
         model_dir = _existing_dir(path, "path")
         processor_dir = _existing_dir(processor_path, "processor_path") if processor_path else model_dir
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = getattr(torch, dtype)
-        self.batch_size = batch_size
         try:
-            self.model = CLIPModel.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
-            self.tokenizer = AutoTokenizer.from_pretrained(processor_dir)
+            model = CLIPModel.from_pretrained(model_dir, dtype=torch_dtype)
+            tokenizer = AutoTokenizer.from_pretrained(processor_dir)
         except (OSError, ValueError) as e:
             raise UserError(f"CLIP reward: cannot load a CLIP model and tokenizer from {model_dir} ({e})") from None
-        self.model.requires_grad_(False)
-        self.processor = image_processor(processor_dir, self.model.config.vision_config.image_size)
+        processor = image_processor(processor_dir, model.config.vision_config.image_size)
+        self._adopt(model, tokenizer, processor, torch_device, torch_dtype, batch_size)
+
+    @classmethod
+    def from_parts(cls, model, tokenizer, processor, device, dtype, batch_size: int) -> ClipEncoder:
+        """An encoder of a CLIPModel built elsewhere (e.g. converted from another checkpoint layout)."""
+        encoder = cls.__new__(cls)
+        encoder._adopt(model, tokenizer, processor, device, dtype, batch_size)
+        return encoder
+
+    def _adopt(self, model, tokenizer, processor, device, dtype, batch_size: int) -> None:
+        self.device, self.dtype, self.batch_size = device, dtype, batch_size
+        self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        self.tokenizer, self.processor = tokenizer, processor
         self.max_length = min(self.tokenizer.model_max_length, self.model.config.text_config.max_position_embeddings)
 
     def pixel_values(self, images_BHW3: np.ndarray):
@@ -101,6 +108,17 @@ class ClipEncoder:
     def cosines(self, images_BHW3: np.ndarray, prompts: list[str]):
         """cos(image_i, prompt_i), float32 [B]."""
         return (self.image_embeddings(images_BHW3) * self.text_embeddings(prompts)).sum(-1)
+
+
+def check_settings(dtype: str, batch_size: int, device: str | None, who: str):
+    """(torch dtype, torch device) for a reward's dtype/batch_size/device kwargs, or UserError."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise UserError(f"{who}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    if batch_size < 1:
+        raise UserError(f"{who}: batch_size must be >= 1, got {batch_size}")
+    return getattr(torch, dtype), torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _pooled(features: Any):
