@@ -153,17 +153,19 @@ def _guard(d: ReportData) -> str:
         parts.append(f'<p class="alert">{_esc(s["outcome"])}</p>')
     if d.guard_alerts:
         rows = [
-            [
-                str(a["step"]),
-                f'<span class="alert">{_esc(a["stat"])}</span>',
-                _num(a["value"]),
-                _num(a["baseline"]),
-                _esc(a["rule"]),
-                _num(a["threshold"]),
-            ]
+            [f'<span class="alert">{_esc(r["stat"])}</span>', str(r["alerts"]), str(r["first"]), str(r["last"]),
+             _num(r["furthest"]), _num(r["baseline"]), _esc(r["rule"])]
+            for r in alert_summary(d.guard_alerts)
+        ]  # fmt: skip
+        header = ["statistic", "alerts", "first step", "last step", "furthest value", "baseline", "rule"]
+        parts.append(_table(header, rows, numeric=(1, 2, 3, 4, 5)))
+        every = [
+            [str(a["step"]), _esc(a["stat"]), _num(a["value"]), _num(a["baseline"]), _esc(a["rule"]),
+             _num(a["threshold"])]
             for a in d.guard_alerts
-        ]
-        parts.append(_table(["step", "statistic", "value", "baseline", "rule", "allowed"], rows, numeric=(0, 2, 3, 5)))
+        ]  # fmt: skip
+        table = _table(["step", "statistic", "value", "baseline", "rule", "allowed"], every, numeric=(0, 2, 3, 5))
+        parts.append(f"<details><summary>every alert ({len(every)})</summary>{table}</details>")
     else:
         parts.append('<p class="ok">No statistic left its range.</p>')
     stats = s.get("stats", {})
@@ -319,6 +321,20 @@ def write_html(data: ReportData, out_html: str | os.PathLike[str]) -> Path:
     path = Path(out_html)
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def alert_summary(alerts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per statistic, in order of first alert: count, first and last step, the value furthest from the baseline."""
+    out: dict[str, dict[str, Any]] = {}
+    for a in alerts:
+        row = out.setdefault(a["stat"], {"stat": a["stat"], "alerts": 0, "first": a["step"], "rule": a["rule"],
+                                         "baseline": a["baseline"], "furthest": a["value"]})  # fmt: skip
+        row["alerts"] += 1
+        row["last"] = a["step"]
+        reference = a["baseline"] if a["baseline"] is not None else 0.0
+        if abs(a["value"] - reference) > abs(row["furthest"] - reference):
+            row["furthest"] = a["value"]
+    return list(out.values())
 
 
 def load_guard_files(run_dir: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:

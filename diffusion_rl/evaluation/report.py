@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.evaluation.html_report import ReportData, load_guard_files, write_html
+from diffusion_rl.evaluation.html_report import ReportData, alert_summary, load_guard_files, write_html
 from diffusion_rl.evaluation.summary import markdown_table
 from diffusion_rl.guard.plots import plot_guard
 from diffusion_rl.tracking import plot_metrics, read_metrics
@@ -161,11 +161,12 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
         ]
 
     if guard_alerts:
-        header = ["step", "statistic", "value", "baseline", "rule", "allowed"]
-        table = [[str(a["step"]), a["stat"], _fmt(a["value"]), _fmt(a["baseline"]), a["rule"], _fmt(a["threshold"])]
-                 for a in guard_alerts]  # fmt: skip
+        header = ["statistic", "alerts", "first step", "last step", "furthest value", "baseline", "rule"]
+        table = [[r["stat"], str(r["alerts"]), str(r["first"]), str(r["last"]), _fmt(r["furthest"]),
+                  _fmt(r["baseline"]), r["rule"]] for r in alert_summary(guard_alerts)]  # fmt: skip
         outcome = (guard_summary or {}).get("outcome")
         lines += ["## Guard alerts", "", *([outcome, ""] if outcome else []), markdown_table(header, table), ""]
+        lines += ["Every alert: guard/alerts.jsonl (and report.html).", ""]
 
     summary = _summary_rows(rows)
     if summary:

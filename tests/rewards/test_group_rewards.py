@@ -175,3 +175,13 @@ def test_chunked_scoring_keeps_groups_whole(pixel_reward):
     np.testing.assert_allclose(result.per_reward["rank"], [1.0, 0.0, 0.5, 1.0, 0.0, 0.5])
     with pytest.raises(ValueError, match="need the whole batch"):
         combiner.combine(chunks, metadata)
+
+
+def test_a_group_reward_in_ray_actors_is_refused_at_build_time():
+    from diffusion_rl.config import RewardSpec
+    from diffusion_rl.errors import UserError
+    from diffusion_rl.rewards.build import build_combiner
+
+    spec = RewardSpec(name="rank", kwargs={"reward": "jpeg_incompressibility"}, actors=2)
+    with pytest.raises(UserError, match="rewards.0: 'rank' is a group reward and runs in the trainer process"):
+        build_combiner([spec], lambda s: pytest.fail("must not be built"))
