@@ -15,6 +15,7 @@ from diffusion_rl.algorithms import LOSSES
 from diffusion_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from diffusion_rl.config_io import SECTIONS, load_config
 from diffusion_rl.errors import did_you_mean
+from diffusion_rl.guard.config import GuardConfig
 from diffusion_rl.models.registry import load_families
 from diffusion_rl.settings import check, opt
 
@@ -153,9 +154,18 @@ class RewardSpec:
     )
     actor_cpus: float = opt(1.0, "CPUs each reward actor reserves.")
     actor_gpus: float = opt(0.0, "GPUs each reward actor reserves (a fraction shares a GPU between actors).")
+    timeout_s: float | None = opt(
+        1800.0,
+        "Deadline of one call of the reward (a chunk; a sample when retried; a group): past it the call's samples "
+        "fail, naming the reward, and the call's thread is abandoned. null = no deadline.",
+    )
 
     def __post_init__(self):
         check(self.actors >= 0, f"rewards: actors must be ≥ 0 (0 = in the trainer process), got {self.actors}")
+        check(
+            self.timeout_s is None or (math.isfinite(self.timeout_s) and self.timeout_s > 0),
+            f"rewards: timeout_s must be a number of seconds > 0 (or null = no deadline), got {self.timeout_s}",
+        )
         check(self.actor_cpus >= 0 and self.actor_gpus >= 0, "rewards: actor_cpus and actor_gpus must be ≥ 0")
         check(
             self.label is None or bool(self.label.strip()),
@@ -308,6 +318,9 @@ class ValConfig:
     num_steps: int = opt(20, "ODE steps for validation samples.")
     guidance: float | None = opt(None, "CFG for validation (null = sampling.guidance).")
     seed: int = opt(1234, "Seed of the validation noise (fixed across the run).")
+    rewards: list[RewardSpec] | None = opt(
+        None, "Rewards that score validation, e.g. a held-out scorer the run does not optimise (null = `rewards`)."
+    )
 
 
 @dataclass
@@ -406,6 +419,7 @@ class Config:
     log: LogConfig = opt(LogConfig, "Metrics and trackers.", factory=True)
     engine: EngineConfig = opt(EngineConfig, "Execution engine.", factory=True)
     profile: ProfileConfig = opt(ProfileConfig, "torch.profiler traces of chosen steps.", factory=True)
+    guard: GuardConfig = opt(GuardConfig, "Reward-hacking guard: image statistics no reward optimises.", factory=True)
 
     def __post_init__(self):
         check(
@@ -449,22 +463,28 @@ class Config:
         self._check_rewards()
 
     def _check_rewards(self) -> None:
-        """Each weight is finite and ≥ 0; each reward's metric name (label, else name) is unique."""
-        for i, spec in enumerate(self.rewards):
-            check(
-                math.isfinite(spec.weight) and spec.weight >= 0,
-                f"rewards.{i}.weight must be a finite number ≥ 0, got {spec.weight}; to minimise a score, use a "
-                "reward that negates it",
-            )
-        first_of: dict[str, int] = {}
-        for i, spec in enumerate(self.rewards):
-            key = spec.metric_name
-            if key in first_of:
-                raise ValueError(
-                    f"rewards.{first_of[key]} and rewards.{i} are both '{key}' in metrics and logs (the label, else "
-                    f"the name, must be unique): give one of them its own label, e.g. rewards.{i}.label={key}_2"
+        """Each weight is finite and ≥ 0; each reward's metric name (label, else name) is unique (also val.rewards)."""
+        lists = [("rewards", self.rewards)]
+        if self.val.rewards is not None:
+            check(bool(self.val.rewards), "val.rewards is an empty list; give at least one reward, or null")
+            lists.append(("val.rewards", self.val.rewards))
+        for where, specs in lists:
+            for i, spec in enumerate(specs):
+                check(
+                    math.isfinite(spec.weight) and spec.weight >= 0,
+                    f"{where}.{i}.weight must be a finite number ≥ 0, got {spec.weight}; to minimise a score, use a "
+                    "reward that negates it",
                 )
-            first_of[key] = i
+            first_of: dict[str, int] = {}
+            for i, spec in enumerate(specs):
+                key = spec.metric_name
+                if key in first_of:
+                    raise ValueError(
+                        f"{where}.{first_of[key]} and {where}.{i} are both '{key}' in metrics and logs (the label, "
+                        f"else the name, must be unique): give one of them its own label, e.g. "
+                        f"{where}.{i}.label={key}_2"
+                    )
+                first_of[key] = i
 
     def _check_engine(self) -> None:
         """engine.kind=ray splits the batch into equal contiguous shards whose mini-batches make up the global ones."""

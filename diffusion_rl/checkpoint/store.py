@@ -22,6 +22,7 @@ from pathlib import Path
 from diffusion_rl.checkpoint.paths import (
     CHECKPOINTS_DIR,
     LATEST_FILE,
+    STEP_DIR,
     latest_checkpoint,
     list_checkpoints,
     resolve_checkpoint,
@@ -145,6 +146,12 @@ class CheckpointManager:
         if resume == "auto":
             return self.latest()
         return resolve_checkpoint(resume, what="run.resume")
+
+    def point_latest_at(self, checkpoint: Path) -> None:
+        """Make `latest` name `checkpoint` (one of this run's), e.g. after the guard rolled the run back to it."""
+        if Path(checkpoint).parent.resolve() != self.dir.resolve() or not STEP_DIR.fullmatch(Path(checkpoint).name):
+            raise ValueError(f"{checkpoint} is not a checkpoint of {self.dir}")
+        self._write_latest(Path(checkpoint).name)
 
     def _write_latest(self, name: str) -> None:
         tmp = self.dir / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}"

@@ -1,16 +1,21 @@
-"""`diffusion-rl report RUN_DIR`: plots and a short markdown summary of a run, from its metrics.jsonl alone.
+"""`diffusion-rl report RUN_DIR`: plots, a markdown summary and an HTML page of a run.
 
-Writes into `<run_dir>/report/` (or `out`):
-    reward.png       training reward (and each reward's mean when there are several)
-    validation.png   validation reward mean and best@n
-    policy.png       approx. KL to the rollout policy, KL to the reference, clip fraction, grad norm, loss
+Reads metrics.jsonl (required), and when present guard/ (the reward-hacking guard's alerts and thresholds),
+samples/step_*/ (per-image validation files), rollouts/ and config.yaml. Writes into `<run_dir>/report/` (or `out`):
+    reward.png       training reward (and each reward's mean when there are several): each step, and a trailing
+                     mean labelled as such
+    validation.png   validation reward mean and best@n, each validation as measured (no smoothing)
+    guard.png        the guard's statistics with their baselines, allowed ranges and alerts
+    policy.png       approx. KL to the rollout policy, KL to the reference, clip fraction, grad norm, loss; a
+                     quantity that is 0 throughout (e.g. the clip fraction of an on-policy run) gets no panel
     timing.png       seconds per phase (generate, reward, advantage, update, checkpoint, validate, …) per step
-    report.md        best validation step, first and final numbers, wall time split by phase
+    report.md        best validation step, guard alerts, first and final numbers, wall time split by phase
+    report.html      all of the above on one self-contained page, with the validation images of each prompt across
+                     steps and the latest rollouts (evaluation/html_report.py)
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,8 +24,11 @@ from typing import Any
 import numpy as np
 
 from diffusion_rl.checkpoint.paths import CHECKPOINTS_DIR, step_dir_name
+from diffusion_rl.evaluation.html_report import ReportData, alert_summary, load_guard_files, write_html
 from diffusion_rl.evaluation.summary import markdown_table
+from diffusion_rl.guard.plots import plot_guard
 from diffusion_rl.tracking import plot_metrics, read_metrics
+from diffusion_rl.tracking.plots import metric_series, plan_panels
 
 REPORT_DIR = "report"
 POLICY_KEYS = ("approx_kl", "kl_ref", "kl", "clip_fraction", "grad_norm", "loss")
@@ -39,12 +47,8 @@ SUMMARY_KEYS = (
 
 def _values(rows: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
     """(step, value) of every row with a finite number under `key`, in step order."""
-    out = []
-    for row in rows:
-        value = row.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            out.append((int(row["step"]), float(value)))
-    return sorted(out)
+    steps, values = metric_series(rows, key)
+    return [(int(step), float(value)) for step, value in zip(steps, values)]
 
 
 def _fmt(value: float | None) -> str:
@@ -72,7 +76,7 @@ def plot_timing(rows: Sequence[Mapping[str, Any]], out_png: Path) -> Path | None
     if not keys or not steps:
         return None
     index = {s: i for i, s in enumerate(steps)}
-    fig = Figure(figsize=(8, 3.5))
+    fig = Figure(figsize=(9, 3.5))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     bottom = np.zeros(len(steps))
@@ -85,7 +89,7 @@ def plot_timing(rows: Sequence[Mapping[str, Any]], out_png: Path) -> Path | None
     ax.set_xlabel("step")
     ax.set_ylabel("seconds")
     ax.set_title("time per phase")
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside the bars, never over them
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
@@ -115,20 +119,24 @@ def _summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
-    """Write the plots and report.md for the run in `run_dir`; returns the path of report.md."""
+    """Write the plots, report.md and report.html for the run in `run_dir`; returns the path of report.md."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     out = Path(out) if out is not None else run_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
+    guard_summary, guard_alerts = load_guard_files(run_dir)
 
     per_reward = sorted(
         {k for r in rows for k in r if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2}
         - {k for r in rows for k in r if k.startswith("reward/source/")}
     )
+    drawn_policy = [p.key for p in plan_panels(rows, POLICY_KEYS, skip_all_zero=True)]
+    logged_policy = [p.key for p in plan_panels(rows, POLICY_KEYS)]
     plots = {
         "reward": plot_metrics(rows, out / "reward.png", ["reward/mean", *(per_reward if len(per_reward) > 1 else [])]),
-        "validation": plot_metrics(rows, out / "validation.png", ["val/reward/mean", "val/reward/best@n"], smooth=1),
-        "policy": plot_metrics(rows, out / "policy.png", POLICY_KEYS),
+        "validation": plot_metrics(rows, out / "validation.png", ["val/reward/mean", "val/reward/best@n"]),
+        "guard": plot_guard(rows, guard_summary, guard_alerts, out / "guard.png"),
+        "policy": plot_metrics(rows, out / "policy.png", POLICY_KEYS, skip_all_zero=True),
         "timing": plot_timing(rows, out / "timing.png"),
     }
 
@@ -137,18 +145,28 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     lines.append(f"{len(rows)} metrics rows, steps {min(steps)} to {max(steps)}." if rows else "No metrics rows.")
     lines.append("")
 
+    best_val = None
     val = _values(rows, "val/reward/mean")
     if val:
         best_step, best = max(val, key=lambda point: point[1])
         checkpoint = run_dir / CHECKPOINTS_DIR / step_dir_name(best_step)
-        where = f" (checkpoint `{checkpoint}`)" if checkpoint.is_dir() else " (no checkpoint of that step is kept)"
+        where = f"checkpoint `{checkpoint}`" if checkpoint.is_dir() else "no checkpoint of that step is kept"
+        best_val = (best_step, best, where.replace("`", ""))
         lines += [
             "## Best validation step",
             "",
-            f"Step {best_step}: val/reward/mean {best:.6g}{where}; "
+            f"Step {best_step}: val/reward/mean {best:.6g} ({where}); "
             f"first: {val[0][1]:.6g} at step {val[0][0]}, last: {val[-1][1]:.6g} at step {val[-1][0]}.",
             "",
         ]
+
+    if guard_alerts:
+        header = ["statistic", "alerts", "first step", "last step", "furthest value", "baseline", "rule"]
+        table = [[r["stat"], str(r["alerts"]), str(r["first"]), str(r["last"]), _fmt(r["furthest"]),
+                  _fmt(r["baseline"]), r["rule"]] for r in alert_summary(guard_alerts)]  # fmt: skip
+        outcome = (guard_summary or {}).get("outcome")
+        lines += ["## Guard alerts", "", *([outcome, ""] if outcome else []), markdown_table(header, table), ""]
+        lines += ["Every alert: guard/alerts.jsonl (and report.html).", ""]
 
     summary = _summary_rows(rows)
     if summary:
@@ -156,13 +174,13 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
         lines += ["## Numbers", "", markdown_table(header, summary)]
 
     total, phases = timing_split(rows)
+    n_timed = len(_values(rows, "timing/step"))
     if total > 0:
         split = [[phase, f"{seconds:.1f}", f"{100 * seconds / total:.1f}%"] for phase, seconds in phases.items()]
         lines += [
             "## Wall time",
             "",
-            f"{total:.1f} s over {len(_values(rows, 'timing/step'))} logged steps "
-            f"({total / max(1, len(_values(rows, 'timing/step'))):.2f} s/step).",
+            f"{total:.1f} s over {n_timed} logged steps ({total / max(1, n_timed):.2f} s/step).",
             "",
             markdown_table(["phase", "seconds", "share"], split),
         ]
@@ -170,6 +188,24 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     shown = [f"![{name}]({path.name})" for name, path in plots.items() if path is not None]
     if shown:
         lines += ["## Plots", "", *shown, ""]
+    omitted = [k for k in logged_policy if k not in drawn_policy]
+    if omitted:
+        lines += [f"Not drawn (0 at every step): {', '.join(omitted)}.", ""]
+    lines += ["The same on one page, with validation images and rollouts: report.html.", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    data = ReportData(
+        run_dir=run_dir,
+        rows=rows,
+        plots=plots,
+        best_val=best_val,
+        omitted_policy=omitted,
+        timing_total=total,
+        timing_phases=phases,
+        timing_steps=n_timed,
+        guard_summary=guard_summary,
+        guard_alerts=guard_alerts,
+    )
+    write_html(data, out / "report.html")
     return path

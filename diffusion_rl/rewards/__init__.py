@@ -1,8 +1,8 @@
 """Rewards: the contract, the registry, the built-in rewards, and the weighted combiner."""
 
 # importing these registers the built-in rewards; their heavy dependencies are imported when a reward is made
-from diffusion_rl.rewards import clip, jpeg, ocr, remote, shapes, vlm  # noqa: F401
-from diffusion_rl.rewards.base import REWARDS, RewardFn, RewardOutputError, make_reward
+from diffusion_rl.rewards import clip, geneval, group, hps, imagereward, jpeg, ocr, remote, shapes, vlm  # noqa: F401
+from diffusion_rl.rewards.base import REWARDS, RewardFn, RewardOutputError, is_group_reward, make_reward
 from diffusion_rl.rewards.combine import RewardCombiner, RewardFailure, RewardResult, WeightedReward
 
 __all__ = [
@@ -13,5 +13,6 @@ __all__ = [
     "RewardOutputError",
     "RewardResult",
     "WeightedReward",
+    "is_group_reward",
     "make_reward",
 ]

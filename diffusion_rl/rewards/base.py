@@ -12,6 +12,15 @@ A reward is a callable
 
 `REWARDS` holds factories: a function or class registered by name that takes the config's `kwargs` as keyword
 arguments and returns the reward callable.
+
+A *group reward* scores all the samples of one prompt together (a rank, a pairwise win rate): it has the attribute
+`group = True` and a method
+
+    reward.score_group(images_G, prompts_G, metadata_G) -> scores [G]
+
+called once per group (the samples of one prompt in a training step; in validation, the `val.n` samples of one
+prompt), with the same dtypes and NaN rule as above. The combiner never splits a group: with
+`sampling.score_chunks > 1` the trainer scores group rewards on the whole batch after the last chunk.
 """
 
 import functools
@@ -28,6 +37,11 @@ from diffusion_rl.rewards.user_fn import is_user_function_spec, load_user_functi
 RewardFn = Callable[[np.ndarray, list[str], list[dict[str, Any]]], Any]
 
 REWARDS: Registry[Callable[..., RewardFn]] = Registry("reward")
+
+
+def is_group_reward(fn: Any) -> bool:
+    """Whether `fn` follows the group-reward form (`group = True` and a `score_group` method)."""
+    return getattr(fn, "group", False) is True and callable(getattr(fn, "score_group", None))
 
 
 class RewardOutputError(TypeError):

@@ -7,16 +7,17 @@
   ViT-L/14 embeddings, 768-d); its weights come from a separate state-dict file (`head_path`: .pth/.pt or
   .safetensors, keys layers.{0,2,4,6,7}.{weight,bias}).
 
-Images are preprocessed in torch like CLIPImageProcessor: the shorter side resized to `size` (bicubic,
-antialiased), a centre crop, scaling to [0, 1] and normalisation with the processor's mean/std, read from
-`preprocessor_config.json` in `processor_path` (default: `path`), else OpenAI CLIP's. It runs batched on `device`
-and needs no torchvision; values differ from the PIL processor's by resampling rounding only.
+Images are preprocessed by transformers' `CLIPImageProcessorPil` (the PIL backend: no torchvision) loaded from
+`preprocessor_config.json` in `processor_path` (default: `path`): the shorter side resized to `size` (bicubic), a
+centre crop, scaling to [0, 1] and normalisation with the processor's mean/std. Without that file, the model's
+image size and OpenAI CLIP's mean/std are used.
 
 Common kwargs: path, device (None = cuda if available, else cpu), batch_size, dtype ("float32", "bfloat16",
 "float16"), processor_path.
 """
 
-import json
+from __future__ import annotations
+
 import logging
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,6 @@ from diffusion_rl.rewards.base import REWARDS
 
 logger = logging.getLogger(__name__)
 
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -44,50 +43,36 @@ class ClipEncoder:
         dtype: str = "float32",
         processor_path: str | None = None,
     ):
-        import torch
         from transformers import AutoTokenizer, CLIPModel
 
-        if dtype not in DTYPES:
-            raise UserError(f"CLIP reward: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-        if batch_size < 1:
-            raise UserError(f"CLIP reward: batch_size must be >= 1, got {batch_size}")
+        torch_dtype, torch_device = check_settings(dtype, batch_size, device, "CLIP reward")
         model_dir = _existing_dir(path, "path")
         processor_dir = _existing_dir(processor_path, "processor_path") if processor_path else model_dir
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = getattr(torch, dtype)
-        self.batch_size = batch_size
         try:
-            self.model = CLIPModel.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
-            self.tokenizer = AutoTokenizer.from_pretrained(processor_dir)
+            model = CLIPModel.from_pretrained(model_dir, dtype=torch_dtype)
+            tokenizer = AutoTokenizer.from_pretrained(processor_dir)
         except (OSError, ValueError) as e:
             raise UserError(f"CLIP reward: cannot load a CLIP model and tokenizer from {model_dir} ({e})") from None
-        self.model.requires_grad_(False)
-        self.image_config = _image_config(processor_dir, self.model.config.vision_config.image_size)
+        processor = image_processor(processor_dir, model.config.vision_config.image_size)
+        self._adopt(model, tokenizer, processor, torch_device, torch_dtype, batch_size)
+
+    @classmethod
+    def from_parts(cls, model, tokenizer, processor, device, dtype, batch_size: int) -> ClipEncoder:
+        """An encoder of a CLIPModel built elsewhere (e.g. converted from another checkpoint layout)."""
+        encoder = cls.__new__(cls)
+        encoder._adopt(model, tokenizer, processor, device, dtype, batch_size)
+        return encoder
+
+    def _adopt(self, model, tokenizer, processor, device, dtype, batch_size: int) -> None:
+        self.device, self.dtype, self.batch_size = device, dtype, batch_size
+        self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        self.tokenizer, self.processor = tokenizer, processor
         self.max_length = min(self.tokenizer.model_max_length, self.model.config.text_config.max_position_embeddings)
 
     def pixel_values(self, images_BHW3: np.ndarray):
         """Model inputs [B, 3, crop_h, crop_w] on the device, in the model's dtype."""
-        import torch
-        import torch.nn.functional as F
-
-        cfg = self.image_config
-        x = torch.from_numpy(np.ascontiguousarray(images_BHW3)).to(self.device)
-        x_BCHW = x.permute(0, 3, 1, 2).float() / 255
-        height, width = x_BCHW.shape[-2:]
-        short, long = (height, width) if height <= width else (width, height)
-        new_short, new_long = cfg["size"], int(cfg["size"] * long / short)  # as transformers rounds
-        new_hw = (new_short, new_long) if height <= width else (new_long, new_short)
-        if new_hw != (height, width):
-            x_BCHW = F.interpolate(x_BCHW, size=new_hw, mode="bicubic", antialias=True, align_corners=False)
-            x_BCHW = x_BCHW.clamp(0, 1)  # bicubic overshoots; the PIL processor works on clipped uint8
-        crop_h, crop_w = cfg["crop"]
-        if crop_h > new_hw[0] or crop_w > new_hw[1]:
-            raise UserError(f"CLIP reward: crop {cfg['crop']} is larger than the resized image {new_hw}")
-        top, left = (new_hw[0] - crop_h) // 2, (new_hw[1] - crop_w) // 2
-        x_BCHW = x_BCHW[:, :, top : top + crop_h, left : left + crop_w]
-        mean = torch.tensor(cfg["mean"], device=self.device).view(1, 3, 1, 1)
-        std = torch.tensor(cfg["std"], device=self.device).view(1, 3, 1, 1)
-        return ((x_BCHW - mean) / std).to(self.dtype)
+        pixels = self.processor(images=list(images_BHW3), return_tensors="pt")["pixel_values"]
+        return pixels.to(self.device, self.dtype)
 
     def image_embeddings(self, images_BHW3: np.ndarray):
         """L2-normalised image embeddings, float32 [B, D]."""
@@ -125,6 +110,17 @@ class ClipEncoder:
         return (self.image_embeddings(images_BHW3) * self.text_embeddings(prompts)).sum(-1)
 
 
+def check_settings(dtype: str, batch_size: int, device: str | None, who: str):
+    """(torch dtype, torch device) for a reward's dtype/batch_size/device kwargs, or UserError."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise UserError(f"{who}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    if batch_size < 1:
+        raise UserError(f"{who}: batch_size must be >= 1, got {batch_size}")
+    return getattr(torch, dtype), torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def _pooled(features: Any):
     """The projected embedding: transformers 5 returns an output object, older versions the tensor itself."""
     return features if hasattr(features, "dim") else features.pooler_output
@@ -142,20 +138,18 @@ def _existing_dir(path: Any, name: str) -> Path:
     return directory
 
 
-def _image_config(directory: Path, image_size: int) -> dict[str, Any]:
-    """size (shorter side after resizing), crop (h, w), mean, std: from preprocessor_config.json, else defaults."""
-    cfg: dict[str, Any] = {}
-    file = directory / "preprocessor_config.json"
-    if file.is_file():
-        cfg = json.loads(file.read_text())
-    else:
-        logger.info("CLIP reward: no %s; using size %d and OpenAI CLIP's mean/std", file, image_size)
-    size = cfg.get("size", image_size)
-    size = size.get("shortest_edge", size.get("height")) if isinstance(size, dict) else size
-    crop = cfg.get("crop_size", size)
-    crop = (crop["height"], crop["width"]) if isinstance(crop, dict) else (crop, crop)
-    mean, std = cfg.get("image_mean", OPENAI_CLIP_MEAN), cfg.get("image_std", OPENAI_CLIP_STD)
-    return {"size": int(size), "crop": (int(crop[0]), int(crop[1])), "mean": list(mean), "std": list(std)}
+def image_processor(directory: Path, image_size: int):
+    """CLIPImageProcessorPil from directory/preprocessor_config.json; without it, resize and crop to image_size with
+    the processor's defaults (OpenAI CLIP's mean and std)."""
+    from transformers import CLIPImageProcessorPil
+
+    if (directory / "preprocessor_config.json").is_file():
+        return CLIPImageProcessorPil.from_pretrained(directory)
+    logger.info("CLIP reward: no %s; using size %d and OpenAI CLIP's mean/std", directory / "preprocessor_config.json",
+                image_size)  # fmt: skip
+    return CLIPImageProcessorPil(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
 
 
 @REWARDS.register("clip_score")

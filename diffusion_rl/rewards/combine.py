@@ -1,9 +1,12 @@
 """Score a batch with several rewards and combine them into one weighted total per sample.
 
 Failure rules (a failure is counted and reported, never replaced by 0):
+- Each reward call has a deadline (`timeout_s`); past it the call's samples fail, naming the reward (calls.py).
 - A reward that raises on the batch is called again sample by sample, so one bad image does not fail the others.
 - A sample on which it still raises, or gets NaN/inf, is failed for that reward. One warning per reward per batch.
 - A reward that returns the wrong type, dtype or shape is a bug: RewardOutputError, naming the reward.
+- A group reward (base.py: `group = True`, `score_group`) is called once per group; if it raises on a group, every
+  sample of that group fails for it (there is no sample-by-sample retry for a score that needs the whole group).
 - A sample failed on a required reward is failed: total NaN, failed True.
 - A non-required reward that fails on a sample is left out of that sample's sum, and the weights of the rewards
   that succeeded are scaled back up to the full weight mass:
@@ -13,6 +16,10 @@ Failure rules (a failure is counted and reported, never replaced by 0):
   which is sum_k w_k r_ki when every reward succeeded. A sample on which no reward of positive weight succeeded is
   failed.
 - If every sample fails, RewardFailure is raised.
+
+Chunked scoring (the trainer's `sampling.score_chunks`): `score(chunk)` scores the per-sample rewards of one
+chunk of a batch; `combine(chunks, metadata, images=, prompts=, group_index=)` then scores the group rewards on
+the whole batch, so a group is never split across chunks.
 """
 
 import logging
@@ -23,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.rewards.base import RewardFn, check_reward_inputs, check_reward_output
+from diffusion_rl.rewards.base import RewardFn, RewardOutputError, check_reward_inputs, is_group_reward
+from diffusion_rl.rewards.calls import RewardTimeout, Scored, call_reward, describe, score_with_retry
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +44,9 @@ class RewardFailure(RuntimeError):
 class WeightedReward:
     name: str  # used in metrics ("reward/<name>/mean") and messages; unique within a combiner (a config's label)
     weight: float  # >= 0; a 0-weight reward is scored and logged but does not move the total
-    fn: RewardFn  # (images, prompts, metadata) -> float [B], NaN where it failed
+    fn: RewardFn  # (images, prompts, metadata) -> float [B], NaN where it failed; or a group reward (base.py)
     required: bool = True  # a sample this reward fails on is failed; else the reward is left out of its sum
+    timeout_s: float | None = None  # deadline of one call (a chunk, a sample, a group); None = no deadline
 
     def __post_init__(self):
         if not math.isfinite(self.weight) or self.weight < 0:
@@ -45,6 +54,12 @@ class WeightedReward:
                 f"reward '{self.name}': weight must be a finite number >= 0, got {self.weight}; to minimise a "
                 f"score, use a reward that negates it"
             )
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"reward '{self.name}': timeout_s must be > 0 or None, got {self.timeout_s}")
+
+    @property
+    def group(self) -> bool:
+        return is_group_reward(self.fn)
 
 
 @dataclass
@@ -53,26 +68,6 @@ class RewardResult:
     per_reward: dict[str, np.ndarray]  # name -> float32 [B] unweighted scores, NaN where that reward failed
     failed: np.ndarray  # bool [B]
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class _Scored:
-    """One reward's scores on a batch and what went wrong."""
-
-    scores: np.ndarray  # float32 [B], NaN where failed
-    batch_error: BaseException | None = None  # what the whole-batch call raised, if it did
-    sample_errors: dict[int, BaseException] = field(default_factory=dict)  # index -> what the retry raised
-
-    @property
-    def failed(self) -> np.ndarray:
-        return ~np.isfinite(self.scores)
-
-    def first_error(self) -> str | None:
-        if self.sample_errors:
-            return _describe(next(iter(self.sample_errors.values())))
-        if self.batch_error is not None:
-            return _describe(self.batch_error)
-        return None
 
 
 class RewardCombiner:
@@ -94,21 +89,58 @@ class RewardCombiner:
         if self.total_weight <= 0:
             raise ValueError(f"the reward weights sum to {self.total_weight}; at least one must be > 0")
 
-    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardResult:
-        return self.combine([self.score(images, prompts, metadata)], metadata)
+    @property
+    def has_group_rewards(self) -> bool:
+        return any(r.group for r in self.rewards)
 
-    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> dict[str, _Scored]:
-        """Every reward's scores on one chunk of a batch (thread-safe: the trainer scores chunks in the background)."""
+    def __call__(
+        self,
+        images: np.ndarray,
+        prompts: list[str],
+        metadata: list[dict[str, Any]],
+        group_index: Sequence[int] | np.ndarray | None = None,
+    ) -> RewardResult:
+        """Score and combine one batch. `group_index` [B] says which group each sample belongs to (for group
+        rewards); None groups the samples by identical prompt text."""
+        chunk = self.score(images, prompts, metadata)
+        return self.combine([chunk], metadata, images=images, prompts=prompts, group_index=group_index)
+
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> dict[str, Scored]:
+        """The per-sample rewards' scores on one chunk of a batch (thread-safe: the trainer scores chunks in the
+        background). Group rewards are left for `combine`, which sees whole groups."""
         batch_size = check_reward_inputs(images, prompts, metadata)
-        scored = {r.name: _score(r, images, prompts, metadata, batch_size) for r in self.rewards}
+        scored = {}
         for r in self.rewards:
-            _warn_failures(r.name, scored[r.name], batch_size)
+            if not r.group:
+                scored[r.name] = score_with_retry(r.fn, r.name, images, prompts, metadata, r.timeout_s)
+                _warn_failures(r.name, scored[r.name], batch_size)
         return scored
 
-    def combine(self, chunks: Sequence[dict[str, _Scored]], metadata: list[dict[str, Any]]) -> RewardResult:
-        """The batch's weighted total, failures and metrics from the scores of its chunks, in order."""
-        scored = {r.name: _concat([chunk[r.name] for chunk in chunks]) for r in self.rewards}
+    def combine(
+        self,
+        chunks: Sequence[dict[str, Scored]],
+        metadata: list[dict[str, Any]],
+        *,
+        images: np.ndarray | None = None,
+        prompts: list[str] | None = None,
+        group_index: Sequence[int] | np.ndarray | None = None,
+    ) -> RewardResult:
+        """The batch's weighted total, failures and metrics from the scores of its chunks, in order. Group rewards
+        are scored here, on the whole batch: `images` and `prompts` are then required, `group_index` as in
+        __call__."""
         batch_size = len(metadata)
+        scored = {r.name: _concat([chunk[r.name] for chunk in chunks]) for r in self.rewards if not r.group}
+        group_rewards = [r for r in self.rewards if r.group]
+        if group_rewards:
+            if images is None or prompts is None:
+                names = ", ".join(r.name for r in group_rewards)
+                raise ValueError(f"group rewards ({names}) need the whole batch: pass images= and prompts= to combine")
+            check_reward_inputs(images, prompts, metadata)
+            groups = _group_index(prompts, group_index)
+            for r in group_rewards:
+                scored[r.name] = _score_groups(r, images, prompts, metadata, groups)
+                _warn_failures(r.name, scored[r.name], batch_size)
+        scored = {r.name: scored[r.name] for r in self.rewards}  # the config's order, for metrics and messages
         total, failed = self._combine(scored, batch_size)
         if failed.all():
             raise RewardFailure(_all_failed_message(scored, batch_size))
@@ -116,7 +148,7 @@ class RewardCombiner:
         metrics = _metrics(total, failed, per_reward, metadata)
         return RewardResult(total=total, per_reward=per_reward, failed=failed, metrics=metrics)
 
-    def _combine(self, scored: dict[str, _Scored], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def _combine(self, scored: dict[str, Scored], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         weighted_sum = np.zeros(batch_size, dtype=np.float64)
         ok_weight = np.zeros(batch_size, dtype=np.float64)
         failed = np.zeros(batch_size, dtype=bool)
@@ -134,8 +166,46 @@ class RewardCombiner:
         return total, failed
 
 
-def _concat(parts: Sequence[_Scored]) -> _Scored:
-    """One _Scored for consecutive chunks of a batch (sample indices shifted to the batch's)."""
+def _group_index(prompts: list[str], group_index: Sequence[int] | np.ndarray | None) -> np.ndarray:
+    """int [B]: the given group of each sample, or one group per distinct prompt text."""
+    if group_index is None:
+        return np.unique(np.asarray(prompts, dtype=object), return_inverse=True)[1].reshape(-1)
+    groups = np.asarray(group_index).reshape(-1)
+    if len(groups) != len(prompts):
+        raise ValueError(f"group_index has {len(groups)} entries for a batch of {len(prompts)}")
+    return groups
+
+
+def _score_groups(
+    reward: WeightedReward,
+    images: np.ndarray,
+    prompts: list[str],
+    metadata: list[dict[str, Any]],
+    groups: np.ndarray,
+) -> Scored:
+    """A group reward's scores: one `score_group` call per group; a group it raises on is failed as a whole."""
+    scores = np.full(len(images), np.nan, dtype=np.float32)
+    errors: dict[int, BaseException] = {}
+    for g in np.unique(groups):
+        rows = np.flatnonzero(groups == g)
+        try:
+            scores[rows] = call_reward(
+                reward.fn.score_group,
+                reward.name,
+                images[rows],
+                [prompts[i] for i in rows],
+                [metadata[i] for i in rows],
+                reward.timeout_s,
+            )
+        except RewardOutputError:
+            raise
+        except Exception as e:
+            errors.update({int(i): e for i in rows})
+    return Scored(scores, sample_errors=errors)
+
+
+def _concat(parts: Sequence[Scored]) -> Scored:
+    """One Scored for consecutive chunks of a batch (sample indices shifted to the batch's)."""
     if len(parts) == 1:
         return parts[0]
     errors, offset = {}, 0
@@ -143,52 +213,19 @@ def _concat(parts: Sequence[_Scored]) -> _Scored:
         errors.update({offset + i: e for i, e in part.sample_errors.items()})
         offset += len(part.scores)
     batch_error = next((p.batch_error for p in parts if p.batch_error is not None), None)
-    return _Scored(np.concatenate([p.scores for p in parts]), batch_error=batch_error, sample_errors=errors)
+    return Scored(np.concatenate([p.scores for p in parts]), batch_error=batch_error, sample_errors=errors)
 
 
-def _score(
-    reward: WeightedReward, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]], batch_size: int
-) -> _Scored:
-    try:
-        raw = reward.fn(images, prompts, metadata)
-    except Exception as e:
-        if batch_size == 1:  # the batch call was the per-sample call
-            return _Scored(scores=np.full(1, np.nan, dtype=np.float32), sample_errors={0: e})
-        return _score_one_by_one(reward, images, prompts, metadata, batch_size, batch_error=e)
-    return _Scored(scores=check_reward_output(reward.name, raw, batch_size))
-
-
-def _score_one_by_one(
-    reward: WeightedReward,
-    images: np.ndarray,
-    prompts: list[str],
-    metadata: list[dict[str, Any]],
-    batch_size: int,
-    batch_error: BaseException,
-) -> _Scored:
-    scores = np.full(batch_size, np.nan, dtype=np.float32)
-    errors: dict[int, BaseException] = {}
-    for i in range(batch_size):
-        try:
-            raw = reward.fn(images[i : i + 1], prompts[i : i + 1], metadata[i : i + 1])
-        except Exception as e:
-            errors[i] = e
-            continue
-        scores[i] = check_reward_output(reward.name, raw, 1)[0]
-    return _Scored(scores=scores, batch_error=batch_error, sample_errors=errors)
-
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
-
-
-def _warn_failures(name: str, s: _Scored, batch_size: int) -> None:
+def _warn_failures(name: str, s: Scored, batch_size: int) -> None:
     n_failed = int(s.failed.sum())
     if s.batch_error is None and n_failed == 0:
         return
+    if isinstance(s.batch_error, RewardTimeout):
+        logger.warning("reward '%s' failed all %d samples of the chunk: %s", name, batch_size, s.batch_error)
+        return
     parts = []
     if s.batch_error is not None:
-        parts.append(f"raised on the whole batch ({_describe(s.batch_error)}), retried sample by sample")
+        parts.append(f"raised on the whole batch ({describe(s.batch_error)}), retried sample by sample")
     if n_failed:
         n_raised = len(s.sample_errors)
         parts.append(f"failed on {n_failed} of {batch_size} samples ({n_raised} raised, {n_failed - n_raised} NaN/inf)")
@@ -199,7 +236,7 @@ def _warn_failures(name: str, s: _Scored, batch_size: int) -> None:
     logger.warning("reward '%s' %s", name, "; ".join(parts))
 
 
-def _all_failed_message(scored: dict[str, _Scored], batch_size: int) -> str:
+def _all_failed_message(scored: dict[str, Scored], batch_size: int) -> str:
     lines = []
     for name, s in scored.items():
         n_failed = int(s.failed.sum())

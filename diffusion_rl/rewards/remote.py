@@ -15,6 +15,10 @@ Failure rules (shared with the `vlm` judge through `http_json` and `call_with_re
   kwarg keeps its old name) the reward raises RemoteRewardError: the server is gone. A later call asks
   {url}/health first (at most every 30 s) and goes on if the server is back; else it raises at once.
 - an unreachable {url}/health when the reward is created is a UserError naming the URL.
+
+Auth: when the server has a token, the reward sends it as "Authorization: Bearer <token>": `token`, else the
+environment variable named by `token_env` (default DIFFUSION_RL_REWARD_TOKEN, the one `serve-reward` reads too).
+A 401 is not retried.
 """
 
 import base64
@@ -22,6 +26,7 @@ import http.client
 import io
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.parse
@@ -41,6 +46,7 @@ T = TypeVar("T")
 MAX_BACKOFF_S = 60.0
 PROBE_INTERVAL_S = 30.0  # once given up on, the server is asked /health at most this often
 RETRYABLE_4XX = (408, 429)  # request timeout, too many requests: the server asks to try again later
+TOKEN_ENV = "DIFFUSION_RL_REWARD_TOKEN"  # also read by `serve-reward`
 
 
 class HttpError(Exception):
@@ -167,6 +173,8 @@ class RemoteReward:
         chunk_size: int = 64,
         max_failed_batches: int | None = 3,
         check_health: bool = True,
+        token: str | None = None,
+        token_env: str | None = TOKEN_ENV,
     ):
         """
         url: the server's base URL, e.g. http://127.0.0.1:8000 (from `diffusion-rl serve-reward`).
@@ -177,6 +185,8 @@ class RemoteReward:
         max_failed_batches: raise RemoteRewardError after this many failed requests (of up to chunk_size images
             each, counted across calls) in a row; null = never. (The name is kept for existing configs.)
         check_health: ask {url}/health when created, so a wrong URL fails at start, not at the first batch.
+        token: the server's bearer token; prefer token_env, which keeps it out of configs.
+        token_env: the environment variable holding the token when `token` is not given (unset: no token sent).
         """
         self.url = check_http_url(url, "remote")
         if timeout <= 0 or retries < 0 or backoff < 0:
@@ -190,6 +200,8 @@ class RemoteReward:
                 f"remote: max_failed_batches must be >= 1 or null (never give up), got {max_failed_batches}"
             )
         self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
+        key = token if token is not None else (os.environ.get(token_env) if token_env else None)
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.chunk_size = int(chunk_size)
         self.max_failed_batches = max_failed_batches
         self.failed_batches = 0  # failed requests (chunks), total over this reward's life, for logs and tests
@@ -207,7 +219,7 @@ class RemoteReward:
             logger.info("remote: reward server at %s is up (%s)", self.url, info)
 
     def _health(self, timeout: float | None = None) -> Any:
-        return http_json(f"{self.url}/health", timeout=timeout or self.timeout)
+        return http_json(f"{self.url}/health", timeout=timeout or self.timeout, headers=self._headers)
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
         scores = np.full(len(images), np.nan, dtype=np.float32)
@@ -229,7 +241,7 @@ class RemoteReward:
             "metadata": list(metadata),
         }
         answer = call_with_retries(
-            lambda: http_json(f"{self.url}/score", payload, timeout=self.timeout),
+            lambda: http_json(f"{self.url}/score", payload, timeout=self.timeout, headers=self._headers),
             retries=self.retries,
             backoff=self.backoff,
             what=f"remote {self.url}",

@@ -1,279 +1,55 @@
 """Serve a reward over HTTP, so that training processes share one copy of it (one GPU model, one OCR engine).
 
-    python -m diffusion_rl.rewards.server --reward ocr --kwargs '{"det_limit_side_len": 320}' --port 8000
+    diffusion-rl serve-reward --reward ocr --kwargs '{"det_limit_side_len": 320}' --port 8000
+    python -m diffusion_rl.rewards.server --reward ocr --port 8000            (the same)
 
-Requests arriving together are scored as one batch: the batcher waits up to `max_wait_ms` after the first request
-for more, up to `max_batch` images, then calls the reward once per image size. If that call raises, each request
-is scored on its own, and a request on which the reward still raises image by image: an image on which it raises
-gets null, the others their scores (as the trainer's RewardCombiner retries sample by sample). The wire format is in
-`diffusion_rl.rewards.remote` (the `remote` reward is the client): JSON with base64 PNG images, never pickle.
+The stack is FastAPI on uvicorn (serving/app.py): one event loop takes the requests, a batcher thread scores them
+(serving/batching.py), and each request is checked before any image is decoded (serving/requests.py). The wire
+format is in `diffusion_rl.rewards.remote` (the `remote` reward is the client): JSON with base64 PNG images, never
+pickle.
 
     GET  /health -> 200 {"status": "ok", "reward": name, "max_batch": N, "max_wait_ms": M}
+    GET  /metrics -> Prometheus text (requests by status, images, batches, queue, latency quantiles)
     POST /score  -> 200 {"scores": [float | null, ...]} (null = failed sample; "error" says why when the reward
-                    raised on some of them); 400 for a malformed request, with a message saying what is wrong.
+                    raised on some of them); 4xx/5xx {"error": message} (serving/app.py lists them).
 
-Bind to 127.0.0.1 (the default) unless the network is trusted: anyone who can reach the port can use the reward.
+Auth: with a token (`--token`, or the environment variable DIFFUSION_RL_REWARD_TOKEN), /score and /metrics need
+"Authorization: Bearer <token>". Listening on anything but a loopback address without a token is refused unless
+`--allow-no-token` is given (then a warning says that anyone who can reach the port can use the reward).
 """
 
+from __future__ import annotations
+
 import argparse
+import ipaddress
 import json
 import logging
-import queue
+import os
 import sys
-import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-
-import numpy as np
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.rewards.base import RewardFn, check_reward_output
+from diffusion_rl.rewards.base import RewardFn
+from diffusion_rl.rewards.remote import TOKEN_ENV
+from diffusion_rl.rewards.serving.batching import BatchingScorer
+from diffusion_rl.rewards.serving.requests import BadRequest, Limits, parse_score_request
+from diffusion_rl.rewards.serving.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 512 * 1024 * 1024  # a request larger than this is refused (413)
-JOB_TIMEOUT_S = 3600.0  # a request thread gives up waiting for the batcher after this long (the reward hung)
+
+INSTALL_COMMAND = "pip install 'diffusion-rl[serve]'"
+
+__all__ = ["BadRequest", "BatchingScorer", "Limits", "ServerSettings", "make_server", "parse_score_request"]
 
 
-class BadRequest(ValueError):
-    """A request that breaks the wire format; the message goes back to the client with HTTP 400."""
-
-
-@dataclass
-class _Job:
-    """One request's samples, waiting to be scored in a batch."""
-
-    images: np.ndarray  # uint8 [n, H, W, 3]
-    prompts: list[str]
-    metadata: list[dict[str, Any]]
-    done: threading.Event = field(default_factory=threading.Event)
-    scores: list[float | None] | None = None
-    error: str | None = None  # what the reward raised, if it did
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-
-class BatchingScorer:
-    """Collects jobs from many request threads and scores them in batches on one worker thread."""
-
-    def __init__(self, reward_fn: RewardFn, name: str = "reward", max_batch: int = 64, max_wait_ms: float = 20.0):
-        if max_batch < 1 or max_wait_ms < 0:
-            raise UserError(f"serve-reward: need max_batch >= 1 and max_wait_ms >= 0; got {max_batch}, {max_wait_ms}")
-        self.reward_fn, self.name = reward_fn, name
-        self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._carry: _Job | None = None  # a job that did not fit in the previous batch
-        self._thread = threading.Thread(target=self._run, name="reward-batcher", daemon=True)
-        self._thread.start()
-
-    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> _Job:
-        """Queue the samples, wait for their batch, and return the finished job."""
-        job = _Job(images, prompts, metadata)
-        self._queue.put(job)
-        if not job.done.wait(JOB_TIMEOUT_S):
-            job.error = f"the reward did not finish within {JOB_TIMEOUT_S:.0f} s"
-            job.scores = [None] * len(job)
-        return job
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while True:
-            batch = self._collect()
-            if batch is None:
-                return
-            for group in _group_by_size(batch):
-                self._score_group(group)
-
-    def _collect(self) -> list[_Job] | None:
-        """The next batch: the first waiting job, then whatever arrives within max_wait of it, up to max_batch."""
-        first, self._carry = self._carry, None
-        if first is None:
-            first = self._queue.get()
-            if first is None:
-                return None
-        batch, size = [first], len(first)
-        deadline = time.monotonic() + self.max_wait_s
-        while size < self.max_batch:
-            try:
-                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if job is None:  # closing: score what we have, then stop
-                self._queue.put(None)
-                break
-            if size + len(job) > self.max_batch:
-                self._carry = job
-                break
-            batch.append(job)
-            size += len(job)
-        return batch
-
-    def _score_group(self, jobs: list[_Job]) -> None:
-        """Score jobs whose images share one size with one reward call. If it raises, score each job on its own,
-        so that one bad request does not fail the others, and a job on which it still raises image by image."""
-        try:
-            scores = self._call(jobs)
-        except Exception as e:
-            if len(jobs) > 1:
-                for job in jobs:
-                    self._score_group([job])
-                return
-            scores = self._score_one_by_one(jobs[0], e)
-        start = 0
-        for job in jobs:
-            job.scores = [float(s) if np.isfinite(s) else None for s in scores[start : start + len(job)]]
-            start += len(job)
-            job.done.set()
-
-    def _score_one_by_one(self, job: _Job, job_error: Exception) -> np.ndarray:
-        """The job's scores, one reward call per image: NaN where the reward raises; the errors go in job.error."""
-        scores = np.full(len(job), np.nan, dtype=np.float32)
-        failed: dict[int, Exception] = {}
-        if len(job) == 1:  # the job's call was the image's call
-            failed[0] = job_error
-        else:
-            for i in range(len(job)):
-                one = _Job(job.images[i : i + 1], job.prompts[i : i + 1], job.metadata[i : i + 1])
-                try:
-                    scores[i] = self._call([one])[0]
-                except Exception as e:
-                    failed[i] = e
-        if failed:
-            first, error = next(iter(failed.items()))
-            logger.error(
-                "reward '%s' raised on %d of %d samples of a request (first: sample %d)",
-                self.name,
-                len(failed),
-                len(job),
-                first,
-                exc_info=error,
-            )
-            job.error = (
-                f"reward '{self.name}' raised on {len(failed)} of {len(job)} samples (their scores are null); "
-                f"sample {first}: {type(error).__name__}: {error}"
-            )
-        return scores
-
-    def _call(self, jobs: list[_Job]) -> np.ndarray:
-        images = np.concatenate([job.images for job in jobs])
-        prompts = [p for job in jobs for p in job.prompts]
-        metadata = [m for job in jobs for m in job.metadata]
-        return check_reward_output(self.name, self.reward_fn(images, prompts, metadata), len(images))
-
-
-def _group_by_size(jobs: list[_Job]) -> list[list[_Job]]:
-    groups: dict[tuple[int, ...], list[_Job]] = {}
-    for job in jobs:
-        groups.setdefault(job.images.shape[1:], []).append(job)
-    return list(groups.values())
-
-
-def parse_score_request(body: bytes) -> tuple[np.ndarray, list[str], list[dict[str, Any]]]:
-    """(images uint8 [n, H, W, 3], prompts, metadata) from a /score request body, or BadRequest saying why not."""
-    from diffusion_rl.rewards.remote import decode_png_base64
-
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
     try:
-        request = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadRequest(f"the body is not JSON ({e})") from None
-    if not isinstance(request, dict):
-        raise BadRequest('expected a JSON object {"images": [...], "prompts": [...], "metadata": [...]}')
-    unknown = sorted(set(request) - {"images", "prompts", "metadata"})
-    if unknown:
-        raise BadRequest(f"unknown keys {unknown}; expected images, prompts and (optional) metadata")
-    encoded, prompts = request.get("images"), request.get("prompts")
-    if not isinstance(encoded, list) or not encoded or not all(isinstance(s, str) for s in encoded):
-        raise BadRequest("'images' must be a non-empty list of base64 PNG strings")
-    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
-        raise BadRequest("'prompts' must be a list of strings")
-    metadata = request.get("metadata")
-    metadata = [{} for _ in encoded] if metadata is None else metadata
-    if not isinstance(metadata, list) or not all(isinstance(m, dict) for m in metadata):
-        raise BadRequest("'metadata' must be a list of objects (or left out)")
-    if not len(encoded) == len(prompts) == len(metadata):
-        raise BadRequest(f"got {len(encoded)} images, {len(prompts)} prompts, {len(metadata)} metadata; need one each")
-    images = []
-    for i, text in enumerate(encoded):
-        try:
-            images.append(decode_png_base64(text))
-        except Exception as e:  # binascii.Error, PIL.UnidentifiedImageError, ...: all mean a bad image
-            raise BadRequest(f"images[{i}] is not a base64-encoded image ({type(e).__name__}: {e})") from None
-    shapes = {image.shape for image in images}
-    if len(shapes) > 1:
-        raise BadRequest(f"all images of one request must have the same size; got {sorted(shapes)}")
-    return np.stack(images), prompts, metadata
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: "RewardHTTPServer"
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") != "/health":
-            self._send(404, {"error": f"no such path {self.path}; use GET /health or POST /score"})
-            return
-        scorer = self.server.scorer
-        health = {"status": "ok", "reward": scorer.name, "max_batch": scorer.max_batch}
-        self._send(200, {**health, "max_wait_ms": scorer.max_wait_s * 1000})
-
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") != "/score":
-            self._send(404, {"error": f"no such path {self.path}; use POST /score"})
-            return
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self._send(411, {"error": "a Content-Length header is required"})
-            return
-        if int(length) > MAX_BODY_BYTES:
-            self._send(413, {"error": f"request of {length} bytes is over {MAX_BODY_BYTES}; send smaller chunks"})
-            return
-        body = self.rfile.read(int(length))
-        try:
-            images, prompts, metadata = parse_score_request(body)
-        except BadRequest as e:
-            self._send(400, {"error": str(e)})
-            return
-        job = self.server.scorer.score(images, prompts, metadata)
-        answer: dict[str, Any] = {"scores": job.scores}
-        if job.error:
-            answer["error"] = job.error
-        self._send(200, answer)
-
-    def _send(self, status: int, obj: Any) -> None:
-        data = json.dumps(obj).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # route http.server's access log to logging
-        logger.debug("%s %s", self.address_string(), format % args)
-
-
-class RewardHTTPServer(ThreadingHTTPServer):
-    """The HTTP front of a BatchingScorer. `url` is where it listens (the real port when created with port 0)."""
-
-    daemon_threads = True
-
-    def __init__(self, scorer: BatchingScorer, host: str, port: int):
-        super().__init__((host, port), _Handler)
-        self.scorer = scorer
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def server_close(self) -> None:
-        super().server_close()
-        self.scorer.close()
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def make_server(
@@ -283,32 +59,50 @@ def make_server(
     max_batch: int = 64,
     max_wait_ms: float = 20.0,
     name: str = "reward",
-) -> RewardHTTPServer:
-    """A server bound to (host, port) and ready to `serve_forever()`; port 0 picks a free port (see `.url`)."""
-    scorer = BatchingScorer(reward_fn, name=name, max_batch=max_batch, max_wait_ms=max_wait_ms)
+    *,
+    token: str | None = None,
+    allow_no_token: bool = False,
+    max_queue: int = 64,
+    reward_timeout_s: float | None = None,
+    settings: ServerSettings | None = None,
+):
+    """A server (serving/app.py's RewardServer) bound to (host, port) and ready to `serve_forever()`; port 0 picks a
+    free port (see `.url`)."""
     try:
-        return RewardHTTPServer(scorer, host, port)
+        from diffusion_rl.rewards.serving.app import RewardServer
+    except ImportError as e:
+        raise UserError(f"serve-reward needs FastAPI and uvicorn ({e}); install them with {INSTALL_COMMAND}") from None
+    settings = settings or ServerSettings()
+    settings = ServerSettings(**{**settings.__dict__, "token": token}) if token is not None else settings
+    if settings.token is not None and not settings.token.strip():
+        raise UserError("serve-reward: the token is empty; give a non-empty --token or unset it")
+    if settings.token is None and not is_loopback(host):
+        if not allow_no_token:
+            raise UserError(
+                f"serve-reward: --host {host} is reachable from other machines and there is no token: anyone who can "
+                f"reach the port could use the reward. Give --token (or set {TOKEN_ENV}; the `remote` reward sends "
+                "it), or pass --allow-no-token on a trusted network"
+            )
+        logger.warning(
+            "serve-reward: listening on %s WITHOUT a token (--allow-no-token): anyone who can reach port %s can use "
+            "the reward and load this machine",
+            host,
+            port,
+        )
+    scorer = BatchingScorer(reward_fn, name, max_batch, max_wait_ms, max_queue, reward_timeout_s)
+    try:
+        return RewardServer(scorer, host, port, settings)
     except OSError as e:
         scorer.close()
         raise UserError(f"serve-reward: cannot listen on {host}:{port} ({e}); pick another --port") from None
 
 
-def serve(
-    reward_fn: RewardFn,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    max_batch: int = 64,
-    max_wait_ms: float = 20.0,
-    name: str = "reward",
-) -> None:
-    """Serve `reward_fn` until interrupted (Ctrl-C / SIGINT)."""
-    server = make_server(reward_fn, host, port, max_batch, max_wait_ms, name)
+def serve(server, name: str) -> None:
+    """Serve until interrupted (Ctrl-C / SIGINT, SIGTERM)."""
     # The ready line goes to stdout, flushed: scripts (and our tests) wait for it and read the port from it.
     print(f"serving reward '{name}' on {server.url}", flush=True)
     try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        logger.info("serve-reward: interrupted, shutting down")
+        server.serve_forever()
     finally:
         server.server_close()
 
@@ -323,10 +117,20 @@ def add_serve_reward_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one")
     parser.add_argument("--max-batch", type=int, default=64, help="most images scored in one reward call")
     parser.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a batch waits for more requests")
+    parser.add_argument("--token", default=None, help=f"bearer token required on /score and /metrics (or {TOKEN_ENV})")
+    parser.add_argument("--allow-no-token", action="store_true", help="listen off loopback without a token")
+    parser.add_argument("--max-queue", type=int, default=64, help="requests waiting to be scored; 503 beyond")
+    parser.add_argument("--max-connections", type=int, default=128, help="connections served at once; 503 beyond")
+    parser.add_argument("--read-timeout-s", type=float, default=30.0, help="a request must arrive within this")
+    parser.add_argument("--request-timeout-s", type=float, default=600.0, help="504 when scoring takes longer")
+    parser.add_argument("--reward-timeout-s", type=float, default=None, help="deadline of one reward call")
+    parser.add_argument("--max-body-mb", type=float, default=256.0, help="largest request body, MiB (413 beyond)")
+    parser.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="per image, from its PNG header")
+    parser.add_argument("--max-request-pixels", type=int, default=64 * 1024 * 1024, help="per request, summed")
 
 
-def run_server_from_args(args: argparse.Namespace) -> None:
-    """Build the reward named in `args` (from add_serve_reward_arguments) and serve it until interrupted."""
+def server_from_args(args: argparse.Namespace):
+    """The server for `args` (from add_serve_reward_arguments), its reward built."""
     from diffusion_rl.rewards import make_reward
 
     try:
@@ -335,8 +139,30 @@ def run_server_from_args(args: argparse.Namespace) -> None:
         raise UserError(f"serve-reward: --kwargs is not valid JSON ({e}): {args.kwargs!r}") from None
     if not isinstance(kwargs, dict):
         raise UserError(f"serve-reward: --kwargs must be a JSON object like '{{\"key\": 1}}', got {args.kwargs!r}")
+    positive = {
+        "--read-timeout-s": args.read_timeout_s,
+        "--request-timeout-s": args.request_timeout_s,
+        "--max-body-mb": args.max_body_mb,
+        "--max-connections": args.max_connections,
+        "--max-image-pixels": args.max_image_pixels,
+        "--max-request-pixels": args.max_request_pixels,
+        "--reward-timeout-s": 1 if args.reward_timeout_s is None else args.reward_timeout_s,
+    }
+    bad = [f"{flag} {value}" for flag, value in positive.items() if not value > 0]
+    if bad:
+        raise UserError(f"serve-reward: these must be > 0: {', '.join(bad)}")
+    limits = Limits(int(args.max_body_mb * 1024 * 1024), args.max_image_pixels, args.max_request_pixels)
+    settings = ServerSettings(limits, args.token or os.environ.get(TOKEN_ENV) or None, args.read_timeout_s,
+                              args.request_timeout_s, args.max_connections)  # fmt: skip
     reward_fn = make_reward(args.reward, **kwargs)
-    serve(reward_fn, args.host, args.port, args.max_batch, args.max_wait_ms, name=args.reward)
+    return make_server(reward_fn, args.host, args.port, args.max_batch, args.max_wait_ms, args.reward,
+                       allow_no_token=args.allow_no_token, max_queue=args.max_queue,
+                       reward_timeout_s=args.reward_timeout_s, settings=settings)  # fmt: skip
+
+
+def run_server_from_args(args: argparse.Namespace) -> None:
+    """Build the reward named in `args` and serve it until interrupted."""
+    serve(server_from_args(args), args.reward)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rapidfuzz.distance import Levenshtein
+
 # Quote pairs, left to right: "..." (straight quotes) or “...” (typographic quotes).
 _QUOTED = re.compile(r'"([^"]*)"|“([^”]*)”')
 _WHITESPACE = re.compile(r"\s+")
@@ -46,17 +48,8 @@ def target_text(prompt: str, metadata: Mapping[str, Any]) -> str | None:
 
 
 def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insertions, deletions, substitutions, each cost 1) between `a` and `b`."""
-    if len(a) < len(b):
-        a, b = b, a  # keep the row (b) the shorter string: O(len(b)) memory
-    previous = list(range(len(b) + 1))
-    for i, char_a in enumerate(a, start=1):
-        current = [i]
-        for j, char_b in enumerate(b, start=1):
-            substitution = previous[j - 1] + (char_a != char_b)
-            current.append(min(previous[j] + 1, current[j - 1] + 1, substitution))
-        previous = current
-    return previous[-1]
+    """Edit distance (insertions, deletions, substitutions, each cost 1) between `a` and `b` (rapidfuzz's C++)."""
+    return Levenshtein.distance(a, b)
 
 
 def text_match_score(recognized: str, target: str) -> float:

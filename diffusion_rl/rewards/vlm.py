@@ -3,9 +3,17 @@
 Each image goes as a PNG data URL with a text built from `template` ({prompt} and {ground_truth} are filled in;
 write literal braces as {{ and }}) to {base_url}/chat/completions; requests run `concurrency` at a time.
 
-- mode "score": the first number in the answer, divided by `scale` (the default template asks for 0–10, scale 10).
+- mode "score": the first number in the answer, divided by `scale` (the default template asks for 0–10, scale 10);
+  with `dimensions`, the mean over those names of lines "<Name> Score (lo-hi): value", each mapped to [0, 1].
 - mode "ocr": the answer is a transcription, scored against the target text (metadata["ground_truth"], else the
   prompt's first quoted string) with the OCR rule of `text_match` (1 = the target appears).
+- mode "pairwise": a preference, not a reward: `compare(images_a, images_b, prompts, metadata)` shows both images
+  (a first) and reads "Image 1 is better" (1.0) or "Image 2 is better" (0.0); `pairwise_win_rate` uses it.
+- mode "reward_model": a reward model without text output (HPSv3), asked through vLLM's pooling API: POST
+  {server root}/pooling with the same chat messages; the score is the first number of the pooled vector.
+
+`preset` (unifiedreward, unifiedreward_pairwise, hpsv3) sets the mode, template and dimensions of a published judge
+model (vlm_presets.py); kwargs given explicitly win.
 
 A "<think>...</think>" part of the answer is ignored. Connection errors, timeouts, 5xx, 408 and 429 are retried
 with exponential backoff; other 4xx are not. A sample that still fails, or whose answer has no number, is failed
@@ -27,10 +35,19 @@ from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS
 from diffusion_rl.rewards.remote import HttpError, call_with_retries, check_http_url, encode_png_base64, http_json
 from diffusion_rl.rewards.text_match import target_text, text_match_score
+from diffusion_rl.rewards.vlm_presets import (
+    PRESETS,
+    TEMPLATES,
+    AnswerError,
+    parse_dimensions,
+    parse_pooling,
+    parse_preference,
+    without_thinking,
+)
 
 logger = logging.getLogger(__name__)
 
-MODES = ("score", "ocr")
+MODES = ("score", "ocr", "pairwise", "reward_model")
 PLACEHOLDERS = ("prompt", "ground_truth")
 DEFAULT_TEMPLATES = {
     "score": (
@@ -38,18 +55,15 @@ DEFAULT_TEMPLATES = {
         "looks, from 0 (not at all) to 10 (perfect). Reply with the number only."
     ),
     "ocr": "Write out all the text that appears in this image, exactly as written. Reply with the text only.",
+    "pairwise": TEMPLATES["unifiedreward_pairwise"],
+    "reward_model": TEMPLATES["hpsv3"],
 }
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-_THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
-
-
-class AnswerError(ValueError):
-    """The model answered, but not with what the mode needs (e.g. no number)."""
 
 
 def parse_score(answer: str) -> float:
     """The first number in `answer` (after any <think> part), or AnswerError."""
-    match = _NUMBER.search(_THINKING.sub("", answer))
+    match = _NUMBER.search(without_thinking(answer))
     if match is None:
         raise AnswerError(f"no number in the answer {answer[:200]!r}")
     return float(match.group())
@@ -84,8 +98,10 @@ class VlmJudge:
         self,
         base_url: str,
         model: str,
-        mode: str = "score",
+        mode: str | None = None,
         template: str | None = None,
+        preset: str | None = None,
+        dimensions: list[str] | None = None,
         scale: float = 10.0,
         api_key: str | None = None,
         api_key_env: str | None = None,
@@ -100,9 +116,13 @@ class VlmJudge:
         """
         base_url: the OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (/v1 is added to a URL without a path).
         model: the served model name, as in {base_url}/models.
-        mode: "score" (a number in the answer) or "ocr" (a transcription, scored against the target text).
-        template: the text sent with each image; {prompt} and {ground_truth} are filled in. None = a default for
-            the mode.
+        mode: "score" (a number in the answer; default), "ocr" (a transcription, scored against the target text),
+            "pairwise" (compare two images: a preference for pairwise_win_rate) or "reward_model" (the /pooling API).
+        template: the text sent with each image; {prompt} and {ground_truth} are filled in. None = the preset's,
+            else a default for the mode.
+        preset: unifiedreward, unifiedreward_pairwise or hpsv3: mode, template and dimensions of that judge.
+        dimensions: in mode "score", average the named "<Name> Score (lo-hi): value" lines instead of reading the
+            first number (unifiedreward: Alignment, Coherence, Style).
         scale: in mode "score", the number is divided by this (10 for the default 0–10 template).
         api_key: sent as "Authorization: Bearer ..."; prefer api_key_env, which keeps the key out of configs.
         api_key_env: name of the environment variable that holds the API key.
@@ -113,8 +133,20 @@ class VlmJudge:
         max_tokens, temperature: sampling settings sent with each request.
         check_server: ask {base_url}/models when created, so a wrong URL or model fails at start.
         """
+        if preset is not None:
+            if preset not in PRESETS:
+                raise UserError(f"vlm: unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+            if mode is not None and mode != PRESETS[preset]["mode"]:
+                raise UserError(f"vlm: preset {preset} is mode {PRESETS[preset]['mode']!r}, not {mode!r}")
+            mode = PRESETS[preset]["mode"]
+            template = TEMPLATES[preset] if template is None else template
+            dimensions = PRESETS[preset].get("dimensions") if dimensions is None else dimensions
+        mode = "score" if mode is None else mode
         if mode not in MODES:
             raise UserError(f"vlm: unknown mode {mode!r}; known: {', '.join(MODES)}")
+        if dimensions is not None and (mode != "score" or not dimensions):
+            raise UserError(f"vlm: dimensions (a non-empty list of names) go with mode score, got {dimensions!r}")
+        self.dimensions = list(dimensions) if dimensions else None
         self.url = _v1_url(base_url)
         if not isinstance(model, str) or not model:
             raise UserError(f"vlm: model must be the served model's name, got {model!r}")
@@ -159,8 +191,24 @@ class VlmJudge:
             )
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
+        if self.mode == "pairwise":
+            raise TypeError(
+                "vlm mode=pairwise compares two images and gives no per-image score: use it as the `preference` of "
+                "pairwise_win_rate"
+            )
+        return self._run(self._score_one, [(im,) for im in images], prompts, metadata)
+
+    def compare(
+        self, images_a: np.ndarray, images_b: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> np.ndarray:
+        """P(a better than b) per pair: 1.0 or 0.0 from the judge's verdict, NaN where it failed (mode pairwise)."""
+        if self.mode != "pairwise":
+            raise TypeError(f"vlm mode={self.mode!r} scores single images; compare() needs mode pairwise")
+        return self._run(self._score_one, list(zip(images_a, images_b)), prompts, metadata)
+
+    def _run(self, fn, images: list[tuple[np.ndarray, ...]], prompts, metadata) -> np.ndarray:
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(len(images), 1))) as pool:
-            results = list(pool.map(self._score_one, images, prompts, metadata))
+            results = list(pool.map(fn, images, prompts, metadata))
         errors = [(i, error) for i, (_, error) in enumerate(results) if error is not None]
         if errors:
             self.failed_samples += len(errors)
@@ -170,44 +218,49 @@ class VlmJudge:
             )
         return np.array([score for score, _ in results], dtype=np.float32)
 
-    def _score_one(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> tuple[float, str | None]:
+    def _score_one(
+        self, images: tuple[np.ndarray, ...], prompt: str, metadata: dict[str, Any]
+    ) -> tuple[float, str | None]:
         """(score, None), or (NaN, why the sample failed)."""
         target = target_text(prompt, metadata)
         if target is None and self._needs_target:
             return np.nan, "no target text (no metadata 'ground_truth' and no double-quoted text in the prompt)"
         text = self.template.format(prompt=prompt, ground_truth=target or "")
         try:
-            answer = self._ask(image, text)
+            if self.mode == "reward_model":
+                return parse_pooling(self._request("pooling", images, text)), None
+            answer = self._ask(images, text)
             if self.mode == "ocr":
-                return text_match_score(_THINKING.sub("", answer), target), None
+                return text_match_score(without_thinking(answer), target), None
+            if self.mode == "pairwise":
+                return parse_preference(answer), None
+            if self.dimensions:
+                return parse_dimensions(answer, self.dimensions), None
             return parse_score(answer) / self.scale, None
         except (HttpError, AnswerError) as e:
             return np.nan, str(e)
 
-    def _ask(self, image: np.ndarray, text: str) -> str:
-        payload = {
-            "model": self.model,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "image_url",
-                            "image_url": {"url": "data:image/png;base64," + encode_png_base64(image)},
-                        },
-                        {"type": "text", "text": text},
-                    ],
-                }
-            ],
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-        }
-        answer = call_with_retries(
-            lambda: http_json(f"{self.url}/chat/completions", payload, timeout=self.timeout, headers=self._headers),
+    def _request(self, endpoint: str, images: tuple[np.ndarray, ...], text: str) -> Any:
+        """The JSON answer of chat/completions (on the /v1 API) or pooling (vLLM: on the server's root)."""
+        content = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + encode_png_base64(im)}}
+                   for im in images]  # fmt: skip
+        payload: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": [
+            *content, {"type": "text", "text": text}]}]}  # fmt: skip
+        if endpoint == "pooling":
+            url = self.url.removesuffix("/v1") + "/pooling"
+            payload["encoding_format"] = "float"
+        else:
+            url = f"{self.url}/chat/completions"
+            payload.update(max_tokens=self.max_tokens, temperature=self.temperature)
+        return call_with_retries(
+            lambda: http_json(url, payload, timeout=self.timeout, headers=self._headers),
             retries=self.retries,
             backoff=self.backoff,
             what="vlm",
         )
+
+    def _ask(self, images: tuple[np.ndarray, ...], text: str) -> str:
+        answer = self._request("chat", images, text)
         try:
             content = answer["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):

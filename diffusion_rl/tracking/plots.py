@@ -1,10 +1,18 @@
-"""Training curves as a PNG, from metrics rows (e.g. `read_metrics(run_dir)`)."""
+"""Training curves as a PNG, from metrics rows (e.g. `read_metrics(run_dir)`).
+
+What is drawn (see `plan_panels`): one panel per key with a finite value; every logged point, raw; and a trailing
+mean only over a dense training series (not `val/...`, which is logged every few steps: averaging 5 validations
+would blend the start of a run into its end) and only when it has more than twice the window of points. The
+smoothed line's legend says what it is ("trailing mean of 5 steps"). With `skip_all_zero`, a key whose values are
+all exactly 0 (e.g. the clip fraction and KLs of an on-policy run) gets no panel: it carries no information.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +29,8 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     return (sums[ends] - sums[starts]) / (ends - starts)
 
 
-def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+def metric_series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of every row with a finite number under `key`, in step order."""
     points = sorted(
         (row["step"], float(row[key]))
         for row in rows
@@ -32,34 +41,59 @@ def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np
     return steps, values
 
 
+@dataclass
+class Panel:
+    key: str
+    steps: np.ndarray
+    values: np.ndarray
+    smooth: int  # window of the trailing mean drawn over the raw points; 0 = none
+
+
+def plan_panels(
+    rows: Sequence[Mapping[str, Any]], keys: Sequence[str], smooth: int = 5, skip_all_zero: bool = False
+) -> list[Panel]:
+    """The panels `plot_metrics` draws, in order (module docstring): keys without data, and with `skip_all_zero`
+    keys whose values are all 0, are left out."""
+    panels = []
+    for key in keys:
+        steps, values = metric_series(rows, key)
+        if not len(values) or (skip_all_zero and not np.any(values)):
+            continue
+        dense = not key.startswith("val/") and smooth > 1 and len(values) > 2 * smooth
+        panels.append(Panel(key, steps, values, smooth if dense else 0))
+    return panels
+
+
 def plot_metrics(
     rows: Sequence[Mapping[str, Any]],
     out_png: str | os.PathLike[str],
     keys: Sequence[str] = ("reward/mean", "val/reward/mean"),
     smooth: int = 5,
+    skip_all_zero: bool = False,
 ) -> Path | None:
-    """One subplot per key found in `rows`: raw points (faint) and a trailing moving average over `smooth` points.
-
-    Keys with no finite value are skipped; when none is left, nothing is written and None is returned.
-    """
+    """One subplot per panel of `plan_panels`; when there is none, nothing is written and None is returned."""
     # A bare Figure drawn by the Agg canvas: works headless, and unlike pyplot with matplotlib.use("Agg") it
     # neither switches the process-wide backend nor closes a notebook's open figures.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    series = {key: _series(rows, key) for key in keys}
-    series = {key: data for key, data in series.items() if len(data[0])}
-    if not series:
+    panels = plan_panels(rows, keys, smooth, skip_all_zero)
+    if not panels:
         return None
 
-    fig = Figure(figsize=(8, 2.8 * len(series)))
+    fig = Figure(figsize=(8, 2.6 * len(panels)))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(series), 1, sharex=True, squeeze=False)
-    for ax, (key, (steps, values)) in zip(axes[:, 0], series.items()):
-        ax.plot(steps, values, color="tab:blue", alpha=0.3, linewidth=0.8, marker=".", markersize=3, label="raw")
-        if smooth > 1 and len(values) > 1:
-            ax.plot(steps, moving_average(values, smooth), color="tab:blue", linewidth=1.8, label=f"mean of {smooth}")
-        ax.set_title(key)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels):
+        if panel.smooth:
+            ax.plot(panel.steps, panel.values, color="tab:blue", alpha=0.35, linewidth=0.8, label="each step")
+            smoothed = moving_average(panel.values, panel.smooth)
+            label = f"trailing mean of {panel.smooth} steps"
+            ax.plot(panel.steps, smoothed, color="tab:blue", linewidth=2.0, label=label)
+        else:
+            label = "each validation" if panel.key.startswith("val/") else "each step"
+            ax.plot(panel.steps, panel.values, color="tab:blue", linewidth=1.2, marker="o", markersize=4, label=label)
+        ax.set_title(panel.key)
         ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")

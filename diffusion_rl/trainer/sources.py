@@ -56,9 +56,11 @@ class OnlineRollouts:
                 images.append(part)
                 texts, metadata = [prompts.prompts[i] for i in rows], [prompts.metadata[i] for i in rows]
                 pending.append(self.pool.submit(self.rewards.score, part, texts, metadata))
-        with timer("reward"):
-            scored = self.rewards.combine([p.result() for p in pending], prompts.metadata)
-        return Collected(prompts, np.concatenate(images), scored)
+        images = np.concatenate(images)
+        with timer("reward"):  # group rewards score here, on the whole batch: a group is never split across chunks
+            scored = self.rewards.combine([p.result() for p in pending], prompts.metadata, images=images,
+                                          prompts=prompts.prompts, group_index=prompts.group_index.numpy())  # fmt: skip
+        return Collected(prompts, images, scored)
 
 
 class OfflinePairs:

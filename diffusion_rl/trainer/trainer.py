@@ -33,12 +33,15 @@ from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine.local import make_engine
 from diffusion_rl.engine.reward_actors import make_reward_fn
+from diffusion_rl.guard import RunGuard
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
-from diffusion_rl.rewards import RewardCombiner, WeightedReward
+from diffusion_rl.rewards import RewardCombiner
+from diffusion_rl.rewards.build import build_combiner
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.tracking import image_grid, make_trackers, plot_metrics, read_metrics, save_png
+from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
 from diffusion_rl.trainer.sources import Collected, OfflinePairs, OnlineRollouts
@@ -57,11 +60,10 @@ def ensure_model(cfg: Config) -> None:
         save_tiny(path, m.tiny_family, m.create_tiny_if_missing)
 
 
-def build_rewards(cfg: Config) -> RewardCombiner:
-    """The config's rewards, each keyed in metrics and logs by its label (else its name)."""
-    return RewardCombiner(
-        [WeightedReward(s.metric_name, s.weight, make_reward_fn(s, cfg.engine), s.required) for s in cfg.rewards]
-    )
+def build_rewards(cfg: Config, specs=None, where: str = "rewards") -> RewardCombiner:
+    """The config's rewards (or `specs`, e.g. val.rewards), each keyed in metrics and logs by its label."""
+    specs = cfg.rewards if specs is None else specs
+    return build_combiner(specs, lambda s: make_reward_fn(s, cfg.engine), where)
 
 
 class Trainer:
@@ -79,8 +81,11 @@ class Trainer:
         )
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
-        self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and cfg.rewards else []
+        self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
         self.rewards = build_rewards(cfg) if cfg.rewards else None
+        # rewards that score validation: val.rewards, else the training rewards
+        self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
+        self.guard = RunGuard(cfg.guard, self.run_dir)
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
         ensure_model(cfg)
         self.engine = make_engine(cfg)
@@ -144,6 +149,8 @@ class Trainer:
             bar.update(1)
             shown = {"reward": "reward/mean", "val": "val/reward/mean", "s/step": "timing/step"}
             bar.set_postfix({k: f"{metrics[m]:.4g}" for k, m in shown.items() if m in metrics}, refresh=False)
+            if self.guard.should_stop(self.step, self.checkpoints, self.load_checkpoint):  # no checkpoint of it
+                break
             carried = {}
             if last or (cfg.train.save_every > 0 and self.step % cfg.train.save_every == 0):
                 started = time.perf_counter()
@@ -156,6 +163,10 @@ class Trainer:
         timer = PhaseTimer()
         window = window_for_step(self.cfg.sampling, self.cfg.run.seed, step)
         batch = self.source.collect(step, window, timer)
+        if batch.images is not None:  # image statistics no reward optimises (diffusion_rl/guard), with the rewards'
+            with timer("guard"):
+                groups = batch.prompts.group_index.numpy()
+                batch.scored.metrics.update(self.guard.on_rollout(step + 1, batch.images, groups))
         with timer("prepare"):
             targets, prepared = self.algorithm.prepare(batch.scored, batch.prompts.group_index)
         with timer("update"):
@@ -194,14 +205,19 @@ class Trainer:
         images = self.engine.sample_images(
             [r.prompt for r in records], [r.negative_prompt for r in records], seeds, settings
         ).numpy()
-        result = self.rewards(images, [r.prompt for r in records], [r.reward_metadata() for r in records])
+        groups = np.arange(len(self.val_records)).repeat(val.n)  # a prompt's val.n samples: one group
+        metadata = [r.reward_metadata() for r in records]
+        result = self.val_rewards(images, [r.prompt for r in records], metadata, group_index=groups)
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
+        metrics.update(self.guard.on_validation(self.step, images))  # guard hook: drift from the first validation
         per_prompt = result.total.reshape(len(self.val_records), val.n)
         scored = ~np.isnan(per_prompt).all(axis=1)  # a prompt whose samples all failed has no best (not -inf, not 0)
         metrics["val/reward/best@n"] = float(np.nanmax(per_prompt[scored], axis=1).mean())
         captions = [f"{r.prompt} | {s:.4g}" for r, s in zip(records, result.total)]
         grid = image_grid(images, captions, ncols=val.n * min(4, len(self.val_records)))
         save_png(grid, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png")
+        prompts = [r.prompt for r in records]  # per-image files, for the HTML report (tracking/val_images.py):
+        write_validation_images(self.run_dir / "samples", self.step, images, prompts, val.n, result.total)
         if self.trackers is not None:  # None when called outside train(), e.g. to evaluate a loaded checkpoint
             caption = validation_caption(self.step, [r.prompt for r in self.val_records], per_prompt)
             self.trackers.log_images("val/samples", grid, self.step, caption=caption)
@@ -256,7 +272,8 @@ class Trainer:
         def write(directory: Path) -> None:
             engine_state = self.engine.save(directory)
             write_state(directory, {"step": self.step, "sampler": self.sampler.state_dict(),
-                                    "rng": capture_rng_state(), "engine": engine_state})  # fmt: skip
+                                    "rng": capture_rng_state(), "engine": engine_state,
+                                    "guard": self.guard.state_dict()})  # fmt: skip
             (directory / CONFIG_FILE).write_text(to_yaml(self.cfg))
 
         return self.checkpoints.save(self.step, write)
@@ -268,5 +285,6 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.engine.load(path, state["engine"])
         self.step = state["step"]
+        self.guard.load_state_dict(state.get("guard"), state["step"])
         restore_rng_state(state["rng"])
         logger.info("resumed from %s (step %d)", path, self.step)

@@ -147,3 +147,32 @@ def test_missing_model_directory_is_a_user_error(tmp_path):
         make_reward("clip_score", path=str(tmp_path / "nope"))
     with pytest.raises(UserError, match="unknown dtype"):
         make_reward("clip_score", path=str(tmp_path), dtype="fp8")
+
+
+# ---- preprocessing: transformers' CLIPImageProcessorPil, checked against normalisation and resizing by hand ----
+
+
+def _by_hand(image_HW3: np.ndarray) -> np.ndarray:
+    """Shorter side to SIZE (PIL bicubic), centre crop SIZE × SIZE, /255, normalise: [3, SIZE, SIZE]."""
+    from PIL import Image
+
+    h, w = image_HW3.shape[:2]
+    if min(h, w) != SIZE:
+        new = (SIZE, int(SIZE * w / h)) if h <= w else (int(SIZE * h / w), SIZE)
+        image_HW3 = np.asarray(Image.fromarray(image_HW3).resize((new[1], new[0]), Image.Resampling.BICUBIC))
+        h, w = image_HW3.shape[:2]
+    top, left = (h - SIZE) // 2, (w - SIZE) // 2
+    crop = image_HW3[top : top + SIZE, left : left + SIZE].astype(np.float32) / 255
+    return ((crop - np.array(MEAN, np.float32)) / np.array(STD, np.float32)).transpose(2, 0, 1)
+
+
+@pytest.mark.parametrize("shape", [(SIZE, SIZE), (SIZE, 48), (56, SIZE), (48, 48), (40, 72)])
+def test_pixel_values_are_the_pil_clip_preprocessing(clip_dir, shape):
+    from diffusion_rl.rewards.clip import ClipEncoder
+
+    images = np.random.default_rng(1).integers(0, 256, size=(2, *shape, 3), dtype=np.uint8)
+    pixels = ClipEncoder(str(clip_dir), device="cpu").pixel_values(images).numpy()
+    expected = np.stack([_by_hand(image) for image in images])
+    # no resize (model size, or a crop only): exact up to float rounding, as the torch preprocessing it replaced;
+    # after a resize PIL's bicubic is the reference (the old torch resize differed by ≤ 0.2 % in the scores)
+    np.testing.assert_allclose(pixels, expected, atol=1e-6 if min(shape) == SIZE else 1e-5)

@@ -26,3 +26,32 @@ def test_nothing_to_plot_writes_no_file(tmp_path):
 def test_moving_average_is_a_trailing_mean():
     np.testing.assert_allclose(moving_average(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1.0, 2.0, 4.0, 6.0])
     np.testing.assert_allclose(moving_average(np.array([1.0, 3.0]), 1), [1.0, 3.0])
+
+
+def test_validation_points_are_drawn_raw_and_only_dense_training_curves_are_smoothed():
+    from diffusion_rl.tracking.plots import plan_panels
+
+    rows = [{"step": s, "reward/mean": float(s % 3)} for s in range(1, 21)]
+    rows += [{"step": s, "val/reward/mean": 0.1 * s} for s in (0, 10, 20)]
+    panels = {p.key: p for p in plan_panels(rows, ["reward/mean", "val/reward/mean"], smooth=5)}
+    assert panels["reward/mean"].smooth == 5 and len(panels["reward/mean"].values) == 20
+    assert panels["val/reward/mean"].smooth == 0 and panels["val/reward/mean"].values.tolist() == [0.0, 1.0, 2.0]
+    # a short training curve (≤ 2 windows) is not smoothed either: a trailing mean of 5 over 8 points misleads
+    short = plan_panels([r for r in rows if "reward/mean" in r and r["step"] <= 8], ["reward/mean"], smooth=5)
+    assert short[0].smooth == 0
+
+
+def test_all_zero_panels_are_skipped_on_request():
+    from diffusion_rl.tracking.plots import plan_panels
+
+    rows = [{"step": s, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.5 + s} for s in range(1, 5)]
+    keys = ["approx_kl", "clip_fraction", "grad_norm"]
+    assert [p.key for p in plan_panels(rows, keys)] == keys
+    assert [p.key for p in plan_panels(rows, keys, skip_all_zero=True)] == ["grad_norm"]
+
+
+def test_policy_plot_has_one_panel_per_informative_key(tmp_path):
+    rows = [{"step": s, "clip_fraction": 0.0, "grad_norm": 0.5 + s, "loss": 0.1 * s} for s in range(1, 5)]
+    few = plot_metrics(rows, tmp_path / "few.png", ["clip_fraction", "grad_norm", "loss"], skip_all_zero=True)
+    all_ = plot_metrics(rows, tmp_path / "all.png", ["clip_fraction", "grad_norm", "loss"])
+    assert Image.open(few).size[1] < Image.open(all_).size[1]  # 2 stacked panels instead of 3

@@ -39,10 +39,21 @@ def test_short_run_writes_metrics_samples_plot_config_checkpoint_and_tensorboard
     assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
 
     assert sorted(p.name for p in (run / "samples").iterdir()) == [
+        "step_000000",  # one file per validation image, for the HTML report
         "step_000000.png",
+        "step_000001",
         "step_000001.png",
+        "step_000002",
         "step_000002.png",
     ]
+    index = json.loads((run / "samples" / "step_000002" / "index.json").read_text())
+    assert [(r["prompt_index"], r["sample"], r["file"]) for r in index[:2]] == [
+        (0, 0, "p000_s0.png"),
+        (1, 0, "p001_s0.png"),
+    ]
+    assert all((run / "samples" / "step_000002" / r["file"]).is_file() for r in index)
+    assert "guard/brightness" in rows[1] and "timing/guard" in rows[1]
+    assert "guard/val_drift" in rows[0] and rows[0]["guard/val_drift"] == 0.0  # step 0 is the reference
     assert (run / "reward.png").stat().st_size > 0
     assert (run / "config.yaml").read_text().startswith("run:")
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"

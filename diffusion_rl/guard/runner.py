@@ -1,0 +1,198 @@
+"""The guard in a training run: statistics per step, alerts, files for the report, and stop / rollback.
+
+Files under <run.dir>/guard/:
+    alerts.jsonl   one row per alert: step, stat, value, baseline, rule, threshold, message, act
+    reference_val.npz   the reference validation images (shrunk) and their step: val_drift's reference. Also kept
+                   on disk because the validation of a checkpoint's step runs after that checkpoint is written
+    summary.json   the statistics watched, their baselines, noise floors and allowed changes, the action, and
+                   what the action did (stopped / rolled back to which checkpoint)
+
+Which policy an alert blames: the rollout logged at step t was sampled by the policy after t − 1 updates, and the
+validation at step t by the policy after t updates (the checkpoint `step_t`). A rollback loads the newest kept
+checkpoint older than the first policy of the alert's streak.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from diffusion_rl.guard.config import GuardConfig
+from diffusion_rl.guard.detector import NOISE_FLOOR, Alert, Detector
+from diffusion_rl.guard.stats import ROLLOUT_STATS, rollout_stats, shrink, val_drift
+
+logger = logging.getLogger(__name__)
+
+GUARD_DIR = "guard"
+ALERTS_FILE = "alerts.jsonl"
+SUMMARY_FILE = "summary.json"
+REFERENCE_FILE = "reference_val.npz"
+
+
+class RunGuard:
+    """Holds the guard's state over a run. Every method is a no-op returning {} / False when disabled."""
+
+    def __init__(self, cfg: GuardConfig, run_dir: str | Path):
+        self.cfg = cfg
+        self.dir = Path(run_dir) / GUARD_DIR
+        self.detector = Detector(cfg)
+        self.reference_val: np.ndarray | None = None  # the first validation's images (shrunk), for val_drift
+        self.reference_step: int | None = None
+        self.pending: Alert | None = None  # an alert whose action is due after this step's metrics are logged
+        self.bad_policy: int | None = None  # first policy (updates done) of the streak that acted
+        self.outcome: str | None = None
+        self._resumed_at: int | None = None  # the checkpoint step load_state_dict restored, if any
+        self._files_ready = False
+
+    # -- measuring -------------------------------------------------------------------------------------------
+    def on_rollout(self, step: int, images_BHW3: np.ndarray, group_index: Any) -> dict[str, float]:
+        """Metrics `guard/<stat>` of the rollout logged at `step` (sampled by the policy after step − 1 updates)."""
+        if not self.cfg.enabled:
+            return {}
+        self._prepare_files()
+        names = tuple(s for s in self.cfg.watched if s in ROLLOUT_STATS)
+        values = rollout_stats(images_BHW3, np.asarray(group_index), names, self.cfg.max_side)
+        return self._record(step, values, policy=step - 1)
+
+    def on_validation(self, step: int, images_BHW3: np.ndarray) -> dict[str, float]:
+        """Metrics of the validation at `step`: val_drift from the first validation's images (its reference)."""
+        if not self.cfg.enabled or "val_drift" not in self.cfg.watched:
+            return {}
+        self._prepare_files()
+        images = shrink(images_BHW3, self.cfg.max_side)
+        if self.reference_val is None or self.reference_val.shape != images.shape:
+            if self.reference_val is not None:
+                logger.warning("guard: the validation images changed shape; step %d is the new reference", step)
+            self.reference_val, self.reference_step = images.copy(), step
+            self.dir.mkdir(parents=True, exist_ok=True)
+            np.savez(self.dir / REFERENCE_FILE, images=self.reference_val, step=step)
+            self._write_summary()
+        values = {"val_drift": val_drift(images, self.reference_val)}
+        return self._record(step, values, policy=step, alerts_key="guard/val_alerts")
+
+    def _record(self, step: int, values: dict[str, float], policy: int, alerts_key: str = "guard/alerts") -> dict:
+        alerts = self.detector.update(step, values)
+        for alert in alerts:
+            logger.warning("%s", alert.message)
+            self._append(alert)
+        acting = [a for a in alerts if a.act]
+        if acting and self.cfg.action != "warn" and self.pending is None:
+            self.pending = acting[0]
+            streak = self.detector.streak[acting[0].stat]
+            self.bad_policy = policy - (streak - 1)  # the streak's first check blames this policy
+        if any(len(self.detector.history.get(k, [])) == self.cfg.baseline_steps for k in values):
+            self._write_summary()  # a baseline was just established
+        metrics = {f"guard/{k}": v for k, v in values.items()}
+        metrics[alerts_key] = float(len(alerts))
+        return metrics
+
+    # -- acting ----------------------------------------------------------------------------------------------
+    def should_stop(self, step: int, checkpoints: Any, load_checkpoint: Callable[[Path], None]) -> bool:
+        """After step `step` is logged: True when the guard ends the run (action stop, or rollback after loading
+        the last in-range checkpoint into the trainer)."""
+        if self.pending is None:
+            return False
+        alert, self.pending = self.pending, None
+        if self.cfg.action == "stop":
+            self.outcome = f"Stopped at step {step} ({alert.stat})"
+            logger.error("%s; stopping the run at step %d", alert.message, step)
+        else:
+            self.outcome = self._rollback(step, alert, checkpoints, load_checkpoint)
+        self._write_summary()
+        return True
+
+    def _rollback(self, step: int, alert: Alert, checkpoints: Any, load_checkpoint: Callable[[Path], None]) -> str:
+        good = [(s, path) for s, path in checkpoints.list() if s < self.bad_policy]
+        if not good:
+            logger.error(
+                "%s; no kept checkpoint predates the policy after %d updates (the first out of range), so "
+                "there is nothing to roll back to: stopping at step %d",
+                alert.message,
+                self.bad_policy,
+                step,
+            )
+            return f"Stopped at step {step} ({alert.stat}); no in-range checkpoint to roll back to"
+        good_step, path = good[-1]
+        load_checkpoint(path)
+        checkpoints.point_latest_at(path)
+        logger.error(
+            "%s; rolled back to %s (step %d, the newest checkpoint before the policy after %d updates) and "
+            "stopped; checkpoints/latest points at it",
+            alert.message,
+            path,
+            good_step,
+            self.bad_policy,
+        )
+        return f"Rolled back at step {step} ({alert.stat}) to checkpoint step {good_step}"
+
+    # -- files and state ---------------------------------------------------------------------------------------
+    def _prepare_files(self) -> None:
+        """Once per process: a fresh run drops an earlier run's files; a resumed one the alerts after its step."""
+        if self._files_ready:
+            return
+        self._files_ready = True
+        if self._resumed_at is None:
+            for name in (ALERTS_FILE, SUMMARY_FILE, REFERENCE_FILE):
+                (self.dir / name).unlink(missing_ok=True)
+            return
+        alerts = self.dir / ALERTS_FILE
+        if alerts.is_file():
+            kept = [x for x in alerts.read_text().splitlines() if x and json.loads(x)["step"] <= self._resumed_at]
+            alerts.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+
+    def _append(self, alert: Alert) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / ALERTS_FILE, "a", encoding="utf-8") as file:
+            file.write(json.dumps(alert.to_dict(), allow_nan=False) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        stats = {}
+        for stat in self.cfg.watched:
+            stats[stat] = {
+                "baseline": self.detector.baseline(stat),
+                "noise_floor": NOISE_FLOOR[stat],
+                "allowed_change": self.detector.allowed_change(stat),
+                "max": self.cfg.max_val_drift if stat == "val_drift" else None,
+            }
+        return {
+            "action": self.cfg.action,
+            "baseline_steps": self.cfg.baseline_steps,
+            "max_relative_change": self.cfg.max_relative_change,
+            "max_zscore": self.cfg.max_zscore,
+            "window": self.cfg.window,
+            "reference_validation_step": self.reference_step,
+            "stats": stats,
+            "outcome": self.outcome,
+        }
+
+    def _write_summary(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / SUMMARY_FILE).write_text(json.dumps(self.summary(), indent=2) + "\n", encoding="utf-8")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "detector": self.detector.state_dict(),
+            # a tensor, not an array: a checkpoint's state.pt is read with torch's weights_only loader
+            "reference_val": None if self.reference_val is None else torch.from_numpy(self.reference_val),
+            "reference_step": self.reference_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any] | None, step: int) -> None:
+        """Restore the state saved with the checkpoint of `step` (None: a checkpoint from before the guard)."""
+        self._resumed_at = step
+        if state:
+            self.detector.load_state_dict(state["detector"])
+            reference = state["reference_val"]
+            self.reference_val = None if reference is None else reference.numpy()
+            self.reference_step = state["reference_step"]
+        file = self.dir / REFERENCE_FILE
+        if self.reference_val is None and file.is_file():  # taken by the validation right after the checkpoint
+            with np.load(file) as saved:
+                if int(saved["step"]) <= step:
+                    self.reference_val, self.reference_step = saved["images"], int(saved["step"])

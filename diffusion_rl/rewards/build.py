@@ -1,0 +1,25 @@
+"""The combiner of a config's reward entries (`rewards:` or `val.rewards:`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.rewards.base import REWARDS, RewardFn
+from diffusion_rl.rewards.combine import RewardCombiner, WeightedReward
+from diffusion_rl.rewards.user_fn import is_user_function_spec
+
+
+def build_combiner(specs: Sequence[Any], make_fn: Callable[[Any], RewardFn], where: str = "rewards") -> RewardCombiner:
+    """A RewardCombiner of the entries (config RewardSpecs), each keyed by its label (else its name) and built by
+    `make_fn(spec)` (in this process, or in Ray actors)."""
+    for i, spec in enumerate(specs):
+        group = not is_user_function_spec(spec.name) and getattr(REWARDS.get(spec.name), "group", False)
+        if group and spec.actors:
+            raise UserError(
+                f"{where}.{i}: '{spec.name}' is a group reward and runs in the trainer process (it sees whole groups); "
+                "set actors: 0, and give the reward it wraps its own server (`remote`) if it is heavy"
+            )
+    rewards = [WeightedReward(s.metric_name, s.weight, make_fn(s), s.required, s.timeout_s) for s in specs]
+    return RewardCombiner(rewards)

@@ -1,0 +1,148 @@
+"""The guard's detector and runner: baseline, thresholds, patience, alerts, stop and rollback."""
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diffusion_rl.guard import Detector, GuardConfig, RunGuard
+
+
+def _feed(detector, series, stat="brightness", start=1):
+    alerts = []
+    for step, value in enumerate(series, start=start):
+        alerts += detector.update(step, {stat: value})
+    return alerts
+
+
+def test_baseline_is_the_mean_of_the_first_steps_and_the_relative_rule_fires_past_it():
+    detector = Detector(GuardConfig(baseline_steps=3, max_relative_change=0.5))
+    assert _feed(detector, [0.40, 0.44, 0.42]) == []  # the baseline steps are never out of range
+    assert detector.baseline("brightness") == pytest.approx(0.42)
+    # allowed: 0.5 · 0.42 + 0.02 (noise floor) = 0.23 -> in range down to 0.19
+    assert _feed(detector, [0.20], start=4) == []
+    (alert,) = _feed(detector, [0.18], start=5)
+    assert (alert.step, alert.stat, alert.rule) == (5, "brightness", "relative_change")
+    assert alert.baseline == pytest.approx(0.42) and alert.threshold == pytest.approx(0.23)
+    assert "brightness at step 5 is 0.18, baseline 0.42" in alert.message and "-57%" in alert.message
+
+
+def test_per_statistic_relative_change_and_noise_floor():
+    detector = Detector(GuardConfig(baseline_steps=1, relative_change={"dark_fraction": 1.0}))
+    # baseline 0.001: 100 % of it is nothing, the 0.02 floor decides -> up to 0.022 allowed
+    assert _feed(detector, [0.001, 0.02], stat="dark_fraction") == []
+    assert len(_feed(detector, [0.03], stat="dark_fraction", start=3)) == 1
+
+
+def test_zscore_rule_over_the_window():
+    detector = Detector(GuardConfig(max_relative_change=None, max_zscore=3.0, window=4))
+    # previous window 1, 3, 1, 3: mean 2, std 1 -> allowed 3·1 + 2 (colorfulness floor) = 5
+    assert _feed(detector, [1, 3, 1, 3, 6.9], stat="colorfulness") == []
+    (alert,) = _feed(detector, [12.0], stat="colorfulness", start=6)  # window 3, 1, 3, 6.9: mean 3.475
+    assert alert.rule == "zscore" and alert.baseline == pytest.approx(3.475)
+
+
+def test_val_drift_has_a_cap_only():
+    detector = Detector(GuardConfig(max_val_drift=0.2))
+    assert _feed(detector, [0.0, 0.1, 0.19], stat="val_drift") == []
+    (alert,) = _feed(detector, [0.25], stat="val_drift", start=4)
+    assert alert.rule == "max" and alert.threshold == 0.2
+
+
+def test_patience_counts_consecutive_checks():
+    detector = Detector(GuardConfig(baseline_steps=1, patience=2))
+    alerts = _feed(detector, [0.5, 0.1, 0.5, 0.1, 0.1])
+    assert [(a.step, a.act) for a in alerts] == [(2, False), (4, False), (5, True)]
+
+
+class FakeCheckpoints:
+    def __init__(self, steps):
+        self.steps, self.latest = steps, None
+
+    def list(self):
+        return [(s, Path(f"step_{s:06d}")) for s in self.steps]
+
+    def point_latest_at(self, path):
+        self.latest = path
+
+
+def _dark_images(value, n=4):
+    return np.full((n, 8, 8, 3), value, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("action", ["warn", "stop", "rollback"])
+def test_runner_acts_after_the_alert_and_writes_files(tmp_path, action, caplog):
+    guard = RunGuard(GuardConfig(action=action, baseline_steps=2, stats=["brightness"]), tmp_path)
+    checkpoints, loaded = FakeCheckpoints([2, 4, 6]), []
+    with caplog.at_level(logging.WARNING):
+        for step, value in enumerate([128, 128, 120, 125, 128, 30, 20], start=1):
+            metrics = guard.on_rollout(step, _dark_images(value), [0, 0, 1, 1])
+            stopped = guard.should_stop(step, checkpoints, loaded.append)
+            if stopped:
+                break
+    assert metrics["guard/brightness"] == pytest.approx(value / 255) and metrics["guard/alerts"] == 1.0
+    assert any("brightness at step 6 is 0.1176" in r.getMessage() for r in caplog.records)
+    rows = [json.loads(line) for line in (tmp_path / "guard/alerts.jsonl").read_text().splitlines()]
+    summary = json.loads((tmp_path / "guard/summary.json").read_text())
+    assert summary["stats"]["brightness"]["baseline"] == pytest.approx(128 / 255)
+    if action == "warn":
+        assert [r["step"] for r in rows] == [6, 7] and not loaded and summary["outcome"] is None
+        return
+    assert step == 6 and [r["step"] for r in rows] == [6]
+    if action == "stop":
+        assert summary["outcome"] == "Stopped at step 6 (brightness)" and not loaded
+    else:
+        # step 6's rollout came from the policy after 5 updates: checkpoint 4 is the newest before it
+        assert loaded == [Path("step_000004")] and checkpoints.latest == Path("step_000004")
+        assert summary["outcome"] == "Rolled back at step 6 (brightness) to checkpoint step 4"
+
+
+def test_rollback_without_an_older_checkpoint_stops(tmp_path):
+    guard = RunGuard(GuardConfig(action="rollback", baseline_steps=1, stats=["brightness"]), tmp_path)
+    guard.on_rollout(1, _dark_images(128), [0, 0, 0, 0])
+    guard.on_rollout(2, _dark_images(10), [0, 0, 0, 0])
+    loaded = []
+    assert guard.should_stop(2, FakeCheckpoints([2]), loaded.append) and not loaded
+    assert "no in-range checkpoint" in guard.outcome
+
+
+def test_validation_drift_is_measured_from_the_first_validation(tmp_path):
+    guard = RunGuard(GuardConfig(max_val_drift=0.1), tmp_path)
+    assert guard.on_validation(0, _dark_images(100))["guard/val_drift"] == 0.0
+    metrics = guard.on_validation(5, _dark_images(151))
+    assert metrics["guard/val_drift"] == pytest.approx(0.2) and metrics["guard/val_alerts"] == 1.0
+
+
+def test_state_round_trip_keeps_baseline_and_reference(tmp_path):
+    guard = RunGuard(GuardConfig(baseline_steps=1), tmp_path)
+    guard.on_rollout(1, _dark_images(128), [0, 0, 1, 1])
+    guard.on_validation(1, _dark_images(50))
+    resumed = RunGuard(GuardConfig(baseline_steps=1), tmp_path)
+    resumed.load_state_dict(guard.state_dict(), 1)
+    assert resumed.detector.baseline("brightness") == pytest.approx(128 / 255)
+    assert resumed.on_validation(2, _dark_images(50))["guard/val_drift"] == 0.0
+
+
+def test_disabled_guard_measures_nothing(tmp_path):
+    guard = RunGuard(GuardConfig(enabled=False), tmp_path)
+    assert guard.on_rollout(1, _dark_images(1), [0, 0, 0, 0]) == {} and guard.on_validation(0, _dark_images(1)) == {}
+    assert not (tmp_path / "guard").exists()
+
+
+def test_config_rejects_unknown_statistics():
+    with pytest.raises(ValueError, match="unknown statistics \\['brightnes'\\]"):
+        GuardConfig(stats=["brightnes"])
+
+
+def test_a_reference_taken_after_the_checkpoint_is_found_on_disk(tmp_path):
+    guard = RunGuard(GuardConfig(), tmp_path)
+    state = guard.state_dict()  # the checkpoint of step 2 is written first...
+    guard.on_validation(2, _dark_images(50))  # ...then step 2's validation takes the reference
+    resumed = RunGuard(GuardConfig(), tmp_path)
+    resumed.load_state_dict(state, 2)
+    assert resumed.reference_step == 2 and resumed.on_validation(4, _dark_images(50))["guard/val_drift"] == 0.0
+    stale = RunGuard(GuardConfig(), tmp_path)
+    stale.load_state_dict(state, 1)  # a reference from after the checkpoint's step is not this run's past
+    assert stale.reference_val is None

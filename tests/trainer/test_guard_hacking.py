@@ -1,0 +1,55 @@
+"""The guard on a quickstart-like tiny run whose reward pays for darkness: it fires, stops, and the report shows it."""
+
+from __future__ import annotations
+
+import json
+
+from diffusion_rl.checkpoint.store import CheckpointManager
+from diffusion_rl.cli import main
+from diffusion_rl.tracking import read_metrics
+
+DARKNESS = """
+return (1.0 - images.mean(axis=(1, 2, 3)) / 255.0).astype(np.float32)
+"""
+# the reduced quickstart that learns (tests/trainer/conftest.py's LEARNS), paid for dark images
+HACKS = (
+    "sampling.guidance=4.5",
+    "data.prompts_per_step=4",
+    "data.group_size=4",
+    "train.lr=1e-2",
+    "train.total_steps=30",
+    "train.save_every=2",
+    "train.keep_last=0",
+    "val.before_train=true",
+    "val.every=5",
+    "guard.baseline_steps=2",
+)
+
+
+def test_a_hacking_run_is_stopped_by_the_guard_naming_statistic_and_step(make_trainer, user_reward, caplog):
+    trainer = make_trainer(f"rewards.0.name={user_reward(DARKNESS)}", *HACKS, "guard.action=rollback")
+    rows = trainer.train()
+
+    alerts = [json.loads(x) for x in (trainer.run_dir / "guard" / "alerts.jsonl").read_text().splitlines()]
+    first = alerts[0]
+    stopped_at = rows[-1]["step"]
+    assert stopped_at < 30 and first["step"] == stopped_at  # the run ended at the step of its first alert
+    assert first["rule"] == "relative_change" and first["act"]
+    # the warning names the statistic, the step, the value and the baseline
+    message = f"guard: {first['stat']} at step {stopped_at} is {first['value']:.4g}, baseline {first['baseline']:.4g}"
+    assert any(r.getMessage().startswith(message) for r in caplog.records)
+    assert rows[-1][f"guard/{first['stat']}"] == first["value"] and rows[-1]["guard/alerts"] >= 1
+
+    # rolled back: the checkpoint before the first policy out of range (the rollout of step t comes from the policy
+    # after t − 1 updates) is loaded and is what `latest` points at
+    summary = json.loads((trainer.run_dir / "guard" / "summary.json").read_text())
+    good = max(s for s, _ in CheckpointManager(trainer.run_dir).list() if s < stopped_at - 1)
+    assert summary["outcome"] == f"Rolled back at step {stopped_at} ({first['stat']}) to checkpoint step {good}"
+    assert CheckpointManager(trainer.run_dir).latest().name == f"step_{good:06d}" and trainer.step == good
+    assert read_metrics(trainer.run_dir)[-1]["step"] == stopped_at
+
+    assert main(["report", str(trainer.run_dir)]) == 0
+    html = (trainer.run_dir / "report" / "report.html").read_text()
+    assert f"first: {first['stat']} at step {stopped_at}" in html and summary["outcome"] in html
+    md = (trainer.run_dir / "report" / "report.md").read_text()
+    assert "## Guard alerts" in md and f"| {stopped_at}" in md and first["stat"] in md
