@@ -9,7 +9,7 @@ import torch
 from transformers import Owlv2Config, Owlv2ForObjectDetection, Owlv2ImageProcessorPil
 
 from diffusion_rl.data.shapes import SceneSpec, ShapeGroup, draw_scene
-from diffusion_rl.models.tiny import TinySpec, build_tokenizers
+from diffusion_rl.models.tiny.parts import build_tokenizers
 from diffusion_rl.rewards import make_reward
 from diffusion_rl.rewards.geneval.detector import OwlDetector, iou
 from diffusion_rl.rewards.geneval.rules import COLORS, evaluate, parse_metadata
@@ -25,7 +25,7 @@ SCENES = [
 @pytest.fixture(scope="module")
 def owl_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("owlv2")
-    tokenizer = build_tokenizers(TinySpec())[0]
+    tokenizer = build_tokenizers(32)[0]
     text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=2, max_position_embeddings=24, bos_token_id=512, eos_token_id=513,
                 pad_token_id=513)  # fmt: skip

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.tiny import TinySpec, build_tokenizers
+from diffusion_rl.models.tiny.parts import build_tokenizers
 from diffusion_rl.rewards import make_reward
 from diffusion_rl.rewards.hps import LetterboxProcessor, openclip_to_clip
 
@@ -68,7 +68,7 @@ def openclip_state(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tokenizers(TinySpec())[0]
+    return build_tokenizers(32)[0]
 
 
 @pytest.fixture(scope="module")
