@@ -57,6 +57,7 @@ def cmd_sample(args) -> None:
     import torch
 
     from diffusion_rl.config import ModelConfig
+    from diffusion_rl.models.image_size import size_problem
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import SamplerSettings, rollout
     from diffusion_rl.sampling.window import default_window
@@ -88,10 +89,9 @@ def cmd_sample(args) -> None:
                 lora=ModelConfig().lora.__class__(enabled=False),
             )
         )
-    try:
-        model.latent_shape(args.height, args.width)
-    except ValueError as e:  # a size the model cannot make is the user's to fix
-        raise UserError(f"--height/--width: {e}") from None
+    problem = size_problem(model, args.height, args.width)  # a size the model cannot make is the user's to fix
+    if problem:
+        raise UserError(f"--height/--width: {problem}")
     prompts = [p for p in args.prompt for _ in range(args.n)]
     settings = SamplerSettings(
         args.steps,

@@ -118,3 +118,11 @@ def test_unknown_command_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as info:
         main(["nonsense"])
     assert info.value.code == 2
+
+
+def test_sample_past_the_models_position_table_suggests_a_size_that_fits(tiny_model_dir, capsys):
+    # the tiny SD3 transformer's position table is 32 patches: 32 × patch 2 × VAE 4 = 256 px a side at most
+    argv = ["sample", "--model", str(tiny_model_dir), "--prompt", "a", *FAST_SAMPLE, "--height", "512"]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert "at most 256 px" in line and "try --height 256 --width 32" in line
