@@ -70,6 +70,8 @@ def cmd_sample(args) -> None:
         raise UserError(f"--n must be ≥ 1, got {args.n}")
     if args.noise_level < 0:
         raise UserError(f"--noise-level must be ≥ 0, got {args.noise_level}")
+    if args.max_sequence_length is not None and args.max_sequence_length < 1:
+        raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
         from diffusion_rl.models.export import load_checkpoint_model
 
@@ -81,13 +83,9 @@ def cmd_sample(args) -> None:
             use_ema=not args.no_ema,
         )
     else:
+        length = {} if args.max_sequence_length is None else {"max_sequence_length": args.max_sequence_length}
         model = load_model(
-            ModelConfig(
-                path=args.model,
-                device=args.device,
-                max_sequence_length=args.max_sequence_length,
-                lora=ModelConfig().lora.__class__(enabled=False),
-            )
+            ModelConfig(path=args.model, device=args.device, lora=ModelConfig().lora.__class__(enabled=False), **length)
         )
     problem = size_problem(model, args.height, args.width)  # a size the model cannot make is the user's to fix
     if problem:
@@ -171,7 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
     p.add_argument("--noise-level", type=float, default=0.7)
-    p.add_argument("--max-sequence-length", type=int, default=256)
+    p.add_argument(
+        "--max-sequence-length",
+        type=int,
+        default=None,
+        help="text tokens per prompt (default: with --checkpoint the run's model.max_sequence_length, else 256)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default="grid.png")
     p.add_argument("--checkpoint", default=None, help="apply a training checkpoint (step_NNNNNN or run directory)")
