@@ -12,6 +12,7 @@ import torch
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.policies import LoraSettings
+from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,9 @@ def load_model(cfg) -> FlowModel:
     pipeline_name, adapter = FAMILY_CLASSES[family]
     module_name, class_name = adapter.split(":")
     model_cls = getattr(importlib.import_module(module_name), class_name)
-    pipeline = getattr(diffusers, pipeline_name).from_pretrained(path, dtype=dtype)
+    with quiet_loading():  # no progress bars or info logs, in every process (Ray workers too)
+        pipeline = getattr(diffusers, pipeline_name).from_pretrained(path, dtype=dtype)
+    quiet_prompt_truncation(pipeline)
     pipeline.set_progress_bar_config(disable=True)
     pipeline.to(device)
     lora = None
