@@ -3,7 +3,8 @@
 Layout:
     <run_dir>/checkpoints/step_000010/    one complete checkpoint (contents are up to the caller's write_fn)
     <run_dir>/checkpoints/latest          text file holding the newest checkpoint's directory name
-    <run_dir>/checkpoints/.tmp-*          work in progress, or leftovers of a crash: never listed, removed by save()
+    <run_dir>/checkpoints/.tmp-*          work in progress, pruned checkpoints being deleted, or leftovers of a
+                                          crash: never listed, removed by save()
 
 Invariant: a `step_*` directory only ever appears by an atomic rename of a fully written and fsynced temp
 directory, so every `step_*` directory is complete. One process (rank 0) saves at a time.
@@ -194,4 +195,12 @@ class CheckpointManager:
         found = self.list()
         for _, path in found[: max(0, len(found) - self.keep_last)]:
             if path != keep:
-                shutil.rmtree(path)
+                # out of the step_* namespace in one rename first: a kill mid-delete leaves a .tmp- leftover that
+                # the next save removes, never an incomplete step_* directory
+                doomed = self.dir / f"{TMP_PREFIX}pruned-{path.name}-{os.getpid()}"
+                os.rename(path, doomed)
+                _fsync_path(self.dir, directory=True)
+                try:
+                    shutil.rmtree(doomed)
+                except OSError as e:  # the checkpoint just saved is complete: don't fail the run for a leftover
+                    logger.warning("could not remove the pruned %s (%s); the next save retries", doomed, e)
