@@ -1,6 +1,7 @@
 """`diffusion-rl` command line: train, sample, init-tiny, config show|reference, and the commands/ modules.
 
-User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback.
+User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback; an OSError
+(read-only directory, full disk) prints its path and cause in one line and exits with status 1.
 """
 
 from __future__ import annotations
@@ -222,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"diffusion-rl: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # read-only run dir, full disk, …: the path and the cause (-v: the traceback too)
+        cause = e.cause if isinstance(getattr(e, "cause", None), OSError) else e  # Ray wraps a worker's error
+        where = f"{cause.filename}: " if cause.filename is not None else ""
+        print(f"diffusion-rl: error: {where}{cause.strerror or cause}", file=sys.stderr)
+        logger.debug("the error in full:", exc_info=True)
+        return 1
     return 0
 
 

@@ -11,6 +11,7 @@ import torch
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.load_errors import raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
 from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
 
@@ -77,8 +78,12 @@ def load_model(cfg) -> FlowModel:
     pipeline_name, adapter = FAMILY_CLASSES[family]
     module_name, class_name = adapter.split(":")
     model_cls = getattr(importlib.import_module(module_name), class_name)
-    with quiet_loading():  # no progress bars or info logs, in every process (Ray workers too)
-        pipeline = getattr(diffusers, pipeline_name).from_pretrained(path, dtype=dtype)
+    try:
+        with quiet_loading():  # no progress bars or info logs, in every process (Ray workers too)
+            pipeline = getattr(diffusers, pipeline_name).from_pretrained(path, dtype=dtype)
+    except Exception as e:  # a truncated file, a component without config.json: one line naming the file
+        raise_if_damaged(path, e)
+        raise
     quiet_prompt_truncation(pipeline)
     pipeline.set_progress_bar_config(disable=True)
     pipeline.to(device)

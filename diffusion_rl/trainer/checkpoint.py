@@ -12,6 +12,7 @@ directory, so every `step_*` directory is complete. One process (rank 0) saves a
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -72,6 +73,24 @@ def rename_into_place(tmp: Path, final: Path, aside: Path) -> None:
         os.rename(tmp, final)
 
 
+# what torch.save's writer says when the file system takes fewer bytes than it wrote (a full disk)
+_SHORT_WRITE = ("unexpected pos", "iostream error", "file write failed")
+
+
+def _short_write(error: BaseException, checkpoint: Path) -> OSError | None:
+    """torch.save's RuntimeError for a write that stopped part-way ("unexpected pos 704 vs 598") as the OSError
+    it almost always is, ENOSPC, naming the checkpoint and the space left; None for any other error."""
+    said = [line.strip() for line in str(error).splitlines() if any(s in line for s in _SHORT_WRITE)]
+    if not isinstance(error, RuntimeError) or not said:  # (a Ray worker's error holds its traceback: one line)
+        return None
+    free = shutil.disk_usage(checkpoint.parent).free / 2**20
+    return OSError(
+        errno.ENOSPC,
+        f"No space left on device ({free:.0f} MiB free now; torch.save stopped part-way: {said[0]})",
+        str(checkpoint),
+    )
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -108,8 +127,11 @@ class CheckpointManager:
         try:
             write_fn(tmp)
             _fsync_tree(tmp)
-        except BaseException:
+        except BaseException as e:
+            short_write = _short_write(e, self.dir / name)
             shutil.rmtree(tmp, ignore_errors=True)
+            if short_write is not None:
+                raise short_write from e
             raise
 
         final = self.dir / name

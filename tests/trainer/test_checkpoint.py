@@ -1,4 +1,7 @@
+import errno
+import os
 import random
+import stat
 
 import numpy as np
 import pytest
@@ -196,3 +199,32 @@ def test_a_prune_stopped_mid_delete_leaves_only_complete_checkpoints(tmp_path, m
     monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
     manager.save(30, _writer("thirty"))  # removes the leftover
     assert _entries(manager) == ["latest", "step_000030"]
+
+
+def _has_dev_full() -> bool:
+    return os.path.exists("/dev/full") and stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+@pytest.mark.skipif(not _has_dev_full(), reason="needs the /dev/full device (always full)")
+def test_torch_saves_short_write_is_reported_as_no_space_left_on_device(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=0)
+    manager.save(10, _writer("ten"))
+
+    def onto_a_full_disk(directory):
+        (directory / "state.txt").write_text("partial")
+        torch.save({"weights": torch.zeros(100_000)}, "/dev/full")  # RuntimeError: ... unexpected pos … vs …
+
+    with pytest.raises(OSError) as raised:
+        manager.save(20, onto_a_full_disk)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(manager.dir / "step_000020")
+    assert "No space left on device" in str(raised.value) and "torch.save stopped part-way" in str(raised.value)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert _entries(manager) == ["latest", "step_000010"]  # the partial checkpoint is gone, latest unchanged
+
+
+def test_other_write_errors_pass_through_unchanged(tmp_path):
+    def broken(directory):
+        raise RuntimeError("a bug in a write function")
+
+    with pytest.raises(RuntimeError, match="a bug in a write function"):
+        CheckpointManager(tmp_path).save(1, broken)
