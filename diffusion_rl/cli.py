@@ -138,10 +138,10 @@ def cmd_prepare_ocr(args) -> None:
 
 def cmd_config(args) -> None:
     from diffusion_rl.config import Config, load
-    from diffusion_rl.config_io import describe, describe_markdown, to_yaml
+    from diffusion_rl.config_io import describe, describe_markdown, redact_secrets, to_yaml
 
-    if args.action == "show":
-        print(to_yaml(load(args.config, args.overrides)), end="")
+    if args.action == "show":  # secrets (an inline api_key) show as ***redacted***, as in a run's config.yaml
+        print(to_yaml(redact_secrets(load(args.config, args.overrides))), end="")
     elif args.markdown:
         print(describe_markdown(Config, "Config reference"), end="")
     else:

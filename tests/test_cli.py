@@ -204,3 +204,10 @@ def test_a_damaged_model_directory_is_one_line_naming_the_file(tiny_model_dir, t
     assert main(["sample", "--model", str(model), "--prompt", "a", *FAST_SAMPLE]) == 2
     line = _one_error_line(capsys)
     assert f"cannot load the model in {model}: {model / named.split(':')[0]}:" in line and named.split(": ")[1] in line
+
+
+def test_config_show_redacts_an_inline_api_key(capsys):
+    argv = ["config", "show", QUICKSTART, "rewards.0.name=vlm", "rewards.0.kwargs={api_key: sk-1, api_key_env: null}"]
+    assert main(argv) == 0
+    shown = capsys.readouterr().out
+    assert "sk-1" not in shown and "api_key: '***redacted***'" in shown and "api_key_env: null" in shown

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from diffusion_rl.config import Config
-from diffusion_rl.config_io import to_dict, to_yaml
+from diffusion_rl.config_io import redact_secrets, refuse_redacted, to_yaml
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine.local import make_engine
@@ -48,6 +48,8 @@ def ensure_model(cfg: Config) -> None:
 
 def build_rewards(cfg: Config) -> RewardCombiner:
     """The config's rewards, each keyed in metrics and logs by its label (else its name)."""
+    for i, spec in enumerate(cfg.rewards):  # e.g. a run's own config.yaml given back to `train`
+        refuse_redacted(spec.kwargs, f"rewards.{i}.kwargs")
     return RewardCombiner(
         [WeightedReward(s.metric_name, s.weight, make_reward_fn(s, cfg.engine), s.required) for s in cfg.rewards]
     )
@@ -84,14 +86,14 @@ class Trainer:
         if cfg.run.val_only:
             return self.validate_only(resume_from)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (self.run_dir / "config.yaml").write_text(to_yaml(redact_secrets(cfg)))  # no inline api_key on disk
         self.trackers = make_trackers(
             self.run_dir,
             jsonl=cfg.log.jsonl,
             tensorboard=cfg.log.tensorboard,
             console_every=0,
             wandb=self._wandb_settings(),
-            config=to_dict(cfg),
+            config=redact_secrets(cfg),
         )
         self.trackers.resume_from(self.step)
         try:
@@ -240,7 +242,7 @@ class Trainer:
                 },
                 directory / "run_state.pt",
             )
-            (directory / "config.yaml").write_text(to_yaml(self.cfg))
+            (directory / "config.yaml").write_text(to_yaml(redact_secrets(self.cfg)))
 
         return self.checkpoints.save(self.step, write)
 
