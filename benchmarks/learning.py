@@ -281,17 +281,39 @@ def main() -> None:
     starts = {r["val_reward_start"] for r in results.values() if "val_reward_start" in r}
     base = starts.pop() if len(starts) == 1 else None  # one start for all: the base model's
     plot(results, out.with_suffix(".png"), base, reward, args.task)
-    print(f"{'algorithm':<14} {'steps':>6} {'s/step':>7} {'×fgrpo':>7} {'img/s':>6} {'val start':>10} {'val end':>10} "
-          f"{'gain %':>7} {'val best':>10}")  # fmt: skip
+    print("\n".join(summary_lines(results)))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+# (heading, result key, column width, number format) of the summary table
+SUMMARY_COLUMNS = [
+    ("steps", "steps", 6, ""),
+    ("s/step", "seconds_per_step", 7, ".3f"),
+    ("×fgrpo", "step_time_vs_flow_grpo", 7, ".2f"),
+    ("img/s", "images_per_second", 6, ".2f"),
+    ("val start", "val_reward_start", 10, ".5g"),
+    ("val end", "val_reward_end", 10, ".5g"),
+    ("gain %", "val_gain_percent", 7, "+.1f"),
+    ("val best", "val_reward_best", 10, ".5g"),
+]
+
+
+def summary_lines(results: dict) -> list[str]:
+    """The table printed at the end: one row per algorithm (a skipped or failed one says why). A missing value
+    (None, e.g. the gain % of a run whose validation started at 0) is a dash; 0 is a number like any other."""
+
+    def cell(value, width: int, spec: str) -> str:
+        text = "–" if value is None else format(value, spec)
+        return f"{text:>{width}}"
+
+    lines = [f"{'algorithm':<14} " + " ".join(f"{title:>{width}}" for title, _, width, _ in SUMMARY_COLUMNS)]
     for name, r in results.items():
         if "curve" in r:
-            ratio = r.get("step_time_vs_flow_grpo", float("nan"))
-            print(f"{name:<14} {r['steps']:>6} {r['seconds_per_step']:>7.3f} {ratio:>7.2f} "
-                  f"{r['images_per_second']:>6.2f} {r['val_reward_start']:>10.5g} {r['val_reward_end']:>10.5g} "
-                  f"{r['val_gain_percent']:>+7.1f} {r['val_reward_best']:>10.5g}")  # fmt: skip
+            cells = [cell(r.get(key), width, spec) for _, key, width, spec in SUMMARY_COLUMNS]
+            lines.append(f"{name:<14} " + " ".join(cells))
         else:
-            print(f"{name:<14} {r.get('skipped') or r.get('error')}")
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+            lines.append(f"{name:<14} {r.get('skipped') or r.get('error')}")
+    return lines
 
 
 if __name__ == "__main__":

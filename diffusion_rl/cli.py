@@ -1,6 +1,7 @@
 """`diffusion-rl` command line: train, sample, init-tiny, config show|reference, and the commands/ modules.
 
-User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback.
+User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback; an OSError
+(read-only directory, full disk) prints its path and cause in one line and exits with status 1.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def cmd_train(args) -> None:
 
 def cmd_sample(args) -> None:
     from diffusion_rl.config import ModelConfig
+    from diffusion_rl.models.image_size import size_problem
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
     from diffusion_rl.sampling.window import default_window
@@ -67,6 +69,8 @@ def cmd_sample(args) -> None:
         raise UserError(f"--n must be ≥ 1, got {args.n}")
     if args.noise_level < 0:
         raise UserError(f"--noise-level must be ≥ 0, got {args.noise_level}")
+    if args.max_sequence_length is not None and args.max_sequence_length < 1:
+        raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
         from diffusion_rl.checkpoint.weights import load_checkpoint_model
 
@@ -78,18 +82,13 @@ def cmd_sample(args) -> None:
             use_ema=not args.no_ema,
         )
     else:
+        length = {} if args.max_sequence_length is None else {"max_sequence_length": args.max_sequence_length}
         model = load_model(
-            ModelConfig(
-                path=args.model,
-                device=args.device,
-                max_sequence_length=args.max_sequence_length,
-                lora=ModelConfig().lora.__class__(enabled=False),
-            )
+            ModelConfig(path=args.model, device=args.device, lora=ModelConfig().lora.__class__(enabled=False), **length)
         )
-    try:
-        model.latent_shape(args.height, args.width)
-    except ValueError as e:  # a size the model cannot make is the user's to fix
-        raise UserError(f"--height/--width: {e}") from None
+    problem = size_problem(model, args.height, args.width)  # a size the model cannot make is the user's to fix
+    if problem:
+        raise UserError(f"--height/--width: {problem}")
     prompts = [p for p in args.prompt for _ in range(args.n)]
     settings = SamplerSettings(
         args.steps,
@@ -136,10 +135,10 @@ def cmd_prepare_ocr(args) -> None:
 
 def cmd_config(args) -> None:
     from diffusion_rl.config import Config, load
-    from diffusion_rl.config_io import describe, describe_markdown, to_yaml
+    from diffusion_rl.config_io import describe, describe_markdown, redact_secrets, to_yaml
 
-    if args.action == "show":
-        print(to_yaml(load(args.config, args.overrides)), end="")
+    if args.action == "show":  # secrets (an inline api_key) show as ***redacted***, as in a run's config.yaml
+        print(to_yaml(redact_secrets(load(args.config, args.overrides))), end="")
     elif args.markdown:
         print(describe_markdown(Config, "Config reference"), end="")
     else:
@@ -168,7 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
     p.add_argument("--noise-level", type=float, default=0.7)
-    p.add_argument("--max-sequence-length", type=int, default=256)
+    p.add_argument(
+        "--max-sequence-length",
+        type=int,
+        default=None,
+        help="text tokens per prompt (default: with --checkpoint the run's model.max_sequence_length, else 256)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default="grid.png")
     p.add_argument("--checkpoint", default=None, help="apply a training checkpoint (step_NNNNNN or run directory)")
@@ -216,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"diffusion-rl: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # read-only run dir, full disk, …: the path and the cause (-v: the traceback too)
+        cause = e.cause if isinstance(getattr(e, "cause", None), OSError) else e  # Ray wraps a worker's error
+        where = f"{cause.filename}: " if cause.filename is not None else ""
+        print(f"diffusion-rl: error: {where}{cause.strerror or cause}", file=sys.stderr)
+        logger.debug("the error in full:", exc_info=True)
+        return 1
     return 0
 
 

@@ -301,6 +301,7 @@ class TrainConfig:
     def __post_init__(self):
         check(self.total_steps >= 0, "train.total_steps must be ≥ 0")
         check(self.lr > 0, "train.lr must be > 0")
+        check(self.save_every >= 0, f"train.save_every must be ≥ 0 (0 = only at the end), got {self.save_every}")
         check(
             self.micro_batch_size >= 1 and self.num_minibatches >= 1 and self.ppo_epochs >= 1,
             "train.micro_batch_size, train.num_minibatches and train.ppo_epochs must be ≥ 1",
@@ -425,6 +426,14 @@ class Config:
         check(
             not self.run.val_only or bool(self.val.prompts),
             "run.val_only=true validates and exits, but val.prompts is null: set val.prompts to a prompt file",
+        )
+        # every loss is group-relative (advantages normalised within a prompt's group; online dpo pairs two of its
+        # samples): a group of one gives every sample advantage 0 and the run learns nothing
+        check(
+            self.data.group_size >= 2 or self.data.sample_source == "offline",
+            f"data.group_size=1: algorithm.loss={self.algorithm.loss} compares the samples of each prompt's group "
+            "(group-normalised advantages; online dpo: pairs within the group), so every advantage would be 0 and "
+            "nothing is learned; set data.group_size to 2 or more",
         )
         batch = self.data.prompts_per_step * self.data.group_size
         minibatches = self.train.num_minibatches

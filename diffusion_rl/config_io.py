@@ -25,7 +25,20 @@ import yaml
 
 from diffusion_rl.errors import UserError, did_you_mean
 
-__all__ = ["apply_overrides", "describe", "field_help", "from_dict", "load_config", "to_dict", "to_yaml"]
+__all__ = [
+    "REDACTED",
+    "apply_overrides",
+    "describe",
+    "field_help",
+    "from_dict",
+    "is_secret_key",
+    "load_config",
+    "redact_secrets",
+    "refuse_redacted",
+    "to_dict",
+    "to_yaml",
+    "without_redacted",
+]
 
 T = TypeVar("T")
 
@@ -457,6 +470,62 @@ def to_dict(obj: Any) -> Any:
 def to_yaml(obj: Any) -> str:
     """YAML text for a dataclass tree (or plain data), in field order, readable by ``load_config``."""
     return yaml.dump(to_dict(obj), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Secrets in what a run writes
+
+REDACTED = "***redacted***"
+# a key naming a secret, as a whole word of the key (api_key, x-api-key, hf_token, client_secret, Authorization);
+# max_tokens or tokenizer are not secrets, nor is a key ending in _env, which names the variable holding one
+_SECRET_KEY = re.compile(
+    r"(?:^|[_\-])(?:api[_\-]?key|access[_\-]?key|token|password|passwd|secret|authorization|credentials?)(?:$|[_\-])",
+    re.IGNORECASE,
+)
+
+
+def is_secret_key(key: Any) -> bool:
+    return isinstance(key, str) and bool(_SECRET_KEY.search(key)) and not key.lower().endswith("_env")
+
+
+def redact_secrets(obj: Any) -> Any:
+    """``to_dict(obj)`` with the value of every secret-named key (``is_secret_key``) replaced by ``REDACTED``, at any
+    depth (reward kwargs, their nested headers). What a run writes (config.yaml files, tracker configs) goes
+    through this; ``load_config`` reads the result back (a redacted value is a string like any other)."""
+
+    def redact(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: REDACTED if is_secret_key(k) and v is not None else redact(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [redact(v) for v in value]
+        return value
+
+    return redact(to_dict(obj))
+
+
+def without_redacted(mapping: Mapping[str, Any], prefix: str = "") -> tuple[dict[str, Any], list[str]]:
+    """``mapping`` without the entries ``redact_secrets`` replaced (at any depth), and their dotted keys: what a
+    written config can still pass on (e.g. a checkpoint's reward kwargs) and what the user must give again."""
+    kept, dropped = {}, []
+    for key, value in mapping.items():
+        if value == REDACTED:
+            dropped.append(_join(prefix, key))
+        elif isinstance(value, Mapping):
+            kept[key], inner = without_redacted(value, _join(prefix, key))
+            dropped += inner
+        else:
+            kept[key] = value
+    return kept, dropped
+
+
+def refuse_redacted(mapping: Mapping[str, Any], where: str) -> None:
+    """A UserError when ``mapping`` holds a value ``redact_secrets`` replaced: a config a run wrote, used to run."""
+    _, dropped = without_redacted(mapping)
+    if dropped:
+        raise UserError(
+            f"{where}: {', '.join(dropped)} {'is' if len(dropped) == 1 else 'are'} '{REDACTED}' (configs a run "
+            "writes hide secrets): give the real value again, or take it from the environment (vlm: api_key_env)"
+        )
 
 
 def _walk(cls: type, prefix: str = "", seen: tuple = ()) -> Iterator[tuple[str, dataclasses.Field, Any]]:

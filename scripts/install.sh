@@ -15,11 +15,16 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 EXTRAS=${1:-}
 
-if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+# The installed torch's version from its package metadata, not `import torch`: importing torch before numpy is
+# installed prints "Failed to initialize NumPy" on a fresh machine.
+torch_version() {
+  "$PYTHON" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null
+}
+if ! torch_version >/dev/null; then
   echo "installing ${TORCH_SPEC:-torch==2.13.0}"
   "$PYTHON" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC:-torch==2.13.0}"
 fi
-TORCH_VERSION=$("$PYTHON" -c "import torch; print(torch.__version__)")
+TORCH_VERSION=$(torch_version) || { echo "torch is still not installed; see the pip output above" >&2; exit 1; }
 CONSTRAINTS=$(mktemp)
 trap 'rm -f "$CONSTRAINTS"' EXIT
 echo "torch==${TORCH_VERSION}" >"$CONSTRAINTS"

@@ -28,35 +28,50 @@ def tiny_model_dir(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("tiny_model"), "sd3", "small", seed=0)
 
 
+def fast_overrides(model_dir, run_dir) -> list[str]:
+    """Overrides of configs/quickstart.yaml that train the tiny model at `model_dir` fast, into `run_dir`."""
+    return [
+        f"run.dir={run_dir}",
+        f"model.path={model_dir}",
+        f"data.train={ROOT / 'configs/prompts/quickstart.txt'}",
+        f"val.prompts={ROOT / 'configs/prompts/val.txt'}",
+        "model.device=cpu",
+        "model.max_sequence_length=16",
+        "model.lora.enabled=false",
+        "sampling.num_steps=4",
+        "sampling.height=32",
+        "sampling.width=32",
+        "data.prompts_per_step=2",
+        "data.group_size=2",
+        "train.total_steps=2",
+        "train.micro_batch_size=4",
+        "train.save_every=0",
+        "val.every=0",
+        "val.before_train=false",
+        "val.num_steps=4",
+        "val.n=1",
+        "log.tensorboard=false",
+        "log.progress_bar=false",
+        "algorithm.advantage.eps=1e-8",
+    ]
+
+
 @pytest.fixture
 def make_config(tiny_model_dir, tmp_path):
     """make_config(*overrides, config=quickstart) → a Config that trains the tiny model fast in tmp_path."""
 
     def make(*overrides: str, config: str | Path = ROOT / "configs/quickstart.yaml"):
-        base = [
-            f"run.dir={tmp_path / 'run'}",
-            f"model.path={tiny_model_dir}",
-            f"data.train={ROOT / 'configs/prompts/quickstart.txt'}",
-            f"val.prompts={ROOT / 'configs/prompts/val.txt'}",
-            "model.device=cpu",
-            "model.max_sequence_length=16",
-            "model.lora.enabled=false",
-            "sampling.num_steps=4",
-            "sampling.height=32",
-            "sampling.width=32",
-            "data.prompts_per_step=2",
-            "data.group_size=2",
-            "train.total_steps=2",
-            "train.micro_batch_size=4",
-            "train.save_every=0",
-            "val.every=0",
-            "val.before_train=false",
-            "val.num_steps=4",
-            "val.n=1",
-            "log.tensorboard=false",
-            "log.progress_bar=false",
-            "algorithm.advantage.eps=1e-8",
-        ]
-        return load(config, base + list(overrides))
+        return load(config, fast_overrides(tiny_model_dir, tmp_path / "run") + list(overrides))
 
     return make
+
+
+@pytest.fixture
+def train_argv(tiny_model_dir, tmp_path):
+    """train_argv(*overrides) → `diffusion-rl train` arguments that train the tiny model fast in tmp_path/run."""
+
+    def argv(*overrides: str) -> list[str]:
+        quickstart = str(ROOT / "configs/quickstart.yaml")
+        return ["train", quickstart, *fast_overrides(tiny_model_dir, tmp_path / "run"), *overrides]
+
+    return argv

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +120,94 @@ def test_unknown_command_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as info:
         main(["nonsense"])
     assert info.value.code == 2
+
+
+def test_sample_past_the_models_position_table_suggests_a_size_that_fits(tiny_model_dir, capsys):
+    # the tiny SD3 transformer's position table is 32 patches: 32 × patch 2 × VAE 4 = 256 px a side at most
+    argv = ["sample", "--model", str(tiny_model_dir), "--prompt", "a", *FAST_SAMPLE, "--height", "512"]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert "at most 256 px" in line and "try --height 256 --width 32" in line
+
+
+# ---- errors of the environment: one line naming the path and the cause (exit status 1) ----
+
+
+def test_a_run_dir_that_cannot_be_created_is_one_line_naming_it(train_argv, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(train_argv(f"run.dir={blocker / 'run'}", "train.total_steps=0")) == 1
+    line = _one_error_line(capsys)
+    assert f"{blocker / 'run'}" in line and ("Not a directory" in line or "File exists" in line)
+
+
+def test_a_read_only_run_dir_is_one_line_naming_it(train_argv, tmp_path, capsys, monkeypatch):
+    parent = tmp_path / "read_only"
+    parent.mkdir()
+    parent.chmod(0o555)
+    if os.geteuid() == 0:  # root writes into it anyway: refuse as the file system does for other users
+
+        def refuse(self, *args, real_mkdir=Path.mkdir, **kwargs):
+            if parent in self.parents:
+                raise PermissionError(errno.EACCES, "Permission denied", str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "mkdir", refuse)
+    try:
+        assert main(train_argv(f"run.dir={parent / 'run'}", "train.total_steps=0")) == 1
+    finally:
+        parent.chmod(0o755)
+    line = _one_error_line(capsys)
+    assert f"{parent / 'run'}" in line and "Permission denied" in line
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),  # torch.save's
+        OSError(errno.ENOSPC, "No space left on device", "trainer_state.pt"),
+    ],
+)
+def test_a_full_disk_while_checkpointing_is_one_line(train_argv, tmp_path, capsys, monkeypatch, error):
+    import torch
+
+    def full(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(torch, "save", full)
+    assert main(train_argv("train.total_steps=1")) == 1
+    line = _one_error_line(capsys)
+    assert "No space left on device" in line
+    if isinstance(error, RuntimeError):  # where the checkpoint was being written, and what torch said
+        assert str(tmp_path / "run" / "checkpoints" / "step_000001") in line and "unexpected pos 704 vs 598" in line
+    assert not list((tmp_path / "run" / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("truncate", "transformer/diffusion_pytorch_model.safetensors: not a complete safetensors file"),
+        ("truncate", "text_encoder/model.safetensors: not a complete safetensors file"),  # via transformers
+        ("delete", "vae/config.json: missing"),
+    ],
+)
+def test_a_damaged_model_directory_is_one_line_naming_the_file(tiny_model_dir, tmp_path, capsys, damage, named):
+    import shutil
+
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    file = model / named.split(":")[0]
+    if damage == "truncate":
+        data = file.read_bytes()
+        file.write_bytes(data[: len(data) // 2])
+    else:
+        file.unlink()
+    assert main(["sample", "--model", str(model), "--prompt", "a", *FAST_SAMPLE]) == 2
+    line = _one_error_line(capsys)
+    assert f"cannot load the model in {model}: {model / named.split(':')[0]}:" in line and named.split(": ")[1] in line
+
+
+def test_config_show_redacts_an_inline_api_key(capsys):
+    argv = ["config", "show", QUICKSTART, "rewards.0.name=vlm", "rewards.0.kwargs={api_key: sk-1, api_key_env: null}"]
+    assert main(argv) == 0
+    shown = capsys.readouterr().out
+    assert "sk-1" not in shown and "api_key: '***redacted***'" in shown and "api_key_env: null" in shown

@@ -353,3 +353,51 @@ def test_a_cycle_of_base_files_is_an_error(tmp_path):
     (tmp_path / "c.yaml").write_text("base: missing.yaml\n")
     with pytest.raises(UserError, match="missing.yaml"):
         read_yaml_config(tmp_path / "c.yaml")
+
+
+def test_redact_secrets_replaces_secret_named_values_at_any_depth():
+    from diffusion_rl.config_io import REDACTED, redact_secrets, without_redacted
+
+    kwargs = {
+        "api_key": "sk-1",
+        "API_KEY_ENV": "VLM_KEY",  # names the variable: not a secret
+        "headers": {"Authorization": "Bearer sk-1", "x-api-key": "sk-2", "Accept": "json"},
+        "hf_token": "hf_abc",
+        "password": None,  # nothing to hide
+        "max_tokens": 256,
+        "tokenizer": "path/to/tok",
+        "list": [{"client_secret": "s"}],
+    }
+    assert redact_secrets({"rewards": [{"name": "vlm", "kwargs": kwargs}]}) == {
+        "rewards": [
+            {
+                "name": "vlm",
+                "kwargs": {
+                    "api_key": REDACTED,
+                    "API_KEY_ENV": "VLM_KEY",
+                    "headers": {"Authorization": REDACTED, "x-api-key": REDACTED, "Accept": "json"},
+                    "hf_token": REDACTED,
+                    "password": None,
+                    "max_tokens": 256,
+                    "tokenizer": "path/to/tok",
+                    "list": [{"client_secret": REDACTED}],
+                },
+            }
+        ]
+    }
+    assert kwargs["api_key"] == "sk-1"  # the input is left as it was
+    kept, dropped = without_redacted(redact_secrets(kwargs))
+    assert dropped == ["api_key", "headers.Authorization", "headers.x-api-key", "hf_token"]
+    assert kept["headers"] == {"Accept": "json"} and kept["API_KEY_ENV"] == "VLM_KEY" and "api_key" not in kept
+
+
+def test_a_redacted_config_loads_back(tmp_path):
+    from diffusion_rl.config import Config
+    from diffusion_rl.config_io import REDACTED, redact_secrets
+
+    cfg = load_config(Config, None, ["rewards=[{name: vlm, kwargs: {base_url: 'http://x', api_key: sk-1}}]"])
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(redact_secrets(cfg)))
+    back = load_config(Config, path)
+    assert back.rewards[0].kwargs == {"base_url": "http://x", "api_key": REDACTED}
+    assert back.model == cfg.model and back.sampling == cfg.sampling

@@ -58,3 +58,29 @@ def test_bad_value_is_a_one_line_error_naming_the_key(override, message, capsys)
 )
 def test_boundary_values_load(overrides):
     load(QUICKSTART, overrides)
+
+
+GROUP_RELATIVE = ["quickstart.yaml", "quickstart_grpo_guard.yaml", "quickstart_flow_dppo.yaml", "quickstart_nft.yaml",
+                  "quickstart_awm.yaml", "quickstart_dpo.yaml"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", GROUP_RELATIVE)
+def test_a_group_of_one_is_refused_for_every_group_relative_loss(name, capsys):
+    path = str(ROOT / "configs" / name)
+    assert main(["config", "show", path, "data.group_size=1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    loss = load(path).algorithm.loss
+    assert f"data.group_size=1: algorithm.loss={loss} compares the samples of each prompt's group" in line
+    assert "set data.group_size to 2 or more" in line
+
+
+def test_offline_dpo_needs_no_group():
+    cfg = load(str(ROOT / "configs/quickstart_dpo_offline.yaml"), ["data.group_size=1"])
+    assert (cfg.data.sample_source, cfg.data.group_size) == ("offline", 1)
+
+
+def test_a_negative_save_every_is_refused(capsys):
+    assert main(["config", "show", QUICKSTART, "train.save_every=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "train.save_every must be ≥ 0 (0 = only at the end), got -1" in err
+    assert load(QUICKSTART, ["train.save_every=0"]).train.save_every == 0

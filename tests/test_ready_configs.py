@@ -50,3 +50,18 @@ def test_ready_configs_keep_their_recipes_numbers():
     )  # fmt: skip
     assert (qwen.data.prompts_per_step, qwen.data.group_size, qwen.train.num_minibatches) == (32, 16, 2)
     assert (qwen.algorithm.settings.clip_range, qwen.model.lora.rank, qwen.model.lora.alpha) == (1e-5, 64, 128)
+
+
+def test_readme_flow_grpo_fast_example_is_the_presets_window():
+    import re
+
+    from diffusion_rl.config import load
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    sentence = readme[readme.index("Flow-GRPO-Fast is a window:") :].split(";")[0]
+    shown = dict(re.findall(r"sampling\.window\.(\w+)=(\w+)", sentence))
+    window = load(str(ROOT / "configs/quickstart_fast.yaml")).sampling.window
+    assert shown and "quickstart_fast.yaml" in sentence
+    assert shown == {key: str(getattr(window, key)) for key in shown}
+    lo, hi = re.search(r"random step in \[(\d+), (\d+)\]", sentence).groups()
+    assert (int(lo), int(hi)) == (window.lo, window.hi - window.size)  # the start is drawn from [lo, hi − size]

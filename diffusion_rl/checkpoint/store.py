@@ -1,9 +1,10 @@
 """Checkpoint directories that are either complete or absent, with a `latest` pointer and pruning.
 
+Layout:
     <run_dir>/checkpoints/step_000010/    one complete checkpoint (contents are up to the caller's write_fn)
     <run_dir>/checkpoints/latest          text file holding the newest checkpoint's directory name
-    <run_dir>/checkpoints/.tmp-*          work in progress, a pruned checkpoint being deleted, or leftovers of a
-                                          crash: never listed, removed by the next save()
+    <run_dir>/checkpoints/.tmp-*          work in progress, pruned checkpoints being deleted, or leftovers of a
+                                          crash: never listed, removed by save()
 
 Invariant: a `step_*` directory only ever appears by an atomic rename of a fully written and fsynced temp
 directory, and only ever disappears by an atomic rename out of the `step_*` names (then it is deleted), so every
@@ -28,7 +29,6 @@ from diffusion_rl.checkpoint.paths import (
     resolve_checkpoint,
     step_dir_name,
 )
-from diffusion_rl.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -66,18 +66,40 @@ def rename_into_place(tmp: Path, final: Path, aside: Path) -> None:
         os.rename(tmp, final)
 
 
+# what torch.save's writer says when the file system takes fewer bytes than it wrote (a full disk)
+_SHORT_WRITE = ("unexpected pos", "iostream error", "file write failed")
+
+
+def _short_write(error: BaseException, checkpoint: Path) -> OSError | None:
+    """A write that stopped part-way as the OSError it almost always is, ENOSPC, naming the checkpoint and the
+    space left; None for any other error. torch.save says so as a RuntimeError ("unexpected pos 704 vs 598"), and
+    torch.distributed.checkpoint wraps whatever its writer raised in a CheckpointException per rank."""
+    failures = getattr(error, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+    if isinstance(failures, dict):
+        for wrapped in failures.values():
+            inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+            found = _short_write(inner, checkpoint) if isinstance(inner, BaseException) else None
+            if found is not None:
+                return found
+        return None
+    free = shutil.disk_usage(checkpoint.parent).free / 2**20
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return OSError(errno.ENOSPC, f"No space left on device ({free:.0f} MiB free now)", str(checkpoint))
+    said = [line.strip() for line in str(error).splitlines() if any(s in line for s in _SHORT_WRITE)]
+    if not isinstance(error, RuntimeError) or not said:  # (a Ray worker's error holds its traceback: one line)
+        return None
+    return OSError(
+        errno.ENOSPC,
+        f"No space left on device ({free:.0f} MiB free now; torch.save stopped part-way: {said[0]})",
+        str(checkpoint),
+    )
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-def _disk_full(error: BaseException) -> bool:
-    """torch.save on a full disk raises a RuntimeError about 'unexpected pos' rather than an OSError."""
-    if isinstance(error, OSError):
-        return error.errno == errno.ENOSPC
-    return isinstance(error, RuntimeError) and "unexpected pos" in str(error)
 
 
 class CheckpointManager:
@@ -95,8 +117,8 @@ class CheckpointManager:
         """Has write_fn fill a temp dir, publishes it as step_NNNNNN, points `latest` at it, prunes old ones.
 
         If write_fn raises, its temp dir is removed, `latest` and existing checkpoints are untouched, and the
-        error propagates (a full disk as a UserError that says so). An existing checkpoint of the same step is
-        replaced.
+        error propagates (a full disk as an ENOSPC OSError naming the checkpoint). An existing checkpoint of the
+        same step is replaced.
         """
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
@@ -108,13 +130,11 @@ class CheckpointManager:
         try:
             write_fn(tmp)
             _fsync_tree(tmp)
-        except BaseException as error:
+        except BaseException as e:
+            short_write = _short_write(e, self.dir / name)
             shutil.rmtree(tmp, ignore_errors=True)
-            if _disk_full(error):
-                raise UserError(
-                    f"no space left on the device of {self.dir} while writing checkpoint {name}; free space (or set "
-                    "train.keep_last) and resume: the previous checkpoints are intact"
-                ) from error
+            if short_write is not None:
+                raise short_write from e
             raise
 
         final = self.dir / name
@@ -175,9 +195,13 @@ class CheckpointManager:
             return
         found = self.list()
         for _, path in found[: max(0, len(found) - self.keep_last)]:
-            if path == keep:
-                continue
-            doomed = self.dir / f"{TMP_PREFIX}pruned-{path.name}-{os.getpid()}"
-            os.rename(path, doomed)
-            _fsync_path(self.dir, directory=True)
-            shutil.rmtree(doomed)
+            if path != keep:
+                # out of the step_* namespace in one rename first: a kill mid-delete leaves a .tmp- leftover that
+                # the next save removes, never an incomplete step_* directory
+                doomed = self.dir / f"{TMP_PREFIX}pruned-{path.name}-{os.getpid()}"
+                os.rename(path, doomed)
+                _fsync_path(self.dir, directory=True)
+                try:
+                    shutil.rmtree(doomed)
+                except OSError as e:  # the checkpoint just saved is complete: don't fail the run for a leftover
+                    logger.warning("could not remove the pruned %s (%s); the next save retries", doomed, e)

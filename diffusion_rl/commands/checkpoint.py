@@ -44,6 +44,7 @@ def cmd_upgrade(args) -> None:
     for directory in args.checkpoint:
         upgrade(directory, args.model)
 
+
 OLD_TRAINER_STATE = "trainer_state.pt"
 OLD_RUN_STATE = "run_state.pt"
 

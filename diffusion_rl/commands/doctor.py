@@ -20,8 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, help="local diffusers model directory")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="weights dtype")
     p.add_argument("--device", default="auto")
-    p.add_argument("--height", type=int, default=512)
-    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--height", type=int, default=None, help="image height (default: the model's native size)")
+    p.add_argument("--width", type=int, default=None, help="image width (default: the model's native size)")
     p.add_argument("--micro-batch", type=int, default=8, help="samples per forward/backward (train.micro_batch_size)")
     p.add_argument("--rollout-batch", type=int, default=None, help="samples per rollout held on the device")
     p.add_argument("--steps", type=int, default=10, help="sampling steps (training rollout and the sample image)")
@@ -42,6 +42,7 @@ def cmd_doctor(args) -> None:
     from diffusion_rl.config import LoraConfig, ModelConfig
     from diffusion_rl.errors import UserError
     from diffusion_rl.models.doctor import dtype_of, estimate_memory, human_bytes, pipeline_components
+    from diffusion_rl.models.image_size import image_sizes, size_problem
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
     from diffusion_rl.tracking import image_grid, save_png
@@ -61,10 +62,12 @@ def cmd_doctor(args) -> None:
     )
     start = time.perf_counter()
     model = load_model(cfg)
-    try:
-        model.latent_shape(args.height, args.width)
-    except ValueError as e:
-        raise UserError(f"--height/--width: {e}") from None
+    native = image_sizes(model).native
+    args.height = native if args.height is None else args.height
+    args.width = native if args.width is None else args.width
+    problem = size_problem(model, args.height, args.width)
+    if problem:
+        raise UserError(f"--height/--width: {problem}")
     lines = [
         f"model      {args.model}",
         f"family     {model.family} ({type(model.pipeline).__name__}), loaded in {time.perf_counter() - start:.1f} s "

@@ -62,6 +62,7 @@ def register(subparsers) -> None:
 
 
 def _reward_choices(args: argparse.Namespace, first_config) -> list:
+    from diffusion_rl.config_io import without_redacted
     from diffusion_rl.evaluation import RewardChoice
 
     if args.reward:
@@ -70,7 +71,15 @@ def _reward_choices(args: argparse.Namespace, first_config) -> list:
             raise UserError(f"--reward {args.reward!r} has an empty name; use NAME[,NAME...]")
         choices = {n: RewardChoice(n) for n in names}
     elif first_config is not None:  # keyed by label (else name), as the run logged them
-        choices = {r.metric_name: RewardChoice(r.name, dict(r.kwargs), r.label) for r in first_config.rewards}
+        choices = {}
+        for i, r in enumerate(first_config.rewards):
+            kwargs, redacted = without_redacted(r.kwargs)  # an inline api_key is not in a written config
+            if redacted:
+                logger.warning(
+                    "the checkpoint's config.yaml has rewards.%d.kwargs %s redacted: give them again with "
+                    "--reward-kwargs (or, for vlm, api_key_env)", i, ", ".join(redacted)
+                )  # fmt: skip
+            choices[r.metric_name] = RewardChoice(r.name, kwargs, r.label)
     else:
         raise UserError("--reward is required when no checkpoint is given (e.g. --reward jpeg_compressibility)")
     if args.reward_kwargs:

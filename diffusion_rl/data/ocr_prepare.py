@@ -4,8 +4,9 @@ Flow-GRPO's OCR prompts are plain text, one per line, with the text to render be
 
     A storefront sign that says "OPEN LATE"
 
-`prepare_ocr` turns such a file into PromptRecords with ground_truth = the quoted text, data_source "ocr" (unless
-an input record has its own) and metadata["split"] ("train" or "val"), written as .jsonl or verl-style .parquet;
+`prepare_ocr` turns such a file into PromptRecords with ground_truth = the quoted text, data_source "ocr" and
+metadata["ability"] "ocr" (verl's task column; unless an input record has its own) and metadata["split"] ("train"
+or "val"), written as .jsonl or verl-style .parquet (columns data_source, prompt, ability, reward_model, extra_info);
 a validation share goes to a file of its own (nothing reads `split`, so val rows left in the training file would
 be trained on). `synthetic_ocr_prompts` makes prompts of the same shape from the templates and word list shipped
 in diffusion_rl/assets.
@@ -19,12 +20,13 @@ from importlib import resources
 from pathlib import Path
 
 from diffusion_rl.data.prompts import DEFAULT_DATA_SOURCE, PromptRecord, load_prompts, write_prompts
+from diffusion_rl.data.text_targets import target_text
 from diffusion_rl.errors import UserError
-from diffusion_rl.rewards.text_match import target_text
 
 logger = logging.getLogger(__name__)
 
 OCR_DATA_SOURCE = "ocr"
+OCR_ABILITY = "ocr"  # verl's `ability` column, as verl-omni's OCR data has it
 _MAX_LISTED = 20  # line numbers listed in an error; the count says how many more
 
 
@@ -69,7 +71,10 @@ def prepare_ocr(
             continue
         negative = negative_prompt if negative_prompt is not None else record.negative_prompt
         source = record.data_source if record.data_source != DEFAULT_DATA_SOURCE else data_source
-        records.append(replace(record, ground_truth=target, negative_prompt=negative, data_source=source))
+        metadata = {"ability": OCR_ABILITY, **record.metadata}
+        records.append(
+            replace(record, ground_truth=target, negative_prompt=negative, data_source=source, metadata=metadata)
+        )
     if invalid:
         _report_invalid(input_path, invalid, "line" if input_path.suffix.lower() == ".txt" else "record", skip_invalid)
     if not records:
@@ -155,7 +160,10 @@ def _report_invalid(path: Path, invalid: list[tuple[int, str]], unit: str, skip:
         f"{unit} {first_number}: {first_prompt[:100]!r})"
     )
     if not skip:
-        raise UserError(f"{what}; put the text to render in double quotes, or skip such prompts (skip_invalid)")
+        raise UserError(
+            f"{what}; put the text to render in double quotes, or drop such prompts with --skip-invalid "
+            "(skip_invalid=True from Python)"
+        )
     logger.warning("%s; skipped", what)
 
 
@@ -185,7 +193,9 @@ def synthetic_ocr_prompts(
     for _ in range(n):
         text = rng.choice(cases)(" ".join(rng.choice(words) for _ in range(rng.randint(1, max_words))))
         prompt = rng.choice(templates).format(text=text)
-        records.append(PromptRecord(prompt=prompt, ground_truth=text, data_source=data_source))
+        records.append(
+            PromptRecord(prompt=prompt, ground_truth=text, data_source=data_source, metadata={"ability": OCR_ABILITY})
+        )
     return records
 
 

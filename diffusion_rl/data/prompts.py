@@ -4,11 +4,13 @@ File layouts:
   .txt      one prompt per line; lines are stripped and blank lines skipped.
   .jsonl    one object per line: {"prompt": str, "negative_prompt"?: str, "ground_truth"?: str,
             "data_source"?: str, "metadata"?: object}; blank lines skipped.
-  .parquet  rows with the .jsonl columns, or verl-style rows: "prompt" as chat messages
-            [{"role": "user", "content": ...}], "reward_model": {"ground_truth": ..., "style": ...},
-            "data_source", "extra_info" (becomes metadata; may hold "negative_prompt"), "ability".
+  .parquet  rows with the .jsonl columns, or verl-style rows (verl-omni's layout): "data_source", "prompt" as chat
+            messages [{"role": "user", "content": ...}], "ability" (the task, e.g. "ocr"; read into
+            metadata["ability"]), "reward_model": {"ground_truth": ..., "style": ...}, "extra_info" (becomes
+            metadata; may hold "negative_prompt"); a "negative_prompt" column may also be chat messages.
 
-`write_prompts` writes .jsonl, or .parquet in the verl layout, so that `load_prompts` reads back the same records.
+`write_prompts` writes .jsonl, or .parquet in the verl layout (those five columns, in that order; metadata["ability"]
+goes to the "ability" column), so that `load_prompts` reads back the same records.
 """
 
 import json
@@ -128,20 +130,22 @@ def _make_record(where: str, prompt, negative_prompt, ground_truth, data_source,
     return PromptRecord(prompt, negative_prompt, ground_truth, data_source, metadata)
 
 
-def _prompt_text(value: Any, where: str) -> Any:
-    """A plain prompt, or the content of the last user message of a chat-style prompt (verl)."""
+def _prompt_text(value: Any, where: str, name: str = "prompt") -> Any:
+    """A plain prompt, or the content of the last user message of a chat-style prompt (verl); `name` is the column."""
     if not isinstance(value, list):
         return value  # _field_problem reports non-strings
     user_contents = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
     if not user_contents:
         roles = [m.get("role") if isinstance(m, dict) else _type_name(m) for m in value]
         raise UserError(
-            f"{where}: chat-style 'prompt' has no message with role 'user' (roles found: {roles}); "
+            f"{where}: chat-style '{name}' has no message with role 'user' (roles found: {roles}); "
             f'expected [{{"role": "user", "content": "..."}}] or a plain string'
         )
     content = user_contents[-1]
     if not isinstance(content, str):
-        raise UserError(f"{where}: the user message's 'content' must be a string, got {_type_name(content)}")
+        raise UserError(
+            f"{where}: the user message's 'content' in '{name}' must be a string, got {_type_name(content)}"
+        )
     return content
 
 
@@ -241,13 +245,14 @@ def _parquet_row_record(row: dict[str, Any], where: str) -> PromptRecord:
     reward_model = _without_nulls(row.get("reward_model"), "reward_model", where)
     negative_prompt = _one_of(row, "negative_prompt", extra_info, "extra_info", where)
     ground_truth = _one_of(row, "ground_truth", reward_model, "reward_model", where)
+    ability = _one_of(row, "ability", extra_info, "extra_info", where)
     metadata = {**extra_info, **_without_nulls(row.get("metadata"), "metadata", where)}
-    if row.get("ability") is not None:
-        metadata.setdefault("ability", row["ability"])
+    if ability is not None:
+        metadata["ability"] = ability
     return _make_record(
         where,
         prompt=_prompt_text(row.get("prompt"), where),
-        negative_prompt=negative_prompt,
+        negative_prompt=_prompt_text(negative_prompt, where, "negative_prompt"),
         ground_truth=ground_truth,
         data_source=row.get("data_source"),
         metadata=metadata,
@@ -287,14 +292,16 @@ def _write_parquet(records: list[PromptRecord], path: Path) -> None:
                 f"{path}: record {i} (0-based) has 'negative_prompt' in its metadata, which would collide with "
                 "the negative prompt stored in extra_info; rename that metadata key"
             )
+        extra_info = {k: v for k, v in r.metadata.items() if k != "ability"}
         rows.append(
             {
                 "data_source": r.data_source,
                 "prompt": [{"role": "user", "content": r.prompt}],
+                "ability": r.metadata.get("ability"),
                 "reward_model": {"ground_truth": r.ground_truth, "style": "rule"},
                 # negative_prompt is always present so extra_info never becomes a struct without fields,
                 # which parquet cannot store
-                "extra_info": {"negative_prompt": r.negative_prompt, **r.metadata},
+                "extra_info": {"negative_prompt": r.negative_prompt, **extra_info},
             }
         )
     try:

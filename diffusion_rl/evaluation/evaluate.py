@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.weights import checkpoint_config, load_trained_weights
+from diffusion_rl.config_io import redact_secrets
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.errors import UserError
 from diffusion_rl.evaluation.summary import comparison_table, reward_stats
@@ -338,7 +339,7 @@ def evaluate(
             **{k: v for k, v in dataclasses.asdict(model_cfg).items() if k != "lora"},
             "device": str(resolve_device(model_cfg.device)),
         },
-        "rewards": [dataclasses.asdict(r) for r in rewards],
+        "rewards": [redact_secrets(r) for r in rewards],  # kwargs may hold an api_key
         "columns": ordered,
     }
     table = comparison_table(ordered, settings.n)

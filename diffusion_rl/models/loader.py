@@ -10,7 +10,9 @@ import torch
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.load_errors import raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
+from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
 from diffusion_rl.models.registry import family_named, family_of_pipeline
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,13 @@ def load_model(cfg) -> FlowModel:
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
     import diffusers
 
-    pipeline = getattr(diffusers, family.pipeline).from_pretrained(path, dtype=dtype)
+    try:
+        with quiet_loading():  # no progress bars or info logs, in every process (Ray workers too)
+            pipeline = getattr(diffusers, family.pipeline).from_pretrained(path, dtype=dtype)
+    except Exception as e:  # a truncated file, a component without config.json: one line naming the file
+        raise_if_damaged(path, e)
+        raise
+    quiet_prompt_truncation(pipeline)
     pipeline.set_progress_bar_config(disable=True)
     pipeline.to(device)
     lora = None

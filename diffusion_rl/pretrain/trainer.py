@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.paths import step_dir_name, step_of
 from diffusion_rl.checkpoint.store import CheckpointManager
-from diffusion_rl.config_io import to_dict, to_yaml
+from diffusion_rl.config_io import redact_secrets, to_yaml
 from diffusion_rl.data.shapes import ShapesWorld, spread_subset
 from diffusion_rl.engine.ema import EmaWeights
 from diffusion_rl.models.base import freeze
@@ -78,9 +78,9 @@ class PretrainTrainer:
         if resume_from is not None:
             self.load_checkpoint(resume_from)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (self.run_dir / "config.yaml").write_text(to_yaml(redact_secrets(cfg)))
         self.trackers = make_trackers(
-            self.run_dir, tensorboard=cfg.log.tensorboard, console_every=0, config=to_dict(cfg)
+            self.run_dir, tensorboard=cfg.log.tensorboard, console_every=0, config=redact_secrets(cfg)
         )
         if cfg.log.console_every > 0:
             self.trackers.trackers.append(ConsoleTracker(cfg.log.console_every, fields=CONSOLE_FIELDS))
@@ -263,7 +263,7 @@ class PretrainTrainer:
                 state["flow_scheduler"] = self.flow_scheduler.state_dict()
                 state["ema"] = self.ema.state_dict() if self.ema is not None else None
             torch.save(state, directory / STATE_FILE)
-            (directory / "config.yaml").write_text(to_yaml(self.cfg))
+            (directory / "config.yaml").write_text(to_yaml(redact_secrets(self.cfg)))
 
         return self.checkpoints.save(self.step, write)
 

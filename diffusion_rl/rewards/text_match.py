@@ -6,45 +6,24 @@ Both texts are normalised (all whitespace removed, lower-cased). With r the reco
     d = min(Levenshtein(r, t), len(t))  otherwise (many unrelated characters cost at most the whole target)
     score = 1 - d / len(t)              in [0, 1]
 
-Used by the `ocr` reward (rapidocr) and the `vlm` judge in transcription mode.
+Used by the `ocr` reward (rapidocr) and the `vlm` judge in transcription mode. The target text comes from
+`diffusion_rl.data.text_targets` (re-exported here).
 """
 
 import re
-from collections.abc import Mapping
-from typing import Any
 
 from rapidfuzz.distance import Levenshtein
 
-# Quote pairs, left to right: "..." (straight quotes) or “...” (typographic quotes).
-_QUOTED = re.compile(r'"([^"]*)"|“([^”]*)”')
+from diffusion_rl.data.text_targets import quoted_text, target_text
+
+__all__ = ["levenshtein", "normalize_text", "quoted_text", "target_text", "text_match_score"]
+
 _WHITESPACE = re.compile(r"\s+")
 
 
 def normalize_text(text: str) -> str:
     """`text` without any whitespace, lower-cased: OCR engines disagree on spaces and case, the reward ignores both."""
     return _WHITESPACE.sub("", text).lower()
-
-
-def quoted_text(prompt: str) -> str | None:
-    """The first double-quoted string with a visible character in `prompt` ('A sign that says "OPEN"' → 'OPEN'),
-    or None when there is none."""
-    for match in _QUOTED.finditer(prompt):
-        text = match.group(1) if match.group(1) is not None else match.group(2)
-        if text.strip():
-            return text
-    return None
-
-
-def target_text(prompt: str, metadata: Mapping[str, Any]) -> str | None:
-    """The text an image should show: metadata["ground_truth"] when it is a non-blank string, else the prompt's
-    first quoted string; None when neither gives one."""
-    ground_truth = metadata.get("ground_truth")
-    if isinstance(ground_truth, str) and ground_truth.strip():
-        return ground_truth
-    quoted = quoted_text(prompt)
-    if quoted is not None and quoted.strip():
-        return quoted
-    return None
 
 
 def levenshtein(a: str, b: str) -> int:

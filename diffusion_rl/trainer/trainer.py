@@ -27,7 +27,7 @@ from diffusion_rl.checkpoint.paths import step_dir_name, step_of
 from diffusion_rl.checkpoint.state import CONFIG_FILE, read_state, write_state
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config import Config
-from diffusion_rl.config_io import to_dict, to_yaml
+from diffusion_rl.config_io import redact_secrets, refuse_redacted, to_yaml
 from diffusion_rl.data.pairs import load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
@@ -63,6 +63,8 @@ def ensure_model(cfg: Config) -> None:
 def build_rewards(cfg: Config, specs=None, where: str = "rewards") -> RewardCombiner:
     """The config's rewards (or `specs`, e.g. val.rewards), each keyed in metrics and logs by its label."""
     specs = cfg.rewards if specs is None else specs
+    for i, spec in enumerate(specs):  # e.g. a run's own config.yaml given back to `train`
+        refuse_redacted(spec.kwargs, f"{where}.{i}.kwargs")
     return build_combiner(specs, lambda s: make_reward_fn(s, cfg.engine), where)
 
 
@@ -76,8 +78,8 @@ class Trainer:
         pairs = load_pairs(cfg.data.pairs) if offline else None
         if offline:
             logger.info("loaded %d preference pairs from %s", len(pairs), cfg.data.pairs)
-        self.records = [PromptRecord(p.prompt, p.negative_prompt) for p in pairs] if offline else load_prompts(
-            cfg.data.train
+        self.records = (
+            [PromptRecord(p.prompt, p.negative_prompt) for p in pairs] if offline else load_prompts(cfg.data.train)
         )
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
@@ -108,7 +110,7 @@ class Trainer:
         if cfg.run.val_only:
             return self.validate_only(resume_from)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
+        (self.run_dir / CONFIG_FILE).write_text(to_yaml(redact_secrets(cfg)))  # no inline api_key on disk
         self.trackers = make_trackers(
             self.run_dir,
             jsonl=cfg.log.jsonl,
@@ -116,7 +118,7 @@ class Trainer:
             console_every=cfg.log.console_every,
             total_steps=cfg.train.total_steps,
             wandb=self._wandb_settings(),
-            config=to_dict(cfg),
+            config=redact_secrets(cfg),
         )
         self.trackers.resume_from(self.step)
         try:
@@ -274,7 +276,7 @@ class Trainer:
             write_state(directory, {"step": self.step, "sampler": self.sampler.state_dict(),
                                     "rng": capture_rng_state(), "engine": engine_state,
                                     "guard": self.guard.state_dict()})  # fmt: skip
-            (directory / CONFIG_FILE).write_text(to_yaml(self.cfg))
+            (directory / CONFIG_FILE).write_text(to_yaml(redact_secrets(self.cfg)))
 
         return self.checkpoints.save(self.step, write)
 

@@ -67,3 +67,16 @@ def test_the_quickstart_task_runs_a_config_as_is_for_a_number_of_steps(learning,
     args.set = [*small, f"data.pairs={tmp_path / 'missing.jsonl'}"]
     offline = learning.run_algorithm("dpo_offline", ROOT / "configs/quickstart_dpo_offline.yaml", tmp_path, args)
     assert "missing.jsonl" in offline["skipped"] and "prepare pairs" in offline["skipped"]
+
+
+def test_the_summary_prints_a_zero_start_as_a_number_and_a_missing_value_as_a_dash(learning):
+    finished = {"steps": 3, "seconds_per_step": 0.5, "step_time_vs_flow_grpo": 1.0, "images_per_second": 16.0,
+                "val_reward_start": 0.0, "val_reward_end": 0.25, "val_gain_percent": None,  # gain % of 0: undefined
+                "val_reward_best": 0.25, "curve": []}  # fmt: skip
+    lines = learning.summary_lines({"flow_grpo": finished, "dpo_offline": {"skipped": "no pair file"}})
+    header, row, skipped = lines
+    assert header.split() == ["algorithm", "steps", "s/step", "×fgrpo", "img/s", "val", "start", "val", "end",
+                              "gain", "%", "val", "best"]  # fmt: skip
+    assert row.split() == ["flow_grpo", "3", "0.500", "1.00", "16.00", "0", "0.25", "–", "0.25"]
+    assert len(row) == len(header)  # the dash keeps the column's width
+    assert skipped.split(maxsplit=1) == ["dpo_offline", "no pair file"]

@@ -1,5 +1,6 @@
 import argparse
 
+import pyarrow.parquet as pq
 import pytest
 
 from diffusion_rl.data.ocr_prepare import (
@@ -36,14 +37,20 @@ def test_prepare_round_trip(prompt_file, tmp_path, ext):
     assert [r.ground_truth for r in records] == ["OPEN LATE", "Good Morning", "SOUP OF THE DAY", "24/7"]
     assert all(r.data_source == "ocr" for r in records)
     assert all(r.negative_prompt == "blurry, low quality" for r in records)
-    assert all(r.metadata == {"split": "train"} for r in records)
+    assert all(r.metadata == {"ability": "ocr", "split": "train"} for r in records)
+    if ext == ".parquet":  # verl's layout, with the task in its own column
+        table = pq.read_table(out)
+        assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+        assert table.column("ability").to_pylist() == ["ocr"] * 4
+        assert all("ability" not in info for info in table.column("extra_info").to_pylist())
 
 
 def test_prompts_without_quotes_are_listed_by_line_number(tmp_path):
     path = tmp_path / "train.txt"
     path.write_text(f'{PROMPTS[0]}\nno quotes here\n\n{PROMPTS[1]}\nan empty "" pair\n')
-    with pytest.raises(UserError, match=r"2 prompts have no double-quoted text.*lines 2, 5;.*'no quotes here'"):
+    with pytest.raises(UserError, match=r"2 prompts have no double-quoted text.*lines 2, 5;.*'no quotes here'") as e:
         prepare_ocr(path, tmp_path / "out.jsonl")
+    assert "--skip-invalid" in str(e.value)  # the flag as the command line spells it
 
 
 def test_skip_invalid_drops_them_and_reports_the_lines(tmp_path):

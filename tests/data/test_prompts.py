@@ -217,11 +217,52 @@ def test_write_then_load_round_trips(tmp_path, ext):
 def test_written_parquet_has_verl_layout(tmp_path):
     path = tmp_path / "out.parquet"
     write_prompts(RECORDS[1:2], path)
-    (row,) = pq.read_table(path).to_pylist()
+    table = pq.read_table(path)
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    (row,) = table.to_pylist()
     assert row["prompt"] == [{"role": "user", "content": "a sign that says open"}]
     assert row["reward_model"]["ground_truth"] == "open"
     assert row["data_source"] == "ocr"
+    assert row["ability"] is None  # the record names no task
     assert row["extra_info"] == {"negative_prompt": "blurry", "index": 1, "tags": ["sign", "text"]}
+
+
+def test_verl_omni_rows_keep_their_layout_through_load_and_write(tmp_path):
+    # the row layout of verl-omni's OCR data (examples/flowgrpo_trainer/data_process/qwenimage_ocr.py)
+    system = {"role": "system", "content": "Describe the image:"}
+    source = tmp_path / "verl_omni.parquet"
+    row = {
+        "data_source": "flow_grpo/ocr",
+        "prompt": [system, {"role": "user", "content": 'A sign that says "OPEN"'}],
+        "negative_prompt": [system, {"role": "user", "content": "blurry"}],
+        "ability": "ocr",
+        "reward_model": {"style": "rule", "ground_truth": "OPEN"},
+        "extra_info": {"split": "train", "index": 0},
+    }
+    pq.write_table(pa.Table.from_pylist([row]), source)
+    (record,) = load_prompts(source)
+    assert record == PromptRecord('A sign that says "OPEN"', negative_prompt="blurry", ground_truth="OPEN",
+                                  data_source="flow_grpo/ocr", metadata={"split": "train", "index": 0,
+                                                                         "ability": "ocr"})  # fmt: skip
+    out = tmp_path / "out.parquet"
+    write_prompts([record], out)
+    table = pq.read_table(out)
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    (written,) = table.to_pylist()
+    assert {k: written[k] for k in ("data_source", "ability", "reward_model")} == {
+        k: row[k] for k in ("data_source", "ability", "reward_model")
+    }
+    assert written["extra_info"] == {"negative_prompt": "blurry", "split": "train", "index": 0}  # no "ability"
+    assert load_prompts(out) == [record]
+
+
+def test_parquet_ability_column_and_extra_info_ability_must_agree(tmp_path):
+    path = tmp_path / "both.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "ability": "ocr", "extra_info": {"ability": "math"}}]), path)
+    with pytest.raises(
+        UserError, match=r"both\.parquet, row 0 \(0-based\): 'ability' \('ocr'\) and 'extra_info\.ability'"
+    ):
+        load_prompts(path)
 
 
 def test_write_rejects_unsupported_extension(tmp_path):

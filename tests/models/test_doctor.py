@@ -97,3 +97,37 @@ def test_init_tiny_writes_each_family(tmp_path, family, preset, pipeline):
 def test_init_tiny_rejects_a_preset_the_family_lacks(tmp_path, capsys):
     assert main(["init-tiny", str(tmp_path / "m"), "--family", "qwen_image", "--preset", "schnell"]) == 2
     assert "presets: base, small" in capsys.readouterr().err
+
+
+def test_doctor_defaults_to_the_models_native_size(tiny_model_dir, tmp_path, capsys):
+    # no --height/--width: the tiny SD3 model's transformer sample_size 16 × VAE scale 4 = 64 px
+    argv = ["doctor", "--model", str(tiny_model_dir), "--device", "cpu", "--steps", "2", "--micro-batch", "1"]
+    assert main(argv + ["--max-sequence-length", "16", "--out", str(tmp_path / "d.png")]) == 0
+    assert "memory estimate, 64×64," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [
+        ("512", "512×512 is larger than this model takes: at most 256 px a side (pos_embed_max_size 32 × patch 2 × "
+                "VAE scale 4); try --height 256 --width 256 (the model's native size is 64)"),
+        ("60", "must be positive multiples of 8; try --height 56 --width 56"),
+    ],
+)  # fmt: skip
+def test_doctor_refuses_a_size_the_model_cannot_make_in_one_line(tiny_model_dir, capsys, size, expected):
+    argv = ["doctor", "--model", str(tiny_model_dir), "--device", "cpu", "--height", size, "--width", size]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert expected in err
+
+
+def test_image_sizes_come_from_the_pipeline_configs(family_dirs, load):
+    from diffusion_rl.models.image_size import image_sizes
+
+    sd3 = image_sizes(load(family_dirs["sd3"]))
+    assert (sd3.native, sd3.largest, sd3.multiple) == (64, 256, 8)
+    flux = image_sizes(load(family_dirs["flux"]))  # rotary positions: no bound; the VAE's sample_size 64
+    assert (flux.native, flux.largest, flux.multiple) == (64, None, 8)
+    qwen = image_sizes(load(family_dirs["qwen_image"]))  # no size in its configs: diffusers' default 128 × 4
+    assert (qwen.native, qwen.largest, qwen.multiple) == (512, None, 8)

@@ -103,3 +103,27 @@ def test_sample_with_a_missing_checkpoint_says_so(family_dirs, tmp_path, capsys)
     argv = ["sample", "--model", str(family_dirs["flux"]), "--checkpoint", str(tmp_path / "nope"), "--prompt", "a"]
     assert main(argv) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_sample_with_a_checkpoint_reads_the_runs_text_length(tiny_model_dir, train_model, tmp_path, monkeypatch):
+    # eval reads model.max_sequence_length from the checkpoint; sample must too, or the two sample other images
+    from diffusion_rl.models import export
+
+    trainer = train_model(tiny_model_dir, f"run.dir={tmp_path / 'run'}", "train.total_steps=1",
+                          "model.max_sequence_length=12")  # fmt: skip
+    trainer.train()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    lengths = []
+    original = export.load_checkpoint_model
+
+    def spy(*args, **kwargs):
+        loaded = original(*args, **kwargs)
+        lengths.append(loaded[0].max_sequence_length)
+        return loaded
+
+    monkeypatch.setattr(export, "load_checkpoint_model", spy)
+    argv = ["sample", "--model", str(tiny_model_dir), "--checkpoint", str(checkpoint), "--prompt", "a cat", "--steps"]
+    argv += ["2", "--height", "32", "--width", "32", "--device", "cpu", "--out", str(tmp_path / "grid.png")]
+    assert main(argv) == 0
+    assert main([*argv, "--max-sequence-length", "8"]) == 0  # an explicit flag still wins
+    assert lengths == [12, 8]

@@ -1,4 +1,7 @@
+import errno
+import os
 import random
+import stat
 
 import numpy as np
 import pytest
@@ -167,3 +170,62 @@ def test_rng_restore_reproduces_cuda_draws():
     torch.rand(4, device="cuda")
     restore_rng_state(state)
     assert torch.rand(4, device="cuda").tolist() == expected
+
+
+@pytest.mark.parametrize("error", [OSError("device busy"), KeyboardInterrupt()])
+def test_a_prune_stopped_mid_delete_leaves_only_complete_checkpoints(tmp_path, monkeypatch, error):
+    from diffusion_rl.trainer import checkpoint
+
+    real_rmtree = checkpoint.shutil.rmtree
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(10, _writer("ten"))
+
+    def dies_mid_delete(path, *args, **kwargs):  # a kill or an I/O error after deleting one file
+        next(p for p in sorted(path.rglob("*")) if p.is_file()).unlink()
+        raise error
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", dies_mid_delete)
+    if isinstance(error, OSError):
+        manager.save(20, _writer("twenty"))  # the new checkpoint is complete: the run goes on
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            manager.save(20, _writer("twenty"))
+    leftover = [name for name in _entries(manager) if name.startswith(".tmp-")]
+    assert [name for name in _entries(manager) if not name.startswith(".tmp-")] == ["latest", "step_000020"]
+    assert len(leftover) == 1 and "step_000010" in leftover[0]
+    assert (manager.dir / "step_000020" / "state.txt").read_text() == "twenty"
+    assert (manager.dir / "step_000020" / "sub" / "weights.bin").is_file()
+    assert manager.latest() == manager.dir / "step_000020"
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    manager.save(30, _writer("thirty"))  # removes the leftover
+    assert _entries(manager) == ["latest", "step_000030"]
+
+
+def _has_dev_full() -> bool:
+    return os.path.exists("/dev/full") and stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+@pytest.mark.skipif(not _has_dev_full(), reason="needs the /dev/full device (always full)")
+def test_torch_saves_short_write_is_reported_as_no_space_left_on_device(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=0)
+    manager.save(10, _writer("ten"))
+
+    def onto_a_full_disk(directory):
+        (directory / "state.txt").write_text("partial")
+        torch.save({"weights": torch.zeros(100_000)}, "/dev/full")  # RuntimeError: ... unexpected pos … vs …
+
+    with pytest.raises(OSError) as raised:
+        manager.save(20, onto_a_full_disk)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(manager.dir / "step_000020")
+    assert "No space left on device" in str(raised.value) and "torch.save stopped part-way" in str(raised.value)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert _entries(manager) == ["latest", "step_000010"]  # the partial checkpoint is gone, latest unchanged
+
+
+def test_other_write_errors_pass_through_unchanged(tmp_path):
+    def broken(directory):
+        raise RuntimeError("a bug in a write function")
+
+    with pytest.raises(RuntimeError, match="a bug in a write function"):
+        CheckpointManager(tmp_path).save(1, broken)

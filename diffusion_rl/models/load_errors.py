@@ -1,0 +1,82 @@
+"""Why a model directory failed to load, in one line that names the file.
+
+diffusers and transformers report a damaged directory as a long traceback whose last line may not name the file
+(a truncated text encoder: "Error while deserializing header: incomplete metadata, file not fully covered") or
+the component ("Error no file named config.json found in directory …/vae"). After a failed `from_pretrained`,
+`raise_if_damaged` looks through the directory for the first missing or unreadable file and raises a UserError
+that names it and says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from diffusion_rl.errors import UserError
+
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
+_FIX = "download the model again or re-save it with save_pretrained"
+
+
+def raise_if_damaged(path: Path, error: Exception) -> None:
+    """Raise a one-line UserError for a failed load of the model directory `path` when a file of it is missing or
+    damaged, or when the load failed reading a file (OSError); return otherwise (the caller re-raises `error`)."""
+    problem = damaged_file(path)
+    if problem is not None:
+        raise UserError(f"cannot load the model in {path}: {problem}; {_FIX}") from error
+    if isinstance(error, OSError):
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"cannot load the model in {path}: {first}") from error
+
+
+def damaged_file(path: Path) -> str | None:
+    """'FILE: what is wrong' for the first missing or unreadable file of the diffusers model directory `path`
+    (components in model_index.json order), or None when every file looks whole."""
+    try:
+        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{path / 'model_index.json'}: unreadable ({e})"
+    for name, spec in index.items():
+        if name.startswith("_") or not isinstance(spec, list) or not spec or spec[0] is None:
+            continue  # metadata, or an optional component the pipeline does not have
+        folder = path / name
+        if not folder.is_dir():
+            return f"{folder}: missing (model_index.json lists the component '{name}')"
+        problem = _component_problem(folder)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _component_problem(folder: Path) -> str | None:
+    weights = sorted(file for pattern in _WEIGHTS for file in folder.glob(pattern))
+    configs = sorted(folder.glob("*.json"))
+    if weights and not (folder / "config.json").is_file():
+        return f"{folder / 'config.json'}: missing (the config of the weights in {folder.name}/)"
+    for config in configs:
+        try:
+            text = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            return f"{config}: not valid JSON ({e})"
+        if config.name.endswith(".index.json") and isinstance(text, dict):  # sharded weights: every shard there
+            for shard in sorted(set(text.get("weight_map", {}).values())):
+                if not (folder / shard).is_file():
+                    return f"{folder / shard}: missing (listed in {config.name})"
+    for file in weights:
+        if file.suffix == ".safetensors":
+            problem = _safetensors_problem(file)
+            if problem is not None:
+                return f"{file}: {problem}"
+    return None
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file's header and length (a truncated file fails here), or None."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):
+            pass
+    except Exception as e:  # safetensors raises its own SafetensorError, not an OSError
+        return f"not a complete safetensors file, truncated or corrupt ({e})"
+    return None

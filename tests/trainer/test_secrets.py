@@ -1,0 +1,78 @@
+"""An inline secret in a reward's kwargs (e.g. the vlm judge's api_key) is in no config the run writes (config.yaml
+of the run and of each checkpoint, the trackers' config, eval's metrics.json), and what reads a written config back
+(resume, eval --checkpoint) still works."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from diffusion_rl.cli import main
+from diffusion_rl.config import load
+from diffusion_rl.config_io import REDACTED
+from diffusion_rl.errors import UserError
+from diffusion_rl.trainer import base
+from diffusion_rl.trainer import make_trainer as trainer_for
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "sk-never-write-me"
+# a judge that fails (raises) unless it was given the real key
+JUDGE = f"""
+import numpy as np
+
+
+def reward(images, prompts, metadata, api_key=None, headers=None, api_key_env=None, max_tokens=None):
+    if api_key != {SECRET!r}:
+        raise ValueError("bad api key")
+    return images.reshape(len(images), -1).mean(axis=1).astype(np.float32) / 255
+"""
+
+
+def test_an_inline_api_key_is_redacted_in_everything_the_run_writes(make_trainer, tiny_model_dir, tmp_path,
+                                                                    monkeypatch, caplog):  # fmt: skip
+    judge = tmp_path / "judge.py"
+    judge.write_text(JUDGE)
+    kwargs = (
+        f"{{api_key: {SECRET}, headers: {{Authorization: Bearer {SECRET}}}, api_key_env: JUDGE_KEY, max_tokens: 7}}"
+    )
+    overrides = [f"rewards.0.name={judge}:reward", "rewards.0.label=judge", f"rewards.0.kwargs={kwargs}"]
+    tracker_configs = []
+    make_trackers = base.make_trackers
+    monkeypatch.setattr(
+        base, "make_trackers", lambda *a, **k: tracker_configs.append(k["config"]) or make_trackers(*a, **k)
+    )
+
+    rows = make_trainer(*overrides, "train.total_steps=1").train()
+    assert rows[-1]["reward/failed_fraction"] == 0  # the reward itself got the real key
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step_000001"
+    for written in (run / "config.yaml", checkpoint / "config.yaml"):
+        text = written.read_text()
+        assert SECRET not in text and text.count(REDACTED) == 2  # api_key and headers.Authorization
+        assert "api_key_env: JUDGE_KEY" in text and "max_tokens: 7" in text  # not secrets: kept
+    (config,) = tracker_configs
+    assert SECRET not in json.dumps(config) and config["rewards"][0]["kwargs"]["api_key"] == REDACTED
+
+    # resume reads the checkpoint's state, not its config: the next step scores with the key of the given config
+    rows = make_trainer(*overrides, "train.total_steps=2").train()
+    assert rows[-1]["step"] == 2 and rows[-1]["reward/failed_fraction"] == 0
+
+    # the run's own config.yaml given back to train: the redacted key is refused, not sent
+    with pytest.raises(UserError, match=r"rewards\.0\.kwargs: api_key, headers\.Authorization are '\*\*\*redacted"):
+        trainer_for(load(str(run / "config.yaml")))
+
+    # eval takes the checkpoint's rewards without the redacted kwargs, says so, and takes the key again
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(tiny_model_dir), "--checkpoint", str(checkpoint), "--out", str(out), "--prompts",
+            str(ROOT / "configs/prompts/val.txt"), "--n", "1", "--steps", "2", "--height", "32", "--width", "32",
+            "--reward-kwargs", json.dumps({"judge": {"api_key": SECRET}})]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        assert main(argv) == 0
+    assert "rewards.0.kwargs api_key, headers.Authorization redacted" in caplog.text
+    metrics = (out / "metrics.json").read_text()
+    assert SECRET not in metrics
+    (column,) = json.loads(metrics)["columns"]
+    assert column["rewards"]["judge"]["failed"] == 0
