@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+import diffusion_rl.trainer.trainer as trainer_module
 from diffusion_rl.cli import main
 from diffusion_rl.config import load
 from diffusion_rl.config_io import REDACTED
 from diffusion_rl.errors import UserError
-from diffusion_rl.trainer import base
 from diffusion_rl.trainer import make_trainer as trainer_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,9 +40,9 @@ def test_an_inline_api_key_is_redacted_in_everything_the_run_writes(make_trainer
     )
     overrides = [f"rewards.0.name={judge}:reward", "rewards.0.label=judge", f"rewards.0.kwargs={kwargs}"]
     tracker_configs = []
-    make_trackers = base.make_trackers
+    make_trackers = trainer_module.make_trackers
     monkeypatch.setattr(
-        base, "make_trackers", lambda *a, **k: tracker_configs.append(k["config"]) or make_trackers(*a, **k)
+        trainer_module, "make_trackers", lambda *a, **k: tracker_configs.append(k["config"]) or make_trackers(*a, **k)
     )
 
     rows = make_trainer(*overrides, "train.total_steps=1").train()
