@@ -15,7 +15,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvision notices of image processors
 
-from diffusion_rl.errors import UserError  # noqa: E402
+from diffusion_rl.errors import RunStopped, UserError  # noqa: E402
 
 logger = logging.getLogger("diffusion_rl")
 
@@ -220,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"diffusion-rl: error: {e}", file=sys.stderr)
         return 2
+    except RunStopped as e:  # divergence, every sample failing: why, and the last good checkpoint
+        print(f"diffusion-rl: stopped: {e}", file=sys.stderr)
+        logger.debug("the error in full:", exc_info=True)
+        return 1
     except OSError as e:  # read-only run dir, full disk, …: the path and the cause (-v: the traceback too)
         cause = e.cause if isinstance(getattr(e, "cause", None), OSError) else e  # Ray wraps a worker's error
         where = f"{cause.filename}: " if cause.filename is not None else ""

@@ -1,4 +1,4 @@
-"""Errors that are the user's to fix: the CLI prints them as one line, without a traceback."""
+"""Errors the CLI prints as one line, without a traceback (`-v` adds it): the user's to fix, or a run's stop."""
 
 import difflib
 from collections.abc import Iterable
@@ -6,6 +6,11 @@ from collections.abc import Iterable
 
 class UserError(Exception):
     """Bad input from the user (config, file, CLI argument). The message says what and where, and what to do."""
+
+
+class RunStopped(RuntimeError):
+    """A run stopped itself on a condition it checks (the model diverged, every sample failed its rewards); the
+    message says why and which checkpoint is the last good one."""
 
 
 def did_you_mean(name: str, options: Iterable[str]) -> str:

@@ -5,6 +5,7 @@ Layout:
     <run_dir>/checkpoints/latest          text file holding the newest checkpoint's directory name
     <run_dir>/checkpoints/.tmp-*          work in progress, pruned checkpoints being deleted, or leftovers of a
                                           crash: never listed, removed by save()
+    <run_dir>/checkpoints/broken-step_*   a checkpoint whose weights sampled nothing but NaN: kept, never listed
 
 Invariant: a `step_*` directory only ever appears by an atomic rename of a fully written and fsynced temp
 directory, and only ever disappears by an atomic rename out of the `step_*` names (then it is deleted), so every
@@ -33,6 +34,7 @@ from diffusion_rl.checkpoint.paths import (
 logger = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
+BROKEN_PREFIX = "broken-"  # a checkpoint set aside as broken: not a step_* name, so never listed
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
@@ -172,6 +174,23 @@ class CheckpointManager:
         if Path(checkpoint).parent.resolve() != self.dir.resolve() or not STEP_DIR.fullmatch(Path(checkpoint).name):
             raise ValueError(f"{checkpoint} is not a checkpoint of {self.dir}")
         self._write_latest(Path(checkpoint).name)
+
+    def set_aside_latest(self) -> tuple[Path, Path | None]:
+        """Rename the latest checkpoint, known to be broken (its weights sample NaN), out of the step_* names to
+        broken-step_* (kept to inspect, never resumed from or pruned) and point `latest` at the one before it.
+        Returns (where the broken one is now, the new latest or None)."""
+        current = self.latest()
+        if current is None:
+            raise ValueError(f"{self.dir} holds no checkpoint to set aside")
+        aside = self.dir / f"{BROKEN_PREFIX}{current.name}"
+        rename_into_place(current, aside, aside=self.dir / f"{TMP_PREFIX}{aside.name}-{os.getpid()}")
+        _fsync_path(self.dir, directory=True)
+        earlier = self.list()
+        if earlier:
+            self._write_latest(earlier[-1][1].name)
+        else:
+            (self.dir / LATEST_FILE).unlink(missing_ok=True)
+        return aside, self.latest()
 
     def _write_latest(self, name: str) -> None:
         tmp = self.dir / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}"

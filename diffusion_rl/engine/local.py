@@ -2,7 +2,8 @@
 
 What every engine offers the trainer (the Ray engine, engine/ray.py, the same over many workers):
 - `generate(prompts, step, window, rows)`: roll out rows of the step's prompts, keep their trajectories, return
-  their images (uint8 [n, H, W, 3], CPU); `keep_offline(prompts, latents, step)`: keep offline latents instead;
+  a `Generated`: their images (uint8 [n, H, W, 3], CPU) and which rows came out finite; `keep_offline(prompts,
+  latents, step)`: keep offline latents instead;
 - `update(targets, step)`: train on the kept trajectories of `step` with the algorithm's targets (same rows);
 - `sample_images(...)` (validation), `encode_images(...)`;
 - `save(directory) -> state` / `load(directory, state)`: dcp/ in the directory, plain state for the trainer's
@@ -20,7 +21,7 @@ from diffusion_rl.algorithms.base import Targets
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.worker import PolicyWorker
 from diffusion_rl.sampling.rollout import SamplerSettings
-from diffusion_rl.sampling.trajectory import SampleIds
+from diffusion_rl.sampling.trajectory import Generated, SampleIds
 from diffusion_rl.sampling.window import SdeWindow
 
 
@@ -45,7 +46,7 @@ class LocalEngine:
 
     def generate(
         self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
-    ) -> torch.Tensor:
+    ) -> Generated:
         """Rollouts of the step's prompt instances (or of `rows` of them: a chunk; same samples either way)."""
         rows = list(range(len(prompts))) if rows is None else list(rows)
         negative = [prompts.negative_prompts[i] for i in rows]

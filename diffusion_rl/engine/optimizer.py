@@ -8,11 +8,12 @@ import math
 import torch
 
 from diffusion_rl.engine.ema import EmaWeights
+from diffusion_rl.errors import RunStopped
 
 logger = logging.getLogger(__name__)
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(RunStopped):
     """Too many consecutive updates had a non-finite loss or gradient norm."""
 
 

@@ -39,6 +39,7 @@ from diffusion_rl.engine.sharded_worker import ShardedWorker, WorkerError
 from diffusion_rl.engine.worker import UpdatePlan
 from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.sampling.trajectory import Generated
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.split import split_evenly
 
@@ -215,7 +216,7 @@ class RayEngine:
     # -- the engine interface ---------------------------------------------------------------------------------
     def generate(
         self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
-    ) -> torch.Tensor:
+    ) -> Generated:
         """Rollouts of the step's prompt instances (or of `rows` of them), each sampled by the worker owning it;
         the workers keep the trajectories, the driver gets the images (in the order of `rows`)."""
         rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
@@ -224,8 +225,8 @@ class RayEngine:
         per_rank = [
             ([texts[i] for i in s], [negative[i] for i in s], sample_ids(prompts, s), step, window) for s in shares
         ]
-        images = self._call("generate", per_rank=per_rank)
-        return torch.cat([images[r] for r in range(self.world_size) if shares[r]])  # shares follow `rows`' order
+        generated = self._call("generate", per_rank=per_rank)
+        return torch.cat([generated[r] for r in range(self.world_size) if shares[r]])  # shares follow `rows`' order
 
     def keep_offline(self, prompts: StepPrompts, latents: torch.Tensor, step: int) -> None:
         shares = self._hold(len(prompts), list(range(len(prompts))), step)

@@ -30,7 +30,7 @@ from diffusion_rl.engine.parallel import Fsdp2Sharded
 from diffusion_rl.engine.worker import PolicyWorker, UpdatePlan
 from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.rollout import SamplerSettings
-from diffusion_rl.sampling.trajectory import SampleIds
+from diffusion_rl.sampling.trajectory import Generated, SampleIds
 from diffusion_rl.sampling.window import SdeWindow
 
 logger = logging.getLogger(__name__)
@@ -141,13 +141,14 @@ class ShardedWorker:
         ids: SampleIds,
         step: int,
         window: SdeWindow | None,
-    ) -> torch.Tensor:
+    ) -> Generated:
         """This rank's rows of a training rollout, kept here; their images (it still joins the all-gather with
         no rows)."""
         with self.parallel.gathered(self.worker.algorithm.rollout_policy):
             if not prompts:
                 s = self.worker.settings
-                return torch.zeros(0, s.height, s.width, 3, dtype=torch.uint8)
+                images = torch.zeros(0, s.height, s.width, 3, dtype=torch.uint8)
+                return Generated(images=images, finite=torch.zeros(0, dtype=torch.bool), batch_size=[0])
             return self.worker.generate(prompts, negative, ids, step, window)
 
     @_reported

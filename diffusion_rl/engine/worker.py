@@ -26,7 +26,7 @@ from diffusion_rl.models.export import write_lora_adapter
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, rollout, sample_images
-from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
+from diffusion_rl.sampling.trajectory import Generated, SampleIds, Trajectory
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.seeding import seed_for
 
@@ -74,8 +74,9 @@ class PolicyWorker:
         ids: SampleIds,
         step: int,
         window: SdeWindow | None,
-    ) -> torch.Tensor:
-        """Roll out a training batch, keep its trajectory for `update`, return its images (uint8 [B, H, W, 3], CPU).
+    ) -> Generated:
+        """Roll out a training batch, keep its trajectory for `update`, return its images (uint8 [B, H, W, 3], CPU)
+        and which rows are finite.
         Sample i's noise comes from (seed, step, sample_index[i]) (its group's with share_initial_noise)."""
         seed = self.cfg.run.seed
         cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative])
@@ -91,7 +92,7 @@ class PolicyWorker:
                 ids=ids,
             )
         self._keep(traj, step)
-        return traj.images.cpu()
+        return Generated(images=traj.images.cpu(), finite=traj.finite_rows().cpu(), batch_size=traj.batch_size)
 
     def keep_offline(
         self, prompts: Sequence[str], negative: Sequence[str | None], ids: SampleIds, latents: torch.Tensor, step: int

@@ -30,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
+from diffusion_rl.errors import RunStopped
 from diffusion_rl.rewards.base import RewardFn, RewardOutputError, check_reward_inputs, is_group_reward
 from diffusion_rl.rewards.calls import RewardTimeout, Scored, call_reward, describe, score_with_retry
 
 logger = logging.getLogger(__name__)
 
 
-class RewardFailure(RuntimeError):
+class RewardFailure(RunStopped):
     """Every sample of a batch failed; the message names the failing reward(s) and the first error."""
 
 
@@ -164,6 +165,22 @@ class RewardCombiner:
             total = self.total_weight * weighted_sum / ok_weight
         total = np.where(failed, np.nan, total).astype(np.float32)
         return total, failed
+
+
+def with_unscored_rows(result: RewardResult, scored_rows: np.ndarray, metadata: list[dict[str, Any]]) -> RewardResult:
+    """The result of scoring only the batch's `scored_rows` as the whole batch's: every other row failed (total and
+    per-reward scores NaN), the metrics over the whole batch. For samples that could not be scored at all, e.g. a
+    rollout whose latents came out NaN."""
+    batch_size = len(metadata)
+
+    def spread(values: np.ndarray, fill) -> np.ndarray:
+        out = np.full(batch_size, fill, dtype=values.dtype)
+        out[scored_rows] = values
+        return out
+
+    total, failed = spread(result.total, np.nan), spread(result.failed, True)
+    per_reward = {name: spread(scores, np.nan) for name, scores in result.per_reward.items()}
+    return RewardResult(total, per_reward, failed, _metrics(total, failed, per_reward, metadata))
 
 
 def _group_index(prompts: list[str], group_index: Sequence[int] | np.ndarray | None) -> np.ndarray:

@@ -40,3 +40,19 @@ class Trajectory:
     def window_size(self) -> int:
         """W: the number of SDE steps recorded (0 for an ODE rollout)."""
         return 0 if self.log_probs is None else self.log_probs.shape[1]
+
+    def finite_rows(self) -> torch.Tensor:
+        """bool [B]: rows whose clean latents (and log-probabilities) are all finite. A NaN latent decodes to a
+        black image that looks like a real sample, so a row without this is a failed sample, never scored."""
+        finite = torch.isfinite(self.final_latents.flatten(1)).all(dim=1)
+        if self.log_probs is not None:
+            finite &= torch.isfinite(self.log_probs).all(dim=1)
+        return finite
+
+
+@tensorclass
+class Generated:
+    """What the driver gets back from a training rollout: the images to score and which of them are usable."""
+
+    images: torch.Tensor  # uint8 [B, H, W, 3], CPU
+    finite: torch.Tensor  # bool [B]: False where the row's latents came out NaN/inf (see Trajectory.finite_rows)

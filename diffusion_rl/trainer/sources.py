@@ -2,7 +2,9 @@
 
 - `OnlineRollouts` (data.sample_source: online): the step's prompts, each repeated group_size times, are sampled
   by the engine (which keeps the trajectories for the update) and scored by the rewards. The batch is sampled in
-  `sampling.score_chunks` chunks; each chunk is scored in a background thread while the next one samples.
+  `sampling.score_chunks` chunks; each chunk is scored in a background thread while the next one samples. A sample
+  whose latents came out NaN/inf (a diverged policy) is failed without being scored (its image is black, not a
+  sample); when every sample of a step is, the run stops with TrainingDiverged.
 - `OfflinePairs` (offline, Diffusion-DPO): data.prompts_per_step pairs of a pair dataset, their images
   VAE-encoded once and cached; rows 0..P−1 are the chosen images, P..2P−1 the rejected ones, row p and P + p
   forming group p, and the "scores" are the dataset's labels (1 chosen, 0 rejected), from which the algorithm
@@ -21,12 +23,18 @@ import torch
 from diffusion_rl.data.pairs import PreferencePair, load_image
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prompts
+from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.rewards import RewardCombiner, RewardResult
+from diffusion_rl.rewards.combine import with_unscored_rows
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.trainer.timing import PhaseTimer
 from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
+
+
+class RolloutDiverged(TrainingDiverged):
+    """Every sample of a step came out NaN/inf: the weights that sampled it (the current ones) are broken."""
 
 
 @dataclass
@@ -47,19 +55,34 @@ class OnlineRollouts:
         """`timing/generate` covers sampling (and scoring that overlapped it); `timing/reward` the time left
         waiting for scores after the last chunk."""
         prompts = make_step_prompts(self.records, self.sampler, step, self.cfg.data.group_size)
-        images, pending = [], []
+        images, finite, pending = [], [], []
         with timer("generate"):
             for rows in split_evenly(range(len(prompts)), self.cfg.sampling.score_chunks):
                 if not rows:
                     continue
-                part = self.engine.generate(prompts, step, window, rows=rows).numpy()
-                images.append(part)
-                texts, metadata = [prompts.prompts[i] for i in rows], [prompts.metadata[i] for i in rows]
-                pending.append(self.pool.submit(self.rewards.score, part, texts, metadata))
-        images = np.concatenate(images)
+                part = self.engine.generate(prompts, step, window, rows=rows)
+                images.append(part.images.numpy())
+                finite.append(part.finite.numpy())
+                ok = [row for row, usable in zip(rows, finite[-1]) if usable]
+                if ok:
+                    texts, metadata = [prompts.prompts[i] for i in ok], [prompts.metadata[i] for i in ok]
+                    pending.append(self.pool.submit(self.rewards.score, images[-1][finite[-1]], texts, metadata))
+        images, finite = np.concatenate(images), np.concatenate(finite)
+        if not finite.any():
+            raise RolloutDiverged(
+                f"step {step + 1}: the latents of every sample came out NaN/inf: the policy has diverged (lower "
+                "train.lr and resume)"
+            )
+        ok = np.flatnonzero(finite)
         with timer("reward"):  # group rewards score here, on the whole batch: a group is never split across chunks
-            scored = self.rewards.combine([p.result() for p in pending], prompts.metadata, images=images,
-                                          prompts=prompts.prompts, group_index=prompts.group_index.numpy())  # fmt: skip
+            scored = self.rewards.combine([p.result() for p in pending], [prompts.metadata[i] for i in ok],
+                                          images=images[ok], prompts=[prompts.prompts[i] for i in ok],
+                                          group_index=prompts.group_index.numpy()[ok])  # fmt: skip
+        if len(ok) < len(prompts):
+            logger.warning("step %d: %d of %d samples came out NaN/inf and are failed unscored", step + 1,
+                           len(prompts) - len(ok), len(prompts))  # fmt: skip
+            scored = with_unscored_rows(scored, ok, prompts.metadata)
+        scored.metrics["sampling/nonfinite_fraction"] = 1.0 - len(ok) / len(prompts)
         return Collected(prompts, images, scored)
 
 

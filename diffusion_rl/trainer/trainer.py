@@ -33,6 +33,7 @@ from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine.local import make_engine
 from diffusion_rl.engine.reward_actors import make_reward_fn
+from diffusion_rl.errors import RunStopped
 from diffusion_rl.guard import RunGuard
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
@@ -44,7 +45,7 @@ from diffusion_rl.tracking import image_grid, make_trackers, plot_metrics, read_
 from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
-from diffusion_rl.trainer.sources import Collected, OfflinePairs, OnlineRollouts
+from diffusion_rl.trainer.sources import Collected, OfflinePairs, OnlineRollouts, RolloutDiverged
 from diffusion_rl.trainer.timing import PhaseTimer
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
@@ -124,6 +125,12 @@ class Trainer:
         try:
             with logging_redirect_tqdm():
                 self._loop()
+        except RunStopped as e:  # divergence, every sample failing: no checkpoint of it, so say which one is good
+            latest, note = self.checkpoints.latest(), ""
+            if isinstance(e, RolloutDiverged) and latest is not None and step_of(latest) == self.step:
+                aside, latest = self.checkpoints.set_aside_latest()  # its weights sampled the NaN
+                note = f" (the weights that sampled it are set aside as {aside})"
+            raise type(e)(f"{e}; latest checkpoint (the last healthy one): {latest or 'none'}{note}") from e
         finally:
             self.trackers.close()
             self.trackers = None  # a later validate() (evaluation) must not write to closed trackers

@@ -107,7 +107,7 @@ def test_sample_with_a_missing_checkpoint_says_so(family_dirs, tmp_path, capsys)
 
 def test_sample_with_a_checkpoint_reads_the_runs_text_length(tiny_model_dir, train_model, tmp_path, monkeypatch):
     # eval reads model.max_sequence_length from the checkpoint; sample must too, or the two sample other images
-    from diffusion_rl.models import export
+    from diffusion_rl.checkpoint import weights as export
 
     trainer = train_model(tiny_model_dir, f"run.dir={tmp_path / 'run'}", "train.total_steps=1",
                           "model.max_sequence_length=12")  # fmt: skip

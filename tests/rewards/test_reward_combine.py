@@ -164,3 +164,22 @@ def test_invalid_combiner_configuration():
         WeightedReward("a", -1.0, pixel)
     with pytest.raises(ValueError, match="at least one must be > 0"):
         RewardCombiner([WeightedReward("a", 0.0, pixel)])
+
+
+def test_rows_left_unscored_are_failed_in_the_whole_batchs_result():
+    from diffusion_rl.rewards.combine import with_unscored_rows
+
+    images, prompts, metadata = _batch(PIXELS, sources=["a", "a", "b", "b"])
+    combiner = RewardCombiner([WeightedReward("pixel", 1.0, pixel), WeightedReward("length", 0.5, prompt_length)])
+    scored_rows = np.array([0, 2])  # rows 1 and 3 could not be scored
+    part = combiner(images[scored_rows], [prompts[i] for i in scored_rows], [metadata[i] for i in scored_rows])
+    result = with_unscored_rows(part, scored_rows, metadata)
+
+    # by hand: total = 1·pixel + 0.5·len("prompt i") = pixel + 4
+    assert np.allclose(result.total, [14.0, np.nan, 259.0, np.nan], equal_nan=True)
+    assert result.failed.tolist() == [False, True, False, True]
+    assert np.allclose(result.per_reward["pixel"], [10, np.nan, 255, np.nan], equal_nan=True)
+    m = result.metrics
+    assert m["reward/failed_fraction"] == 0.5 and m["reward/pixel/failed_fraction"] == 0.5
+    assert m["reward/mean"] == pytest.approx((14 + 259) / 2) and m["reward/min"] == 14 and m["reward/max"] == 259
+    assert m["reward/source/a/mean"] == 14 and m["reward/source/b/mean"] == 259

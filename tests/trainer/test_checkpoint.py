@@ -174,7 +174,7 @@ def test_rng_restore_reproduces_cuda_draws():
 
 @pytest.mark.parametrize("error", [OSError("device busy"), KeyboardInterrupt()])
 def test_a_prune_stopped_mid_delete_leaves_only_complete_checkpoints(tmp_path, monkeypatch, error):
-    from diffusion_rl.trainer import checkpoint
+    from diffusion_rl.checkpoint import store as checkpoint
 
     real_rmtree = checkpoint.shutil.rmtree
     manager = CheckpointManager(tmp_path, keep_last=1)
@@ -229,3 +229,20 @@ def test_other_write_errors_pass_through_unchanged(tmp_path):
 
     with pytest.raises(RuntimeError, match="a bug in a write function"):
         CheckpointManager(tmp_path).save(1, broken)
+
+
+def test_a_broken_latest_is_set_aside_and_latest_points_at_the_checkpoint_before(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step in (5, 10):
+        manager.save(step, _writer(str(step)))
+    assert manager.set_aside_latest() == (manager.dir / "broken-step_000010", manager.dir / "step_000005")
+    assert [step for step, _ in manager.list()] == [5] and manager.latest() == manager.dir / "step_000005"
+    assert (manager.dir / "broken-step_000010" / "state.txt").read_text() == "10"  # kept to inspect
+    manager.save(20, _writer("20"))
+    manager.save(30, _writer("30"))  # pruning keeps 2 step_* checkpoints and never touches the broken one
+    assert _entries(manager) == ["broken-step_000010", "latest", "step_000020", "step_000030"]
+    for _ in range(2):
+        manager.set_aside_latest()
+    assert manager.latest() is None and manager.list() == []  # a resume then starts from scratch
+    with pytest.raises(ValueError, match="no checkpoint to set aside"):
+        manager.set_aside_latest()

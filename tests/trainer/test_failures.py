@@ -136,3 +136,82 @@ def test_unknown_config_key_in_a_yaml_file_suggests_the_right_one(tmp_path):
     config.write_text("train:\n  lr: 1.0e-4\n  totl_steps: 10\n")
     with pytest.raises(UserError, match=r"run\.yaml.*train\.totl_steps.*did you mean 'train\.total_steps'"):
         load(config)
+
+
+def _nan_rows(monkeypatch, rows_of_step) -> None:
+    """Rollouts whose rows rows_of_step(step) come out with NaN latents (and so black images), as a diverged
+    policy's do."""
+    import diffusion_rl.engine.worker as worker_module
+
+    real = worker_module.rollout
+    calls = [0]
+
+    def rollout(*args, **kwargs):
+        traj = real(*args, **kwargs)
+        rows = rows_of_step(calls[0])
+        calls[0] += 1
+        for latents in (traj.final_latents, traj.latents, traj.log_probs, traj.means):  # all of it, as diverged
+            latents[rows] = float("nan")
+        traj.images[rows] = 0
+        return traj
+
+    monkeypatch.setattr(worker_module, "rollout", rollout)
+
+
+def test_samples_with_non_finite_latents_are_failed_unscored(make_trainer, user_reward, monkeypatch):
+    spec = user_reward(
+        """
+        assert not (images.reshape(len(images), -1) == 0).all(axis=1).any(), "a black image was scored"
+        CALLS[0] += len(images)
+        return images.reshape(len(images), -1).mean(axis=1).astype(np.float32) / 255
+        """
+    )
+    _nan_rows(monkeypatch, lambda step: [1] if step == 0 else [])  # step 1: sample 1 of 4 (the first group's)
+    trainer = make_trainer(f"rewards.0.name={spec}", "train.total_steps=2")
+    calls = _record_targets(trainer)
+    rows = trainer.train()
+
+    (first, second) = rows
+    assert first["sampling/nonfinite_fraction"] == 0.25 and first["reward/failed_fraction"] == 0.25
+    assert second["sampling/nonfinite_fraction"] == 0.0 and second["reward/failed_fraction"] == 0.0
+    rewards, targets = calls[0]
+    assert torch.isnan(rewards).tolist() == [False, True, False, False]
+    assert targets.advantages[1] == 0 and targets.advantages[0] == 0  # a group of one scored sample: advantage 0
+    assert torch.all(targets.advantages[2:] != 0)
+    # the NaN row poisons the loss of step 1: that update is skipped, step 2's is taken
+    assert first["train/skipped_updates"] == 1 and second["train/optimizer_steps"] == 1
+
+
+def test_a_step_whose_every_sample_is_non_finite_stops_the_run_naming_the_last_healthy_checkpoint(
+    make_trainer, monkeypatch
+):
+    _nan_rows(monkeypatch, lambda step: slice(None) if step >= 2 else [])
+    trainer = make_trainer("train.total_steps=4", "train.save_every=1")
+    with pytest.raises(TrainingDiverged, match=r"step 3: the latents of every sample came out NaN/inf") as stop:
+        trainer.train()
+    assert [r["step"] for r in read_metrics(trainer.run_dir)] == [1, 2]
+    # step 3 was sampled by step 2's weights: step_000002 is set aside, `latest` goes back to step_000001
+    checkpoints = CheckpointManager(trainer.run_dir)
+    assert [step for step, _ in checkpoints.list()] == [1] and checkpoints.latest().name == "step_000001"
+    assert str(stop.value).endswith(
+        f"latest checkpoint (the last healthy one): {checkpoints.latest()} (the weights that sampled it are set "
+        f"aside as {checkpoints.dir / 'broken-step_000002'})"
+    )
+
+
+def test_a_diverging_learning_rate_stops_with_latest_on_a_finite_checkpoint(train_argv, tmp_path, capsys):
+    from diffusion_rl.cli import main
+
+    argv = train_argv("train.lr=1e6", "train.total_steps=8", "train.save_every=1", "train.max_consecutive_skips=2")
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("diffusion-rl: stopped: ") and "latest checkpoint" in err[0]
+    checkpoints = CheckpointManager(tmp_path / "run")
+    assert f"the last healthy one): {checkpoints.latest() or 'none'}" in err[0]
+    for _, path in checkpoints.list():  # what is left to resume from is finite
+        saved = read_saved_tensors(path, "policies.default.")
+        assert saved and all(torch.isfinite(t).all() for t in saved.values())
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) < 8  # it stopped
+    # no sample with NaN latents was ever scored as a real one
+    assert all(r["reward/failed_fraction"] >= r["sampling/nonfinite_fraction"] for r in rows)

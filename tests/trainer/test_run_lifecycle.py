@@ -29,7 +29,7 @@ def test_val_every_0_never_validates_and_before_train_still_asks_for_step_0(make
     asked = make_trainer("val.every=0", "val.before_train=true", f"run.dir={tmp_path / 'asked'}")
     rows = asked.train()
     assert [r["step"] for r in rows if "val/reward/mean" in r] == [0]
-    assert sorted(p.name for p in (asked.run_dir / "samples").iterdir()) == ["step_000000.png"]
+    assert sorted(p.name for p in (asked.run_dir / "samples").iterdir()) == ["step_000000", "step_000000.png"]
 
 
 def test_a_kill_right_after_the_last_checkpoint_leaves_every_row_and_file_of_a_straight_run(make_trainer, tmp_path):
