@@ -103,6 +103,9 @@ class SamplingConfig:
     )
     height: int = opt(64, "Image height in pixels.")
     width: int = opt(64, "Image width in pixels.")
+    num_frames: int = opt(
+        1, "Frames of each sample: 1 for images; a video family (wan) takes 4k + 1, e.g. 9, 33 or 81."
+    )
     sde_type: Literal["sde", "cps", "dance_sde", "ode"] = opt(
         "sde", "Stochastic step inside the window; ode: deterministic sampling (direct_preference family only)."
     )
@@ -115,6 +118,7 @@ class SamplingConfig:
 
     def __post_init__(self):
         check(self.num_steps >= 2, f"sampling.num_steps must be ≥ 2, got {self.num_steps}")
+        check(self.num_frames >= 1, f"sampling.num_frames must be ≥ 1 (1 = images), got {self.num_frames}")
         check(self.noise_level >= 0, f"sampling.noise_level must be ≥ 0, got {self.noise_level}")
         check(self.guidance >= 1, f"sampling.guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
         check(self.score_chunks >= 1, f"sampling.score_chunks must be ≥ 1, got {self.score_chunks}")
@@ -149,6 +153,11 @@ class RewardSpec:
     weight: float = opt(1.0, "Weight in the weighted sum (finite, ≥ 0; 0 = scored and logged only).")
     required: bool = opt(True, "A failure of this reward fails the sample; false: left out and renormalised.")
     kwargs: dict[str, Any] = opt(dict, "Keyword arguments for the reward.", factory=True)
+    frames: Literal["mean", "min", "first", "last"] = opt(
+        "mean",
+        "How an image reward scores a video: the mean or the min of its frames' scores, or the first or last "
+        "frame's (a reward that scores whole videos, e.g. temporal_consistency, ignores it).",
+    )
     actors: int = opt(
         0, "Score in this many Ray actors of the reward's own (model-based rewards); 0 = in the trainer process."
     )

@@ -74,9 +74,8 @@ class PolicyGradient(Algorithm):
 
     def __init__(self, config, spec):
         super().__init__(config, spec)
-        s, alg = config.sampling, config.algorithm
-        self.sampler = SamplerSettings(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level)
-        self.correction = alg.rollout_correction
+        self.sampler = SamplerSettings.of(config.sampling)
+        self.correction = config.algorithm.rollout_correction
         self.kl_beta = self.settings.kl_beta
 
     def attach(self, model) -> None:

@@ -75,7 +75,7 @@ def prepare_pairs(cfg, out: Path, n: int, limit: int | None = None) -> tuple[int
     ensure_model(cfg)
     model = load_model(cfg.model)
     s = cfg.sampling
-    settings = SamplerSettings(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level)
+    settings = SamplerSettings.of(s)
     window = None if s.sde_type == "ode" else default_window(s.num_steps)
     images_dir = out / "images"
     images_dir.mkdir(parents=True, exist_ok=True)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from diffusion_rl.data.images import cover_and_crop
 from diffusion_rl.errors import UserError, did_you_mean
 
 PAIR_EXTENSIONS = (".jsonl", ".parquet")
@@ -75,21 +75,14 @@ def write_pairs(pairs: list[PreferencePair], path: str | Path) -> None:
 
 
 def load_image(path: Path, height: int, width: int) -> torch.Tensor:
-    """uint8 [height, width, 3]: RGB, the shorter side resized to fit, then centre-cropped."""
+    """uint8 [height, width, 3]: RGB, the shorter side resized to fit, then centre-cropped (data/images.py)."""
     from PIL import Image
 
     try:
         with Image.open(path) as image:
-            image = image.convert("RGB")
+            return torch.from_numpy(cover_and_crop(image, height, width))
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read image {path} ({e})") from None
-    scale = max(height / image.height, width / image.width)
-    size = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
-    if size != image.size:
-        image = image.resize(size, Image.Resampling.BICUBIC)
-    left, top = (image.width - width) // 2, (image.height - height) // 2
-    image = image.crop((left, top, left + width, top + height))
-    return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
 
 
 def _relative(image: Path, root: Path) -> str:

@@ -3,14 +3,21 @@
 File layouts:
   .txt      one prompt per line; lines are stripped and blank lines skipped.
   .jsonl    one object per line: {"prompt": str, "negative_prompt"?: str, "ground_truth"?: str,
-            "data_source"?: str, "metadata"?: object}; blank lines skipped.
+            "data_source"?: str, "metadata"?: object, "images"?: [path, ...]}; blank lines skipped; image paths
+            are relative to the .jsonl file's folder.
   .parquet  rows with the .jsonl columns, or verl-style rows (verl-omni's layout): "data_source", "prompt" as chat
             messages [{"role": "user", "content": ...}], "ability" (the task, e.g. "ocr"; read into
             metadata["ability"]), "reward_model": {"ground_truth": ..., "style": ...}, "extra_info" (becomes
-            metadata; may hold "negative_prompt"); a "negative_prompt" column may also be chat messages.
+            metadata; may hold "negative_prompt"), "images": [{"bytes": ..., "path"?: ...}, ...] (the condition
+            images of an edit); a "negative_prompt" column may also be chat messages.
 
-`write_prompts` writes .jsonl, or .parquet in the verl layout (those five columns, in that order; metadata["ability"]
-goes to the "ability" column), so that `load_prompts` reads back the same records.
+A prompt's "<image>" placeholders (verl's multimodal rows) are taken out of its text: an editing family places its
+condition images itself (data/condition_images.py); when a prompt has placeholders, their count must match its
+images.
+
+`write_prompts` writes .jsonl, or .parquet in the verl layout (those five columns, in that order, and "images" when a
+record has some; metadata["ability"] goes to the "ability" column), so that `load_prompts` reads back the same
+records.
 """
 
 import json
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.errors import UserError, did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -28,9 +36,10 @@ READABLE_EXTENSIONS = (".txt", ".jsonl", ".parquet")
 WRITABLE_EXTENSIONS = (".jsonl", ".parquet")
 DEFAULT_DATA_SOURCE = "default"
 
-_JSONL_KEYS = ("prompt", "negative_prompt", "ground_truth", "data_source", "metadata")
+_JSONL_KEYS = ("prompt", "negative_prompt", "ground_truth", "data_source", "metadata", "images")
+IMAGE_PLACEHOLDER = "<image>"  # verl's multimodal prompts mark each image's place in the text with it
 # verl rows carry "reward_model", "extra_info" and "ability" next to the plain columns.
-_PARQUET_COLUMNS = (*_JSONL_KEYS, "reward_model", "extra_info", "ability")
+_PARQUET_COLUMNS = (*_JSONL_KEYS, "reward_model", "extra_info", "ability")  # "images": [{"bytes", "path"}]
 _EXAMPLE_LINE = '{"prompt": "a red apple on a wooden table"}'
 
 
@@ -43,11 +52,16 @@ class PromptRecord:
     ground_truth: str | None = None  # the reference answer for rule-based rewards (e.g. the text to render)
     data_source: str = DEFAULT_DATA_SOURCE  # names the subset, so rewards and metrics can be split by it
     metadata: dict[str, Any] = field(default_factory=dict)  # anything else a reward function reads
+    images: tuple[ConditionImage, ...] = ()  # condition images (an edit's sources); read when used
 
     def __post_init__(self):
         problem = _field_problem(self.prompt, self.negative_prompt, self.ground_truth, self.data_source, self.metadata)
         if problem:
             raise UserError(f"invalid PromptRecord: {problem}")
+        if not isinstance(self.images, tuple) or not all(isinstance(i, ConditionImage) for i in self.images):
+            raise UserError(
+                f"invalid PromptRecord: 'images' must be a tuple of ConditionImage, got {self.images!r:.80}"
+            )
 
     def reward_metadata(self) -> dict[str, Any]:
         """What a reward gets with each image of this prompt: the metadata plus ground_truth and data_source (these
@@ -121,13 +135,22 @@ def _field_problem(prompt, negative_prompt, ground_truth, data_source, metadata)
     return None
 
 
-def _make_record(where: str, prompt, negative_prompt, ground_truth, data_source, metadata) -> PromptRecord:
+def _make_record(
+    where: str, prompt, negative_prompt, ground_truth, data_source, metadata, images: tuple[ConditionImage, ...] = ()
+) -> PromptRecord:
     data_source = DEFAULT_DATA_SOURCE if data_source is None else data_source
     metadata = {} if metadata is None else metadata
+    if isinstance(prompt, str) and IMAGE_PLACEHOLDER in prompt:
+        placeholders = prompt.count(IMAGE_PLACEHOLDER)
+        if placeholders != len(images):
+            raise UserError(
+                f"{where}: the prompt has {placeholders} '{IMAGE_PLACEHOLDER}' placeholders but {len(images)} images"
+            )
+        prompt = " ".join(prompt.replace(IMAGE_PLACEHOLDER, " ").split())
     problem = _field_problem(prompt, negative_prompt, ground_truth, data_source, metadata)
     if problem:
         raise UserError(f"{where}: {problem}")
-    return PromptRecord(prompt, negative_prompt, ground_truth, data_source, metadata)
+    return PromptRecord(prompt, negative_prompt, ground_truth, data_source, metadata, images)
 
 
 def _prompt_text(value: Any, where: str, name: str = "prompt") -> Any:
@@ -196,9 +219,23 @@ def _load_jsonl(path: Path) -> list[PromptRecord]:
                 ground_truth=obj.get("ground_truth"),
                 data_source=obj.get("data_source"),
                 metadata=obj.get("metadata"),
+                images=_jsonl_images(obj.get("images"), path, where),
             )
         )
     return records
+
+
+def _jsonl_images(value: Any, path: Path, where: str) -> tuple[ConditionImage, ...]:
+    """A .jsonl line's "images": file paths relative to the .jsonl file's folder."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise UserError(
+            f"{where}: 'images' must be a list of image file paths (relative to {path.parent}), got {value!r}"
+        )
+    return tuple(
+        ConditionImage(str((path.parent / v).resolve()), f"{where}, images[{k}] ({v})") for k, v in enumerate(value)
+    )
 
 
 def _load_parquet(path: Path) -> list[PromptRecord]:
@@ -220,7 +257,7 @@ def _load_parquet(path: Path) -> list[PromptRecord]:
             f"{path}: no 'prompt' column (columns: {', '.join(table.column_names)}); expected 'prompt' holding "
             "a string or verl-style chat messages"
         )
-    return [_parquet_row_record(row, f"{path}, row {i} (0-based)") for i, row in enumerate(table.to_pylist())]
+    return [_parquet_row_record(row, f"{path}, row {i} (0-based)", path) for i, row in enumerate(table.to_pylist())]
 
 
 def _without_nulls(mapping: Any, name: str, where: str) -> dict[str, Any]:
@@ -240,7 +277,27 @@ def _one_of(row: dict[str, Any], name: str, nested: dict[str, Any], nested_name:
     return top if top is not None else inner
 
 
-def _parquet_row_record(row: dict[str, Any], where: str) -> PromptRecord:
+def _parquet_images(value: Any, path: Path, where: str) -> tuple[ConditionImage, ...]:
+    """A parquet row's "images": verl's [{"bytes": ..., "path": ...}] (bytes first; a path is relative to the file)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise UserError(f"{where}: 'images' must be a list of {{\"bytes\": ...}} objects, got {_type_name(value)}")
+    images = []
+    for k, item in enumerate(value):
+        here = f"{where}, images[{k}]"
+        data = item.get("bytes") if isinstance(item, dict) else None
+        file = item.get("path") if isinstance(item, dict) else None
+        if isinstance(data, bytes) and data:
+            images.append(ConditionImage(data, here))
+        elif isinstance(file, str) and file:
+            images.append(ConditionImage(str((path.parent / file).resolve()), f"{here} ({file})"))
+        else:
+            raise UserError(f'{here}: expected {{"bytes": <image file bytes>}} or {{"path": ...}}, got {item!r:.80}')
+    return tuple(images)
+
+
+def _parquet_row_record(row: dict[str, Any], where: str, path: Path) -> PromptRecord:
     extra_info = _without_nulls(row.get("extra_info"), "extra_info", where)
     reward_model = _without_nulls(row.get("reward_model"), "reward_model", where)
     negative_prompt = _one_of(row, "negative_prompt", extra_info, "extra_info", where)
@@ -256,6 +313,7 @@ def _parquet_row_record(row: dict[str, Any], where: str) -> PromptRecord:
         ground_truth=ground_truth,
         data_source=row.get("data_source"),
         metadata=metadata,
+        images=_parquet_images(row.get("images"), path, where),
     )
 
 
@@ -274,11 +332,25 @@ def _write_jsonl(records: list[PromptRecord], path: Path) -> None:
             obj["data_source"] = r.data_source
         if r.metadata:
             obj["metadata"] = r.metadata
+        if r.images:
+            obj["images"] = [_image_path_for_jsonl(image, path, i) for image in r.images]
         try:
             lines.append(json.dumps(obj, ensure_ascii=False))
         except (TypeError, ValueError) as e:
             raise UserError(f"{path}: record {i} (0-based) cannot be written as JSON ({e})") from None
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _image_path_for_jsonl(image: ConditionImage, path: Path, index: int) -> str:
+    if isinstance(image.source, bytes):
+        raise UserError(
+            f"{path}: record {index} (0-based) holds image bytes, which .jsonl cannot; write .parquet instead"
+        )
+    source = Path(image.source)
+    try:
+        return source.relative_to(path.parent.resolve()).as_posix()
+    except ValueError:
+        return str(source)
 
 
 def _write_parquet(records: list[PromptRecord], path: Path) -> None:
@@ -304,6 +376,8 @@ def _write_parquet(records: list[PromptRecord], path: Path) -> None:
                 "extra_info": {"negative_prompt": r.negative_prompt, **extra_info},
             }
         )
+        if r.images:
+            rows[-1]["images"] = [{"bytes": image.file_bytes()} for image in r.images]
     try:
         pq.write_table(pa.Table.from_pylist(rows), path)
     except pa.ArrowException as e:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.errors import UserError
 from diffusion_rl.utils.seeding import make_generator
@@ -126,6 +127,11 @@ class StepPrompts:
     @property
     def negative_prompts(self) -> list[str | None]:
         return [r.negative_prompt for r in self.records]
+
+    @property
+    def condition_images(self) -> list[tuple[ConditionImage, ...]]:
+        """Per instance: the record's condition images (references, read when used; empty for a text prompt)."""
+        return [r.images for r in self.records]
 
     @property
     def ground_truths(self) -> list[str | None]:

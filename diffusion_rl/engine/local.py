@@ -1,9 +1,9 @@
 """The in-process engine: one PolicyWorker on one device. `make_engine` picks the engine the config asks for.
 
 What every engine offers the trainer (the Ray engine, engine/ray.py, the same over many workers):
-- `generate(prompts, step, window, rows)`: roll out rows of the step's prompts, keep their trajectories, return
-  a `Generated`: their images (uint8 [n, H, W, 3], CPU) and which rows came out finite; `keep_offline(prompts,
-  latents, step)`: keep offline latents instead;
+- `generate(prompts, step, window, rows)`: roll out rows of the step's prompts (with their condition images), keep
+  their trajectories, return a `Generated`: their images (uint8 [n, H, W, 3]; videos [n, F, H, W, 3]; CPU) and which
+  rows came out finite; `keep_offline(prompts, latents, step)`: keep offline latents instead;
 - `update(targets, step)`: train on the kept trajectories of `step` with the algorithm's targets (same rows);
 - `sample_images(...)` (validation), `encode_images(...)`;
 - `save(directory) -> state` / `load(directory, state)`: dcp/ in the directory, plain state for the trainer's
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from diffusion_rl.algorithms.base import Targets
+from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.worker import PolicyWorker
 from diffusion_rl.sampling.rollout import SamplerSettings
@@ -50,8 +51,9 @@ class LocalEngine:
         """Rollouts of the step's prompt instances (or of `rows` of them: a chunk; same samples either way)."""
         rows = list(range(len(prompts))) if rows is None else list(rows)
         negative = [prompts.negative_prompts[i] for i in rows]
+        images = [prompts.condition_images[i] for i in rows]
         return self.worker.generate([prompts.prompts[i] for i in rows], negative, sample_ids(prompts, rows), step,
-                                    window)  # fmt: skip
+                                    window, images)  # fmt: skip
 
     def keep_offline(self, prompts: StepPrompts, latents: torch.Tensor, step: int) -> None:
         rows = range(len(prompts))
@@ -70,8 +72,9 @@ class LocalEngine:
         seeds: Sequence[int],
         settings: SamplerSettings,
         use_ema: bool = True,
+        images: Sequence[Sequence[ConditionImage]] | None = None,
     ) -> torch.Tensor:
-        return self.worker.sample_images(prompts, negative, seeds, settings, use_ema)
+        return self.worker.sample_images(prompts, negative, seeds, settings, use_ema, images)
 
     def save(self, directory: Path) -> dict:
         return self.worker.save(directory)

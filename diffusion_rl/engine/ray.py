@@ -32,6 +32,7 @@ import torch
 from tensordict import is_tensorclass
 
 from diffusion_rl.algorithms.base import Targets, make_algorithm
+from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.local import health_problem, sample_ids
 from diffusion_rl.engine.placement import place_units
@@ -221,10 +222,12 @@ class RayEngine:
         the workers keep the trajectories, the driver gets the images (in the order of `rows`)."""
         rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
         shares = self._hold(len(prompts), rows, step)
-        texts, negative = prompts.prompts, prompts.negative_prompts
+        texts, negative, images = prompts.prompts, prompts.negative_prompts, prompts.condition_images
         per_rank = [
-            ([texts[i] for i in s], [negative[i] for i in s], sample_ids(prompts, s), step, window) for s in shares
-        ]
+            ([texts[i] for i in s], [negative[i] for i in s], sample_ids(prompts, s), step, window,
+             [images[i] for i in s])
+            for s in shares
+        ]  # fmt: skip
         generated = self._call("generate", per_rank=per_rank)
         return torch.cat([generated[r] for r in range(self.world_size) if shares[r]])  # shares follow `rows`' order
 
@@ -281,16 +284,18 @@ class RayEngine:
         seeds: Sequence[int],
         settings: SamplerSettings,
         use_ema: bool = True,
+        images: Sequence[Sequence[ConditionImage]] | None = None,
     ) -> torch.Tensor:
         shares = split_evenly(list(range(len(prompts))), self.world_size)
-        images = self._call(
+        samples = self._call(
             "sample_images",
             per_rank=[
-                ([prompts[i] for i in s], [negative[i] for i in s], [seeds[i] for i in s], settings, use_ema)
+                ([prompts[i] for i in s], [negative[i] for i in s], [seeds[i] for i in s], settings, use_ema,
+                 None if images is None else [images[i] for i in s])
                 for s in shares
             ],
-        )
-        return torch.cat(images)
+        )  # fmt: skip
+        return torch.cat(samples)
 
     def save(self, directory: Path) -> dict:
         """Every worker writes its shards into `directory` (the trainer's temp dir, published when all returned);

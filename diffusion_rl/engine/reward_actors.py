@@ -48,6 +48,11 @@ class RewardActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def takes_video(self) -> bool:
+        from diffusion_rl.rewards.video import takes_video
+
+        return takes_video(self.fn)
+
 
 class ActorReward:
     """A reward callable whose batches are scored by `num_actors` Ray actors, each with its own copy of the reward.
@@ -84,6 +89,8 @@ class ActorReward:
         except ray.exceptions.RayActorError as e:
             self.close()
             raise RuntimeError(f"reward '{self.label}': its actors could not start:\n{e}") from None
+        # a reward that scores whole videos gets them whole; any other is given frames (rewards/video.py)
+        self.video = bool(ray.get(self.actors[0].takes_video.remote()))
         logger.info("reward '%s': %d actors (%s CPU, %s GPU each)", self.label, num_actors, num_cpus, num_gpus)
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:

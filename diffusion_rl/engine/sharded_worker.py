@@ -141,15 +141,17 @@ class ShardedWorker:
         ids: SampleIds,
         step: int,
         window: SdeWindow | None,
+        images=None,
     ) -> Generated:
         """This rank's rows of a training rollout, kept here; their images (it still joins the all-gather with
         no rows)."""
         with self.parallel.gathered(self.worker.algorithm.rollout_policy):
             if not prompts:
                 s = self.worker.settings
-                images = torch.zeros(0, s.height, s.width, 3, dtype=torch.uint8)
-                return Generated(images=images, finite=torch.zeros(0, dtype=torch.bool), batch_size=[0])
-            return self.worker.generate(prompts, negative, ids, step, window)
+                frames = (s.frames,) if self.worker.model.video else ()
+                empty = torch.zeros(0, *frames, s.height, s.width, 3, dtype=torch.uint8)
+                return Generated(images=empty, finite=torch.zeros(0, dtype=torch.bool), batch_size=[0])
+            return self.worker.generate(prompts, negative, ids, step, window, images)
 
     @_reported
     def keep_offline(
@@ -165,11 +167,12 @@ class ShardedWorker:
         seeds: Sequence[int],
         settings: SamplerSettings,
         use_ema: bool,
+        images=None,
     ) -> torch.Tensor:
         ema = self.worker.optimizer.ema if use_ema else None
         # swap the EMA into the shards before gathering them: the gathered copy is what the sampler runs
         with ema.swapped_in() if ema is not None else contextlib.nullcontext(), self.parallel.gathered():
-            return self.worker.sample_images(prompts, negative, seeds, settings, use_ema=False)
+            return self.worker.sample_images(prompts, negative, seeds, settings, use_ema=False, images=images)
 
     # -- update -------------------------------------------------------------------------------------------------
     @_reported

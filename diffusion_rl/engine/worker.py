@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from diffusion_rl.algorithms.base import Targets, TrainBatch, make_algorithm
 from diffusion_rl.checkpoint import state as checkpoint_state
+from diffusion_rl.data.condition_images import ConditionImage, fit_condition_images
 from diffusion_rl.engine.optimizer import OptimizerStepper
 from diffusion_rl.engine.parallel import SingleDevice
 from diffusion_rl.engine.update_loop import run_update
@@ -54,8 +56,11 @@ class PolicyWorker:
             self.model: FlowModel = load_model(cfg.model)
         self.algorithm = make_algorithm(cfg)
         self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)
-        s = cfg.sampling
-        self.settings = SamplerSettings(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level)
+        self.settings = SamplerSettings.of(cfg.sampling)
+        try:  # a size or frame count the model cannot make: say so before any work
+            self.model.latent_shape(self.settings.height, self.settings.width, self.settings.frames)
+        except ValueError as e:
+            raise UserError(f"sampling.height/width/num_frames do not fit the {self.model.family} model: {e}") from None
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
         self.parallel = parallel if parallel is not None else SingleDevice()
         self.parallel.prepare(self.model)
@@ -74,12 +79,14 @@ class PolicyWorker:
         ids: SampleIds,
         step: int,
         window: SdeWindow | None,
+        images: Sequence[Sequence[ConditionImage]] | None = None,
     ) -> Generated:
-        """Roll out a training batch, keep its trajectory for `update`, return its images (uint8 [B, H, W, 3], CPU)
-        and which rows are finite.
+        """Roll out a training batch, keep its trajectory for `update`, return its images (uint8 [B, H, W, 3], a
+        video family's [B, F, H, W, 3]; CPU) and which rows are finite. `images`: each row's condition images
+        (editing families), fitted to the output size here.
         Sample i's noise comes from (seed, step, sample_index[i]) (its group's with share_initial_noise)."""
         seed = self.cfg.run.seed
-        cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative])
+        cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative], self._fitted(images))
         init_ids = ids.group_index if self.cfg.sampling.share_initial_noise else ids.sample_index
         with self.model.using(self.algorithm.rollout_policy):  # the policy that samples (DiffusionNFT: `old`)
             traj = rollout(
@@ -108,6 +115,12 @@ class PolicyWorker:
         )
         self._keep(traj, step)
 
+    def _fitted(self, images: Sequence[Sequence[ConditionImage]] | None) -> list[list[np.ndarray]] | None:
+        """Each row's condition images at the output size, or None when no row has any (a text-only batch)."""
+        if images is None or not any(images):
+            return None
+        return fit_condition_images(images, self.settings.height, self.settings.width)
+
     def _keep(self, traj: Trajectory, step: int) -> None:
         if self.pending_step != step:  # a new step: whatever an interrupted one left is dropped
             self.pending, self.pending_step = [], step
@@ -126,12 +139,20 @@ class PolicyWorker:
         seeds: Sequence[int],
         settings: SamplerSettings,
         use_ema: bool = True,
+        images: Sequence[Sequence[ConditionImage]] | None = None,
     ) -> torch.Tensor:
-        """ODE samples (validation): uint8 [B, H, W, 3], each from its own seed, in micro-batch-sized chunks."""
+        """ODE samples (validation): uint8 [B, H, W, 3] (videos [B, F, H, W, 3]), each from its own seed, with its
+        row's condition images (editing families), in micro-batch-sized chunks."""
         ema = self.optimizer.ema
         with ema.swapped_in() if (use_ema and ema is not None) else contextlib.nullcontext():
             return sample_images(
-                self.model, prompts, negative, settings, init_seeds=seeds, batch_size=self.cfg.train.micro_batch_size
+                self.model,
+                prompts,
+                negative,
+                settings,
+                init_seeds=seeds,
+                batch_size=self.cfg.train.micro_batch_size,
+                images=self._fitted(images),
             )
 
     # -- update ----------------------------------------------------------------------------------------------

@@ -84,8 +84,12 @@ def _num(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else _esc(value)
 
 
+MIME_TYPES = {".png": "image/png", ".webp": "image/webp", ".gif": "image/gif"}  # animated WebP/GIF: videos
+
+
 def data_uri(path: str | os.PathLike[str]) -> str:
-    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    mime = MIME_TYPES.get(Path(path).suffix.lower(), "image/png")
+    return f"data:{mime};base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
 def _img(path: Path, alt: str, css: str = "plot") -> str:
@@ -192,7 +196,8 @@ def _spread(steps: list[int], most: int) -> list[int]:
 def _validation(d: ReportData) -> str:
     by_step = read_validation_images(d.run_dir / "samples")
     if not by_step:
-        grids = sorted((d.run_dir / "samples").glob("step_*.png")) if (d.run_dir / "samples").is_dir() else []
+        samples = d.run_dir / "samples"
+        grids = sorted(g for g in samples.glob("step_*") if g.suffix in MIME_TYPES) if samples.is_dir() else []
         if not grids:
             return _section("validation", "Validation images", '<p class="note">No validation images.</p>')
         body = "".join(f"<h3>{_esc(g.stem)}</h3>{_img(g, g.stem)}" for g in grids[-3:])

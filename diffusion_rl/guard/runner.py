@@ -7,6 +7,8 @@ Files under <run.dir>/guard/:
     summary.json   the statistics watched, their baselines, noise floors and allowed changes, the action, and
                    what the action did (stopped / rolled back to which checkpoint)
 
+A video is watched through its middle frame (`still_of`): the statistics are those of single images.
+
 Which policy an alert blames: the rollout logged at step t was sampled by the policy after t − 1 updates, and the
 validation at step t by the policy after t updates (the checkpoint `step_t`). A rollback loads the newest kept
 checkpoint older than the first policy of the alert's streak.
@@ -35,6 +37,11 @@ SUMMARY_FILE = "summary.json"
 REFERENCE_FILE = "reference_val.npz"
 
 
+def still_of(images: np.ndarray) -> np.ndarray:
+    """uint8 [B, H, W, 3]: the images themselves, or each video's middle frame (videos [B, F, H, W, 3])."""
+    return images[:, images.shape[1] // 2] if images.ndim == 5 else images
+
+
 class RunGuard:
     """Holds the guard's state over a run. Every method is a no-op returning {} / False when disabled."""
 
@@ -57,7 +64,7 @@ class RunGuard:
             return {}
         self._prepare_files()
         names = tuple(s for s in self.cfg.watched if s in ROLLOUT_STATS)
-        values = rollout_stats(images_BHW3, np.asarray(group_index), names, self.cfg.max_side)
+        values = rollout_stats(still_of(images_BHW3), np.asarray(group_index), names, self.cfg.max_side)
         return self._record(step, values, policy=step - 1)
 
     def on_validation(self, step: int, images_BHW3: np.ndarray) -> dict[str, float]:
@@ -65,7 +72,7 @@ class RunGuard:
         if not self.cfg.enabled or "val_drift" not in self.cfg.watched:
             return {}
         self._prepare_files()
-        images = shrink(images_BHW3, self.cfg.max_side)
+        images = shrink(still_of(images_BHW3), self.cfg.max_side)
         if self.reference_val is None or self.reference_val.shape != images.shape:
             if self.reference_val is not None:
                 logger.warning("guard: the validation images changed shape; step %d is the new reference", step)

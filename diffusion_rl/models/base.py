@@ -9,13 +9,18 @@ from __future__ import annotations
 import contextlib
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
 
+from diffusion_rl.errors import UserError
 from diffusion_rl.models.policies import LoraSettings, PolicySet
+
+# the condition images of each row of a batch: row i's uint8 [H, W, 3] arrays (none for a text-only prompt)
+ConditionImages = Sequence[Sequence[np.ndarray]]
 
 
 def freeze(*modules) -> None:
@@ -26,7 +31,12 @@ def freeze(*modules) -> None:
 
 
 class FlowModel(ABC):
-    """A text-to-image flow-matching model: text encoders, a trainable transformer (`policies`), a VAE."""
+    """A flow-matching model of images or videos: text encoders, a trainable transformer (`policies`), a VAE.
+
+    A video family (`video = True`) samples `frames` frames: its latents are [C, F', H', W'] and `decode` gives
+    uint8 [B, F, H, W, 3]; an image family accepts frames = 1 only. An editing family (`condition_images` > 0)
+    reads condition images with each prompt (`encode_prompts(..., images=...)`).
+    """
 
     family: str  # its registered name (models/registry.py); set by the loader
     policies: PolicySet
@@ -35,6 +45,9 @@ class FlowModel(ABC):
 
     # pipeline attributes that never train (text encoders, VAE): frozen in eval mode
     frozen_components: tuple[str, ...] = ()
+    video: bool = False  # samples are videos [F, H, W, 3] (frames > 1 allowed)
+    # condition images a prompt takes: 0 (text only), or at most this many (editing families)
+    max_condition_images: int = 0
 
     def __init__(
         self,
@@ -64,8 +77,12 @@ class FlowModel(ABC):
 
     # -- conditioning -------------------------------------------------------------------------------------
     @abstractmethod
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
-        """Text conditioning, batch [B] (negative embeddings included for classifier-free guidance)."""
+    def encode_prompts(
+        self, prompts: list[str], negative: list[str] | None = None, images: ConditionImages | None = None
+    ) -> TensorDict:
+        """Conditioning, batch [B]: text (negative embeddings included for classifier-free guidance) and, for an
+        editing family, the condition images of each row (`images[i]`: uint8 [H, W, 3] arrays at the output size,
+        see data/condition_images.py); a text-only family refuses images."""
 
     # -- the network ------------------------------------------------------------------------------------------
     @abstractmethod
@@ -73,20 +90,21 @@ class FlowModel(ABC):
         """v(x_σ, σ) of the active policy with CFG applied when guidance > 1; fp32, same shape as latents."""
 
     @abstractmethod
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        """Shape of one sample's latents (without batch) for an image of height × width pixels."""
+    def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
+        """Shape of one sample's latents (without batch) for `frames` frames of height × width pixels (a ValueError
+        saying what fits when the model cannot make that size)."""
 
-    def sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+    def sigma_schedule(self, num_steps: int, height: int, width: int, frames: int = 1) -> torch.Tensor:
         """σ_0 = 1 > … > σ_T = 0, float32 [num_steps + 1] on the CPU, with the model's shift applied (cached:
         building a scheduler per rollout costs about as much as one SDE step of the tiny model)."""
         cache = self.__dict__.setdefault("_sigma_schedules", {})
-        key = (num_steps, height, width)
+        key = (num_steps, height, width, frames)
         if key not in cache:
-            cache[key] = self._build_sigma_schedule(num_steps, height, width).float().cpu()
+            cache[key] = self._build_sigma_schedule(num_steps, height, width, frames).float().cpu()
         return cache[key].clone()
 
     @abstractmethod
-    def _build_sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+    def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:
         """The family's schedule (see sigma_schedule), from a fresh scheduler."""
 
     def fresh_scheduler(self):
@@ -95,10 +113,11 @@ class FlowModel(ABC):
 
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Images as uint8 [B, H, W, 3] on the CPU."""
+        """Images as uint8 [B, H, W, 3] (a video family: [B, F, H, W, 3]) on the CPU."""
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images [B, H, W, 3] → latents [B, …] (fp32, on the model's device) that `decode` maps back.
+        """uint8 images [B, H, W, 3] (a video family: [B, F, H, W, 3]) → latents [B, …] (fp32, on the model's
+        device) that `decode` maps back.
 
         Deterministic (the VAE posterior's mean), so offline datasets can be encoded once and cached.
         """
@@ -123,6 +142,39 @@ class FlowModel(ABC):
             yield
         finally:
             module.train(was_training)
+
+
+def distinct_texts(
+    prompts: list[str], negative: list[str] | None
+) -> tuple[list[str], torch.Tensor, torch.Tensor | None]:
+    """The distinct strings among prompts and negatives (each is encoded once), and where each row finds its own.
+
+    Returns (texts, prompt_index [B], negative_index [B]) with texts[prompt_index[i]] == prompts[i];
+    `negative` None (a model that uses no negatives) gives negative_index None.
+    """
+    if negative is not None and len(negative) != len(prompts):
+        raise ValueError(f"encode_prompts: {len(negative)} negative prompts for {len(prompts)} prompts")
+    texts = list(dict.fromkeys([*prompts, *(negative or [])]))
+    position = {text: i for i, text in enumerate(texts)}
+    prompt_index = torch.tensor([position[p] for p in prompts], dtype=torch.long)
+    if negative is None:
+        return texts, prompt_index, None
+    return texts, prompt_index, torch.tensor([position[n] for n in negative], dtype=torch.long)
+
+
+def single_frame(family: str, frames: int) -> None:
+    """An image family's check of `frames` (sampling.num_frames)."""
+    if frames != 1:
+        raise ValueError(f"the {family} family makes images: frames must be 1 (sampling.num_frames), got {frames}")
+
+
+def refuse_condition_images(family: str, images: ConditionImages | None) -> None:
+    """A text-only family's check of `encode_prompts(images=...)`: condition images need an editing family."""
+    if images is not None and any(len(row) for row in images):
+        raise UserError(
+            f"the {family} family takes no condition images; prompts with images need an editing family "
+            "(qwen_image_edit, flux_kontext)"
+        )
 
 
 def images_to_uint8(images: torch.Tensor) -> torch.Tensor:

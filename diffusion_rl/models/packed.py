@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.base import FlowModel, single_frame
 
 
 def pack_latents(latents_BCHW: torch.Tensor) -> torch.Tensor:
@@ -78,24 +78,6 @@ def packed_sigma_schedule(scheduler, num_steps: int, image_seq_len: int) -> torc
     return scheduler.sigmas.float().cpu()
 
 
-def distinct_texts(
-    prompts: list[str], negative: list[str] | None
-) -> tuple[list[str], torch.Tensor, torch.Tensor | None]:
-    """The distinct strings among prompts and negatives (each is encoded once), and where each row finds its own.
-
-    Returns (texts, prompt_index [B], negative_index [B]) with texts[prompt_index[i]] == prompts[i];
-    `negative` None (a model that uses no negatives) gives negative_index None.
-    """
-    if negative is not None and len(negative) != len(prompts):
-        raise ValueError(f"encode_prompts: {len(negative)} negative prompts for {len(prompts)} prompts")
-    texts = list(dict.fromkeys([*prompts, *(negative or [])]))
-    position = {text: i for i, text in enumerate(texts)}
-    prompt_index = torch.tensor([position[p] for p in prompts], dtype=torch.long)
-    if negative is None:
-        return texts, prompt_index, None
-    return texts, prompt_index, torch.tensor([position[n] for n in negative], dtype=torch.long)
-
-
 class PackedLatentModel(FlowModel):
     """What FLUX.1 and Qwen-Image share: latents as a 2×2-packed token grid [H/2, W/2, 4·C] and their σ schedule
     with the resolution-dependent shift. Subclasses set `latent_channels` and `vae_scale` (VAE down-sampling)."""
@@ -103,12 +85,13 @@ class PackedLatentModel(FlowModel):
     latent_channels: int
     vae_scale: int
 
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+    def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
+        single_frame(self.family, frames)
         step = self.vae_scale * 2  # VAE down-sampling, then 2×2 packing
         if height % step or width % step:
             raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
         return (height // step, width // step, self.latent_channels * 4)
 
-    def _build_sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        h, w, _ = self.latent_shape(height, width)
+    def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:
+        h, w, _ = self.latent_shape(height, width, frames)
         return packed_sigma_schedule(self.fresh_scheduler(), num_steps, h * w)

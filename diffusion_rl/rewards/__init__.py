@@ -1,7 +1,19 @@
 """Rewards: the contract, the registry, the built-in rewards, and the weighted combiner."""
 
 # importing these registers the built-in rewards; their heavy dependencies are imported when a reward is made
-from diffusion_rl.rewards import clip, geneval, group, hps, imagereward, jpeg, ocr, remote, shapes, vlm  # noqa: F401
+from diffusion_rl.rewards import (  # noqa: F401
+    clip,
+    geneval,
+    group,
+    hps,
+    imagereward,
+    jpeg,
+    ocr,
+    remote,
+    shapes,
+    video,
+    vlm,
+)
 from diffusion_rl.rewards.base import REWARDS, RewardFn, RewardOutputError, is_group_reward, make_reward
 from diffusion_rl.rewards.combine import RewardCombiner, RewardFailure, RewardResult, WeightedReward
 

@@ -4,9 +4,11 @@ A reward is a callable
 
     reward(images, prompts, metadata) -> scores
 
-- `images`: np.ndarray uint8 [B, H, W, 3] (RGB);
+- `images`: np.ndarray uint8 [B, H, W, 3] (RGB), or videos uint8 [B, F, H, W, 3] from a video model; a reward
+  that scores whole videos has the attribute `video = True`, any other is applied frame by frame (rewards/video.py);
 - `prompts`: list[str] of length B;
-- `metadata`: list[dict] of length B (the dataset row's extra fields, e.g. "data_source");
+- `metadata`: list[dict] of length B (the dataset row's extra fields, e.g. "data_source"); for an edit, its
+  "condition_images": the row's source images, each uint8 [H, W, 3] at the output size, as the model saw them;
 - `scores`: float array [B] (float32 preferred; any float dtype is accepted and cast), NaN for a sample the
   reward could not score. A failed sample is counted and left out of training, never scored 0.
 
@@ -101,9 +103,10 @@ def check_reward_output(name: str, scores: Any, batch_size: int) -> np.ndarray:
 
 def check_reward_inputs(images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> int:
     """The batch size, after checking the inputs follow the contract (a caller bug otherwise: ValueError)."""
-    if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+    ok = isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim in (4, 5)
+    if not ok or images.shape[-1] != 3:
         desc = f"{images.dtype} {images.shape}" if isinstance(images, np.ndarray) else type(images).__name__
-        raise ValueError(f"reward images must be np.ndarray uint8 [B, H, W, 3]; got {desc}")
+        raise ValueError(f"reward images must be np.ndarray uint8 [B, H, W, 3] (videos [B, F, H, W, 3]); got {desc}")
     batch_size = images.shape[0]
     if len(prompts) != batch_size or len(metadata) != batch_size:
         raise ValueError(

@@ -21,7 +21,7 @@ from diffusion_rl.sampling.window import SdeWindow, step_types
 from diffusion_rl.utils.seeding import make_generator
 
 if TYPE_CHECKING:
-    from diffusion_rl.models.base import FlowModel
+    from diffusion_rl.models.base import ConditionImages, FlowModel
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,18 @@ class SamplerSettings:
     width: int
     sde_type: str = "sde"
     noise_level: float = 0.7
+    frames: int = 1  # video frames per sample (a video family); 1 for images
+
+    @classmethod
+    def of(cls, sampling) -> SamplerSettings:
+        """The training rollouts' settings, from the config's `sampling` section."""
+        s = sampling
+        return cls(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level, s.num_frames)
 
 
 def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int]) -> torch.Tensor:
     """x_1 for each sample from its own seed: a sample's noise never depends on the batch it is in."""
-    shape = model.latent_shape(settings.height, settings.width)
+    shape = model.latent_shape(settings.height, settings.width, settings.frames)
     noise = torch.stack([torch.randn(shape, generator=make_generator(s)) for s in seeds])
     return noise.to(model.device)
 
@@ -65,7 +72,7 @@ def rollout(
             f"rollout: {batch} init seeds, {len(noise_seeds)} noise seeds, {cond.batch_size[0]} conds, "
             f"{ids.batch_size[0]} ids"
         )
-    sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width)
+    sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width, settings.frames)
     kinds = step_types(settings.num_steps, window, settings.sde_type)
     generators = [make_generator(s) for s in noise_seeds]
     x = initial_noise(model, settings, init_seeds)
@@ -125,22 +132,27 @@ def sample_images(
     noise_seeds: Sequence[int] | None = None,
     window: SdeWindow | None = None,
     batch_size: int | None = None,
+    images: ConditionImages | None = None,
 ) -> torch.Tensor:
-    """uint8 [N, H, W, 3] on the CPU: sample i from (init_seeds[i], noise_seeds[i]) (noise seeds default to the
-    init seeds), in chunks of `batch_size` rows (None: all at once), each chunk encoding its own prompts.
+    """uint8 [N, H, W, 3] (a video family: [N, F, H, W, 3]) on the CPU: sample i from (init_seeds[i],
+    noise_seeds[i]) (noise seeds default to the init seeds) with prompt i and its condition images `images[i]`
+    (editing families), in chunks of `batch_size` rows (None: all at once), each chunk encoding its own prompts.
     ODE sampling unless a `window` makes steps stochastic."""
     noise_seeds = list(init_seeds) if noise_seeds is None else list(noise_seeds)
-    if not (len(prompts) == len(negative) == len(init_seeds) == len(noise_seeds)):
+    if not (len(prompts) == len(negative) == len(init_seeds) == len(noise_seeds)) or (
+        images is not None and len(images) != len(prompts)
+    ):
         raise ValueError(
             f"sample_images: {len(prompts)} prompts, {len(negative)} negatives, {len(init_seeds)} init seeds, "
-            f"{len(noise_seeds)} noise seeds"
+            f"{len(noise_seeds)} noise seeds, {'no' if images is None else len(images)} condition image rows"
         )
     size = batch_size or max(1, len(prompts))
-    images = []
+    outputs = []
     for start in range(0, len(prompts), size):
         rows = slice(start, start + size)
         chunk = list(prompts[rows])
-        cond = model.encode_prompts(chunk, [n or "" for n in negative[rows]])
+        chunk_images = None if images is None else list(images[rows])
+        cond = model.encode_prompts(chunk, [n or "" for n in negative[rows]], chunk_images)
         traj = rollout(
             model,
             cond,
@@ -150,10 +162,11 @@ def sample_images(
             noise_seeds=noise_seeds[rows],
             ids=anonymous_ids(chunk),
         )
-        images.append(traj.images.cpu())
-    if not images:
-        return torch.zeros(0, settings.height, settings.width, 3, dtype=torch.uint8)
-    return torch.cat(images)
+        outputs.append(traj.images.cpu())
+    if not outputs:
+        frames = (settings.frames,) if model.video else ()
+        return torch.zeros(0, *frames, settings.height, settings.width, 3, dtype=torch.uint8)
+    return torch.cat(outputs)
 
 
 def recompute_step(

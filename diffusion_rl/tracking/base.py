@@ -10,6 +10,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from diffusion_rl.tracking.video import check_video
+
 logger = logging.getLogger(__name__)
 
 
@@ -24,6 +26,9 @@ class Tracker(Protocol):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
     def log_images(self, tag: str, image: np.ndarray, step: int, caption: str = "") -> None: ...
+
+    def log_video(self, tag: str, video: np.ndarray, step: int, caption: str = "", fps: float = 8) -> None:
+        """A video uint8 [F, H, W, 3] (e.g. a grid of validation videos, tracking/video.py)."""
 
     def close(self) -> None: ...
 
@@ -76,6 +81,11 @@ class MultiTracker:
         check_image(tag, image)
         for tracker in self.trackers:
             tracker.log_images(tag, image, step, caption)
+
+    def log_video(self, tag: str, video: np.ndarray, step: int, caption: str = "", fps: float = 8) -> None:
+        check_video(tag, video)
+        for tracker in self.trackers:
+            tracker.log_video(tag, video, step, caption, fps)
 
     def resume_from(self, step: int) -> None:
         """Forwarded to the trackers that define `resume_from` (e.g. JSONL drops rows after `step`)."""

@@ -79,5 +79,8 @@ class ConsoleTracker:
     def log_images(self, tag: str, image: np.ndarray, step: int, caption: str = "") -> None:
         pass
 
+    def log_video(self, tag: str, video: np.ndarray, step: int, caption: str = "", fps: float = 8) -> None:
+        pass
+
     def close(self) -> None:
         pass

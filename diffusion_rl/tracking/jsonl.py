@@ -80,6 +80,9 @@ class JsonlTracker:
     def log_images(self, tag: str, image: np.ndarray, step: int, caption: str = "") -> None:
         pass
 
+    def log_video(self, tag: str, video: np.ndarray, step: int, caption: str = "", fps: float = 8) -> None:
+        pass
+
     def resume_from(self, step: int) -> None:
         """Drops the rows a crashed run logged after `step` (the resumed checkpoint), so no step appears twice."""
         self._file.close()

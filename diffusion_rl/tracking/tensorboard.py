@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from diffusion_rl.tracking.base import check_image, to_scalar
+from diffusion_rl.tracking.video import check_video, encode_animation
 
 SUBDIR = "tensorboard"
 
@@ -36,6 +37,20 @@ class TensorBoardTracker:
     def log_images(self, tag: str, image: np.ndarray, step: int, caption: str = "") -> None:
         writer = self._get_writer()
         writer.add_image(tag, check_image(tag, image), global_step=step, dataformats="HWC")
+        if caption:
+            writer.add_text(tag, caption, global_step=step)
+        writer.flush()
+
+    def log_video(self, tag: str, video: np.ndarray, step: int, caption: str = "", fps: float = 8) -> None:
+        """An animated GIF in the images tab (what torch's add_video writes, without needing moviepy)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        frames, height, width = check_video(tag, video).shape[:3]
+        gif = Summary.Image(
+            height=height, width=width, colorspace=3, encoded_image_string=encode_animation(video, fps=fps)
+        )
+        writer = self._get_writer()
+        writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=gif)]), step)
         if caption:
             writer.add_text(tag, caption, global_step=step)
         writer.flush()

@@ -2,7 +2,7 @@
 
     <run.dir>/samples/step_XXXXXX/index.json    [{"prompt_index", "prompt", "sample", "reward", "file"}, ...]
     <run.dir>/samples/step_XXXXXX/pPPP_sK.png   prompt P's sample K (the validation seeds are fixed, so sample K of
-                                                a prompt is comparable across steps)
+                                                a prompt is comparable across steps); a video: pPPP_sK.webp
 
 The folder is written under a temporary name and renamed, so it is complete or absent.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.tracking.images import save_png
+from diffusion_rl.tracking.media import save_sample
 
 INDEX_FILE = "index.json"
 
@@ -32,7 +32,8 @@ def write_validation_images(
     n: int,
     rewards: Sequence[float],
 ) -> Path:
-    """Write one validation's images (prompt-major: n samples per prompt, as the trainer orders them)."""
+    """Write one validation's images (prompt-major: n samples per prompt, as the trainer orders them); videos
+    ([B, F, H, W, 3]) as animated WebP."""
     final = Path(samples_dir) / f"step_{step:06d}"
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -40,8 +41,7 @@ def write_validation_images(
     rows = []
     for i, (image, prompt, reward) in enumerate(zip(images_BHW3, prompts, rewards)):
         p, k = divmod(i, n)
-        name = f"p{p:03d}_s{k}.png"
-        save_png(image, tmp / name)
+        name = save_sample(image, tmp / f"p{p:03d}_s{k}").name
         value = float(reward) if math.isfinite(float(reward)) else None
         rows.append({"prompt_index": p, "prompt": prompt, "sample": k, "reward": value, "file": name})
     (tmp / INDEX_FILE).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

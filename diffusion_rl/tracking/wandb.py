@@ -11,6 +11,7 @@ import numpy as np
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.tracking.base import check_image, to_scalar
+from diffusion_rl.tracking.video import check_video, save_video
 
 MODES = ("online", "offline", "disabled")
 
@@ -69,6 +70,12 @@ class WandbTracker:
     def log_images(self, tag: str, image: np.ndarray, step: int, caption: str = "") -> None:
         picture = self._wandb.Image(check_image(tag, image), caption=caption or None)
         self._run.log({tag: picture}, step=step)
+
+    def log_video(self, tag: str, video: np.ndarray, step: int, caption: str = "", fps: float = 8) -> None:
+        """As an animated GIF file under the run's wandb folder (wandb.Video of an array would need moviepy)."""
+        path = Path(self._run.dir) / "media_videos" / f"{tag.replace('/', '_')}_{step:06d}.gif"
+        save_video(check_video(tag, video), path, fps)
+        self._run.log({tag: self._wandb.Video(str(path), caption=caption or None, format="gif")}, step=step)
 
     def close(self) -> None:
         if self._run is not None:

@@ -5,8 +5,10 @@ it was scored: `<run.dir>/rollouts/step_XXXXXX/` with
 
     rollout.jsonl   one row per sample of the batch: uid, group, prompt, ground truth, data source, total and
                     per-reward scores, failed, advantage, and its image file (null past the image bound)
-    sNNN.png        the first `log.rollout_max_images` samples of the batch (whole groups come first)
-    sheet.png       those images with prompt, reward and advantage captions, one group per row
+    sNNN.png        the first `log.rollout_max_images` samples of the batch (whole groups come first); videos
+                    as sNNN.webp (animated)
+    sheet.png       those images with prompt, reward and advantage captions, one group per row (videos: an
+                    animated sheet.webp; edits: each tile shows its source images, then the result)
 
 The folder is written under a temporary name and renamed, so it is complete or absent; a resumed run that
 dumps the same step again replaces it.
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.tracking import image_grid, save_png
+from diffusion_rl.tracking.media import sample_sheet, save_sample
 
 ROLLOUTS_DIR = "rollouts"
 
@@ -45,8 +47,10 @@ def write_rollout_dump(
     advantages_B: Sequence[float],
     max_images: int,
     group_size: int,
+    sources: Sequence[Sequence[np.ndarray]] | None = None,
 ) -> tuple[Path, np.ndarray | None]:
-    """Write one step's dump (see the module docstring); returns its folder and the sheet (None: no images)."""
+    """Write one step's dump (see the module docstring); returns its folder and the sheet (None: no images).
+    `sources`: each row's condition images (an edit), shown left of its result on the sheet."""
     directory = Path(directory)
     final = directory / f"step_{step:06d}"
     tmp = directory / f".tmp-{final.name}-{os.getpid()}"
@@ -59,8 +63,7 @@ def write_rollout_dump(
     for i, record in enumerate(records):
         image = None
         if i < kept:
-            image = f"s{i:03d}.png"
-            save_png(images_BHW3[i], tmp / image)
+            image = save_sample(images_BHW3[i], tmp / f"s{i:03d}").name
             reward, advantage = float(scored.total[i]), float(advantages_B[i])
             captions.append(f"{record.prompt} | r {reward:.4g} | A {advantage:+.3g}")
         rows.append(
@@ -83,8 +86,8 @@ def write_rollout_dump(
         file.writelines(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n" for row in rows)
     sheet = None
     if kept:
-        sheet = image_grid(images_BHW3[:kept], captions, ncols=min(group_size, kept))
-        save_png(sheet, tmp / "sheet.png")
+        sheet = sample_sheet(images_BHW3[:kept], captions, min(group_size, kept), sources and sources[:kept])
+        save_sample(sheet, tmp / "sheet")
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)

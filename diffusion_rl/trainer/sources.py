@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from diffusion_rl.data.condition_images import with_condition_images
 from diffusion_rl.data.pairs import PreferencePair, load_image
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prompts
@@ -40,7 +41,7 @@ class RolloutDiverged(TrainingDiverged):
 @dataclass
 class Collected:
     prompts: StepPrompts  # the step's rows
-    images: np.ndarray | None  # uint8 [B, H, W, 3] of the rollout; None for offline data
+    images: np.ndarray | None  # uint8 [B, H, W, 3] (videos [B, F, H, W, 3]) of the rollout; None for offline data
     scored: RewardResult  # total [B] (NaN = failed), per reward, failed, metrics
 
 
@@ -55,6 +56,8 @@ class OnlineRollouts:
         """`timing/generate` covers sampling (and scoring that overlapped it); `timing/reward` the time left
         waiting for scores after the last chunk."""
         prompts = make_step_prompts(self.records, self.sampler, step, self.cfg.data.group_size)
+        s = self.cfg.sampling  # the rewards see an edit's sources as the model did: fitted to the output size
+        metadata = with_condition_images(prompts.metadata, prompts.condition_images, s.height, s.width)
         images, finite, pending = [], [], []
         with timer("generate"):
             for rows in split_evenly(range(len(prompts)), self.cfg.sampling.score_chunks):
@@ -65,8 +68,8 @@ class OnlineRollouts:
                 finite.append(part.finite.numpy())
                 ok = [row for row, usable in zip(rows, finite[-1]) if usable]
                 if ok:
-                    texts, metadata = [prompts.prompts[i] for i in ok], [prompts.metadata[i] for i in ok]
-                    pending.append(self.pool.submit(self.rewards.score, images[-1][finite[-1]], texts, metadata))
+                    texts, chunk_metadata = [prompts.prompts[i] for i in ok], [metadata[i] for i in ok]
+                    pending.append(self.pool.submit(self.rewards.score, images[-1][finite[-1]], texts, chunk_metadata))
         images, finite = np.concatenate(images), np.concatenate(finite)
         if not finite.any():
             raise RolloutDiverged(
@@ -75,13 +78,13 @@ class OnlineRollouts:
             )
         ok = np.flatnonzero(finite)
         with timer("reward"):  # group rewards score here, on the whole batch: a group is never split across chunks
-            scored = self.rewards.combine([p.result() for p in pending], [prompts.metadata[i] for i in ok],
+            scored = self.rewards.combine([p.result() for p in pending], [metadata[i] for i in ok],
                                           images=images[ok], prompts=[prompts.prompts[i] for i in ok],
                                           group_index=prompts.group_index.numpy()[ok])  # fmt: skip
         if len(ok) < len(prompts):
             logger.warning("step %d: %d of %d samples came out NaN/inf and are failed unscored", step + 1,
                            len(prompts) - len(ok), len(prompts))  # fmt: skip
-            scored = with_unscored_rows(scored, ok, prompts.metadata)
+            scored = with_unscored_rows(scored, ok, metadata)
         scored.metrics["sampling/nonfinite_fraction"] = 1.0 - len(ok) / len(prompts)
         return Collected(prompts, images, scored)
 

@@ -28,6 +28,11 @@ from diffusion_rl.checkpoint.state import CONFIG_FILE, read_state, write_state
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config import Config
 from diffusion_rl.config_io import redact_secrets, refuse_redacted, to_yaml
+from diffusion_rl.data.condition_images import (
+    check_condition_images,
+    fit_condition_images,
+    with_condition_images,
+)
 from diffusion_rl.data.pairs import load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
@@ -41,7 +46,8 @@ from diffusion_rl.rewards import RewardCombiner
 from diffusion_rl.rewards.build import build_combiner
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import window_for_step
-from diffusion_rl.tracking import image_grid, make_trackers, plot_metrics, read_metrics, save_png
+from diffusion_rl.tracking import make_trackers, plot_metrics, read_metrics
+from diffusion_rl.tracking.media import log_sheet, sample_sheet, save_sample
 from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
@@ -85,6 +91,9 @@ class Trainer:
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
         self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
+        s = cfg.sampling  # an edit dataset's images all exist, read, and fit the output size: checked before any work
+        for where, records in ((cfg.data.train, self.records), (cfg.val.prompts, self.val_records)):
+            check_condition_images(records, s.height, s.width, str(where))
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
@@ -210,26 +219,27 @@ class Trainer:
         records = [r for r in self.val_records for _ in range(val.n)]
         seeds = [seed_for(val.seed, "validation", i) for i in range(len(records))]
         guidance = val.guidance if val.guidance is not None else cfg.sampling.guidance
-        settings = SamplerSettings(val.num_steps, guidance, cfg.sampling.height, cfg.sampling.width)
-        images = self.engine.sample_images(
-            [r.prompt for r in records], [r.negative_prompt for r in records], seeds, settings
-        ).numpy()
+        s = cfg.sampling
+        settings = SamplerSettings(val.num_steps, guidance, s.height, s.width, frames=s.num_frames)
+        condition = [r.images for r in records]  # an edit's sources (references, fitted where they are used)
+        images = self.engine.sample_images([r.prompt for r in records], [r.negative_prompt for r in records], seeds,
+                                           settings, images=condition if any(condition) else None).numpy()  # fmt: skip
         groups = np.arange(len(self.val_records)).repeat(val.n)  # a prompt's val.n samples: one group
-        metadata = [r.reward_metadata() for r in records]
+        metadata = with_condition_images([r.reward_metadata() for r in records], condition, s.height, s.width)
         result = self.val_rewards(images, [r.prompt for r in records], metadata, group_index=groups)
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
         metrics.update(self.guard.on_validation(self.step, images))  # guard hook: drift from the first validation
         per_prompt = result.total.reshape(len(self.val_records), val.n)
         scored = ~np.isnan(per_prompt).all(axis=1)  # a prompt whose samples all failed has no best (not -inf, not 0)
         metrics["val/reward/best@n"] = float(np.nanmax(per_prompt[scored], axis=1).mean())
-        captions = [f"{r.prompt} | {s:.4g}" for r, s in zip(records, result.total)]
-        grid = image_grid(images, captions, ncols=val.n * min(4, len(self.val_records)))
-        save_png(grid, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png")
+        captions = [f"{r.prompt} | {score:.4g}" for r, score in zip(records, result.total)]
+        sheet = sample_sheet(images, captions, val.n * min(4, len(self.val_records)), self._sources(condition))
+        save_sample(sheet, self.run_dir / "samples" / step_dir_name(self.step))
         prompts = [r.prompt for r in records]  # per-image files, for the HTML report (tracking/val_images.py):
         write_validation_images(self.run_dir / "samples", self.step, images, prompts, val.n, result.total)
         if self.trackers is not None:  # None when called outside train(), e.g. to evaluate a loaded checkpoint
             caption = validation_caption(self.step, [r.prompt for r in self.val_records], per_prompt)
-            self.trackers.log_images("val/samples", grid, self.step, caption=caption)
+            log_sheet(self.trackers, "val/samples", sheet, self.step, caption)
         return metrics
 
     def validate_only(self, checkpoint: Path | None) -> list[dict]:
@@ -264,9 +274,15 @@ class Trainer:
             np.asarray(advantages_B, dtype=np.float64),
             self.cfg.log.rollout_max_images,
             prompts.group_size,
+            self._sources(prompts.condition_images),
         )
         if sheet is not None and self.trackers is not None:
-            self.trackers.log_images("train/rollout", sheet, step + 1, caption=f"step {step + 1}: {folder}")
+            log_sheet(self.trackers, "train/rollout", sheet, step + 1, f"step {step + 1}: {folder}")
+
+    def _sources(self, rows) -> list[list[np.ndarray]] | None:
+        """Each row's condition images at the output size, for sheets; None for a text-only batch."""
+        s = self.cfg.sampling
+        return fit_condition_images(rows, s.height, s.width) if any(rows) else None
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:

@@ -29,14 +29,29 @@ def qwen_image_model_dir(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image"), "qwen_image", "small", seed=0)
 
 
+@pytest.fixture(scope="session")
+def wan_model_dir(tmp_path_factory):
+    """A tiny Wan 2.1-format text-to-video model (UMT5, AutoencoderKLWan 4× in time and space)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_wan"), "wan", "small", seed=0)
+
+
+@pytest.fixture(scope="session")
+def wan_ti2v_model_dir(tmp_path_factory):
+    """A tiny Wan 2.2 TI2V-format model (residual VAE with a 2×2 pixel fold, expanded timesteps)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_wan_ti2v"), "wan", "ti2v", seed=0)
+
+
 @pytest.fixture
-def family_dirs(tiny_model_dir, flux_model_dir, flux_schnell_model_dir, qwen_image_model_dir):
-    """name → tiny model directory of every family (sd3, flux, flux_schnell, qwen_image)."""
+def family_dirs(tiny_model_dir, flux_model_dir, flux_schnell_model_dir, qwen_image_model_dir, wan_model_dir,
+                wan_ti2v_model_dir):  # fmt: skip
+    """name → tiny model directory of every family (sd3, flux, flux_schnell, qwen_image, wan, wan_ti2v)."""
     return {
         "sd3": tiny_model_dir,
         "flux": flux_model_dir,
         "flux_schnell": flux_schnell_model_dir,
         "qwen_image": qwen_image_model_dir,
+        "wan": wan_model_dir,
+        "wan_ti2v": wan_ti2v_model_dir,
     }
 
 

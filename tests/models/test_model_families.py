@@ -9,23 +9,27 @@ from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, recompute_step, rollout
 from diffusion_rl.sampling.window import default_window
 
-FAMILIES = ["sd3", "flux", "flux_schnell", "qwen_image"]
-FAMILY_OF = {"sd3": "sd3", "flux": "flux", "flux_schnell": "flux", "qwen_image": "qwen_image"}
-GUIDANCE = 4.0  # CFG for sd3, schnell and qwen_image; the guidance embedding for flux (dev)
+FAMILIES = ["sd3", "flux", "flux_schnell", "qwen_image", "wan", "wan_ti2v"]
+FAMILY_OF = {"sd3": "sd3", "flux": "flux", "flux_schnell": "flux", "qwen_image": "qwen_image", "wan": "wan",
+             "wan_ti2v": "wan"}  # fmt: skip
+FRAMES = {"wan": 5, "wan_ti2v": 5}  # the video families sample 5 frames (2 latent frames); images 1
+GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image and wan; the guidance embedding for flux (dev)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_is_detected_from_model_index_and_samples_2_steps(family_dirs, load, name):
     model = load(family_dirs[name])
     assert model.family == FAMILY_OF[name]
-    settings = SamplerSettings(num_steps=2, guidance=GUIDANCE, height=32, width=32)
+    frames = FRAMES.get(name, 1)
+    settings = SamplerSettings(num_steps=2, guidance=GUIDANCE, height=32, width=32, frames=frames)
     cond = model.encode_prompts(["a red apple", "a lighthouse"], ["", "blurry"])
     with torch.no_grad():
         traj = rollout(
             model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2], ids=anonymous_ids(["a", "b"])
         )
-    assert traj.images.dtype == torch.uint8 and traj.images.shape == (2, 32, 32, 3)
-    assert traj.final_latents.shape == (2, *model.latent_shape(32, 32))
+    video = (frames,) if model.video else ()
+    assert traj.images.dtype == torch.uint8 and traj.images.shape == (2, *video, 32, 32, 3)
+    assert traj.final_latents.shape == (2, *model.latent_shape(32, 32, frames))
     assert traj.final_latents.dtype == torch.float32
     assert traj.images.float().std() > 0
 
@@ -33,7 +37,8 @@ def test_family_is_detected_from_model_index_and_samples_2_steps(family_dirs, lo
 @pytest.mark.parametrize("name", FAMILIES)
 def test_rollout_log_probs_are_reproduced_by_recomputation(family_dirs, load, name):
     model = load(family_dirs[name], lora=True)
-    settings = SamplerSettings(num_steps=4, guidance=GUIDANCE, height=32, width=32, sde_type="sde", noise_level=0.7)
+    settings = SamplerSettings(num_steps=4, guidance=GUIDANCE, height=32, width=32, sde_type="sde", noise_level=0.7,
+                               frames=FRAMES.get(name, 1))  # fmt: skip
     prompts = ["a red apple", "a red apple", "a lighthouse at dusk on a rocky coast", "a cat"]
     cond = model.encode_prompts(prompts, ["", "", "blurry", ""])
     with torch.no_grad():
@@ -63,6 +68,7 @@ def test_one_flow_grpo_update_moves_the_trained_weights_only(family_dirs, load, 
         f"model.lora.enabled={str(lora).lower()}",
         "model.lora.rank=4",
         f"sampling.guidance={GUIDANCE}",
+        f"sampling.num_frames={FRAMES.get(name, 1)}",
         "train.total_steps=1",
         "algorithm.flow_grpo.kl_beta=0.04",
         "train.lr=1e-2",
@@ -100,7 +106,7 @@ def test_one_flow_grpo_update_moves_the_trained_weights_only(family_dirs, load, 
     assert (velocity_of(model, GUIDANCE) - v_base).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("name", ["flux", "qwen_image"])
+@pytest.mark.parametrize("name", ["flux", "qwen_image", "wan"])
 def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, load, name):
     grads = []
     for checkpointing in (False, True):
@@ -123,11 +129,11 @@ def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, load, name
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["flux", "qwen_image"])
+@pytest.mark.parametrize("name", ["flux", "qwen_image", "wan"])
 def test_bf16_weights_give_fp32_velocities_and_fp32_lora(family_dirs, load, name):
     model = load(family_dirs[name], lora=True, dtype="bf16")
-    assert next(model.pipeline.transformer.parameters()).dtype == torch.bfloat16
-    assert next(model.pipeline.text_encoder.parameters()).dtype == torch.bfloat16
+    for component in (model.pipeline.transformer, model.pipeline.text_encoder):  # (Wan keeps its norms in fp32)
+        assert max(component.parameters(), key=lambda p: p.numel()).dtype == torch.bfloat16
     assert {p.dtype for p in model.trainable_parameters()} == {torch.float32}  # peft keeps the adapter in fp32
     cond = model.encode_prompts(["a red cube"])
     assert cond["prompt_embeds"].dtype == torch.bfloat16
@@ -135,7 +141,7 @@ def test_bf16_weights_give_fp32_velocities_and_fp32_lora(family_dirs, load, name
     assert v.dtype == torch.float32 and torch.isfinite(v).all()
 
 
-@pytest.mark.parametrize("name", ["flux", "flux_schnell", "qwen_image"])
+@pytest.mark.parametrize("name", ["flux", "flux_schnell", "qwen_image", "wan"])
 def test_each_distinct_prompt_is_encoded_once(family_dirs, load, name):
     model = load(family_dirs[name])
     seen = []

@@ -101,7 +101,7 @@ class ForwardProcess(Algorithm):
     def attach(self, model) -> None:
         super().attach(model)
         s = self.config.sampling
-        self.sigmas = model.sigma_schedule(s.num_steps, s.height, s.width)  # [T + 1], σ_0 = 1, σ_T = 0
+        self.sigmas = model.sigma_schedule(s.num_steps, s.height, s.width, s.num_frames)  # [T + 1], σ_0 = 1, σ_T = 0
 
     def velocity(self, x_t: torch.Tensor, t_B: torch.Tensor, cond: TensorDict) -> torch.Tensor:
         return self.model.velocity(x_t, t_B, cond, 1.0)  # conditional prediction: guidance 1

@@ -112,7 +112,7 @@ class Dpo(ForwardProcess):
         super().attach(model)
         model.policies.keep_reference()
         s = self.config.sampling
-        self.sigmas_train = model.sigma_schedule(TRAIN_SCHEDULE_STEPS, s.height, s.width)[:-1]  # [1000]
+        self.sigmas_train = model.sigma_schedule(TRAIN_SCHEDULE_STEPS, s.height, s.width, s.num_frames)[:-1]  # [1000]
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[PairUnits, dict[str, float]]:
         """The chosen rows whose rejected partner (same pair_id, role −1) is in this batch, each with its partner."""

@@ -16,10 +16,15 @@ import logging
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.base import as_sigma_batch, images_to_uint8, uint8_to_images
+from diffusion_rl.models.base import (
+    as_sigma_batch,
+    distinct_texts,
+    images_to_uint8,
+    refuse_condition_images,
+    uint8_to_images,
+)
 from diffusion_rl.models.packed import (
     PackedLatentModel,
-    distinct_texts,
     latent_image_ids,
     pack_latents,
     tokens_of,
@@ -67,7 +72,8 @@ class FluxModel(PackedLatentModel):
         return sigma_B
 
     # -- conditioning -----------------------------------------------------------------------------------------
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
+        refuse_condition_images(self.family, images)
         # negatives only matter for true CFG, which a guidance-distilled model never runs
         if not self.guidance_embeds and negative is None:
             negative = [""] * len(prompts)

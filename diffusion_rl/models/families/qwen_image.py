@@ -17,8 +17,14 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.base import as_sigma_batch, images_to_uint8, uint8_to_images
-from diffusion_rl.models.packed import PackedLatentModel, distinct_texts, pack_latents, tokens_of, unpack_latents
+from diffusion_rl.models.base import (
+    as_sigma_batch,
+    distinct_texts,
+    images_to_uint8,
+    refuse_condition_images,
+    uint8_to_images,
+)
+from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_of, unpack_latents
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # verl-omni's Qwen-Image LoRA targets: attention of both streams and both streams' MLPs
@@ -60,7 +66,8 @@ class QwenImageModel(PackedLatentModel):
         return sigma_B
 
     # -- conditioning -----------------------------------------------------------------------------------------
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
+        refuse_condition_images(self.family, images)
         negative = negative if negative is not None else [""] * len(prompts)
         texts, prompt_idx, negative_idx = distinct_texts(prompts, negative)
         with torch.no_grad():

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.base import FlowModel, as_sigma_batch, images_to_uint8, uint8_to_images
+from diffusion_rl.models.base import (
+    FlowModel,
+    as_sigma_batch,
+    images_to_uint8,
+    refuse_condition_images,
+    single_frame,
+    uint8_to_images,
+)
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # flow_grpo's SD3 targets: every attention projection of the joint blocks, image and text streams
@@ -28,7 +35,8 @@ class SD3Model(FlowModel):
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.timestep_scale = float(self._scheduler_config.num_train_timesteps)  # SD3 timestep = 1000·σ
 
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None) -> TensorDict:
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
+        refuse_condition_images(self.family, images)
         # A step repeats each prompt group_size times: encode each distinct (prompt, negative) pair once.
         negative = negative if negative is not None else [""] * len(prompts)
         if len(negative) != len(prompts):
@@ -79,12 +87,13 @@ class SD3Model(FlowModel):
             v = v_uncond + guidance * (v_cond - v_uncond)
         return v
 
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+    def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
+        single_frame(self.family, frames)
         if height % (self.vae_scale * 2) or width % (self.vae_scale * 2):
             raise ValueError(f"height and width must be multiples of {self.vae_scale * 2}, got {height}×{width}")
         return (self.vae.config.latent_channels, height // self.vae_scale, width // self.vae_scale)
 
-    def _build_sigma_schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+    def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:
         scheduler = self.fresh_scheduler()  # SD3's shift is fixed: the size plays no part
         scheduler.set_timesteps(num_steps, device="cpu")
         return scheduler.sigmas

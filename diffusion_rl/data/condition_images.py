@@ -1,0 +1,121 @@
+"""Condition images of a prompt (the source images of an edit): where they come from, how they are checked and fitted.
+
+A prompt record may carry images: in .jsonl as `"images": ["path.png", ...]` with paths relative to the .jsonl
+file, in .parquet (verl's layout) as `images: [{"bytes": <PNG/JPEG bytes>}, ...]` (a `"path"` there is read when
+`bytes` is null, relative to the .parquet file). A `ConditionImage` keeps that reference and reads the pixels only
+when used, so a large dataset is not held decoded in memory.
+
+The size rule: a condition image is fitted to the output's height × width by `cover_and_crop` (scaled to cover, the
+shorter side fitting, then centre-cropped; data/images.py), the same for every family, so a result and its source
+line up pixel by pixel. A model gets them at that size (and resizes further where its pipeline does: Qwen-Image-Edit
+shows its text encoder a smaller copy); rewards get them too (metadata["condition_images"]).
+
+Checked when a dataset is loaded for a run (`check_condition_images`, reading only the headers): a missing file,
+an unreadable image, an image smaller than a quarter of the output on a side (it would be upscaled more than 4×),
+or rows with different numbers of images (a batch of them must line up) is an error naming the file and the line or
+row.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from diffusion_rl.data.images import cover_and_crop
+from diffusion_rl.errors import UserError
+
+MAX_UPSCALE = 4  # a condition image needs at least 1/MAX_UPSCALE of the output's height and width
+METADATA_KEY = "condition_images"  # where a reward finds a sample's condition images (rewards/base.py)
+
+
+@dataclass(frozen=True)
+class ConditionImage:
+    """One condition image: a file or encoded bytes, and where the dataset named it (for messages)."""
+
+    source: str | bytes  # an absolute file path, or the image file's bytes (PNG, JPEG, …)
+    where: str  # e.g. "data/edit.jsonl, line 3, images[0]"
+
+    def __post_init__(self):
+        if not isinstance(self.source, (str, bytes)) or not self.source:
+            raise UserError(f"{self.where}: a condition image is a file path or image bytes, got {self.source!r:.80}")
+
+    def _open(self):
+        from PIL import Image
+
+        if isinstance(self.source, str) and not Path(self.source).is_file():
+            raise UserError(f"{self.where}: the image file {self.source} does not exist")
+        try:
+            return Image.open(self.source if isinstance(self.source, str) else io.BytesIO(self.source))
+        except (OSError, ValueError) as e:
+            raise UserError(f"{self.where}: cannot read the image ({e})") from None
+
+    def size(self) -> tuple[int, int]:
+        """(width, height) from the image's header (the pixels are not decoded)."""
+        with self._open() as image:
+            return image.size
+
+    def load(self, height: int, width: int) -> np.ndarray:
+        """uint8 [height, width, 3]: the image fitted to the output size (cover_and_crop)."""
+        try:
+            with self._open() as image:
+                return cover_and_crop(image, height, width)
+        except UserError:
+            raise
+        except (OSError, ValueError) as e:  # a header that reads but pixels that do not (a truncated file)
+            raise UserError(f"{self.where}: cannot decode the image ({e})") from None
+
+    def file_bytes(self) -> bytes:
+        """The encoded image file (for writing parquet rows)."""
+        if isinstance(self.source, bytes):
+            return self.source
+        self._open().close()  # a clear error for a missing or unreadable file
+        return Path(self.source).read_bytes()
+
+
+def fit_condition_images(rows: Sequence[Sequence[ConditionImage]], height: int, width: int) -> list[list[np.ndarray]]:
+    """Each row's images fitted to height × width (uint8 [height, width, 3]); an image several rows share (a prompt's
+    group) is read once."""
+    fitted: dict[ConditionImage, np.ndarray] = {}
+    for row in rows:
+        for image in row:
+            if image not in fitted:
+                fitted[image] = image.load(height, width)
+    return [[fitted[image] for image in row] for row in rows]
+
+
+def with_condition_images(
+    metadata: list[dict], rows: Sequence[Sequence[ConditionImage]], height: int, width: int
+) -> list[dict]:
+    """The rewards' metadata of a batch with each row's condition images (fitted, uint8 [H, W, 3]) under
+    "condition_images"; unchanged when no row has any."""
+    if not any(rows):
+        return metadata
+    for entry, images in zip(metadata, fit_condition_images(rows, height, width)):
+        entry[METADATA_KEY] = images
+    return metadata
+
+
+def check_condition_images(records: Sequence, height: int, width: int, where: str) -> int:
+    """The number of condition images each record of a dataset (`where`, for messages) carries, after checking every
+    image exists, reads, and is large enough for height × width; records must all carry the same number."""
+    counts = {len(r.images) for r in records}
+    if len(counts) > 1:
+        by_count = {n: next(i for i, r in enumerate(records) if len(r.images) == n) for n in sorted(counts)}
+        examples = ", ".join(f"{n} (record {i})" for n, i in by_count.items())
+        raise UserError(
+            f"{where}: the records carry different numbers of condition images: {examples}; a batch needs the same "
+            "number in every row (split the dataset by count)"
+        )
+    for record in records:
+        for image in record.images:
+            w, h = image.size()
+            if w * MAX_UPSCALE < width or h * MAX_UPSCALE < height:
+                raise UserError(
+                    f"{image.where}: the image is {w}×{h}, too small for the output {width}×{height} (it would be "
+                    f"upscaled more than {MAX_UPSCALE}×); use larger sources or a smaller sampling.height/width"
+                )
+    return counts.pop() if counts else 0

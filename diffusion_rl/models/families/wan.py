@@ -1,0 +1,175 @@
+"""Wan 2.1 / 2.2 text-to-video: a UMT5 text encoder, a causal 3-D VAE, video latents [C, F', H', W'].
+
+Latents keep the VAE's layout, [C, F', H/s, W/s] per sample with F' = (F − 1)/t + 1 for F frames (t the VAE's
+temporal down-sampling, s its spatial one): the step functions and losses reduce over every non-batch dimension,
+so nothing else needs to know a sample is a video. `decode` gives uint8 [B, F, H, W, 3].
+
+Text: the pipeline pads every prompt to `max_sequence_length` tokens and zeroes the padding, so conditionings of
+different prompts concatenate as they are. Guidance: ordinary CFG with the negative prompts, in one batched forward
+over [negative; positive] (the pipeline runs two forwards; the sum is the same).
+
+Time: `WanTransformer3DModel` takes the timestep in the scheduler's 0–1000 units, t = 1000·σ (`model_timestep`).
+Wan 2.2 TI2V-5B's pipeline gives every token its own timestep (`expand_timesteps`, for its image-to-video mode,
+where the first frame's tokens get 0); in text-to-video every token has the same one, which is what one timestep
+per sample gives, so we pass that.
+
+σ schedule: the checkpoints ship a UniPC multistep scheduler on flow sigmas with a fixed `flow_shift`. RL needs
+single steps with a Gaussian log-density, so we take the same shifted time, σ' = s·σ / (1 + (s − 1)·σ), on the
+flow-matching Euler grid (diffusers' FlowMatchEulerDiscreteScheduler with shift s) and step it with our ODE/SDE
+steps, as the other families do.
+
+Not covered: Wan 2.2 A14B (two transformers switched at a boundary σ) and the image-to-video pipelines.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.models.base import FlowModel, as_sigma_batch, distinct_texts, refuse_condition_images
+from diffusion_rl.models.registry import ModelFamily, register_family
+
+# attention of both kinds (self-attention over the video tokens, cross-attention to the text) and the feed-forward
+WAN_LORA_TARGETS = (
+    "attn1.to_q",
+    "attn1.to_k",
+    "attn1.to_v",
+    "attn1.to_out.0",
+    "attn2.to_q",
+    "attn2.to_k",
+    "attn2.to_v",
+    "attn2.to_out.0",
+    "ffn.net.0.proj",
+    "ffn.net.2",
+)
+
+
+def video_to_uint8(video_B3FHW: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] videos [B, 3, F, H, W] → uint8 [B, F, H, W, 3] on the CPU."""
+    video = (video_B3FHW.float() / 2 + 0.5).clamp(0, 1)
+    return (video * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1).cpu()
+
+
+def uint8_to_video(video_BFHW3: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, F, H, W, 3] → [-1, 1] float32 videos [B, 3, F, H, W] (the inverse of video_to_uint8)."""
+    if video_BFHW3.dtype != torch.uint8 or video_BFHW3.ndim != 5 or video_BFHW3.shape[-1] != 3:
+        raise ValueError(f"videos must be uint8 [B, F, H, W, 3], got {video_BFHW3.dtype} {tuple(video_BFHW3.shape)}")
+    return video_BFHW3.permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+
+
+def shifted_sigma_schedule(num_steps: int, shift: float, num_train_timesteps: int) -> torch.Tensor:
+    """σ_0 = 1 > … > σ_T = 0 of the flow-matching Euler scheduler with a fixed `shift` (as SD3's)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=num_train_timesteps, shift=shift)
+    scheduler.set_timesteps(num_steps, device="cpu")
+    return scheduler.sigmas
+
+
+class WanModel(FlowModel):
+    frozen_components = ("text_encoder", "vae")
+    video = True
+
+    def configure(self) -> None:
+        if getattr(self.pipeline, "transformer_2", None) is not None:
+            raise UserError(
+                "this Wan pipeline has two transformers (Wan 2.2 A14B, switched at boundary_ratio): not supported; "
+                "use Wan 2.1 T2V or Wan 2.2 TI2V-5B"
+            )
+        self.vae_scale = int(self.pipeline.vae_scale_factor_spatial)
+        self.temporal_scale = int(self.pipeline.vae_scale_factor_temporal)
+        self.patch = tuple(self.pipeline.transformer.config.patch_size)  # (frames, rows, columns)
+        self.latent_channels = int(self.pipeline.transformer.config.in_channels)
+        config = self._scheduler_config
+        self.timestep_scale = float(config.get("num_train_timesteps", 1000))
+        # UniPC names its fixed shift flow_shift, the flow-matching Euler scheduler shift
+        self.shift = float(config.get("flow_shift", config.get("shift", 1.0)))
+
+    def model_timestep(self, sigma_B: torch.Tensor) -> torch.Tensor:
+        """The transformer's `timestep` for σ: 1000·σ (it embeds the timestep as it comes)."""
+        return sigma_B * self.timestep_scale
+
+    # -- conditioning -----------------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
+        refuse_condition_images(self.family, images)
+        negative = negative if negative is not None else [""] * len(prompts)
+        texts, prompt_idx, negative_idx = distinct_texts(prompts, negative)
+        with torch.no_grad():
+            embeds, _ = self.pipeline.encode_prompt(
+                prompt=texts,
+                do_classifier_free_guidance=False,
+                max_sequence_length=self.max_sequence_length,
+                device=self.device,
+            )
+        embeds = embeds.to(self.dtype)
+        prompt_idx, negative_idx = prompt_idx.to(embeds.device), negative_idx.to(embeds.device)
+        return TensorDict(
+            {"prompt_embeds": embeds[prompt_idx], "negative_prompt_embeds": embeds[negative_idx]},
+            batch_size=[len(prompts)],
+            device=self.device,
+        )
+
+    # -- the network ------------------------------------------------------------------------------------------
+    def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
+        B = latents.shape[0]
+        x = latents.to(self.dtype)  # [B, C, F', H', W']
+        timestep = self.model_timestep(as_sigma_batch(sigma, B, latents.device))
+        embeds = cond["prompt_embeds"]
+        if guidance > 1.0:  # one forward over [uncond; cond]
+            x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
+            embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+        v = self.policies.module(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds, return_dict=False)[
+            0
+        ].float()
+        if guidance > 1.0:
+            v_uncond, v_cond = v.chunk(2)
+            v = v_uncond + guidance * (v_cond - v_uncond)
+        return v
+
+    def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
+        step = self.vae_scale * self.patch[1]
+        if height % step or width % step:
+            raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
+        if frames < 1 or (frames - 1) % self.temporal_scale:
+            raise ValueError(
+                f"frames must be {self.temporal_scale}·k + 1 (the VAE keeps the first frame and folds each "
+                f"{self.temporal_scale} after it into one latent frame), got {frames}"
+            )
+        latent_frames = (frames - 1) // self.temporal_scale + 1
+        return (self.latent_channels, latent_frames, height // self.vae_scale, width // self.vae_scale)
+
+    def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:
+        self.latent_shape(height, width, frames)  # the size check; the shift is fixed
+        return shifted_sigma_schedule(num_steps, self.shift, int(self.timestep_scale))
+
+    # -- pixels ------------------------------------------------------------------------------------------------
+    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        config = self.vae.config
+        shape = (1, config.z_dim, 1, 1, 1)
+        mean = torch.tensor(config.latents_mean, dtype=dtype, device=self.vae.device).view(shape)
+        std = torch.tensor(config.latents_std, dtype=dtype, device=self.vae.device).view(shape)
+        return mean, std
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        mean, std = self._latent_stats(self.vae.dtype)
+        z = latents.to(self.vae.device, self.vae.dtype) * std + mean
+        return video_to_uint8(self.vae.decode(z, return_dict=False)[0])
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        mean, std = self._latent_stats(self.vae.dtype)
+        pixels = uint8_to_video(images).to(self.vae.device, self.vae.dtype)
+        return ((self.vae.encode(pixels).latent_dist.mode() - mean) / std).float()
+
+
+register_family(
+    ModelFamily(
+        name="wan",
+        pipeline="WanPipeline",
+        adapter=WanModel,
+        tiny="diffusion_rl.models.tiny.wan",
+        lora_targets=WAN_LORA_TARGETS,
+    )
+)
