@@ -108,15 +108,14 @@ def cmd_sample(args) -> None:
 
 
 def cmd_init_tiny(args) -> None:
-    from diffusion_rl.models.tiny import build_tiny
+    from diffusion_rl.models.tiny import save_tiny
 
     out = Path(args.dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file; init-tiny writes a directory")
     if out.exists() and any(out.iterdir()) and not args.force:
         raise UserError(f"{out} exists and is not empty; pass --force to overwrite")
-    pipeline = build_tiny(args.family, args.preset, seed=args.seed)  # UserError for a preset the family lacks
-    pipeline.save_pretrained(out)
+    save_tiny(out, args.family, args.preset, seed=args.seed)  # UserError for a preset the family lacks
     logger.info("wrote the tiny %s model (%s preset) to %s", args.family, args.preset, out)
 
 
@@ -180,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sample)
 
     p = sub.add_parser("init-tiny", help="write a tiny random-weight model of a model family to a directory")
-    p.add_argument("--family", default="sd3", help="the model family (sd3, flux, qwen_image, …)")
+    p.add_argument(
+        "--family", default="sd3", help="the model family (sd3, flux, qwen_image, wan, qwen_image_edit, flux_kontext)"
+    )
     p.add_argument("dir")
     p.add_argument("--preset", default="base", help="the tiny model's size: base, small (each family's own list)")
     p.add_argument("--seed", type=int, default=0)

@@ -34,8 +34,8 @@ class FlowModel(ABC):
     """A flow-matching model of images or videos: text encoders, a trainable transformer (`policies`), a VAE.
 
     A video family (`video = True`) samples `frames` frames: its latents are [C, F', H', W'] and `decode` gives
-    uint8 [B, F, H, W, 3]; an image family accepts frames = 1 only. An editing family (`condition_images` > 0)
-    reads condition images with each prompt (`encode_prompts(..., images=...)`).
+    uint8 [B, F, H, W, 3]; an image family accepts frames = 1 only. An editing family reads condition images with
+    each prompt (`encode_prompts(..., images=...)`, models/condition.py); the others refuse them.
     """
 
     family: str  # its registered name (models/registry.py); set by the loader
@@ -46,8 +46,6 @@ class FlowModel(ABC):
     # pipeline attributes that never train (text encoders, VAE): frozen in eval mode
     frozen_components: tuple[str, ...] = ()
     video: bool = False  # samples are videos [F, H, W, 3] (frames > 1 allowed)
-    # condition images a prompt takes: 0 (text only), or at most this many (editing families)
-    max_condition_images: int = 0
 
     def __init__(
         self,

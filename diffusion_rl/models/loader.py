@@ -64,7 +64,8 @@ def load_model(cfg) -> FlowModel:
 
     try:
         with quiet_loading():  # no progress bars or info logs, in every process (Ray workers too)
-            pipeline = getattr(diffusers, family.pipeline).from_pretrained(path, dtype=dtype)
+            given = family.components(path) if family.components is not None else {}
+            pipeline = getattr(diffusers, family.pipeline).from_pretrained(path, dtype=dtype, **given)
     except Exception as e:  # a truncated file, a component without config.json: one line naming the file
         raise_if_damaged(path, e)
         raise

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.registry import Registry
@@ -23,6 +25,9 @@ class ModelFamily:
     adapter: type  # the FlowModel subclass that wraps the pipeline
     tiny: str  # module of the tiny builder: PRESETS {name: spec} and build(spec) -> pipeline
     lora_targets: tuple[str, ...]  # module names LoRA adapts when model.lora.target_modules is empty
+    # pipeline components the loader builds itself from the model directory and hands to from_pretrained (by name),
+    # e.g. Qwen-Image-Edit's processor, which transformers builds only with torchvision; None: diffusers loads all
+    components: Callable[[Path], dict] | None = None
 
 
 FAMILIES: Registry[ModelFamily] = Registry("model family")

@@ -94,7 +94,14 @@ class FluxModel(PackedLatentModel):
     # -- the network ------------------------------------------------------------------------------------------
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape
-        x = tokens_of(latents).to(self.dtype)
+        x, ids = tokens_of(latents), latent_image_ids(h, w, latents.device)
+        sources = cond.get("image_latents", None)  # [B, k, h', w', K]: FLUX.1 Kontext's condition image
+        if sources is not None:  # its tokens follow the generated ones, their ids' first coordinate 1 instead of 0
+            x = torch.cat([x, sources.reshape(B, -1, K).to(x.dtype)], dim=1)
+            source_ids = latent_image_ids(sources.shape[2], sources.shape[3], latents.device)
+            source_ids[:, 0] = 1
+            ids = torch.cat([ids, source_ids.repeat(sources.shape[1], 1)])
+        x = x.to(self.dtype)
         sigma_B = as_sigma_batch(sigma, B, latents.device)
         embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
         true_cfg = not self.guidance_embeds and guidance > 1.0
@@ -112,9 +119,9 @@ class FluxModel(PackedLatentModel):
             pooled_projections=pooled,
             encoder_hidden_states=embeds,
             txt_ids=torch.zeros(embeds.shape[1], 3, device=latents.device),
-            img_ids=latent_image_ids(h, w, latents.device),
+            img_ids=ids,
             return_dict=False,
-        )[0].float()
+        )[0][:, : h * w].float()  # the generated tokens' velocity (condition tokens are inputs only)
         if true_cfg:
             v_uncond, v_cond = v.chunk(2)
             v = v_uncond + guidance * (v_cond - v_uncond)

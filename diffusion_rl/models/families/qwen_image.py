@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import (
     as_sigma_batch,
     distinct_texts,
@@ -74,28 +75,50 @@ class QwenImageModel(PackedLatentModel):
             embeds, mask = self.pipeline.encode_prompt(
                 prompt=texts, device=self.device, max_sequence_length=self.max_sequence_length
             )
-        N, L, D = embeds.shape
-        mask = torch.ones(N, L, dtype=torch.bool, device=embeds.device) if mask is None else mask.bool()
+        return self.text_cond(*self.pad_text(embeds, mask), prompt_idx, negative_idx)
+
+    def pad_text(self, embeds: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Text embeddings [N, L, D] (mask [N, L] or None: all valid) padded to max_sequence_length: (embeds in the
+        model's dtype, zero at padding as the pipeline makes them; bool mask)."""
+        N, length, D = embeds.shape
+        if length > self.max_sequence_length:
+            raise UserError(
+                f"a prompt is {length} tokens long (with its condition images' tokens, for an edit), more than "
+                f"model.max_sequence_length={self.max_sequence_length}: raise it (at most {MAX_TEXT_TOKENS})"
+            )
+        mask = torch.ones(N, length, dtype=torch.bool, device=embeds.device) if mask is None else mask.bool()
         padded = embeds.new_zeros(N, self.max_sequence_length, D).to(self.dtype)
-        padded[:, :L] = embeds.to(self.dtype) * mask[..., None]  # zeros at padding, as the pipeline makes them
+        padded[:, :length] = embeds.to(self.dtype) * mask[..., None]
         padded_mask = mask.new_zeros(N, self.max_sequence_length)
-        padded_mask[:, :L] = mask
+        padded_mask[:, :length] = mask
+        return padded, padded_mask
+
+    def text_cond(
+        self, embeds: torch.Tensor, mask: torch.Tensor, prompt_idx: torch.Tensor, negative_idx: torch.Tensor
+    ) -> TensorDict:
+        """The batch's conditioning: row i takes text prompt_idx[i] and negative negative_idx[i] of the encoded."""
         prompt_idx, negative_idx = prompt_idx.to(embeds.device), negative_idx.to(embeds.device)
         return TensorDict(
             {
-                "prompt_embeds": padded[prompt_idx],
-                "prompt_embeds_mask": padded_mask[prompt_idx],
-                "negative_prompt_embeds": padded[negative_idx],
-                "negative_prompt_embeds_mask": padded_mask[negative_idx],
+                "prompt_embeds": embeds[prompt_idx],
+                "prompt_embeds_mask": mask[prompt_idx],
+                "negative_prompt_embeds": embeds[negative_idx],
+                "negative_prompt_embeds_mask": mask[negative_idx],
             },
-            batch_size=[len(prompts)],
+            batch_size=[len(prompt_idx)],
             device=self.device,
         )
 
     # -- the network ------------------------------------------------------------------------------------------
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape
-        x = tokens_of(latents).to(self.dtype)
+        x = tokens_of(latents)
+        shapes = [(1, h, w)]
+        sources = cond.get("image_latents", None)  # [B, k, h', w', K]: an edit's condition images
+        if sources is not None:  # their tokens follow the generated ones
+            x = torch.cat([x, sources.reshape(B, -1, K).to(x.dtype)], dim=1)
+            shapes += [(1, sources.shape[2], sources.shape[3])] * sources.shape[1]
+        x = x.to(self.dtype)
         sigma_B = as_sigma_batch(sigma, B, latents.device)
         embeds, mask = cond["prompt_embeds"], cond["prompt_embeds_mask"]
         true_cfg = guidance > 1.0
@@ -110,9 +133,9 @@ class QwenImageModel(PackedLatentModel):
             timestep=self.model_timestep(sigma_B),
             encoder_hidden_states=embeds[:, :length],
             encoder_hidden_states_mask=mask[:, :length],
-            img_shapes=[[(1, h, w)]] * x.shape[0],
+            img_shapes=[shapes] * x.shape[0],
             return_dict=False,
-        )[0].float()
+        )[0][:, : h * w].float()  # the generated tokens' velocity (an edit's condition tokens are inputs only)
         if true_cfg:
             v_uncond, v_cond = v.chunk(2)
             v = norm_rescaled_cfg(v_uncond, v_cond, guidance)

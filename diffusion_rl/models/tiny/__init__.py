@@ -29,7 +29,14 @@ def build_tiny(family: str = "sd3", preset: str = "base", seed: int = 0):
 
 
 def save_tiny(directory: str | Path, family: str = "sd3", preset: str = "base", seed: int = 0) -> Path:
-    """Write the tiny model of `family` in diffusers format to `directory` and return it."""
+    """Write the tiny model of `family` in diffusers format to `directory` and return it (a builder module's own
+    `save(pipeline, directory)`, when it has one, writes what save_pretrained alone would not lay out as a real
+    checkpoint does)."""
     directory = Path(directory)
-    build_tiny(family, preset, seed).save_pretrained(directory)
+    pipeline = build_tiny(family, preset, seed)
+    save = getattr(importlib.import_module(family_named(family).tiny), "save", None)
+    if save is None:
+        pipeline.save_pretrained(directory)
+    else:
+        save(pipeline, directory)
     return directory

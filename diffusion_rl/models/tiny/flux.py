@@ -53,7 +53,14 @@ SCHNELL_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifti
 
 def build(spec: TinyFluxSpec):
     """A FluxPipeline of `spec`, its random weights drawn from the global RNG (see build_seeded)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FluxPipeline
+
+    return FluxPipeline(**components(spec))
+
+
+def components(spec: TinyFluxSpec) -> dict:
+    """The pipeline components of a tiny FLUX.1 of `spec` (FLUX.1 Kontext has the same ones)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextModel
 
     clip_tok, t5_tok = build_tokenizers(spec.max_sequence_length)
@@ -75,7 +82,7 @@ def build(spec: TinyFluxSpec):
         spec, shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False, use_post_quant_conv=False
     )
     scheduler = FlowMatchEulerDiscreteScheduler(**(DEV_SCHEDULER if spec.guidance_embeds else SCHNELL_SCHEDULER))
-    return FluxPipeline(
+    return dict(
         scheduler=scheduler,
         vae=vae,
         text_encoder=clip,

@@ -53,13 +53,15 @@ QWEN_IMAGE_SCHEDULER = dict(
 )
 
 
-def build_qwen_tokenizer():
-    """A Qwen2Tokenizer (byte-level BPE) from an in-memory vocabulary: no files, no download."""
+def build_qwen_tokenizer(template: str, special_tokens: tuple[str, ...] = SPECIAL_TOKENS):
+    """A Qwen2Tokenizer (byte-level BPE) from an in-memory vocabulary: no files, no download. Its merges are learned
+    from `template` (a pipeline's prompt template), so the template's words are single tokens as with the real
+    tokenizer and the pipeline's `prompt_template_encode_start_idx` cuts exactly the template's system part off."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    corpus = re.sub("|".join(re.escape(t) for t in SPECIAL_TOKENS), "", prompt_template())
+    corpus = re.sub("|".join(re.escape(t) for t in special_tokens), "", template)
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -73,13 +75,13 @@ def build_qwen_tokenizer():
     bpe.train_from_iterator([corpus], trainer)
     learned = json.loads(bpe.to_str())["model"]
     vocab = dict(learned["vocab"])
-    for token in SPECIAL_TOKENS:
+    for token in special_tokens:
         vocab[token] = len(vocab)
     return Qwen2Tokenizer(
         vocab=vocab,
         merges=[tuple(m) for m in learned["merges"]],
         model_max_length=2048,
-        extra_special_tokens=list(SPECIAL_TOKENS[1:]),
+        extra_special_tokens=list(special_tokens[1:]),
     )
 
 
@@ -93,21 +95,34 @@ def prompt_template() -> str:
 
 def build(spec: TinyQwenImageSpec):
     """A QwenImagePipeline of `spec`, its random weights drawn from the global RNG (see build_seeded)."""
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    tokenizer = build_qwen_tokenizer(prompt_template())
+    vocab = len(tokenizer)
+    # ids past the vocabulary: no text token is ever taken for an image placeholder
+    vision_ids = dict(image_token_id=vocab + 1, video_token_id=vocab + 2, vision_start_token_id=vocab + 3,
+                      vision_end_token_id=vocab + 4)  # fmt: skip
+    text_encoder = tiny_text_encoder(spec, tokenizer, vision_ids)  # in this order: each draws from the global RNG
+    transformer = tiny_transformer(spec)
+    return QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
+        vae=tiny_qwen_vae(spec),
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
     )
+
+
+def tiny_text_encoder(spec: TinyQwenImageSpec, tokenizer, vision_ids: dict[str, int]):
+    """A Qwen2.5-VL of `spec.text_layers` layers (a one-block vision tower included); `vision_ids` name the ids of
+    its image placeholder and vision start/end tokens."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    tokenizer = build_qwen_tokenizer()
-    vocab = len(tokenizer)
     hidden = spec.text_hidden
     head_dim = hidden // 2  # 2 attention heads; mrope splits half the head dim over (time, height, width)
     config = Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=vocab,
+            vocab_size=len(tokenizer),
             hidden_size=hidden,
             intermediate_size=hidden * 2,
             num_hidden_layers=spec.text_layers,
@@ -127,26 +142,35 @@ def build(spec: TinyQwenImageSpec):
             out_hidden_size=hidden,
             fullatt_block_indexes=[0],
         ),
-        # ids past the vocabulary: no text token is ever taken for an image placeholder
-        image_token_id=vocab + 1,
-        video_token_id=vocab + 2,
-        vision_start_token_id=vocab + 3,
-        vision_end_token_id=vocab + 4,
+        **vision_ids,
     )
-    text_encoder = Qwen2_5_VLForConditionalGeneration(config)
-    transformer = QwenImageTransformer2DModel(
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def tiny_transformer(spec: TinyQwenImageSpec, **extra):
+    """The QwenImageTransformer2DModel of `spec` (`extra`: e.g. Qwen-Image-Edit-2511's zero_cond_t)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    return QwenImageTransformer2DModel(
         patch_size=2,
         in_channels=spec.latent_channels * 4,
         out_channels=spec.latent_channels,
         num_layers=spec.layers,
         attention_head_dim=spec.head_dim,
         num_attention_heads=spec.heads,
-        joint_attention_dim=hidden,
+        joint_attention_dim=spec.text_hidden,
         axes_dims_rope=spec.rope_axes,
+        **extra,
     )
+
+
+def tiny_qwen_vae(spec: TinyQwenImageSpec):
+    """The AutoencoderKLQwenImage of `spec`, with fixed per-channel statistics like a trained VAE's."""
+    from diffusers import AutoencoderKLQwenImage
+
     downsamples = len(spec.vae_dim_mult) - 1
-    generator = torch.Generator().manual_seed(0)  # fixed per-channel statistics, like a trained VAE's
-    vae = AutoencoderKLQwenImage(
+    generator = torch.Generator().manual_seed(0)
+    return AutoencoderKLQwenImage(
         base_dim=spec.vae_base_dim,
         z_dim=spec.latent_channels,
         dim_mult=list(spec.vae_dim_mult),
@@ -154,13 +178,6 @@ def build(spec: TinyQwenImageSpec):
         temperal_downsample=[False] * downsamples,
         latents_mean=[round(float(x), 4) for x in 0.5 * torch.randn(spec.latent_channels, generator=generator)],
         latents_std=[round(float(x), 4) for x in 1 + torch.rand(spec.latent_channels, generator=generator)],
-    )
-    return QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        transformer=transformer,
     )
 
 

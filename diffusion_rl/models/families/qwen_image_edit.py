@@ -1,0 +1,86 @@
+"""Qwen-Image-Edit (the Plus pipeline: Qwen-Image-Edit-2509 and -2511): an instruction and one or more condition images.
+
+Everything of Qwen-Image (models/families/qwen_image.py) plus the condition images, which enter twice, as in
+QwenImageEditPlusPipeline:
+- the text encoder sees them: each prompt is encoded with its images by the Qwen2.5-VL ("Picture 1: <image> …"
+  before the instruction), each image resized to about 384 × 384 pixels (the pipeline's CONDITION_IMAGE_SIZE, aspect
+  ratio kept). The negative prompt is encoded with the same images. Each distinct (text, images) is encoded once,
+  one at a time (the pipeline's prompt template numbers the pictures of one prompt);
+- the transformer sees their latents: each image VAE-encoded (the posterior's mode, normalised by the VAE's
+  per-channel statistics) and packed like the generated latents; their tokens follow the generated ones in the
+  sequence (`image_latents` [B, k, h, w, 4·C] in the conditioning), with their own positions (img_shapes), and only
+  the generated tokens' velocity is kept. Qwen-Image-Edit-2511 gives the condition tokens timestep 0
+  (`zero_cond_t` in its transformer config), which the transformer does by itself.
+
+The condition images come at the output size (data/condition_images.py); the pipeline instead resizes them to about
+1024 × 1024 for the VAE, which is the same at that output size. The σ shift follows the generated tokens only, as in
+the pipeline.
+"""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+from tensordict import TensorDict
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.models.condition import condition_count, condition_latents, image_key
+from diffusion_rl.models.families.qwen_image import QWEN_IMAGE_LORA_TARGETS, QwenImageModel
+from diffusion_rl.models.registry import ModelFamily, register_family
+from diffusion_rl.models.vl_processor import load_image_text_processor
+
+
+class QwenImageEditModel(QwenImageModel):
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
+        k = condition_count(self.family, images, len(prompts), most=None)
+        if k == 0:
+            raise UserError(
+                f"the {self.family} family edits images: every prompt needs a condition image (a dataset row's "
+                "`images`; see data/condition_images.py)"
+            )
+        negative = negative if negative is not None else [""] * len(prompts)
+        rows = [*zip(prompts, images), *zip(negative, images)]  # (text, images): each positive, then each negative
+        distinct: dict[tuple, tuple] = {}
+        keys = []
+        for text, row in rows:
+            keys.append((text, tuple(image_key(image) for image in row)))
+            distinct.setdefault(keys[-1], (text, row))
+        position = {key: i for i, key in enumerate(distinct)}
+        embeds, mask = zip(*(self._encode_one(text, row) for text, row in distinct.values()))
+        index = torch.tensor([position[key] for key in keys])
+        cond = self.text_cond(torch.cat(embeds), torch.cat(mask), index[: len(prompts)], index[len(prompts) :])
+        cond["image_latents"] = condition_latents(self.encode, images).to(self.dtype)  # [B, k, h, w, 4·C]
+        return cond
+
+    @torch.no_grad()
+    def _encode_one(self, text: str, images) -> tuple[torch.Tensor, torch.Tensor]:
+        """One prompt with its condition images through the text encoder, padded: ([1, L, D], [1, L])."""
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
+            CONDITION_IMAGE_SIZE,
+            calculate_dimensions,
+        )
+
+        shown = []
+        for image in images:
+            height, width = image.shape[:2]
+            w, h = calculate_dimensions(CONDITION_IMAGE_SIZE, width / height)
+            shown.append(self.pipeline.image_processor.resize(Image.fromarray(image), h, w))
+        embeds, mask = self.pipeline.encode_prompt(prompt=[text], image=shown, device=self.device)
+        return self.pad_text(embeds, mask)
+
+
+def edit_components(path) -> dict:
+    """The processor, built without torchvision (models/vl_processor.py)."""
+    return {"processor": load_image_text_processor(path / "processor")}
+
+
+register_family(
+    ModelFamily(
+        name="qwen_image_edit",
+        pipeline="QwenImageEditPlusPipeline",
+        adapter=QwenImageEditModel,
+        tiny="diffusion_rl.models.tiny.qwen_image_edit",
+        lora_targets=QWEN_IMAGE_LORA_TARGETS,
+        components=edit_components,
+    )
+)
