@@ -41,6 +41,34 @@ def wan_ti2v_model_dir(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("tiny_wan_ti2v"), "wan", "ti2v", seed=0)
 
 
+@pytest.fixture(scope="session")
+def qwen_image_edit_model_dir(tmp_path_factory):
+    """A tiny Qwen-Image-Edit-2509-format model (QwenImageEditPlusPipeline, a processor/ folder)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image_edit"), "qwen_image_edit", "small", seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen_image_edit_2511_model_dir(tmp_path_factory):
+    """A tiny Qwen-Image-Edit-2511-format model (condition tokens at timestep 0: zero_cond_t)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image_edit_2511"), "qwen_image_edit", "2511", seed=0)
+
+
+@pytest.fixture(scope="session")
+def flux_kontext_model_dir(tmp_path_factory):
+    """A tiny FLUX.1-Kontext-dev-format model (FluxKontextPipeline, guidance embedding)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_flux_kontext"), "flux_kontext", "small", seed=0)
+
+
+@pytest.fixture
+def edit_dirs(qwen_image_edit_model_dir, qwen_image_edit_2511_model_dir, flux_kontext_model_dir):
+    """name → tiny model directory of every editing family (qwen_image_edit, its 2511 preset, flux_kontext)."""
+    return {
+        "qwen_image_edit": qwen_image_edit_model_dir,
+        "qwen_image_edit_2511": qwen_image_edit_2511_model_dir,
+        "flux_kontext": flux_kontext_model_dir,
+    }
+
+
 @pytest.fixture
 def family_dirs(tiny_model_dir, flux_model_dir, flux_schnell_model_dir, qwen_image_model_dir, wan_model_dir,
                 wan_ti2v_model_dir):  # fmt: skip
@@ -58,7 +86,8 @@ def family_dirs(tiny_model_dir, flux_model_dir, flux_schnell_model_dir, qwen_ima
 def load_tiny(path, lora: bool = False, **model_overrides):
     """The FlowModel of a tiny model directory on the CPU (LoRA rank 4, alpha 8 when `lora`)."""
     lora_cfg = LoraConfig(enabled=lora, rank=4, alpha=8)
-    cfg = ModelConfig(path=str(path), device="cpu", max_sequence_length=16, lora=lora_cfg, **model_overrides)
+    model_overrides = {"max_sequence_length": 16, **model_overrides}
+    cfg = ModelConfig(path=str(path), device="cpu", lora=lora_cfg, **model_overrides)
     return load_model(cfg)
 
 

@@ -285,3 +285,31 @@ def test_bad_shapes_and_generator_counts_are_rejected():
         step(x, x, 0.8, 0.6, A, generator=[make_generator(0)])
     with pytest.raises(ValueError, match="sigma <= 1"):
         step(x, x, 1.2, 0.6, A)
+
+
+@pytest.mark.parametrize("name", ["ode", *RANDOM_TYPES])
+def test_video_latents_step_elementwise_and_average_over_channels_frames_rows_and_columns(name):
+    # Video latents [B, C, F, H, W]: every step type acts element by element and its log-prob is the mean over all
+    # C·F·H·W elements, checked against the scalar references on each element of two 2×3×2×2 videos.
+    gen = torch.Generator().manual_seed(3)
+    x, v, prev = (torch.randn(2, 2, 3, 2, 2, generator=gen) for _ in range(3))
+    sigma, sigma_next = torch.tensor([0.9, 0.4]), torch.tensor([0.6, 0.25])
+    out = get_step(name)(x, v, sigma, sigma_next, 0.7, prev_sample=prev)
+    assert out.mean.shape == x.shape and out.log_prob.shape == (2,) and out.std.shape == (2,)
+    for i in range(2):
+        s, s_next = sigma[i].item(), sigma_next[i].item()
+        triples = zip(x[i].flatten().tolist(), v[i].flatten().tolist(), prev[i].flatten().tolist())
+        if name == "ode":
+            means = [x_e + v_e * (s_next - s) for x_e, v_e, _ in triples]
+            log_probs = [0.0]
+        else:
+            refs = [REFS[name](x_e, v_e, s, s_next, 0.7, p_e) for x_e, v_e, p_e in triples]
+            means, log_probs = [r[0] for r in refs], [r[2] for r in refs]
+        assert len(means) == 2 * 3 * 2 * 2
+        assert out.mean[i].flatten().tolist() == pytest.approx(means, rel=1e-5, abs=1e-6)
+        assert out.log_prob[i].item() == pytest.approx(sum(log_probs) / len(log_probs), rel=1e-5, abs=1e-6)
+    # a drawn video sample is its own batch element's: the same whether drawn alone or in a batch
+    generators = [make_generator(1), make_generator(2)]
+    both = get_step(name)(x, v, sigma, sigma_next, 0.7, generator=generators)
+    alone = get_step(name)(x[1:], v[1:], sigma[1:], sigma_next[1:], 0.7, generator=[make_generator(2)])
+    assert torch.equal(both.prev_sample[1:], alone.prev_sample)

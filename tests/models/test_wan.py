@@ -1,0 +1,110 @@
+"""Wan text-to-video: the tiny model round trip, video latents, the σ schedule, CFG and decoding as the pipeline
+does them, and what the adapter refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.models.tiny import build_tiny
+
+
+@pytest.mark.parametrize("preset", ["small", "ti2v"])
+def test_saved_tiny_wan_loads_back_bit_identical(family_dirs, preset):
+    from diffusers import WanPipeline
+
+    path = family_dirs["wan" if preset == "small" else "wan_ti2v"]
+    built, loaded = build_tiny("wan", preset, seed=0), WanPipeline.from_pretrained(path)
+    for name in ("transformer", "vae", "text_encoder"):
+        expected, actual = getattr(built, name).state_dict(), getattr(loaded, name).state_dict()
+        assert expected.keys() == actual.keys(), name
+        assert all(torch.equal(actual[k], v) for k, v in expected.items()), name
+    index = json.loads((path / "model_index.json").read_text())
+    assert index["_class_name"] == "WanPipeline" and index["scheduler"] == ["diffusers", "UniPCMultistepScheduler"]
+    assert loaded.config.expand_timesteps is (preset == "ti2v")
+
+
+def test_video_latents_have_the_vae_layout_and_sizes_are_checked(family_dirs, load):
+    model = load(family_dirs["wan"])
+    assert model.video and (model.vae_scale, model.temporal_scale) == (4, 4)
+    # 9 frames: the first, then 8 folded 4 to a latent frame → 3; 32 px / 4 = 8
+    assert model.latent_shape(32, 48, 9) == (4, 3, 8, 12)
+    assert model.latent_shape(32, 32, 1) == (4, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"frames must be 4·k \+ 1"):
+        model.latent_shape(32, 32, 8)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        model.latent_shape(36, 32, 9)  # VAE 4× then the transformer's 2×2 patches
+    ti2v = load(family_dirs["wan_ti2v"])  # Wan 2.2's VAE folds 2×2 pixels first: 8× in space
+    assert ti2v.latent_shape(32, 32, 5) == (4, 2, 4, 4)
+
+
+def test_sigma_schedule_is_the_shifted_flow_matching_grid(family_dirs, load):
+    model = load(family_dirs["wan"])
+    shift = 3.0  # the tiny Wan 2.1's flow_shift, as Wan2.1-T2V-1.3B's
+    assert model.shift == shift
+
+    def shifted(s):
+        return shift * s / (1 + (shift - 1) * s)
+
+    # the flow-matching Euler grid: N evenly spaced from 1 to the shifted smallest training σ (1/1000), then shifted
+    low = shifted(1 / 1000)
+    grid = [1 - i * (1 - low) / 3 for i in range(4)]
+    expected = [shifted(s) for s in grid] + [0.0]
+    assert model.sigma_schedule(4, 32, 32, 9).tolist() == pytest.approx(expected, abs=1e-6)
+    ti2v = load(family_dirs["wan_ti2v"])
+    assert ti2v.shift == 5.0
+
+
+def test_guided_velocity_is_cfg_of_two_forwards_at_timestep_1000_sigma(family_dirs, load):
+    model = load(family_dirs["wan"])
+    cond = model.encode_prompts(["a red ball bouncing", "a cat"], ["blurry", ""])
+    x = torch.randn(2, *model.latent_shape(32, 32, 5), generator=torch.Generator().manual_seed(0))
+    transformer = model.pipeline.transformer
+    with torch.no_grad():
+        v = model.velocity(x, 0.6, cond, 5.0)
+        t = torch.full((2,), 600.0)
+        v_pos = transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond["prompt_embeds"])[0]
+        v_neg = transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond["negative_prompt_embeds"])[0]
+    assert v.shape == x.shape and v.dtype == torch.float32
+    assert torch.allclose(v, v_neg + 5.0 * (v_pos - v_neg), atol=1e-5)
+    # the embeddings are the pipeline's: padded to max_sequence_length with zeros
+    embeds, _ = model.pipeline.encode_prompt(["a cat"], do_classifier_free_guidance=False, max_sequence_length=16)
+    assert torch.equal(cond["prompt_embeds"][1], embeds[0])
+
+
+def test_ti2v_per_token_timesteps_equal_one_timestep_per_sample_in_text_to_video(family_dirs, load):
+    model = load(family_dirs["wan_ti2v"])
+    cond = model.encode_prompts(["a red ball"])
+    x = torch.randn(1, *model.latent_shape(32, 32, 5), generator=torch.Generator().manual_seed(1))
+    tokens = x.shape[2] * (x.shape[3] // 2) * (x.shape[4] // 2)  # frames × rows × columns after the 2×2 patches
+    with torch.no_grad():
+        per_token = model.pipeline.transformer(
+            hidden_states=x, timestep=torch.full((1, tokens), 700.0), encoder_hidden_states=cond["prompt_embeds"]
+        )[0]
+        assert torch.allclose(model.velocity(x, 0.7, cond, 1.0), per_token, atol=1e-5)
+
+
+def test_decode_gives_the_pipelines_frames_as_uint8_videos(family_dirs, load):
+    model = load(family_dirs["wan"])
+    z = torch.randn(2, *model.latent_shape(32, 32, 5), generator=torch.Generator().manual_seed(2))
+    videos = model.decode(z)
+    assert videos.shape == (2, 5, 32, 32, 3) and videos.dtype == torch.uint8
+    vae, config = model.pipeline.vae, model.pipeline.vae.config
+    mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
+    with torch.no_grad():  # what WanPipeline does after its loop, output_type="np"
+        frames = model.pipeline.video_processor.postprocess_video(vae.decode(z / inv_std + mean)[0], output_type="np")
+    assert (videos.float() - torch.from_numpy(frames * 255).round()).abs().max() <= 1
+    assert model.encode(videos).shape == z.shape  # the inverse direction (offline data), the VAE's mode
+
+
+def test_a_two_expert_wan22_pipeline_is_refused(tmp_path, load):
+    pipeline = build_tiny("wan", "small", seed=0)
+    pipeline.register_modules(transformer_2=build_tiny("wan", "small", seed=1).transformer)
+    pipeline.register_to_config(boundary_ratio=0.9)
+    pipeline.save_pretrained(tmp_path / "a14b")
+    with pytest.raises(UserError, match="two transformers"):
+        load(tmp_path / "a14b")
