@@ -265,13 +265,18 @@ def layout(spec: SceneSpec, rng: np.random.Generator) -> list[tuple[ShapeGroup, 
 
 def draw_scene(spec: SceneSpec, size: int, rng: np.random.Generator) -> np.ndarray:
     """uint8 [size, size, 3]: the scene drawn on a black background, objects laid out by `rng`."""
+    return draw_objects([(group.color, group.shape, cx, cy, r) for group, cx, cy, r in layout(spec, rng)], size)
+
+
+def draw_objects(objects: Sequence[tuple[str, str, float, float, float]], size: int) -> np.ndarray:
+    """uint8 [size, size, 3]: objects (colour, shape, cx, cy, r; fractions of the size) on a black background."""
     if size < 16:
         raise UserError(f"ShapesWorld images need size ≥ 16 px, got {size}")
     big = size * SUPERSAMPLE
     canvas = Image.new("RGB", (big, big), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
-    for group, cx, cy, r in layout(spec, rng):
-        _draw_shape(draw, group.shape, cx * big, cy * big, r * big, COLORS[group.color])
+    for color, shape, cx, cy, r in objects:
+        _draw_shape(draw, shape, cx * big, cy * big, r * big, COLORS[color])
     return np.asarray(canvas.resize((size, size), Image.Resampling.BOX))
 
 

@@ -3,6 +3,7 @@
 # importing these registers the built-in rewards; their heavy dependencies are imported when a reward is made
 from diffusion_rl.rewards import (  # noqa: F401
     clip,
+    edit,
     geneval,
     group,
     hps,
@@ -11,6 +12,7 @@ from diffusion_rl.rewards import (  # noqa: F401
     ocr,
     remote,
     shapes,
+    shapes_edit,
     video,
     vlm,
 )

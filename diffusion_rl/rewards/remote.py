@@ -6,6 +6,13 @@ Wire format (JSON only, never pickle), served by `diffusion_rl.rewards.server`:
     POST {url}/score   {"images": [base64 PNG, ...], "prompts": [...], "metadata": [{...}, ...]}
                        -> 200 {"scores": [float | null, ...]}   (null = failed sample; "error" may say why)
 
+    Shapes: an image is one base64 PNG of uint8 [H, W, 3] (RGB); a video (uint8 [F, H, W, 3]) is a list of F of
+    them, its frames in order (every video of a request has the same F and size). An edit's condition images go
+    as metadata[i]["condition_images"]: a list of base64 PNGs, each [H, W, 3]; the server decodes them back to
+    arrays before calling its reward. The trainer sends videos only to a `remote` reward made with video: true
+    (the server's reward then scores whole videos); otherwise it sends the frames as images and reduces their
+    scores itself (rewards.N.frames).
+
 Failure rules (shared with the `vlm` judge through `http_json` and `call_with_retries`):
 - connection errors, timeouts, HTTP 5xx, 408 and 429 are retried, `retries` times, with exponential backoff
   (backoff, 2·backoff, 4·backoff, ... seconds, capped at 60 s); any other 4xx is not retried: the request is wrong.
@@ -36,6 +43,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from diffusion_rl.data.condition_images import METADATA_KEY
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS
 
@@ -157,6 +165,18 @@ def decode_png_base64(text: str) -> np.ndarray:
         return np.asarray(image.convert("RGB"), dtype=np.uint8)
 
 
+def encode_sample(sample: np.ndarray) -> str | list[str]:
+    """An image [H, W, 3] as base64 PNG; a video [F, H, W, 3] as the list of its frames' (the wire format)."""
+    return [encode_png_base64(frame) for frame in sample] if sample.ndim == 4 else encode_png_base64(sample)
+
+
+def wire_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A sample's metadata as JSON can carry it: condition images as base64 PNGs (the arrays stay untouched)."""
+    if METADATA_KEY not in metadata:
+        return metadata
+    return {**metadata, METADATA_KEY: [encode_png_base64(np.asarray(image)) for image in metadata[METADATA_KEY]]}
+
+
 # ---- the reward ----
 
 
@@ -175,6 +195,7 @@ class RemoteReward:
         check_health: bool = True,
         token: str | None = None,
         token_env: str | None = TOKEN_ENV,
+        video: bool = False,
     ):
         """
         url: the server's base URL, e.g. http://127.0.0.1:8000 (from `diffusion-rl serve-reward`).
@@ -187,7 +208,10 @@ class RemoteReward:
         check_health: ask {url}/health when created, so a wrong URL fails at start, not at the first batch.
         token: the server's bearer token; prefer token_env, which keeps it out of configs.
         token_env: the environment variable holding the token when `token` is not given (unset: no token sent).
+        video: send whole videos (the server's reward scores videos, e.g. `serve-reward --reward
+            temporal_consistency`); false: the trainer sends a video's frames as images (rewards.N.frames).
         """
+        self.video = bool(video)  # rewards/video.py: a reward that takes whole videos
         self.url = check_http_url(url, "remote")
         if timeout <= 0 or retries < 0 or backoff < 0:
             raise UserError(
@@ -235,11 +259,8 @@ class RemoteReward:
         return scores
 
     def _score_chunk(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
-        payload = {
-            "images": [encode_png_base64(image) for image in images],
-            "prompts": list(prompts),
-            "metadata": list(metadata),
-        }
+        payload = {"images": [encode_sample(sample) for sample in images], "prompts": list(prompts),
+                   "metadata": [wire_metadata(m) for m in metadata]}  # fmt: skip
         answer = call_with_retries(
             lambda: http_json(f"{self.url}/score", payload, timeout=self.timeout, headers=self._headers),
             retries=self.retries,

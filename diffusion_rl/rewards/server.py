@@ -34,6 +34,7 @@ from diffusion_rl.rewards.remote import TOKEN_ENV
 from diffusion_rl.rewards.serving.batching import BatchingScorer
 from diffusion_rl.rewards.serving.requests import BadRequest, Limits, parse_score_request
 from diffusion_rl.rewards.serving.settings import ServerSettings
+from diffusion_rl.rewards.video import FRAME_REDUCTIONS, framewise
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,12 @@ def add_serve_reward_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-mb", type=float, default=256.0, help="largest request body, MiB (413 beyond)")
     parser.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="per image, from its PNG header")
     parser.add_argument("--max-request-pixels", type=int, default=64 * 1024 * 1024, help="per request, summed")
+    parser.add_argument(
+        "--frames",
+        default="mean",
+        choices=FRAME_REDUCTIONS,
+        help="how an image reward scores a video sent whole: its frames' mean or min, or the first or last frame's",
+    )
 
 
 def server_from_args(args: argparse.Namespace):
@@ -154,7 +161,7 @@ def server_from_args(args: argparse.Namespace):
     limits = Limits(int(args.max_body_mb * 1024 * 1024), args.max_image_pixels, args.max_request_pixels)
     settings = ServerSettings(limits, args.token or os.environ.get(TOKEN_ENV) or None, args.read_timeout_s,
                               args.request_timeout_s, args.max_connections)  # fmt: skip
-    reward_fn = make_reward(args.reward, **kwargs)
+    reward_fn = framewise(make_reward(args.reward, **kwargs), args.frames, args.reward)  # videos, frame by frame
     return make_server(reward_fn, args.host, args.port, args.max_batch, args.max_wait_ms, args.reward,
                        allow_no_token=args.allow_no_token, max_queue=args.max_queue,
                        reward_timeout_s=args.reward_timeout_s, settings=settings)  # fmt: skip

@@ -11,6 +11,9 @@ write literal braces as {{ and }}) to {base_url}/chat/completions; requests run 
   (a first) and reads "Image 1 is better" (1.0) or "Image 2 is better" (0.0); `pairwise_win_rate` uses it.
 - mode "reward_model": a reward model without text output (HPSv3), asked through vLLM's pooling API: POST
   {server root}/pooling with the same chat messages; the score is the first number of the pooled vector.
+- mode "edit": instruction following of an edit. One request shows the source image(s) (the sample's
+  metadata["condition_images"]) and then the result, with the instruction as {prompt}; the answer is read as in
+  mode "score". A sample without condition images fails (NaN).
 
 `preset` (unifiedreward, unifiedreward_pairwise, hpsv3) sets the mode, template and dimensions of a published judge
 model (vlm_presets.py); kwargs given explicitly win.
@@ -31,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from diffusion_rl.data.condition_images import METADATA_KEY
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS
 from diffusion_rl.rewards.remote import HttpError, call_with_retries, check_http_url, encode_png_base64, http_json
@@ -47,7 +51,7 @@ from diffusion_rl.rewards.vlm_presets import (
 
 logger = logging.getLogger(__name__)
 
-MODES = ("score", "ocr", "pairwise", "reward_model")
+MODES = ("score", "ocr", "pairwise", "reward_model", "edit")
 PLACEHOLDERS = ("prompt", "ground_truth")
 DEFAULT_TEMPLATES = {
     "score": (
@@ -57,6 +61,11 @@ DEFAULT_TEMPLATES = {
     "ocr": "Write out all the text that appears in this image, exactly as written. Reply with the text only.",
     "pairwise": TEMPLATES["unifiedreward_pairwise"],
     "reward_model": TEMPLATES["hpsv3"],
+    "edit": (
+        'The last image is the result of editing the image(s) before it with the instruction "{prompt}". Rate from 0 '
+        "(not done) to 10 (perfect) how well the result carries out the instruction while keeping everything the "
+        "instruction does not ask to change. Reply with the number only."
+    ),
 }
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -117,7 +126,8 @@ class VlmJudge:
         base_url: the OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (/v1 is added to a URL without a path).
         model: the served model name, as in {base_url}/models.
         mode: "score" (a number in the answer; default), "ocr" (a transcription, scored against the target text),
-            "pairwise" (compare two images: a preference for pairwise_win_rate) or "reward_model" (the /pooling API).
+            "pairwise" (compare two images: a preference for pairwise_win_rate), "reward_model" (the /pooling API)
+            or "edit" (the source image(s) and the result in one request; scored as "score").
         template: the text sent with each image; {prompt} and {ground_truth} are filled in. None = the preset's,
             else a default for the mode.
         preset: unifiedreward, unifiedreward_pairwise or hpsv3: mode, template and dimensions of that judge.
@@ -144,8 +154,10 @@ class VlmJudge:
         mode = "score" if mode is None else mode
         if mode not in MODES:
             raise UserError(f"vlm: unknown mode {mode!r}; known: {', '.join(MODES)}")
-        if dimensions is not None and (mode != "score" or not dimensions):
-            raise UserError(f"vlm: dimensions (a non-empty list of names) go with mode score, got {dimensions!r}")
+        if dimensions is not None and (mode not in ("score", "edit") or not dimensions):
+            raise UserError(
+                f"vlm: dimensions (a non-empty list of names) go with mode score or edit, got {dimensions!r}"
+            )
         self.dimensions = list(dimensions) if dimensions else None
         self.url = _v1_url(base_url)
         if not isinstance(model, str) or not model:
@@ -196,6 +208,9 @@ class VlmJudge:
                 "vlm mode=pairwise compares two images and gives no per-image score: use it as the `preference` of "
                 "pairwise_win_rate"
             )
+        if self.mode == "edit":  # the sources first, then the result: one request per sample
+            shown = [(*(m.get(METADATA_KEY) or []), im) for im, m in zip(images, metadata)]
+            return self._run(self._score_one, shown, prompts, metadata)
         return self._run(self._score_one, [(im,) for im in images], prompts, metadata)
 
     def compare(
@@ -222,6 +237,8 @@ class VlmJudge:
         self, images: tuple[np.ndarray, ...], prompt: str, metadata: dict[str, Any]
     ) -> tuple[float, str | None]:
         """(score, None), or (NaN, why the sample failed)."""
+        if self.mode == "edit" and len(images) < 2:
+            return np.nan, "no condition images to compare the result with (metadata 'condition_images')"
         target = target_text(prompt, metadata)
         if target is None and self._needs_target:
             return np.nan, "no target text (no metadata 'ground_truth' and no double-quoted text in the prompt)"

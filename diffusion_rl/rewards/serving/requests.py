@@ -51,23 +51,23 @@ def parse_json(body: bytes) -> Any:
         raise BadRequest(f"the body is not JSON ({reason})") from None
 
 
-def png_size(text: str, index: int) -> tuple[int, int]:
+def png_size(text: str, name: str) -> tuple[int, int]:
     """(width, height) from the PNG header at the start of base64 `text`; BadRequest when it is not a PNG."""
     if text.startswith("data:"):
         text = text.partition(",")[2]
     try:
         head = base64.b64decode(text[:_HEADER_B64_CHARS], validate=True)
     except (binascii.Error, ValueError):
-        raise BadRequest(f"images[{index}] is not base64 text") from None
+        raise BadRequest(f"{name} is not base64 text") from None
     if not head.startswith(PNG_SIGNATURE):
-        raise BadRequest(f"images[{index}] is not a base64-encoded PNG (only PNG is accepted)")
+        raise BadRequest(f"{name} is not a base64-encoded PNG (only PNG is accepted)")
     if len(head) < 24 or head[12:16] != b"IHDR":
-        raise BadRequest(f"images[{index}] is not a valid PNG (no IHDR header)")
+        raise BadRequest(f"{name} is not a valid PNG (no IHDR header)")
     width, height = struct.unpack(">II", head[16:24])
     return width, height
 
 
-def decode_png(text: str, index: int, size: tuple[int, int]) -> np.ndarray:
+def decode_png(text: str, name: str, size: tuple[int, int]) -> np.ndarray:
     """uint8 RGB [H, W, 3] of a PNG whose header was checked; BadRequest when it does not decode as that PNG."""
     from PIL import Image
 
@@ -77,16 +77,21 @@ def decode_png(text: str, index: int, size: tuple[int, int]) -> np.ndarray:
         raw = base64.b64decode(text, validate=True)
         with Image.open(io.BytesIO(raw), formats=["PNG"]) as image:
             if image.size != size:
-                raise BadRequest(f"images[{index}]: the PNG's size {image.size} is not its header's {size}")
+                raise BadRequest(f"{name}: the PNG's size {image.size} is not its header's {size}")
             return np.asarray(image.convert("RGB"), dtype=np.uint8)
     except BadRequest:
         raise
     except Exception as e:  # binascii.Error, PIL errors, zlib errors, truncated data: all mean a bad image
-        raise BadRequest(f"images[{index}] is not a valid PNG ({type(e).__name__}: {e})") from None
+        raise BadRequest(f"{name} is not a valid PNG ({type(e).__name__}: {e})") from None
 
 
 def parse_score_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndarray, list[str], list[dict[str, Any]]]:
-    """(images uint8 [n, H, W, 3], prompts, metadata) from a /score body, or BadRequest / TooLarge saying why not."""
+    """(images uint8 [n, H, W, 3] or videos [n, F, H, W, 3], prompts, metadata with any "condition_images" decoded)
+    from a /score body, or BadRequest / TooLarge saying why not.
+
+    An entry of "images" is one base64 PNG (an image) or a list of them (a video's frames; every video of a request
+    has the same number); metadata[i]["condition_images"], when present, is a list of base64 PNGs (an edit's
+    sources), decoded to uint8 [H, W, 3] arrays. Every picture counts towards the pixel limits."""
     request = parse_json(body)
     if not isinstance(request, dict):
         raise BadRequest('expected a JSON object {"images": [...], "prompts": [...], "metadata": [...]}')
@@ -94,8 +99,15 @@ def parse_score_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndar
     if unknown:
         raise BadRequest(f"unknown keys {unknown[:10]}; expected images, prompts and (optional) metadata")
     encoded, prompts = request.get("images"), request.get("prompts")
-    if not isinstance(encoded, list) or not encoded or not all(isinstance(s, str) for s in encoded):
-        raise BadRequest("'images' must be a non-empty list of base64 PNG strings")
+    if not isinstance(encoded, list) or not encoded:
+        raise BadRequest("'images' must be a non-empty list of base64 PNG strings (or of lists of them: videos)")
+    videos = all(isinstance(s, list) and s and all(isinstance(f, str) for f in s) for s in encoded)
+    if not videos and not all(isinstance(s, str) for s in encoded):
+        raise BadRequest("'images' must hold base64 PNG strings (images) or lists of them (videos), not a mix")
+    if videos and len({len(s) for s in encoded}) > 1:
+        raise BadRequest(
+            f"every video of a request needs the same number of frames, got {sorted({len(s) for s in encoded})}"
+        )
     if len(encoded) > limits.max_images:
         raise TooLarge(f"{len(encoded)} images in one request, over max_images={limits.max_images}; send fewer")
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
@@ -106,17 +118,47 @@ def parse_score_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndar
         raise BadRequest("'metadata' must be a list of objects (or left out)")
     if not len(encoded) == len(prompts) == len(metadata):
         raise BadRequest(f"got {len(encoded)} images, {len(prompts)} prompts, {len(metadata)} metadata; need one each")
-    sizes = [png_size(text, i) for i, text in enumerate(encoded)]  # before decoding any image
-    for i, (width, height) in enumerate(sizes):
+    pictures = [(f"images[{i}]" + (f"[{f}]" if videos else ""), text)
+                for i, entry in enumerate(encoded) for f, text in enumerate(entry if videos else [entry])]  # fmt: skip
+    sources = _condition_pictures(metadata)
+    sizes = _checked_sizes(pictures + sources, limits)  # before decoding any picture
+    frame_sizes = set(list(sizes.values())[: len(pictures)])
+    if len(frame_sizes) > 1:
+        raise BadRequest(f"all images of one request must have the same size; got {sorted(frame_sizes)}")
+    decoded = {name: decode_png(text, name, sizes[name]) for name, text in pictures + sources}
+    for i, entry in enumerate(metadata):
+        if "condition_images" in entry:
+            entry["condition_images"] = [decoded[f"metadata[{i}].condition_images[{k}]"]
+                                         for k in range(len(entry["condition_images"]))]  # fmt: skip
+    frames = np.stack([decoded[name] for name, _ in pictures])
+    if videos:
+        frames = frames.reshape(len(encoded), len(encoded[0]), *frames.shape[1:])
+    return frames, prompts, metadata
+
+
+def _condition_pictures(metadata: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(name, base64 PNG) of every metadata[i]["condition_images"] entry, checked to be a list of strings."""
+    out = []
+    for i, entry in enumerate(metadata):
+        sources = entry.get("condition_images")
+        if sources is None:
+            continue
+        if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+            raise BadRequest(f"metadata[{i}].condition_images must be a list of base64 PNG strings")
+        out += [(f"metadata[{i}].condition_images[{k}]", text) for k, text in enumerate(sources)]
+    return out
+
+
+def _checked_sizes(pictures: list[tuple[str, str]], limits: Limits) -> dict[str, tuple[int, int]]:
+    """name → (width, height) from each PNG header, within the pixel limits (TooLarge otherwise)."""
+    sizes = {name: png_size(text, name) for name, text in pictures}
+    for name, (width, height) in sizes.items():
         if width * height > limits.max_image_pixels:
-            raise TooLarge(f"images[{i}] is {width} × {height} pixels, over max_image_pixels={limits.max_image_pixels}")
-    total = sum(w * h for w, h in sizes)
+            raise TooLarge(f"{name} is {width} × {height} pixels, over max_image_pixels={limits.max_image_pixels}")
+    total = sum(w * h for w, h in sizes.values())
     if total > limits.max_request_pixels:
         raise TooLarge(
             f"the request's images hold {total} pixels, over max_request_pixels={limits.max_request_pixels}; send "
             "smaller chunks"
         )
-    if len(set(sizes)) > 1:
-        raise BadRequest(f"all images of one request must have the same size; got {sorted(set(sizes))}")
-    images = [decode_png(text, i, size) for i, (text, size) in enumerate(zip(encoded, sizes))]
-    return np.stack(images), prompts, metadata
+    return sizes
