@@ -132,6 +132,18 @@ def cmd_prepare_ocr(args) -> None:
     logger.info("prepared %s", result)
 
 
+def cmd_prepare_edit(args) -> None:
+    from diffusion_rl.data.edit_prepare import run_prepare_edit_from_args
+
+    logger.info("prepared %s", run_prepare_edit_from_args(args))
+
+
+def cmd_prepare_shapes_edits(args) -> None:
+    from diffusion_rl.data.edit_prepare import run_prepare_shapes_edits_from_args
+
+    logger.info("wrote %s", run_prepare_shapes_edits_from_args(args))
+
+
 def cmd_config(args) -> None:
     from diffusion_rl.config import Config, load
     from diffusion_rl.config_io import describe, describe_markdown, redact_secrets, to_yaml
@@ -188,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true")
     p.set_defaults(fn=cmd_init_tiny)
 
+    from diffusion_rl.data.edit_prepare import add_prepare_edit_arguments, add_prepare_shapes_edits_arguments
     from diffusion_rl.data.ocr_prepare import add_prepare_ocr_arguments
     from diffusion_rl.rewards.server import add_serve_reward_arguments
 
@@ -200,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = prepare.add_parser("ocr", help="OCR prompts (text to render between double quotes) → jsonl/parquet rows")
     add_prepare_ocr_arguments(p)
     p.set_defaults(fn=cmd_prepare_ocr)
+    p = prepare.add_parser("edit", help="a folder of {prompt, image} edits → verl-style parquet with the images inside")
+    add_prepare_edit_arguments(p)
+    p.set_defaults(fn=cmd_prepare_edit)
+    p = prepare.add_parser("shapes-edits", help="the ShapesWorld edit dataset (instructions, source images)")
+    add_prepare_shapes_edits_arguments(p)
+    p.set_defaults(fn=cmd_prepare_shapes_edits)
 
     for module in COMMAND_MODULES:  # commands that live in their own module: diffusion_rl/commands/<name>.py
         importlib.import_module(f"diffusion_rl.commands.{module}").register(sub)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +37,14 @@ class ConditionImage:
     """One condition image: a file or encoded bytes, and where the dataset named it (for messages)."""
 
     source: str | bytes  # an absolute file path, or the image file's bytes (PNG, JPEG, …)
-    where: str  # e.g. "data/edit.jsonl, line 3, images[0]"
+    where: str = field(compare=False)  # e.g. "data/edit.jsonl, line 3, images[0]"; equal images compare equal
 
     def __post_init__(self):
         if not isinstance(self.source, (str, bytes)) or not self.source:
             raise UserError(f"{self.where}: a condition image is a file path or image bytes, got {self.source!r:.80}")
 
-    def _open(self):
+    def open(self):
+        """The image, opened with PIL (its header read; the pixels when used); a UserError naming it otherwise."""
         from PIL import Image
 
         if isinstance(self.source, str) and not Path(self.source).is_file():
@@ -55,13 +56,13 @@ class ConditionImage:
 
     def size(self) -> tuple[int, int]:
         """(width, height) from the image's header (the pixels are not decoded)."""
-        with self._open() as image:
+        with self.open() as image:
             return image.size
 
     def load(self, height: int, width: int) -> np.ndarray:
         """uint8 [height, width, 3]: the image fitted to the output size (cover_and_crop)."""
         try:
-            with self._open() as image:
+            with self.open() as image:
                 return cover_and_crop(image, height, width)
         except UserError:
             raise
@@ -72,7 +73,7 @@ class ConditionImage:
         """The encoded image file (for writing parquet rows)."""
         if isinstance(self.source, bytes):
             return self.source
-        self._open().close()  # a clear error for a missing or unreadable file
+        self.open().close()  # a clear error for a missing or unreadable file
         return Path(self.source).read_bytes()
 
 

@@ -368,7 +368,8 @@ def _write_parquet(records: list[PromptRecord], path: Path) -> None:
         rows.append(
             {
                 "data_source": r.data_source,
-                "prompt": [{"role": "user", "content": r.prompt}],
+                # verl's multimodal rows mark each image's place in the text; load_prompts takes the marks out again
+                "prompt": [{"role": "user", "content": IMAGE_PLACEHOLDER * len(r.images) + r.prompt}],
                 "ability": r.metadata.get("ability"),
                 "reward_model": {"ground_truth": r.ground_truth, "style": "rule"},
                 # negative_prompt is always present so extra_info never becomes a struct without fields,

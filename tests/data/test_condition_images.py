@@ -1,0 +1,135 @@
+"""Prompt data with condition images: .jsonl paths relative to the file, verl parquet rows with image bytes, the size
+rule and the checks that name the file and line; `prepare edit` and the ShapesWorld edit files."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from diffusion_rl.cli import main
+from diffusion_rl.data.condition_images import check_condition_images, fit_condition_images
+from diffusion_rl.data.edit_prepare import prepare_edit
+from diffusion_rl.data.prompts import load_prompts, write_prompts
+from diffusion_rl.data.shapes_edits import write_edit_files
+from diffusion_rl.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def png(path: Path, width: int, height: int, color=(200, 30, 30)) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.zeros((height, width, 3), dtype=np.uint8)
+    pixels[:, : width // 2] = color  # left half coloured: shows where a crop or a letterbox went
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def png_bytes(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((height, width, 3), 90, dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_jsonl_image_paths_are_relative_to_the_file_and_fitted_by_cover_and_crop(tmp_path):
+    png(tmp_path / "data" / "img" / "wide.png", 64, 32)
+    lines = [
+        {"prompt": "make it blue", "images": ["img/wide.png"]},
+        {"prompt": "remove it", "images": ["img/wide.png"]},
+    ]
+    (tmp_path / "data" / "edits.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    records = load_prompts(tmp_path / "data" / "edits.jsonl")
+    assert [len(r.images) for r in records] == [1, 1]
+    assert "edits.jsonl, line 2" in records[1].images[0].where
+    assert check_condition_images(records, 32, 32, "edits") == 1
+    (fitted,), (again,) = fit_condition_images([records[0].images, records[1].images], 32, 32)
+    # 64×32 covering 32×32: scaled by 1 (height fits), the centre 32 columns cut out: 16 red, then 16 black
+    assert fitted.shape == (32, 32, 3) and fitted is again  # one image, read once
+    assert (fitted[:, :16] == (200, 30, 30)).all() and (fitted[:, 16:] == 0).all()
+
+
+def test_verl_parquet_rows_with_image_bytes_and_chat_prompts(tmp_path):
+    rows = [
+        {"data_source": "edit", "prompt": [{"role": "user", "content": "<image>make the sky pink"}],
+         "images": [{"bytes": png_bytes(40, 40), "path": None}], "ability": "edit"},
+        {"data_source": "edit", "prompt": [{"role": "user", "content": "<image> <image> put the cat on the sofa"}],
+         "images": [{"bytes": png_bytes(40, 40)}, {"bytes": png_bytes(40, 40)}], "ability": "edit"},
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "edits.parquet")
+    records = load_prompts(tmp_path / "edits.parquet")
+    assert [r.prompt for r in records] == ["make the sky pink", "put the cat on the sofa"]
+    assert [len(r.images) for r in records] == [1, 2] and records[0].metadata["ability"] == "edit"
+    assert records[1].images[1].where.endswith("row 1 (0-based), images[1]")
+    write_prompts(records, tmp_path / "again.parquet")  # the placeholders are written back and read out again
+    again = load_prompts(tmp_path / "again.parquet")
+    assert [(r.prompt, [i.file_bytes() for i in r.images]) for r in again] == [
+        (r.prompt, [i.file_bytes() for i in r.images]) for r in records
+    ]
+    rows[0]["prompt"] = [{"role": "user", "content": "<image><image>too many marks"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
+    with pytest.raises(
+        UserError, match=r"bad.parquet, row 0 \(0-based\): the prompt has 2 '<image>' placeholders but 1"
+    ):
+        load_prompts(tmp_path / "bad.parquet")
+
+
+def test_bad_condition_images_name_the_file_and_line(tmp_path):
+    png(tmp_path / "ok.png", 32, 32)
+    png(tmp_path / "tiny.png", 6, 6)
+    (tmp_path / "broken.png").write_text("not a picture")
+
+    def dataset(*entries):
+        path = tmp_path / "edits.jsonl"
+        path.write_text("".join(json.dumps({"prompt": "edit", "images": e}) + "\n" for e in entries))
+        return load_prompts(path)
+
+    with pytest.raises(
+        UserError, match=r"edits.jsonl, line 2, images\[0\] \(missing.png\): the image file .* does not"
+    ):
+        check_condition_images(dataset(["ok.png"], ["missing.png"]), 32, 32, "edits")
+    with pytest.raises(UserError, match=r"line 1, images\[1\] \(broken.png\): cannot read the image"):
+        check_condition_images(dataset(["ok.png", "broken.png"], ["ok.png", "ok.png"]), 32, 32, "edits")
+    with pytest.raises(UserError, match=r"line 2, .*tiny.png.*6×6, too small for the output 32×32"):
+        check_condition_images(dataset(["ok.png"], ["tiny.png"]), 32, 32, "edits")
+    with pytest.raises(UserError, match=r"different numbers of condition images: 1 \(record 0\), 2 \(record 1\)"):
+        check_condition_images(dataset(["ok.png"], ["ok.png", "ok.png"]), 32, 32, "edits")
+
+
+def test_prepare_edit_letterboxes_into_parquet_with_a_validation_split(tmp_path):
+    png(tmp_path / "in" / "a.png", 80, 40)
+    png(tmp_path / "in" / "sub" / "b.png", 30, 60)
+    lines = [{"prompt": f"edit {i}", "image": "a.png" if i % 2 else "sub/b.png"} for i in range(10)]
+    (tmp_path / "in" / "edits.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["prepare", "edit", str(tmp_path / "in"), str(tmp_path / "out"), "--size", "40",
+                 "--val-fraction", "0.2"]) == 0  # fmt: skip
+    train, val = load_prompts(tmp_path / "out" / "train.parquet"), load_prompts(tmp_path / "out" / "val.parquet")
+    assert len(train) == 8 and len(val) == 2
+    assert sorted(r.prompt for r in train + val) == sorted(x["prompt"] for x in lines)
+    wide = next(r for r in train + val if r.prompt == "edit 1").images[0]
+    with wide.open() as picture:
+        assert picture.format == "PNG" and picture.size == (40, 40)
+        pixels = np.asarray(picture.convert("RGB"))
+    # 80×40 letterboxed into 40×40: scaled to 40×20, rows 10..29; black bands above and below
+    assert (pixels[:10] == 0).all() and (pixels[30:] == 0).all() and (pixels[15, :18] == (200, 30, 30)).all()
+    table = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()
+    assert table[0]["prompt"][0]["content"].startswith("<image>") and table[0]["ability"] == "edit"
+    (tmp_path / "in" / "more.jsonl").write_text(json.dumps({"prompt": "x", "image": "gone.png"}) + "\n")
+    with pytest.raises(UserError, match=r"more.jsonl, line 1 \(gone.png\): the image file .* does not exist"):
+        prepare_edit(tmp_path / "in", tmp_path / "out2", 40, 0.0, 0)
+
+
+def test_the_committed_shapes_edit_files_are_what_prepare_writes(tmp_path):
+    committed = ROOT / "configs/prompts/shapes_edits"
+    write_edit_files(tmp_path, size=32, train=48, val=6, seed=0)
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file())
+    assert all((tmp_path / p).read_bytes() == (committed / p).read_bytes() for p in written)
+    records = load_prompts(committed / "train.jsonl")
+    assert {r.prompt.split()[0] for r in records} == {"make", "remove", "move"}
+    assert check_condition_images(records, 32, 32, "shapes edits") == 1
