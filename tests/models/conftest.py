@@ -29,36 +29,6 @@ def qwen_image_model_dir(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image"), "qwen_image", "small", seed=0)
 
 
-@pytest.fixture(scope="session")
-def wan_model_dir(tmp_path_factory):
-    """A tiny Wan 2.1-format text-to-video model (UMT5, AutoencoderKLWan 4× in time and space)."""
-    return save_tiny(tmp_path_factory.mktemp("tiny_wan"), "wan", "small", seed=0)
-
-
-@pytest.fixture(scope="session")
-def wan_ti2v_model_dir(tmp_path_factory):
-    """A tiny Wan 2.2 TI2V-format model (residual VAE with a 2×2 pixel fold, expanded timesteps)."""
-    return save_tiny(tmp_path_factory.mktemp("tiny_wan_ti2v"), "wan", "ti2v", seed=0)
-
-
-@pytest.fixture(scope="session")
-def qwen_image_edit_model_dir(tmp_path_factory):
-    """A tiny Qwen-Image-Edit-2509-format model (QwenImageEditPlusPipeline, a processor/ folder)."""
-    return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image_edit"), "qwen_image_edit", "small", seed=0)
-
-
-@pytest.fixture(scope="session")
-def qwen_image_edit_2511_model_dir(tmp_path_factory):
-    """A tiny Qwen-Image-Edit-2511-format model (condition tokens at timestep 0: zero_cond_t)."""
-    return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image_edit_2511"), "qwen_image_edit", "2511", seed=0)
-
-
-@pytest.fixture(scope="session")
-def flux_kontext_model_dir(tmp_path_factory):
-    """A tiny FLUX.1-Kontext-dev-format model (FluxKontextPipeline, guidance embedding)."""
-    return save_tiny(tmp_path_factory.mktemp("tiny_flux_kontext"), "flux_kontext", "small", seed=0)
-
-
 @pytest.fixture
 def edit_dirs(qwen_image_edit_model_dir, qwen_image_edit_2511_model_dir, flux_kontext_model_dir):
     """name → tiny model directory of every editing family (qwen_image_edit, its 2511 preset, flux_kontext)."""
