@@ -60,7 +60,7 @@ def cmd_sample(args) -> None:
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
     from diffusion_rl.sampling.window import default_window
-    from diffusion_rl.tracking import image_grid, save_png
+    from diffusion_rl.tracking.media import sample_sheet, save_sample
     from diffusion_rl.utils.seeding import seed_for
 
     if args.steps < 2 and args.sde_type != "ode":
@@ -89,6 +89,10 @@ def cmd_sample(args) -> None:
     problem = size_problem(model, args.height, args.width)  # a size the model cannot make is the user's to fix
     if problem:
         raise UserError(f"--height/--width: {problem}")
+    try:
+        model.latent_shape(args.height, args.width, args.frames)
+    except ValueError as e:
+        raise UserError(f"--frames: {e}") from None
     prompts = [p for p in args.prompt for _ in range(args.n)]
     settings = SamplerSettings(
         args.steps,
@@ -97,14 +101,22 @@ def cmd_sample(args) -> None:
         args.width,
         args.sde_type if args.sde_type != "ode" else "sde",
         args.noise_level,
+        args.frames,
     )
     window = None if args.sde_type == "ode" else default_window(args.steps)
     seeds = [seed_for(args.seed, i) for i in range(len(prompts))]
+    sources = None
+    if args.image:  # an edit: every prompt edits the same condition image(s), fitted to the output size
+        from diffusion_rl.data.condition_images import ConditionImage
+
+        fitted = [ConditionImage(str(Path(p).resolve()), f"--image {p}").load(args.height, args.width)
+                  for p in args.image]  # fmt: skip
+        sources = [fitted] * len(prompts)
     images = sample_images(model, prompts, [args.negative_prompt] * len(prompts), settings, init_seeds=seeds,
-                           window=window)  # fmt: skip
-    grid = image_grid(images.numpy(), prompts, ncols=args.n)
-    path = save_png(grid, args.out)
-    logger.info("wrote %s (%d images, %d×%d)", path, len(prompts), args.height, args.width)
+                           window=window, images=sources)  # fmt: skip
+    sheet = sample_sheet(images.numpy(), prompts, args.n, sources)
+    path = save_sample(sheet, Path(args.out).with_suffix("").as_posix())  # .png, or .webp for a video
+    logger.info("wrote %s (%d samples, %d×%d)", path, len(prompts), args.height, args.width)
 
 
 def cmd_init_tiny(args) -> None:
@@ -175,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidance", type=float, default=4.5)
     p.add_argument("--height", type=int, default=64)
     p.add_argument("--width", type=int, default=64)
+    p.add_argument("--frames", type=int, default=1, help="video frames per sample (a video family: 4k + 1)")
+    p.add_argument(
+        "--image", action="append", default=[], help="condition image of an editing family (repeatable: several)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
     p.add_argument("--noise-level", type=float, default=0.7)
@@ -185,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="text tokens per prompt (default: with --checkpoint the run's model.max_sequence_length, else 256)",
     )
     p.add_argument("--device", default="auto")
-    p.add_argument("--out", default="grid.png")
+    p.add_argument("--out", default="grid.png", help="the sheet: .png (a video family: the same name, .webp)")
     p.add_argument("--checkpoint", default=None, help="apply a training checkpoint (step_NNNNNN or run directory)")
     p.add_argument("--no-ema", action="store_true", help="with --checkpoint: the trained weights even if an EMA exists")
     p.set_defaults(fn=cmd_sample)

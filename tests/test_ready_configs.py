@@ -9,7 +9,9 @@ import pytest
 from diffusion_rl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-READY = ["sd35_ocr_lora.yaml", "sd35_pickscore_fast.yaml", "flux_pickscore_lora.yaml", "qwen_image_ocr_lora.yaml"]
+READY = ["sd35_ocr_lora.yaml", "sd35_pickscore_fast.yaml", "flux_pickscore_lora.yaml", "qwen_image_ocr_lora.yaml",
+         "wan21_t2v_1_3b_ocr_lora.yaml", "wan22_ti2v_5b_dance_lora.yaml", "qwen_image_edit_2509_lora.yaml",
+         "flux_kontext_counting_lora.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", READY)
@@ -50,6 +52,35 @@ def test_ready_configs_keep_their_recipes_numbers():
     )  # fmt: skip
     assert (qwen.data.prompts_per_step, qwen.data.group_size, qwen.train.num_minibatches) == (32, 16, 2)
     assert (qwen.algorithm.settings.clip_range, qwen.model.lora.rank, qwen.model.lora.alpha) == (1e-5, 64, 128)
+
+
+def test_video_and_edit_configs_keep_their_recipes_numbers():
+    from diffusion_rl.config import load
+
+    wan = load(str(ROOT / "configs/wan21_t2v_1_3b_ocr_lora.yaml"))  # flow_grpo's general_ocr_wan2_1
+    s = wan.sampling
+    assert (s.height, s.width, s.num_frames, s.num_steps, s.guidance) == (240, 416, 33, 20, 4.5)
+    assert (wan.data.group_size, wan.train.lr, wan.algorithm.settings.kl_beta) == (4, 1e-4, 0.004)
+    assert (wan.algorithm.settings.clip_range, wan.algorithm.advantage.global_std, wan.rewards[0].frames) == (
+        1e-3, False, "mean"
+    )  # fmt: skip
+    dance = load(str(ROOT / "configs/wan22_ti2v_5b_dance_lora.yaml"))  # Pref-GRPO's Wan LoRA settings
+    assert (dance.sampling.sde_type, dance.sampling.noise_level, dance.sampling.share_initial_noise) == (
+        "dance_sde", 0.3, True
+    )  # fmt: skip
+    assert (dance.model.lora.rank, dance.model.lora.alpha, dance.train.lr, dance.algorithm.timestep_fraction) == (
+        64, 128, 2e-5, 0.6
+    )  # fmt: skip
+    edit = load(str(ROOT / "configs/qwen_image_edit_2509_lora.yaml"))  # flow_grpo's repairany_qwenimage_edit_plus_fast
+    w = edit.sampling.window
+    assert (edit.sampling.num_steps, edit.sampling.noise_level, w.kind, w.size, w.hi) == (10, 0.9, "random", 4, 5)
+    assert [(r.name, r.weight) for r in edit.rewards] == [("source_preservation", 0.2), ("vlm", 0.8)]
+    kontext = load(str(ROOT / "configs/flux_kontext_counting_lora.yaml"))  # flow_grpo's counting_flux_kontext
+    k = kontext.sampling
+    assert (k.num_steps, k.guidance, k.noise_level, kontext.data.group_size, kontext.data.prompts_per_step) == (
+        6, 2.5, 0.9, 21, 48
+    )  # fmt: skip
+    assert [(r.name, r.weight) for r in kontext.rewards] == [("source_preservation", 0.5), ("geneval", 0.5)]
 
 
 def test_readme_flow_grpo_fast_example_is_the_presets_window():

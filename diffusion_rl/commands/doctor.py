@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,13 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--height", type=int, default=None, help="image height (default: the model's native size)")
     p.add_argument("--width", type=int, default=None, help="image width (default: the model's native size)")
+    p.add_argument("--frames", type=int, default=1, help="video frames per sample (a video family: 4k + 1)")
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        help="an editing family's condition image (repeatable; default: a generated test picture)",
+    )
     p.add_argument("--micro-batch", type=int, default=8, help="samples per forward/backward (train.micro_batch_size)")
     p.add_argument("--rollout-batch", type=int, default=None, help="samples per rollout held on the device")
     p.add_argument("--steps", type=int, default=10, help="sampling steps (training rollout and the sample image)")
@@ -32,8 +40,27 @@ def register(subparsers) -> None:
     p.add_argument("--no-activations", action="store_true", help="skip measuring activations (a forward pass)")
     p.add_argument("--prompt", default="a photograph of a red apple on a wooden table")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="doctor.png", help="where the sample image goes")
+    p.add_argument("--out", default="doctor.png", help="where the sample goes (a video: the same name, .webp)")
     p.set_defaults(fn=cmd_doctor)
+
+
+def condition_sources(model, paths: list[str], height: int, width: int) -> list | None:
+    """An editing family's condition images for the doctor: the --image files fitted to the output size, or a
+    generated test picture (grey with a red square); None for other families (which refuse --image)."""
+    import numpy as np
+
+    from diffusion_rl.data.condition_images import ConditionImage
+    from diffusion_rl.errors import UserError
+
+    if not model.edits:
+        if paths:
+            raise UserError(f"--image: the {model.family} family takes no condition images")
+        return None
+    if paths:
+        return [ConditionImage(str(Path(p).resolve()), f"--image {p}").load(height, width) for p in paths]
+    picture = np.full((height, width, 3), 128, dtype=np.uint8)
+    picture[height // 4 : height // 2, width // 4 : width // 2] = (220, 40, 40)
+    return [picture]
 
 
 def cmd_doctor(args) -> None:
@@ -45,7 +72,7 @@ def cmd_doctor(args) -> None:
     from diffusion_rl.models.image_size import image_sizes, size_problem
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
-    from diffusion_rl.tracking import image_grid, save_png
+    from diffusion_rl.tracking.media import sample_sheet, save_sample
 
     for name in ("micro_batch", "steps"):
         if getattr(args, name) < 1:
@@ -68,6 +95,11 @@ def cmd_doctor(args) -> None:
     problem = size_problem(model, args.height, args.width)
     if problem:
         raise UserError(f"--height/--width: {problem}")
+    try:
+        model.latent_shape(args.height, args.width, args.frames)
+    except ValueError as e:
+        raise UserError(f"--frames: {e}") from None
+    sources = condition_sources(model, args.image, args.height, args.width)
     lines = [
         f"model      {args.model}",
         f"family     {model.family} ({type(model.pipeline).__name__}), loaded in {time.perf_counter() - start:.1f} s "
@@ -91,9 +123,14 @@ def cmd_doctor(args) -> None:
         guidance=args.guidance,
         kl_reference=args.kl,
         measure_activations=not args.no_activations,
+        frames=args.frames,
+        sources=sources,
     )
+    size = f"{args.height}×{args.width}" + (f"×{args.frames} frames" if args.frames > 1 else "")
+    if sources:
+        size += f", {len(sources)} condition image(s)"
     lines.append(
-        f"memory estimate, {args.height}×{args.width}, micro-batch {args.micro_batch}, rollout batch "
+        f"memory estimate, {size}, micro-batch {args.micro_batch}, rollout batch "
         f"{rollout_batch}, guidance {args.guidance:g} (add 1–3 GiB for CUDA context and fragmentation)"
     )
     lines += [f"  {label:<28} {human_bytes(n):>10}" for label, n in estimate.rows()]
@@ -101,10 +138,12 @@ def cmd_doctor(args) -> None:
         peak = torch.cuda.max_memory_allocated(model.device)
         lines.append(f"  {'measured peak so far':<28} {human_bytes(peak):>10}")
 
-    settings = SamplerSettings(args.steps, args.guidance, args.height, args.width)
+    settings = SamplerSettings(args.steps, args.guidance, args.height, args.width, frames=args.frames)
     start = time.perf_counter()
-    images = sample_images(model, [args.prompt], [""], settings, init_seeds=[args.seed])
+    rows = [sources] if sources else None
+    images = sample_images(model, [args.prompt], [""], settings, init_seeds=[args.seed], images=rows)
     seconds = time.perf_counter() - start
-    path = save_png(image_grid(images.numpy(), [args.prompt], ncols=1), args.out)
+    out = Path(args.out)
+    path = save_sample(sample_sheet(images.numpy(), [args.prompt], 1, rows), out.with_suffix("").as_posix())
     lines.append(f"sample     {path} ({args.steps} ODE steps in {seconds:.2f} s, {seconds / args.steps:.3f} s/step)")
     print("\n".join(lines))

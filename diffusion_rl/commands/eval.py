@@ -11,7 +11,8 @@ from diffusion_rl.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-FALLBACK = {"steps": 20, "guidance": 4.5, "height": 64, "width": 64, "dtype": "fp32", "max_sequence_length": 256}
+FALLBACK = {"steps": 20, "guidance": 4.5, "height": 64, "width": 64, "frames": 1, "dtype": "fp32",
+            "max_sequence_length": 256}  # fmt: skip
 
 
 def register(subparsers) -> None:
@@ -47,6 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale")
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None, help="video frames per sample (a video family; 4k + 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
     p.add_argument("--noise-level", type=float, default=0.7)
@@ -79,7 +81,7 @@ def _reward_choices(args: argparse.Namespace, first_config) -> list:
                     "the checkpoint's config.yaml has rewards.%d.kwargs %s redacted: give them again with "
                     "--reward-kwargs (or, for vlm, api_key_env)", i, ", ".join(redacted)
                 )  # fmt: skip
-            choices[r.metric_name] = RewardChoice(r.name, kwargs, r.label)
+            choices[r.metric_name] = RewardChoice(r.name, kwargs, r.label, r.frames)
     else:
         raise UserError("--reward is required when no checkpoint is given (e.g. --reward jpeg_compressibility)")
     if args.reward_kwargs:
@@ -113,6 +115,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             guidance=guidance,
             height=first.sampling.height,
             width=first.sampling.width,
+            frames=first.sampling.num_frames,
             dtype=first.model.dtype,
             max_sequence_length=first.model.max_sequence_length,
         )
@@ -133,6 +136,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         sheet_prompts=args.sheet_prompts,
         use_ema=not args.no_ema,
+        frames=pick("frames"),
     )
     if args.max_sequence_length is not None and args.max_sequence_length < 1:
         raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")

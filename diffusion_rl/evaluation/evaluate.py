@@ -7,9 +7,15 @@ second run with the same seed reproduces the first. Output directory:
     metrics.json            settings, prompt file, rewards, and per column: checkpoint identity and statistics
     samples.jsonl           one row per image: column, prompt, ground truth, seed, image path, every score
     compare.md              the comparison table (also printed by the CLI)
-    compare.png             the first prompts side by side across columns (when there are several columns)
-    <column>/sheet.png      contact sheet of a column (the first `sheet_prompts` prompts, K samples each)
+    compare.png             the first prompts side by side across columns (when there are several columns); an
+                            edit's row starts with its source image(s)
+    <column>/sheet.png      contact sheet of a column (the first `sheet_prompts` prompts, K samples each); edits:
+                            each tile source → result
     <column>/images/pPPPP_sKK.png
+
+Videos (a video family, `frames` > 1) are written as animated WebP: the images, sheet.webp and compare.webp. An
+edit's condition images (the prompt file's rows) are fitted to the output size, given to the model and to the
+rewards (metadata["condition_images"]), as in training.
 """
 
 from __future__ import annotations
@@ -33,21 +39,23 @@ from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.weights import checkpoint_config, load_trained_weights
 from diffusion_rl.config_io import redact_secrets
+from diffusion_rl.data.condition_images import METADATA_KEY, fit_condition_images
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.errors import UserError
 from diffusion_rl.evaluation.summary import comparison_table, reward_stats
 from diffusion_rl.evaluation.targets import Target
 from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.rewards import RewardCombiner, RewardFailure, WeightedReward, make_reward
+from diffusion_rl.rewards.video import framewise
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.sampling.window import default_window
-from diffusion_rl.tracking import image_grid, save_png
+from diffusion_rl.tracking.media import sample_sheet, save_sample
 from diffusion_rl.utils.seeding import seed_for
 
 logger = logging.getLogger(__name__)
 
 SDE_TYPES = ("ode", "sde", "cps", "dance_sde")
-OUTPUT_FILES = ("metrics.json", "samples.jsonl", "compare.md", "compare.png")
+OUTPUT_FILES = ("metrics.json", "samples.jsonl", "compare.md", "compare.png", "compare.webp")
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class EvalSettings:
     batch_size: int = 8  # images per forward pass and per reward call
     sheet_prompts: int = 16  # prompts shown on the contact sheets (all images are written regardless)
     use_ema: bool = True  # sample a checkpoint with its EMA weights when the run kept an EMA (as validation does)
+    frames: int = 1  # video frames per sample (a video family)
 
     def __post_init__(self):
         if self.n < 1:
@@ -81,10 +90,14 @@ class EvalSettings:
             raise UserError(f"--batch-size must be ≥ 1, got {self.batch_size}")
         if self.sheet_prompts < 1:
             raise UserError(f"--sheet-prompts must be ≥ 1, got {self.sheet_prompts}")
+        if self.frames < 1:
+            raise UserError(f"--frames must be ≥ 1, got {self.frames}")
 
     def sampler(self) -> SamplerSettings:
         sde = self.sde_type if self.sde_type != "ode" else "sde"
-        return SamplerSettings(self.num_steps, self.guidance, self.height, self.width, sde, self.noise_level)
+        return SamplerSettings(
+            self.num_steps, self.guidance, self.height, self.width, sde, self.noise_level, self.frames
+        )
 
     def seeds(self, prompt_index: int, sample: int) -> tuple[int, int]:
         """(initial-noise seed, SDE-noise seed) of sample k of prompt p: the same for every column."""
@@ -99,6 +112,7 @@ class RewardChoice:
     name: str  # the reward to build (make_reward's name)
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     label: str | None = None  # its name in the scores, tables and captions (a training config's label); None = name
+    frames: str = "mean"  # how an image reward scores a video (rewards/video.py)
 
     @property
     def metric_name(self) -> str:
@@ -111,7 +125,10 @@ def build_scorer(rewards: Sequence[RewardChoice]) -> RewardCombiner:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise UserError(f"--reward lists {', '.join(repeated)} more than once")
-    return RewardCombiner([WeightedReward(r.metric_name, 1.0, make_reward(r.name, **r.kwargs), False) for r in rewards])
+    return RewardCombiner([
+        WeightedReward(r.metric_name, 1.0, framewise(make_reward(r.name, **r.kwargs), r.frames, r.metric_name), False)
+        for r in rewards
+    ])  # fmt: skip
 
 
 def _file_sha256(path: Path) -> str:
@@ -174,10 +191,15 @@ class _ModelSlot:
             torch.cuda.empty_cache()
 
 
-def _scores_of(scorer: RewardCombiner, images: np.ndarray, rows: Sequence[PromptRecord]) -> dict[str, np.ndarray]:
+def _scores_of(
+    scorer: RewardCombiner, images: np.ndarray, rows: Sequence[PromptRecord], sources: list[list[np.ndarray]] | None
+) -> dict[str, np.ndarray]:
     prompts = [r.prompt for r in rows]
+    metadata = [r.reward_metadata() for r in rows]
+    for entry, row_sources in zip(metadata, sources or []):
+        entry[METADATA_KEY] = row_sources
     try:
-        return scorer(images, prompts, [r.reward_metadata() for r in rows]).per_reward
+        return scorer(images, prompts, metadata).per_reward
     except RewardFailure as e:  # recorded as failed samples (NaN), counted in the table, not a crash mid-evaluation
         logger.error("%s", e)
         return {r.name: np.full(len(rows), np.nan, dtype=np.float32) for r in scorer.rewards}
@@ -199,7 +221,7 @@ def evaluate_target(
     window = None if settings.sde_type == "ode" else default_window(settings.num_steps)
     sampler = settings.sampler()
     scores = {n: np.full((len(records), settings.n), np.nan, dtype=np.float32) for n in names}
-    rows, sheet, captions = [], [], []
+    rows, sheet, captions, sheet_sources = [], [], [], []
     image_dir = out / target.name / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
     starts = range(0, len(items), settings.batch_size)
@@ -207,6 +229,7 @@ def evaluate_target(
         chunk = items[start : start + settings.batch_size]
         chunk_records = [records[p] for p, _ in chunk]
         seeds = [settings.seeds(p, k) for p, k in chunk]
+        sources = _sources(chunk_records, settings)
         images = sample_images(
             model,
             [r.prompt for r in chunk_records],
@@ -215,10 +238,11 @@ def evaluate_target(
             init_seeds=[s for s, _ in seeds],
             noise_seeds=[s for _, s in seeds],
             window=window,
+            images=sources,
         ).numpy()
-        chunk_scores = _scores_of(scorer, images, chunk_records)
+        chunk_scores = _scores_of(scorer, images, chunk_records, sources)
         for i, ((p, k), record) in enumerate(zip(chunk, chunk_records)):
-            image_path = save_png(images[i], image_dir / f"p{p:04d}_s{k:02d}.png")
+            image_path = save_sample(images[i], image_dir / f"p{p:04d}_s{k:02d}")
             sample_scores = {n: _none_if_nan(chunk_scores[n][i]) for n in names}
             for n in names:
                 scores[n][p, k] = chunk_scores[n][i]
@@ -238,9 +262,16 @@ def evaluate_target(
             )
             if p < settings.sheet_prompts:
                 sheet.append(images[i])
+                sheet_sources.append(sources[i] if sources else [])
                 captions.append(_caption(record.prompt, {n: float(chunk_scores[n][i]) for n in names}, names))
-    save_png(image_grid(np.stack(sheet), captions, ncols=settings.n), out / target.name / "sheet.png")
+    save_sample(sample_sheet(np.stack(sheet), captions, settings.n, sheet_sources), out / target.name / "sheet")
     return scores, rows, np.stack(sheet)
+
+
+def _sources(records: Sequence[PromptRecord], settings: EvalSettings) -> list[list[np.ndarray]] | None:
+    """Each record's condition images at the output size; None for text prompts."""
+    rows = [r.images for r in records]
+    return fit_condition_images(rows, settings.height, settings.width) if any(rows) else None
 
 
 def _identity(target: Target, model_path: str, weights: tuple[str, str] | None) -> dict[str, Any]:
@@ -257,23 +288,31 @@ def compare_sheet(
     sheets: dict[str, np.ndarray],
     scores: dict[str, dict[str, np.ndarray]],
     records: list[PromptRecord],
-    k: int,
+    settings: EvalSettings,
 ) -> np.ndarray:
-    """One row per prompt: K samples of each column next to each other (the same seeds in every column).
+    """One row per prompt: K samples of each column next to each other (the same seeds in every column); an edit's
+    row starts with its source image(s) (one tile each). Videos give an animated sheet [F, H', W', 3].
 
     Each tile is captioned with its column, sample and the first reward's score; a row's first tile also
     names the prompt (below, so a long prompt is what gets cut).
     """
+    k = settings.n
     n_prompts = len(sheets[targets[0].name]) // k
+    sources = _sources(records[:n_prompts], settings)
     tiles, captions = [], []
     for p in range(n_prompts):
+        for s, source in enumerate(sources[p] if sources else []):
+            tiles.append(source)
+            captions.append(f"source {s + 1}" if s else f"source\n{records[p].prompt}")
         for t in targets:
             first_reward = next(iter(scores[t.name].values()))
             for j in range(k):
                 tiles.append(sheets[t.name][p * k + j])
                 caption = f"{t.name} #{j} | {first_reward[p, j]:.4g}"
-                captions.append(f"{caption}\n{records[p].prompt}" if t is targets[0] and j == 0 else caption)
-    return image_grid(np.stack(tiles), captions, ncols=k * len(targets))
+                first = t is targets[0] and j == 0 and not sources
+                captions.append(f"{caption}\n{records[p].prompt}" if first else caption)
+    width = k * len(targets) + (len(sources[0]) if sources else 0)
+    return sample_sheet(np.stack(tiles), captions, width)
 
 
 def evaluate(
@@ -298,9 +337,9 @@ def evaluate(
     # base first, then checkpoints grouped by LoRA settings: the fewest model loads; the table keeps the given order
     order = sorted(targets, key=lambda t: (not t.is_base, str(slot_key_hint(t))))
     try:
-        slot.get(order[0]).latent_shape(settings.height, settings.width)
+        slot.get(order[0]).latent_shape(settings.height, settings.width, settings.frames)
     except ValueError as e:  # a size the model cannot make is the user's to fix
-        raise UserError(f"--height/--width: {e}") from None
+        raise UserError(f"--height/--width/--frames: {e}") from None
     columns: dict[str, dict[str, Any]] = {}
     sheets: dict[str, np.ndarray] = {}
     all_scores: dict[str, dict[str, np.ndarray]] = {}
@@ -323,7 +362,7 @@ def evaluate(
                 "name": target.name,
                 "checkpoint": _identity(target, str(Path(model_cfg.path).expanduser().resolve()), weights),
                 "rewards": {n: reward_stats(scores[n], sources) for n in names},
-                "sheet": f"{target.name}/sheet.png",
+                "sheet": f"{target.name}/sheet.{'webp' if settings.frames > 1 else 'png'}",
                 "seconds": time.perf_counter() - start,
             }
     slot.release()
@@ -345,7 +384,7 @@ def evaluate(
     table = comparison_table(ordered, settings.n)
     (out / "compare.md").write_text(_compare_markdown(result, table), encoding="utf-8")
     if len(targets) > 1:
-        save_png(compare_sheet(targets, sheets, all_scores, records, settings.n), out / "compare.png")
+        save_sample(compare_sheet(targets, sheets, all_scores, records, settings), out / "compare")
     _write_json(out / "metrics.json", result)
     result["table"] = table
     return result
@@ -379,5 +418,5 @@ def _compare_markdown(result: dict[str, Any], table: str) -> str:
         lines.append(f"| {c['name']} | {ident['path'] or ident['model']} | {step} | {ident['weights']} | {sha} |")
     lines.append("")
     if len(result["columns"]) > 1:
-        lines += ["![side by side](compare.png)", ""]
+        lines += [f"![side by side](compare.{'webp' if s['frames'] > 1 else 'png'})", ""]
     return "\n".join(lines)

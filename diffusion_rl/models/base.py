@@ -46,6 +46,8 @@ class FlowModel(ABC):
     # pipeline attributes that never train (text encoders, VAE): frozen in eval mode
     frozen_components: tuple[str, ...] = ()
     video: bool = False  # samples are videos [F, H, W, 3] (frames > 1 allowed)
+    edits: bool = False  # reads condition images with its prompts (an editing family)
+    native_size: int | None = None  # pixels a side its pipeline samples by default, where its configs do not say
 
     def __init__(
         self,

@@ -51,18 +51,25 @@ def count_saved_tensors():
         yield counter
 
 
-def activation_bytes_per_sample(model, height: int, width: int, guidance: float) -> int:
-    """Bytes saved for backward by one guided velocity of one sample (the trained policy, gradients on)."""
-    cond = model.encode_prompts(["a photograph of a red apple on a wooden table"], [""])
-    x = torch.randn(1, *model.latent_shape(height, width), device=model.device)
+def activation_bytes_per_sample(
+    model, height: int, width: int, guidance: float, frames: int = 1, sources: list | None = None
+) -> int:
+    """Bytes saved for backward by one guided velocity of one sample (the trained policy, gradients on); `sources`:
+    an edit's condition images (uint8 [height, width, 3] each)."""
+    cond = model.encode_prompts(["a photograph of a red apple on a wooden table"], [""], _rows(sources))
+    x = torch.randn(1, *model.latent_shape(height, width, frames), device=model.device)
     with count_saved_tensors() as saved:
         v = model.velocity(x, 0.5, cond, guidance)
     del v
     return saved[0]
 
 
-def cond_bytes_per_sample(model) -> int:
-    cond = model.encode_prompts(["a photograph"], [""])
+def _rows(sources: list | None) -> list | None:
+    return None if not sources else [sources]
+
+
+def cond_bytes_per_sample(model, sources: list | None = None) -> int:
+    cond = model.encode_prompts(["a photograph"], [""], _rows(sources))
     return sum(t.numel() * t.element_size() for t in cond.values(include_nested=True, leaves_only=True))
 
 
@@ -111,13 +118,19 @@ def estimate_memory(
     guidance: float,
     kl_reference: bool = False,
     measure_activations: bool = True,
+    frames: int = 1,
+    sources: list | None = None,
 ) -> MemoryEstimate:
+    """What a training process holds (see the module docstring); `frames` for a video family, `sources` an edit's
+    condition images (they lengthen the token sequence and the conditioning)."""
     weights = sum(parameter_bytes(m) for m in pipeline_components(model.pipeline).values())
     trainable = model.trainable_parameters()
     training_state = sum(3 * p.numel() * p.element_size() for p in trainable)  # grad, exp_avg, exp_avg_sq
     reference = parameter_bytes(model.pipeline.transformer) if (kl_reference and model.policies.lora is None) else 0
-    per_sample = activation_bytes_per_sample(model, height, width, guidance) if measure_activations else 0
-    latent = torch.Size(model.latent_shape(height, width)).numel() * 4  # fp32
+    per_sample = (
+        activation_bytes_per_sample(model, height, width, guidance, frames, sources) if measure_activations else 0
+    )
+    latent = torch.Size(model.latent_shape(height, width, frames)).numel() * 4  # fp32
     steps = num_steps - 1  # the default window: every step but the last is stochastic
-    trajectory = (steps + 1) * latent + steps * latent + latent + cond_bytes_per_sample(model)
+    trajectory = (steps + 1) * latent + steps * latent + latent + cond_bytes_per_sample(model, sources)
     return MemoryEstimate(weights, training_state, reference, per_sample * micro_batch, trajectory * rollout_batch)

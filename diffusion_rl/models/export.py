@@ -16,6 +16,7 @@ import torch
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.policies import DEFAULT
+from diffusion_rl.models.registry import save_pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,6 @@ def export_merged(model, out: str | Path) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; export writes a model directory")
-    pipeline = merged_pipeline(model)
-    pipeline.save_pretrained(out)
+    save_pipeline(model.family, merged_pipeline(model), out)
     logger.info("wrote the merged %s model to %s", model.family, out)
     return out

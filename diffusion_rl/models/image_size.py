@@ -3,7 +3,7 @@
 Read from the pipeline's configs, so every family (and a real checkpoint as well as a tiny one) answers alike:
 - native: the transformer's `sample_size` (in latent pixels) × the VAE's down-sampling, else the VAE's own
   `sample_size` (in pixels), else the pipeline's default (`default_sample_size` × VAE scale, what diffusers
-  samples when given no size);
+  samples when given no size; Wan's pipeline has none in its configs: the adapter's `native_size`);
 - largest: a transformer with a learned position table (SD3's `pos_embed_max_size`, in patches) takes at most
   pos_embed_max_size × patch_size × VAE scale pixels a side; rotary-position transformers (FLUX.1, Qwen-Image)
   have no such bound.
@@ -25,7 +25,7 @@ class ImageSizes:
 def image_sizes(model) -> ImageSizes:
     """The sizes `model` (a FlowModel) can sample, from its pipeline's configs."""
     pipeline = model.pipeline
-    scale = int(pipeline.vae_scale_factor)
+    scale = int(model.vae_scale)
     transformer = pipeline.transformer.config
     largest, why = None, ""
     table = getattr(transformer, "pos_embed_max_size", None)
@@ -34,21 +34,22 @@ def image_sizes(model) -> ImageSizes:
         largest = table * patch * scale
         why = f"pos_embed_max_size {table} × patch {patch} × VAE scale {scale}"
     multiple = _smallest_multiple(model)
-    native = _native(pipeline, scale)
+    native = _native(pipeline, scale, model.native_size)
     if largest is not None:
         native = min(native, largest)
     native = max(multiple, native - native % multiple)
     return ImageSizes(native=native, largest=largest, multiple=multiple, why_largest=why)
 
 
-def _native(pipeline, scale: int) -> int:
+def _native(pipeline, scale: int, fallback: int | None) -> int:
     latent_size = getattr(pipeline.transformer.config, "sample_size", None)
     if isinstance(latent_size, int) and latent_size > 0:
         return latent_size * scale
     vae_size = getattr(pipeline.vae.config, "sample_size", None)
     if isinstance(vae_size, int) and vae_size > 0:
         return vae_size
-    return int(pipeline.default_sample_size) * scale
+    default = getattr(pipeline, "default_sample_size", None)
+    return int(default) * scale if default else int(fallback)
 
 
 def _smallest_multiple(model, limit: int = 512) -> int:

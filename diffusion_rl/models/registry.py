@@ -28,6 +28,9 @@ class ModelFamily:
     # pipeline components the loader builds itself from the model directory and hands to from_pretrained (by name),
     # e.g. Qwen-Image-Edit's processor, which transformers builds only with torchvision; None: diffusers loads all
     components: Callable[[Path], dict] | None = None
+    # how a pipeline of the family is written (tiny models, merged exports) when save_pretrained alone would not
+    # lay it out as a real checkpoint; None: save_pretrained
+    save: Callable[[object, Path], None] | None = None
 
 
 FAMILIES: Registry[ModelFamily] = Registry("model family")
@@ -48,6 +51,15 @@ def load_families() -> Registry[ModelFamily]:
 
 def family_named(name: str) -> ModelFamily:
     return load_families().get(name)
+
+
+def save_pipeline(family: str, pipeline, directory: Path) -> None:
+    """Write a pipeline of `family` to `directory` as a real checkpoint of that family is laid out."""
+    save = family_named(family).save
+    if save is None:
+        pipeline.save_pretrained(directory)
+    else:
+        save(pipeline, Path(directory))
 
 
 def family_of_pipeline(class_name: str, where: str) -> ModelFamily:

@@ -22,6 +22,8 @@ from diffusion_rl.models.registry import ModelFamily, register_family
 
 
 class FluxKontextModel(FluxModel):
+    edits = True
+
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=1)
         cond = super().encode_prompts(prompts, negative)

@@ -19,6 +19,9 @@ the pipeline.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from PIL import Image
 from tensordict import TensorDict
@@ -31,6 +34,8 @@ from diffusion_rl.models.vl_processor import load_image_text_processor
 
 
 class QwenImageEditModel(QwenImageModel):
+    edits = True
+
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=None)
         if k == 0:
@@ -69,6 +74,26 @@ class QwenImageEditModel(QwenImageModel):
         return self.pad_text(embeds, mask)
 
 
+def save_edit_pipeline(pipeline, directory: Path) -> None:
+    """save_pretrained, with the processor written as a real checkpoint has it: its files in processor/ and
+    model_index.json naming transformers' Qwen2VLProcessor (whatever class holds it here, models/vl_processor.py)."""
+    import diffusers
+
+    processor, verbosity = pipeline.processor, diffusers.utils.logging.get_verbosity()
+    pipeline.register_modules(processor=None)
+    diffusers.utils.logging.set_verbosity_error()  # not "processor=None cannot be saved": it is written below
+    try:
+        pipeline.save_pretrained(directory)
+    finally:
+        pipeline.register_modules(processor=processor)
+        diffusers.utils.logging.set_verbosity(verbosity)
+    processor.save_to(directory / "processor")
+    index_file = directory / "model_index.json"
+    index = json.loads(index_file.read_text())
+    index["processor"] = ["transformers", "Qwen2VLProcessor"]
+    index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
 def edit_components(path) -> dict:
     """The processor, built without torchvision (models/vl_processor.py)."""
     return {"processor": load_image_text_processor(path / "processor")}
@@ -82,5 +107,6 @@ register_family(
         tiny="diffusion_rl.models.tiny.qwen_image_edit",
         lora_targets=QWEN_IMAGE_LORA_TARGETS,
         components=edit_components,
+        save=save_edit_pipeline,
     )
 )

@@ -70,6 +70,7 @@ def shifted_sigma_schedule(num_steps: int, shift: float, num_train_timesteps: in
 class WanModel(FlowModel):
     frozen_components = ("text_encoder", "vae")
     video = True
+    native_size = 480  # WanPipeline's default height (its default video is 480 × 832, 81 frames)
 
     def configure(self) -> None:
         if getattr(self.pipeline, "transformer_2", None) is not None:

@@ -10,7 +10,7 @@ import importlib
 from pathlib import Path
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.registry import family_named
+from diffusion_rl.models.registry import family_named, save_pipeline
 from diffusion_rl.models.tiny.parts import build_seeded
 
 
@@ -29,14 +29,8 @@ def build_tiny(family: str = "sd3", preset: str = "base", seed: int = 0):
 
 
 def save_tiny(directory: str | Path, family: str = "sd3", preset: str = "base", seed: int = 0) -> Path:
-    """Write the tiny model of `family` in diffusers format to `directory` and return it (a builder module's own
-    `save(pipeline, directory)`, when it has one, writes what save_pretrained alone would not lay out as a real
-    checkpoint does)."""
+    """Write the tiny model of `family` in diffusers format to `directory`, laid out as a real checkpoint of the family
+    (models/registry.py: save_pipeline), and return it."""
     directory = Path(directory)
-    pipeline = build_tiny(family, preset, seed)
-    save = getattr(importlib.import_module(family_named(family).tiny), "save", None)
-    if save is None:
-        pipeline.save_pretrained(directory)
-    else:
-        save(pipeline, directory)
+    save_pipeline(family, build_tiny(family, preset, seed), directory)
     return directory

@@ -5,15 +5,13 @@ tokens (<|vision_start|>, <|image_pad|>, <|vision_end|>) that the Qwen2.5-VL tex
 merges are learned from the edit pipeline's own prompt template (whose system part is 64 tokens, as with the real
 tokenizer) and the "Picture N:" labels, and a Qwen2-VL image processor shows the condition images to the encoder's
 vision tower. The `2511` preset's transformer gives the condition tokens timestep 0 (`zero_cond_t`), as
-Qwen-Image-Edit-2511's does. Written with the layout of a real checkpoint (tiny/__init__.py calls `save`): the
+Qwen-Image-Edit-2511's does. Saved as the family saves every pipeline of its kind (its registration's `save`): the
 processor's files in processor/, listed in model_index.json as transformers' Qwen2VLProcessor.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from diffusion_rl.models.tiny.qwen_image import (
     QWEN_IMAGE_SCHEDULER,
@@ -76,22 +74,3 @@ def build(spec: TinyQwenImageEditSpec):
         processor=ImageTextProcessor(Qwen2VLImageProcessorPil(), tokenizer),
         transformer=transformer,
     )
-
-
-def save(pipeline, directory: Path) -> None:
-    """save_pretrained, with the processor written as a real checkpoint has it (see the module docstring)."""
-    import diffusers
-
-    processor, verbosity = pipeline.processor, diffusers.utils.logging.get_verbosity()
-    pipeline.register_modules(processor=None)
-    diffusers.utils.logging.set_verbosity_error()  # not "processor=None cannot be saved": it is written below
-    try:
-        pipeline.save_pretrained(directory)
-    finally:
-        pipeline.register_modules(processor=processor)
-        diffusers.utils.logging.set_verbosity(verbosity)
-    processor.save_to(directory / "processor")
-    index_file = directory / "model_index.json"
-    index = json.loads(index_file.read_text())
-    index["processor"] = ["transformers", "Qwen2VLProcessor"]
-    index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
