@@ -46,7 +46,6 @@ from diffusion_rl.evaluation.summary import comparison_table, reward_stats
 from diffusion_rl.evaluation.targets import Target
 from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.rewards import RewardCombiner, RewardFailure, WeightedReward, make_reward
-from diffusion_rl.rewards.video import framewise
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.sampling.window import default_window
 from diffusion_rl.tracking.media import sample_sheet, save_sample
@@ -125,10 +124,9 @@ def build_scorer(rewards: Sequence[RewardChoice]) -> RewardCombiner:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise UserError(f"--reward lists {', '.join(repeated)} more than once")
-    return RewardCombiner([
-        WeightedReward(r.metric_name, 1.0, framewise(make_reward(r.name, **r.kwargs), r.frames, r.metric_name), False)
-        for r in rewards
-    ])  # fmt: skip
+    return RewardCombiner(
+        [WeightedReward(r.metric_name, 1.0, make_reward(r.name, **r.kwargs), False, frames=r.frames) for r in rewards]
+    )
 
 
 def _file_sha256(path: Path) -> str:

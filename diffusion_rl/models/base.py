@@ -38,7 +38,7 @@ class FlowModel(ABC):
     each prompt (`encode_prompts(..., images=...)`, models/condition.py); the others refuse them.
     """
 
-    family: str  # its registered name (models/registry.py); set by the loader
+    family: str  # its registered name, set on the adapter class by register_family (models/registry.py)
     policies: PolicySet
     device: torch.device
     dtype: torch.dtype

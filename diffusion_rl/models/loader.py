@@ -90,7 +90,6 @@ def load_model(cfg) -> FlowModel:
             raise
         targets = list(cfg.lora.target_modules)
         raise UserError(f"model.lora.target_modules={targets} do not fit this {family.name} model: {e}") from None
-    model.family = family.name
     model.policies.compile_sampling = getattr(cfg, "compile", False)
     n_train = sum(p.numel() for p in model.trainable_parameters())
     logger.info(

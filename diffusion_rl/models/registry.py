@@ -37,7 +37,9 @@ FAMILIES: Registry[ModelFamily] = Registry("model family")
 
 
 def register_family(family: ModelFamily) -> None:
+    """Register `family`; its adapter class learns its name (`FlowModel.family`), however a model is built."""
     FAMILIES.register(family.name)(family)
+    family.adapter.family = family.name
 
 
 def load_families() -> Registry[ModelFamily]:

@@ -9,13 +9,12 @@ from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS, RewardFn
 from diffusion_rl.rewards.combine import RewardCombiner, WeightedReward
 from diffusion_rl.rewards.user_fn import is_user_function_spec
-from diffusion_rl.rewards.video import framewise
 
 
 def build_combiner(specs: Sequence[Any], make_fn: Callable[[Any], RewardFn], where: str = "rewards") -> RewardCombiner:
     """A RewardCombiner of the entries (config RewardSpecs), each keyed by its label (else its name) and built by
     `make_fn(spec)` (in this process, or in Ray actors); an image reward scores videos frame by frame, its frame
-    scores reduced as the entry's `frames` says."""
+    scores reduced as the entry's `frames` says (WeightedReward.scorer_of)."""
     for i, spec in enumerate(specs):
         group = not is_user_function_spec(spec.name) and getattr(REWARDS.get(spec.name), "group", False)
         if group and spec.actors:
@@ -23,8 +22,5 @@ def build_combiner(specs: Sequence[Any], make_fn: Callable[[Any], RewardFn], whe
                 f"{where}.{i}: '{spec.name}' is a group reward and runs in the trainer process (it sees whole groups); "
                 "set actors: 0, and give the reward it wraps its own server (`remote`) if it is heavy"
             )
-    rewards = [
-        WeightedReward(s.metric_name, s.weight, framewise(make_fn(s), s.frames, s.metric_name), s.required, s.timeout_s)
-        for s in specs
-    ]
+    rewards = [WeightedReward(s.metric_name, s.weight, make_fn(s), s.required, s.timeout_s, s.frames) for s in specs]
     return RewardCombiner(rewards)

@@ -17,6 +17,9 @@ Failure rules (a failure is counted and reported, never replaced by 0):
   failed.
 - If every sample fails, RewardFailure is raised.
 
+Videos ([B, F, H, W, 3]): an image reward scores them frame by frame, reduced as its `frames` says
+(rewards/video.py); a reward with `video = True` gets them whole.
+
 Chunked scoring (the trainer's `sampling.score_chunks`): `score(chunk)` scores the per-sample rewards of one
 chunk of a batch; `combine(chunks, metadata, images=, prompts=, group_index=)` then scores the group rewards on
 the whole batch, so a group is never split across chunks.
@@ -33,6 +36,7 @@ import numpy as np
 from diffusion_rl.errors import RunStopped
 from diffusion_rl.rewards.base import RewardFn, RewardOutputError, check_reward_inputs, is_group_reward
 from diffusion_rl.rewards.calls import RewardTimeout, Scored, call_reward, describe, score_with_retry
+from diffusion_rl.rewards.video import FRAME_REDUCTIONS, framewise
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ class WeightedReward:
     fn: RewardFn  # (images, prompts, metadata) -> float [B], NaN where it failed; or a group reward (base.py)
     required: bool = True  # a sample this reward fails on is failed; else the reward is left out of its sum
     timeout_s: float | None = None  # deadline of one call (a chunk, a sample, a group); None = no deadline
+    frames: str = "mean"  # how an image reward scores a video (rewards/video.py); a video reward ignores it
 
     def __post_init__(self):
         if not math.isfinite(self.weight) or self.weight < 0:
@@ -55,12 +60,18 @@ class WeightedReward:
                 f"reward '{self.name}': weight must be a finite number >= 0, got {self.weight}; to minimise a "
                 f"score, use a reward that negates it"
             )
+        if self.frames not in FRAME_REDUCTIONS:
+            raise ValueError(f"reward '{self.name}': frames={self.frames!r}; known: {', '.join(FRAME_REDUCTIONS)}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"reward '{self.name}': timeout_s must be > 0 or None, got {self.timeout_s}")
 
     @property
     def group(self) -> bool:
         return is_group_reward(self.fn)
+
+    def scorer_of(self, images: np.ndarray) -> RewardFn:
+        """The callable that scores `images`: the reward itself, or for videos its frame-wise form."""
+        return framewise(self.fn, self.frames, self.name) if images.ndim == 5 else self.fn
 
 
 @dataclass
@@ -113,7 +124,7 @@ class RewardCombiner:
         scored = {}
         for r in self.rewards:
             if not r.group:
-                scored[r.name] = score_with_retry(r.fn, r.name, images, prompts, metadata, r.timeout_s)
+                scored[r.name] = score_with_retry(r.scorer_of(images), r.name, images, prompts, metadata, r.timeout_s)
                 _warn_failures(r.name, scored[r.name], batch_size)
         return scored
 
@@ -207,7 +218,7 @@ def _score_groups(
         rows = np.flatnonzero(groups == g)
         try:
             scores[rows] = call_reward(
-                reward.fn.score_group,
+                reward.scorer_of(images).score_group,
                 reward.name,
                 images[rows],
                 [prompts[i] for i in rows],

@@ -74,7 +74,8 @@ def _write_mp4(video_FHW3: np.ndarray, path: Path, fps: float) -> None:
 
 
 def read_animation(path: str | os.PathLike[str]) -> np.ndarray:
-    """uint8 [F, H, W, 3]: every frame of an animated WebP or GIF (what `save_video` wrote)."""
+    """uint8 [F, H, W, 3]: every frame of an animated WebP or GIF (what `save_video` wrote). The encoders store
+    identical consecutive frames once, for longer: such a run comes back as one frame."""
     with Image.open(path) as image:
         frames = []
         for index in range(getattr(image, "n_frames", 1)):

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from diffusion_rl.models.base import distinct_texts
 from diffusion_rl.models.packed import (
-    distinct_texts,
     latent_image_ids,
     pack_latents,
     packed_sigma_schedule,

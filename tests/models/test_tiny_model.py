@@ -90,7 +90,10 @@ def test_load_model_rejects_an_unsupported_pipeline_and_lists_the_supported(tmp_
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}))
     with pytest.raises(UserError, match="StableDiffusionXLPipeline") as info:
         load_model(ModelConfig(path=str(tmp_path), device="cpu"))
-    supported = "supported: FluxPipeline (flux), QwenImagePipeline (qwen_image), StableDiffusion3Pipeline (sd3)"
+    supported = (
+        "supported: FluxPipeline (flux), FluxKontextPipeline (flux_kontext), QwenImagePipeline (qwen_image), "
+        "QwenImageEditPlusPipeline (qwen_image_edit), StableDiffusion3Pipeline (sd3), WanPipeline (wan)"
+    )
     assert supported in str(info.value)
 
 

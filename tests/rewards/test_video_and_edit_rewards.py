@@ -75,14 +75,19 @@ def test_temporal_consistency_by_hand():
 
 
 def test_combiner_scores_a_video_batch_with_an_image_and_a_video_reward():
+    brightness.calls.clear()
     videos = np.stack([constant_video([0, 51, 51]), constant_video([100, 100, 100])])
     combiner = RewardCombiner([
-        WeightedReward("brightness", 1.0, framewise(brightness, "mean", "brightness")),
-        WeightedReward("consistency", 10.0, framewise(make_reward("temporal_consistency"), "mean", "consistency")),
+        WeightedReward("brightness", 1.0, brightness, frames="min"),  # an image reward: frame by frame
+        WeightedReward("consistency", 10.0, make_reward("temporal_consistency")),  # takes the videos whole
     ])  # fmt: skip
     result = combiner(videos, ["a", "b"], [{}, {}])
-    assert result.per_reward["brightness"].tolist() == pytest.approx([34.0, 100.0])
-    assert result.total.tolist() == pytest.approx([34.0 + 9.0, 100.0 + 10.0])
+    assert result.per_reward["brightness"].tolist() == pytest.approx([0.0, 100.0])  # the darkest frame
+    assert result.total.tolist() == pytest.approx([0.0 + 9.0, 100.0 + 10.0])
+    images = RewardCombiner([WeightedReward("brightness", 1.0, brightness, frames="min")])
+    assert images(videos[:, 1], ["a", "b"], [{}, {}]).total.tolist() == [51.0, 100.0]  # images: as they are
+    with pytest.raises(ValueError, match="frames='median'; known: mean, min, first, last"):
+        WeightedReward("b", 1.0, brightness, frames="median")
 
 
 def test_source_preservation_by_hand():
