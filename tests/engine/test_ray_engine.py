@@ -253,7 +253,7 @@ def _batch(engine, cfg, step: int = 0):
     records = load_prompts(cfg.data.train)
     sampler = PromptSampler(len(records), cfg.data.prompts_per_step, cfg.run.seed)
     prompts = make_step_prompts(records, sampler, step, cfg.data.group_size)
-    return engine.generate(prompts, step, default_window(cfg.sampling.num_steps))
+    return engine.generate(prompts, step, default_window(cfg.sampling.num_steps)).images
 
 
 def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_written(make_config, tmp_path):
