@@ -152,7 +152,8 @@ class PolicyWorker:
         parts = [] if plan.keep == [] else [self.kept.rows(step, plan.keep)]  # keep []: every row comes from others
         self.kept.release(step)
         device = self.model.device
-        traj = torch.cat([*(p.to(device) for p in parts), *(rows.to(device) for rows in plan.imported)])
+        imported = [self._as_own(rows.to(device)) for rows in plan.imported]
+        traj = torch.cat([*(p.to(device) for p in parts), *imported])
         if targets.batch_size != traj.batch_size:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(device), batch_size=traj.batch_size)
@@ -160,6 +161,13 @@ class PolicyWorker:
         metrics.update(run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer,
                                   plan.pad_to, plan.padding_only))  # fmt: skip
         return metrics
+
+    def _as_own(self, traj: Trajectory) -> Trajectory:
+        """Rows sampled elsewhere with the conditioning in this model's dtype (a rollout actor may sample in
+        engine.rollout_dtype)."""
+        dtype = self.model.dtype
+        traj.cond = traj.cond.apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
+        return traj
 
     def weights_finite(self) -> bool:
         """Whether every trained weight is finite (this worker's shards): a diverged model's are not."""

@@ -110,3 +110,15 @@ def test_after_max_failures_the_run_stops_naming_the_cause_and_keeps_its_checkpo
     checkpoints = CheckpointManager(cfg.run.dir)
     assert [step for step, _ in checkpoints.list()] == [1]
     assert [r["step"] for r in read_metrics(cfg.run.dir)] == [1]
+
+
+def test_bf16_rollout_actors_sample_for_fp32_trainers_and_the_mismatch_is_measured(
+    make_config, run_trainer, ray_overrides
+):
+    cfg = make_config(*ray_overrides, *SEPARATE, "engine.num_workers=1", "engine.rollout_dtype=bf16",
+                      "algorithm.rollout_correction.mode=decoupled", "train.total_steps=1")  # fmt: skip
+    trainer, (row,) = run_trainer(cfg)
+    # on-policy weights, but bf16 sampling against an fp32 recomputation: log-probs differ a little, and the IS
+    # weights π_old / π_rollout correct for it
+    assert 0 < row["rollout_corr/abs_dlogp_mean"] < 0.5
+    assert row["rollout_corr/is_weight_std"] > 0 and abs(row["rollout_corr/is_weight_mean"] - 1) < 0.2
