@@ -7,6 +7,7 @@ that says what to change. `diffusion-rl config show CONFIG` prints the resolved 
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -18,6 +19,8 @@ from diffusion_rl.errors import did_you_mean
 from diffusion_rl.guard.config import GuardConfig
 from diffusion_rl.models.registry import load_families
 from diffusion_rl.settings import check, opt
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -398,9 +401,59 @@ class EngineConfig:
         1800.0, "ray: a collective waiting this long for a lost or hung worker fails (the run stops, no checkpoint)."
     )
     start_timeout_s: float = opt(300.0, "ray: wait this long for the cluster to have the workers' CPUs and GPUs.")
+    rollout: Literal["colocated", "separate"] = opt(
+        "colocated",
+        "ray: colocated: the workers sample and train in turn; separate: rollout_workers inference-only actors sample "
+        "while the num_workers trainers train, and get the new weights after each update (docs/distributed.md).",
+    )
+    rollout_workers: int = opt(1, "separate: rollout actors (one device each); each samples 1/R of the batch.")
+    cpus_per_rollout_worker: float = opt(1.0, "separate: CPUs each rollout actor reserves.")
+    gpus_per_rollout_worker: float = opt(0.0, "separate: GPUs each rollout actor reserves (0 or 1).")
+    rollout_dtype: Literal["fp32", "bf16", "fp16"] | None = opt(
+        None, "separate: the rollout actors' model dtype (null = model.dtype); rollout correction covers the gap."
+    )
+    weight_sync: Literal["object_store", "broadcast"] = opt(
+        "object_store",
+        "separate: how new weights reach the rollout actors: through Ray's object store, or a torch.distributed "
+        "broadcast from trainer rank 0 (NCCL on GPUs, gloo on CPUs). LoRA: only the adapter moves.",
+    )
+    sync_every: int = opt(1, "separate: push the weights to the rollout actors after every this many steps.")
+    max_staleness: int = opt(
+        0,
+        "separate: rollouts of up to this many later steps are sampled while an update runs (0 = synchronous). Stale "
+        "rows go through algorithm.rollout_correction, which is then set to decoupled if it was bypass.",
+    )
+    max_failures: int = opt(
+        3, "ray: worker deaths survived per run (fresh actors, resume from the latest checkpoint); then the run stops."
+    )
+    trainer_resources: dict[str, float] = opt(
+        dict, "ray: extra Ray resources each trainer reserves, e.g. {trainer_node: 1} to pin them.", factory=True
+    )
+    rollout_resources: dict[str, float] = opt(
+        dict, "separate: extra Ray resources each rollout actor reserves, e.g. {rollout_node: 1}.", factory=True
+    )
 
     def __post_init__(self):
         check(self.num_workers >= 1, f"engine.num_workers must be ≥ 1, got {self.num_workers}")
+        check(
+            self.rollout_workers >= 1 and self.cpus_per_rollout_worker > 0 and 0 <= self.gpus_per_rollout_worker <= 1,
+            "engine.rollout_workers must be ≥ 1, engine.cpus_per_rollout_worker > 0 and engine.gpus_per_rollout_worker "
+            f"in [0, 1]; got {self.rollout_workers}, {self.cpus_per_rollout_worker}, {self.gpus_per_rollout_worker}",
+        )
+        check(
+            self.sync_every >= 1 and self.max_staleness >= 0 and self.max_failures >= 0,
+            f"engine.sync_every must be ≥ 1 and engine.max_staleness, engine.max_failures ≥ 0; got {self.sync_every}, "
+            f"{self.max_staleness}, {self.max_failures}",
+        )
+        check(
+            self.rollout == "separate" or (self.max_staleness == 0 and self.sync_every == 1),
+            "engine.max_staleness and engine.sync_every are for engine.rollout=separate (colocated workers always "
+            "sample with the newest weights)",
+        )
+        check(
+            self.rollout == "colocated" or self.kind == "ray",
+            "engine.rollout=separate runs rollout actors beside the trainers: it needs engine.kind=ray",
+        )
         check(
             self.cpus_per_worker > 0 and self.gpus_per_worker >= 0,
             f"engine.cpus_per_worker must be > 0 (a worker drives its device from a CPU) and engine.gpus_per_worker "
@@ -414,6 +467,11 @@ class EngineConfig:
             self.address is None or self.address == "auto" or self.address.startswith("ray://") or ":" in self.address,
             f"engine.address={self.address!r}: use null (start Ray here), auto, ray://host:port or host:port",
         )
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most updates a training row's sampling weights can be behind the trained ones (0: always on-policy)."""
+        return self.max_staleness + self.sync_every - 1 if self.rollout == "separate" else 0
 
 
 @dataclass
@@ -509,6 +567,22 @@ class Config:
         e, batch, minibatches = self.engine, self.batch_size, self.train.num_minibatches
         if e.kind != "ray":
             return
+        check(
+            e.rollout == "colocated" or self.data.sample_source == "online",
+            "engine.rollout=separate samples online rollouts; offline pairs (data.sample_source=offline) train with "
+            "engine.rollout=colocated",
+        )
+        rc = self.algorithm.rollout_correction
+        if e.staleness_bound > 0 and self.algorithm.spec.family == "policy_gradient" and rc.mode == "bypass":
+            # rows sampled by older weights: the PPO anchor is the current weights, the IS weight corrects the rest
+            logger.info(
+                "engine.max_staleness=%d, sync_every=%d: rows may be up to %d updates stale; "
+                "algorithm.rollout_correction.mode set to decoupled",
+                e.max_staleness,
+                e.sync_every,
+                e.staleness_bound,
+            )
+            rc.mode = "decoupled"
         check(
             batch % e.num_workers == 0 and (batch // e.num_workers) % minibatches == 0,
             f"engine.num_workers={e.num_workers}: each worker trains on batch / num_workers rows, which must be a "

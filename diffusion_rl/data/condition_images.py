@@ -88,6 +88,13 @@ def fit_condition_images(rows: Sequence[Sequence[ConditionImage]], height: int, 
     return [[fitted[image] for image in row] for row in rows]
 
 
+def fit_rows(rows: Sequence[Sequence[ConditionImage]] | None, height: int, width: int) -> list[list[np.ndarray]] | None:
+    """fit_condition_images for a batch that may be text-only: None when no row has a condition image."""
+    if rows is None or not any(rows):
+        return None
+    return fit_condition_images(rows, height, width)
+
+
 def with_condition_images(
     metadata: list[dict], rows: Sequence[Sequence[ConditionImage]], height: int, width: int
 ) -> list[dict]:

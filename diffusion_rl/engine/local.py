@@ -33,6 +33,7 @@ def sample_ids(prompts: StepPrompts, rows: Sequence[int]) -> SampleIds:
         sample_index=torch.tensor(rows, dtype=torch.long),
         group_index=prompts.group_index[rows].clone(),
         prompt=[prompts.prompts[i] for i in rows],
+        policy_version=torch.full((len(rows),), prompts.step, dtype=torch.long),  # the sampler stamps its own
         batch_size=[len(rows)],
     )
 

@@ -1,9 +1,11 @@
 """Which worker trains which units of an update, and which rows must move between workers for it (engine/ray.py).
 
-Each worker keeps the rows it sampled. An update's units (a row for most algorithms, a (chosen, rejected) pair of
-rows for DPO) are spread so that every worker trains as many units as the others (up to one), and a unit stays,
-when it can, on the worker that holds all its rows; a unit whose rows are elsewhere moves them worker to worker.
-Every worker then pads its units to the largest share with weight-0 copies, so that all take the same passes.
+Each actor keeps the rows it sampled: a trainer (colocated) or a rollout actor (engine.rollout=separate), the
+"sources" 0..N−1 being the N trainers and N.. the rollout actors. An update's units (a row for most algorithms, a
+(chosen, rejected) pair of rows for DPO) are spread so that every trainer trains as many units as the others (up
+to one), and a unit stays, when it can, on the trainer that holds all its rows; a unit whose rows are elsewhere
+moves them actor to actor. Every trainer then pads its units to the largest share with weight-0 copies, so that
+all take the same passes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ class WorkerShare:
     """One worker's part of an update."""
 
     local: list[int] = field(default_factory=list)  # the step's rows this worker holds and trains, in its order
-    imported: dict[int, list[int]] = field(default_factory=dict)  # source worker → the rows it sends here
+    imported: dict[int, list[int]] = field(default_factory=dict)  # source → the rows it sends here
     padding_only: bool = False  # no unit of its own: its rows are a copy of another worker's unit, weight 0
 
     @property
@@ -27,17 +29,20 @@ class WorkerShare:
         return self.local + [row for source in sorted(self.imported) for row in self.imported[source]]
 
 
-def place_units(unit_rows: list[list[int]], held: list[list[int]]) -> tuple[list[WorkerShare], int]:
-    """Each worker's share of the units (whose rows are `unit_rows`), given the rows `held[w]` worker w sampled, and
-    the number of units every worker pads to."""
-    workers = len(held)
-    owner = {row: w for w, rows in enumerate(held) for row in rows}
+def place_units(
+    unit_rows: list[list[int]], held: list[list[int]], trainers: int | None = None
+) -> tuple[list[WorkerShare], int]:
+    """Each of the `trainers` workers' share of the units (whose rows are `unit_rows`), given the rows `held[s]`
+    source s sampled (trainers first; default: every source is a trainer), and the number of units every worker
+    pads to."""
+    workers = len(held) if trainers is None else trainers
+    owner = {row: s for s, rows in enumerate(held) for row in rows}
     quota = [len(share) for share in split_evenly(range(len(unit_rows)), workers)]
     assigned: list[list[int]] = [[] for _ in range(workers)]
     leftover = []
     for u, rows in enumerate(unit_rows):  # first, units that can stay where all their rows are
         home = owner[rows[0]]
-        if all(owner[r] == home for r in rows) and len(assigned[home]) < quota[home]:
+        if home < workers and all(owner[r] == home for r in rows) and len(assigned[home]) < quota[home]:
             assigned[home].append(u)
         else:
             leftover.append(u)

@@ -70,7 +70,7 @@ class ActorReward:
         max_restarts: int = MAX_RESTARTS,
         label: str | None = None,
     ):
-        from diffusion_rl.engine.ray import import_ray
+        from diffusion_rl.engine.ray_cluster import import_ray
 
         ray = import_ray()
         if num_actors < 1:
@@ -124,7 +124,7 @@ class ActorReward:
 
 
 def _ray():
-    from diffusion_rl.engine.ray import import_ray
+    from diffusion_rl.engine.ray_cluster import import_ray
 
     return import_ray()
 
@@ -135,7 +135,7 @@ def make_reward_fn(spec, engine_cfg):
 
     if spec.actors == 0:
         return make_reward(spec.name, **spec.kwargs)
-    from diffusion_rl.engine.ray import ensure_ray
+    from diffusion_rl.engine.ray_cluster import ensure_ray
 
     ensure_ray(engine_cfg)
     return ActorReward(

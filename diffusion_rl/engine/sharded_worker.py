@@ -39,14 +39,15 @@ logger = logging.getLogger(__name__)
 class WorkerError(RuntimeError):
     """An exception raised in a worker, carried to the driver with the worker's rank, host, pid and traceback."""
 
-    def __init__(self, rank: int, host: str, pid: int, kind: str, message: str, worker_traceback: str):
-        super().__init__(rank, host, pid, kind, message, worker_traceback)
-        self.rank, self.host, self.pid = rank, host, pid
+    def __init__(self, rank: int, host: str, pid: int, kind: str, message: str, worker_traceback: str,
+                 role: str = "worker rank"):  # fmt: skip
+        super().__init__(rank, host, pid, kind, message, worker_traceback, role)
+        self.rank, self.host, self.pid, self.role = rank, host, pid, role
         self.kind, self.message, self.worker_traceback = kind, message, worker_traceback
 
     @property
     def where(self) -> str:
-        return f"worker rank {self.rank} on {self.host} (pid {self.pid})"
+        return f"{self.role} {self.rank} on {self.host} (pid {self.pid})"
 
     def __str__(self) -> str:
         trace = self.worker_traceback
@@ -59,23 +60,37 @@ class WorkerError(RuntimeError):
             return UserError(f"{self.where}: {self.message}{note}")
         if self.kind == TrainingDiverged.__name__:
             return TrainingDiverged(f"{self.where}: {self.message}{note}")
-        return WorkerError(self.rank, self.host, self.pid, self.kind, self.message + note, self.worker_traceback)
+        return WorkerError(self.rank, self.host, self.pid, self.kind, self.message + note, self.worker_traceback,
+                           self.role)  # fmt: skip
 
 
-def _reported(method):
-    """Run a worker method; an exception leaves as a WorkerError that says where it happened."""
+class RowsLost(RuntimeError):
+    """The rows a trainer was to fetch from another actor are gone with that actor (it died)."""
+
+
+def reported(method):
+    """Run an actor method; an exception leaves as a WorkerError that says where it happened (the actor has
+    `rank`, `host`, `pid` and `role`)."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except Exception as e:
-            logger.error("rank %d: %s failed: %s", self.rank, method.__name__, e)
+            logger.error("%s %d: %s failed: %s", self.role, self.rank, method.__name__, e)
             raise WorkerError(
-                self.rank, self.host, self.pid, type(e).__name__, str(e), traceback.format_exc()
+                self.rank, self.host, self.pid, type(e).__name__, str(e), traceback.format_exc(), self.role
             ) from None
 
     return wrapper
+
+
+def actor_info(actor) -> dict:
+    """Where an actor runs (rank, host, pid, Ray node) and the CPU time its process has used so far."""
+    import ray
+
+    return {"rank": actor.rank, "host": actor.host, "pid": actor.pid, "cpu_s": time.process_time(),
+            "node": ray.get_runtime_context().get_node_id()}  # fmt: skip
 
 
 def free_address() -> str:
@@ -93,6 +108,8 @@ def free_address() -> str:
 
 
 class ShardedWorker:
+    role = "worker rank"
+
     def __init__(self, rank: int, world_size: int, num_threads: int):
         self.rank, self.world_size = rank, world_size
         self.host, self.pid = socket.gethostname(), os.getpid()
@@ -103,13 +120,13 @@ class ShardedWorker:
 
     def info(self) -> dict:
         """Where this worker runs, and the CPU time its process has used so far (benchmarks)."""
-        return {"rank": self.rank, "host": self.host, "pid": self.pid, "cpu_s": time.process_time()}
+        return actor_info(self)
 
-    @_reported
+    @reported
     def rendezvous_address(self) -> str:
         return free_address()
 
-    @_reported
+    @reported
     def setup(self, cfg, init_method: str) -> None:
         """Join the process group, then build the PolicyWorker with its transformer sharded over the group."""
         import torch.distributed as dist
@@ -133,7 +150,7 @@ class ShardedWorker:
         self.worker = PolicyWorker(cfg, self.parallel)
 
     # -- sampling -------------------------------------------------------------------------------------------------
-    @_reported
+    @reported
     def generate(
         self,
         prompts: Sequence[str],
@@ -148,18 +165,16 @@ class ShardedWorker:
         with self.parallel.gathered(self.worker.algorithm.rollout_policy):
             if not prompts:
                 s = self.worker.settings
-                frames = (s.frames,) if self.worker.model.video else ()
-                empty = torch.zeros(0, *frames, s.height, s.width, 3, dtype=torch.uint8)
-                return Generated(images=empty, finite=torch.zeros(0, dtype=torch.bool), batch_size=[0])
+                return Generated.empty(s.height, s.width, s.frames if self.worker.model.video else None)
             return self.worker.generate(prompts, negative, ids, step, window, images)
 
-    @_reported
+    @reported
     def keep_offline(
         self, prompts: Sequence[str], negative: Sequence[str | None], ids: SampleIds, latents: torch.Tensor, step: int
     ) -> None:
         self.worker.keep_offline(prompts, negative, ids, latents, step)
 
-    @_reported
+    @reported
     def sample_images(
         self,
         prompts: Sequence[str],
@@ -175,39 +190,76 @@ class ShardedWorker:
             return self.worker.sample_images(prompts, negative, seeds, settings, use_ema=False, images=images)
 
     # -- update -------------------------------------------------------------------------------------------------
-    @_reported
+    @reported
     def export_rows(self, step: int, positions: list[int]):
         """Rows of this step's kept trajectories that another rank trains on (into the object store)."""
         return self.worker.export_rows(step, positions)
 
-    @_reported
+    @reported
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         return self.worker.encode_images(images)
 
-    @_reported
+    @reported
     def update(self, targets: Targets, step: int, plan: UpdatePlan) -> dict[str, float]:
         """The update on this rank's rows (some sent by other ranks); FSDP2 sums the gradients over the ranks."""
         import ray
 
-        plan.imported = ray.get(plan.imported)  # references inside an argument are not resolved by Ray
+        try:  # references inside an argument are not resolved by Ray
+            plan.imported = ray.get(plan.imported)
+        except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError, ray.exceptions.RayActorError) as e:
+            raise RowsLost(f"rows of step {step} to train here are lost: {type(e).__name__}") from e
         with self.parallel.training():
             return self.worker.update(targets, step, plan)
 
-    @_reported
+    @reported
     def health(self) -> tuple[int, bool]:
         """(consecutive skipped updates, whether this rank's shards of the trained weights are finite)."""
         return self.worker.optimizer.consecutive_skips, self.worker.weights_finite()
 
     # -- state ------------------------------------------------------------------------------------------------------
-    @_reported
+    @reported
     def save(self, directory: str) -> dict:
         return self.worker.save(Path(directory))
 
-    @_reported
+    @reported
     def load(self, directory: str, state: dict) -> None:
         self.worker.load(Path(directory), state)
 
-    @_reported
+    # -- weights for the rollout actors (engine/weight_sync.py) ----------------------------------------------------
+    def _rollout_policy_weights(self) -> dict[str, torch.Tensor]:
+        """The sampling policy's whole weights on rank 0 (empty elsewhere): a collective over the ranks."""
+        policies = self.worker.model.policies
+        tensors = policies.state_dict_of(self.worker.algorithm.rollout_policy)
+        return self.parallel.full_tensors(tensors, keep=self.rank == 0)
+
+    @reported
+    def put_rollout_weights(self) -> list | None:
+        """Rank 0: [a reference to the sampling policy's weights in the object store, their bytes] (a list, so that
+        the driver receives the reference, not the tensors); None on the other ranks."""
+        import ray
+
+        weights = self._rollout_policy_weights()
+        if self.rank != 0:
+            return None
+        return [ray.put(weights), sum(t.numel() * t.element_size() for t in weights.values())]
+
+    @reported
+    def join_channel(self, address: str, world_size: int, backend: str, timeout_s: float) -> dict:
+        """Rank 0 only: join the broadcast group as its sender; returns the layout (name → shape, dtype) a push
+        sends, which the rollout actors allocate."""
+        from diffusion_rl.engine.weight_sync import BroadcastChannel, weight_layout
+
+        tensors = self.worker.model.policies.state_dict_of(self.worker.algorithm.rollout_policy)
+        self.channel = BroadcastChannel(address, 0, world_size, backend, self.parallel.device, timeout_s)
+        return weight_layout(tensors)  # a DTensor's shape is the whole tensor's
+
+    @reported
+    def broadcast_rollout_weights(self) -> int:
+        """Every rank gathers the sampling policy's weights; rank 0 broadcasts them. Returns the bytes sent."""
+        weights = self._rollout_policy_weights()
+        return self.channel.send(weights) if self.rank == 0 else 0
+
+    @reported
     def trainable_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The trained policy's full weights (gathered from the shards) on rank 0; None elsewhere."""
         policies = self.worker.model.policies

@@ -2,7 +2,9 @@
 
 The local engine holds one; the Ray engine one per device (engine/sharded_worker.py). A training step's
 trajectories stay here between `generate` (which returns only the images, for scoring) and `update` (which
-receives only the algorithm's targets: advantages or pairs). The trainer never calls a worker directly.
+receives only the algorithm's targets: advantages or pairs). With separate rollout actors (engine/rollout_worker.py)
+the rows come from them instead, worker to worker (`UpdatePlan.imported`). The trainer never calls a worker
+directly.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from diffusion_rl.algorithms.base import Targets, TrainBatch, make_algorithm
 from diffusion_rl.checkpoint import state as checkpoint_state
-from diffusion_rl.data.condition_images import ConditionImage, fit_condition_images
+from diffusion_rl.data.condition_images import ConditionImage, fit_rows
+from diffusion_rl.engine.kept import KeptRollouts
 from diffusion_rl.engine.optimizer import OptimizerStepper
 from diffusion_rl.engine.parallel import SingleDevice
 from diffusion_rl.engine.update_loop import run_update
@@ -27,7 +29,7 @@ from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.export import write_lora_adapter
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.policies import DEFAULT
-from diffusion_rl.sampling.rollout import SamplerSettings, rollout, sample_images
+from diffusion_rl.sampling.rollout import SamplerSettings, sample_images, training_rollout
 from diffusion_rl.sampling.trajectory import Generated, SampleIds, Trajectory
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.seeding import seed_for
@@ -43,6 +45,18 @@ class UpdatePlan:
     imported: list[Trajectory] = field(default_factory=list)  # rows other workers sampled, trained here after them
     pad_to: int = 0  # units every worker trains: this worker's are padded with weight-0 copies up to it
     padding_only: bool = False  # fewer units than workers: this worker's rows are copies that only pad
+
+
+def staleness_metrics(step: int, policy_version: torch.Tensor, bound: int) -> dict[str, float]:
+    """When rollouts may run ahead of the update (bound > 0): how many updates behind the weights that sampled each
+    row were (step − its policy version): the mean, the max and the fraction of rows at each staleness 1..bound."""
+    if bound == 0:
+        return {}
+    staleness = (step - policy_version).float()
+    metrics = {"rollout/staleness_mean": float(staleness.mean()), "rollout/staleness_max": float(staleness.max())}
+    for k in range(1, bound + 1):
+        metrics[f"rollout/staleness_{k}_fraction"] = float((staleness == k).float().mean())
+    return metrics
 
 
 class PolicyWorker:
@@ -68,8 +82,7 @@ class PolicyWorker:
         if not params:
             raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
         self.optimizer = OptimizerStepper(params, cfg.train, self.parallel)
-        self.pending: list[Trajectory] = []  # this step's trajectories, in the order generate() made them
-        self.pending_step: int | None = None
+        self.kept = KeptRollouts()
 
     # -- sampling -------------------------------------------------------------------------------------------
     def generate(
@@ -81,25 +94,16 @@ class PolicyWorker:
         window: SdeWindow | None,
         images: Sequence[Sequence[ConditionImage]] | None = None,
     ) -> Generated:
-        """Roll out a training batch, keep its trajectory for `update`, return its images (uint8 [B, H, W, 3], a
-        video family's [B, F, H, W, 3]; CPU) and which rows are finite. `images`: each row's condition images
-        (editing families), fitted to the output size here.
-        Sample i's noise comes from (seed, step, sample_index[i]) (its group's with share_initial_noise)."""
-        seed = self.cfg.run.seed
-        cond = self.model.encode_prompts(list(prompts), [n or "" for n in negative], self._fitted(images))
-        init_ids = ids.group_index if self.cfg.sampling.share_initial_noise else ids.sample_index
+        """Roll out rows of a training step with the weights of that step (sampling.rollout.training_rollout),
+        keep their trajectory for `update`, return their images (uint8 [B, H, W, 3], a video family's
+        [B, F, H, W, 3]; CPU) and which are finite. `images`: each row's condition images (editing families)."""
+        s = self.cfg.sampling
         with self.model.using(self.algorithm.rollout_policy):  # the policy that samples (DiffusionNFT: `old`)
-            traj = rollout(
-                self.model,
-                cond,
-                self.settings,
-                window,
-                init_seeds=[seed_for(seed, step, "init_noise", int(i)) for i in init_ids],
-                noise_seeds=[seed_for(seed, step, "sde_noise", int(i)) for i in ids.sample_index],
-                ids=ids,
-            )
+            traj = training_rollout(self.model, self.settings, prompts, negative, ids, step, window,
+                                    fit_rows(images, s.height, s.width),
+                                    seed=self.cfg.run.seed, share_initial_noise=s.share_initial_noise)  # fmt: skip
         self._keep(traj, step)
-        return Generated(images=traj.images.cpu(), finite=traj.finite_rows().cpu(), batch_size=traj.batch_size)
+        return traj.generated()
 
     def keep_offline(
         self, prompts: Sequence[str], negative: Sequence[str | None], ids: SampleIds, latents: torch.Tensor, step: int
@@ -115,16 +119,12 @@ class PolicyWorker:
         )
         self._keep(traj, step)
 
-    def _fitted(self, images: Sequence[Sequence[ConditionImage]] | None) -> list[list[np.ndarray]] | None:
-        """Each row's condition images at the output size, or None when no row has any (a text-only batch)."""
-        if images is None or not any(images):
-            return None
-        return fit_condition_images(images, self.settings.height, self.settings.width)
-
     def _keep(self, traj: Trajectory, step: int) -> None:
-        if self.pending_step != step:  # a new step: whatever an interrupted one left is dropped
-            self.pending, self.pending_step = [], step
-        self.pending.append(traj)
+        """Keep a training step's rows, sampled with this step's weights (version `step`); drop what an interrupted
+        earlier step left."""
+        self.kept.keep_only([s for s in self.kept.steps if s >= step])
+        traj.ids.policy_version.fill_(step)
+        self.kept.add(step, traj)
 
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
@@ -152,35 +152,37 @@ class PolicyWorker:
                 settings,
                 init_seeds=seeds,
                 batch_size=self.cfg.train.micro_batch_size,
-                images=self._fitted(images),
+                images=fit_rows(images, settings.height, settings.width),
             )
 
     # -- update ----------------------------------------------------------------------------------------------
-    def kept(self, step: int) -> Trajectory:
-        """This step's kept trajectories, in the order generate() made them."""
-        if self.pending_step != step or not self.pending:
-            raise RuntimeError(f"update of step {step}: no trajectories of that step were generated on this worker")
-        return torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
-
     def export_rows(self, step: int, positions: Sequence[int]) -> Trajectory:
         """Rows of this step's kept trajectories (by position) that another worker trains on (engine/ray.py)."""
-        return self.kept(step)[torch.tensor(list(positions), dtype=torch.long)].cpu()
+        return self.kept.export(step, positions)
 
     def update(self, targets: Targets, step: int, plan: UpdatePlan | None = None) -> dict[str, float]:
         """Train on this step's kept trajectories with the algorithm's targets for the same rows, in order; `plan`
         (several workers) says which kept rows train here, which come from other workers, and the units to pad to."""
-        traj = self.kept(step)
-        self.pending, self.pending_step = [], None
         plan = plan or UpdatePlan()
-        if plan.keep is not None:
-            traj = traj[torch.tensor(plan.keep, dtype=torch.long, device=traj.device)]
-        if plan.imported:
-            traj = torch.cat([traj, *(rows.to(traj.device) for rows in plan.imported)])
+        parts = [] if plan.keep == [] else [self.kept.rows(step, plan.keep)]  # keep []: every row comes from others
+        self.kept.release(step)
+        device = self.model.device
+        imported = [self._as_own(rows.to(device)) for rows in plan.imported]
+        traj = torch.cat([*(p.to(device) for p in parts), *imported])
         if targets.batch_size != traj.batch_size:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
-        batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
-        return run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer, plan.pad_to,
-                          plan.padding_only)  # fmt: skip
+        batch = TrainBatch(traj=traj, targets=targets.to(device), batch_size=traj.batch_size)
+        metrics = staleness_metrics(step, traj.ids.policy_version, self.cfg.engine.staleness_bound)
+        metrics.update(run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer,
+                                  plan.pad_to, plan.padding_only))  # fmt: skip
+        return metrics
+
+    def _as_own(self, traj: Trajectory) -> Trajectory:
+        """Rows sampled elsewhere with the conditioning in this model's dtype (a rollout actor may sample in
+        engine.rollout_dtype)."""
+        dtype = self.model.dtype
+        traj.cond = traj.cond.apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
+        return traj
 
     def weights_finite(self) -> bool:
         """Whether every trained weight is finite (this worker's shards): a diverged model's are not."""

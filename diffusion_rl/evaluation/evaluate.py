@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.weights import checkpoint_config, load_trained_weights
 from diffusion_rl.config_io import redact_secrets
-from diffusion_rl.data.condition_images import METADATA_KEY, fit_condition_images
+from diffusion_rl.data.condition_images import METADATA_KEY, fit_rows
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.errors import UserError
 from diffusion_rl.evaluation.summary import comparison_table, reward_stats
@@ -269,7 +269,7 @@ def evaluate_target(
 def _sources(records: Sequence[PromptRecord], settings: EvalSettings) -> list[list[np.ndarray]] | None:
     """Each record's condition images at the output size; None for text prompts."""
     rows = [r.images for r in records]
-    return fit_condition_images(rows, settings.height, settings.width) if any(rows) else None
+    return fit_rows(rows, settings.height, settings.width)
 
 
 def _identity(target: Target, model_path: str, weights: tuple[str, str] | None) -> dict[str, Any]:

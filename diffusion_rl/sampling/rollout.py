@@ -1,6 +1,8 @@
 """The sampler loop: ODE steps outside the SDE window, SDE steps inside it, recording what training needs.
 
-`rollout` samples one batch and returns its `Trajectory`; `sample_images` is what every other caller uses
+`rollout` samples one batch and returns its `Trajectory`; `training_rollout` is a training step's rows, seeded by
+their place in the step (what every worker that samples for training calls); `sample_images` is what every other
+caller uses
 (validation, `sample`, `eval`, `doctor`, `prepare pairs`, pretraining checks): encode the prompts and roll out in
 chunks, each sample from its own seeds, so an image never depends on the chunk it was drawn in.
 `recompute_step` replays one recorded step under the current weights (the policy-gradient update).
@@ -18,7 +20,7 @@ from tensordict import TensorDict
 from diffusion_rl.sampling.sde import StepOutput, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.window import SdeWindow, step_types
-from diffusion_rl.utils.seeding import make_generator
+from diffusion_rl.utils.seeding import make_generator, seed_for
 
 if TYPE_CHECKING:
     from diffusion_rl.models.base import ConditionImages, FlowModel
@@ -51,7 +53,8 @@ def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[i
 def anonymous_ids(prompts: Sequence[str]) -> SampleIds:
     """Row ids for a batch that is not part of a training step (validation, evaluation): rows 0..B−1, one group each."""
     rows = torch.arange(len(prompts))
-    return SampleIds(sample_index=rows, group_index=rows.clone(), prompt=list(prompts), batch_size=[len(prompts)])
+    return SampleIds(sample_index=rows, group_index=rows.clone(), prompt=list(prompts),
+                     policy_version=torch.zeros_like(rows), batch_size=[len(prompts)])  # fmt: skip
 
 
 @torch.no_grad()
@@ -118,6 +121,37 @@ def rollout(
         **steps,
         batch_size=[batch],
         device=device,
+    )
+
+
+@torch.no_grad()
+def training_rollout(
+    model: FlowModel,
+    settings: SamplerSettings,
+    prompts: Sequence[str],
+    negative: Sequence[str | None],
+    ids: SampleIds,
+    step: int,
+    window: SdeWindow | None,
+    images: ConditionImages | None = None,
+    *,
+    seed: int,
+    share_initial_noise: bool,
+) -> Trajectory:
+    """Rows of training step `step` (run.seed `seed`): row i's noise comes from (seed, step, ids.sample_index[i]),
+    its initial noise from its group's index instead with share_initial_noise, so a row is the same sample whichever
+    worker draws it, in whichever chunk. Samples with the model's active policy; `images`: each row's condition
+    images, fitted to the output size (editing families)."""
+    cond = model.encode_prompts(list(prompts), [n or "" for n in negative], images)
+    init_ids = ids.group_index if share_initial_noise else ids.sample_index
+    return rollout(
+        model,
+        cond,
+        settings,
+        window,
+        init_seeds=[seed_for(seed, step, "init_noise", int(i)) for i in init_ids],
+        noise_seeds=[seed_for(seed, step, "sde_noise", int(i)) for i in ids.sample_index],
+        ids=ids,
     )
 
 

@@ -18,6 +18,9 @@ class SampleIds:
     sample_index: torch.Tensor  # [B] long: position in the step's batch; seeds the row's noise and timestep draws
     group_index: torch.Tensor  # [B] long: the step's prompt the row belongs to (its advantage group)
     prompt: list  # [B] str: the prompt text (for logs and dumps; the model reads `Trajectory.cond`)
+    # [B] long: the version of the weights that sampled the row (the training steps they had taken), stamped by the
+    # worker that samples; the update's step minus it is the row's staleness (0 unless rollouts run ahead)
+    policy_version: torch.Tensor
 
 
 @tensorclass
@@ -41,6 +44,10 @@ class Trajectory:
         """W: the number of SDE steps recorded (0 for an ODE rollout)."""
         return 0 if self.log_probs is None else self.log_probs.shape[1]
 
+    def generated(self) -> Generated:
+        """What the driver gets back of a training rollout: its images (CPU) and which rows are finite."""
+        return Generated(images=self.images.cpu(), finite=self.finite_rows().cpu(), batch_size=self.batch_size)
+
     def finite_rows(self) -> torch.Tensor:
         """bool [B]: rows whose clean latents (and log-probabilities) are all finite. A NaN latent decodes to a
         black image that looks like a real sample, so a row without this is a failed sample, never scored."""
@@ -54,5 +61,11 @@ class Trajectory:
 class Generated:
     """What the driver gets back from a training rollout: the images to score and which of them are usable."""
 
-    images: torch.Tensor  # uint8 [B, H, W, 3], CPU
+    images: torch.Tensor  # uint8 [B, H, W, 3] (videos [B, F, H, W, 3]), CPU
     finite: torch.Tensor  # bool [B]: False where the row's latents came out NaN/inf (see Trajectory.finite_rows)
+
+    @classmethod
+    def empty(cls, height: int, width: int, frames: int | None = None) -> Generated:
+        """No rows (a worker that takes part in a collective without rows of its own); `frames` for a video family."""
+        images = torch.zeros(0, *([frames] if frames else []), height, width, 3, dtype=torch.uint8)
+        return cls(images=images, finite=torch.zeros(0, dtype=torch.bool), batch_size=[0])

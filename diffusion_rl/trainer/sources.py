@@ -4,7 +4,9 @@
   by the engine (which keeps the trajectories for the update) and scored by the rewards. The batch is sampled in
   `sampling.score_chunks` chunks; each chunk is scored in a background thread while the next one samples. A sample
   whose latents came out NaN/inf (a diverged policy) is failed without being scored (its image is black, not a
-  sample); when every sample of a step is, the run stops with TrainingDiverged.
+  sample); when every sample of a step is, the run stops with TrainingDiverged. When the engine samples ahead
+  (engine.max_staleness k > 0, separate rollout actors), the rollouts and scores of the next k steps are made in a
+  background thread while this step's update runs; `collect` then only waits for what is left of them.
 - `OfflinePairs` (offline, Diffusion-DPO): data.prompts_per_step pairs of a pair dataset, their images
   VAE-encoded once and cached; rows 0..P−1 are the chosen images, P..2P−1 the rejected ones, row p and P + p
   forming group p, and the "scores" are the dataset's labels (1 chosen, 0 rejected), from which the algorithm
@@ -13,8 +15,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +31,7 @@ from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prom
 from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.rewards import RewardCombiner, RewardResult
 from diffusion_rl.rewards.combine import with_unscored_rows
-from diffusion_rl.sampling.window import SdeWindow
+from diffusion_rl.sampling.window import SdeWindow, window_for_step
 from diffusion_rl.trainer.timing import PhaseTimer
 from diffusion_rl.utils.split import split_evenly
 
@@ -51,10 +55,45 @@ class OnlineRollouts:
         self.engine, self.rewards = engine, rewards
         # one thread keeps the rewards' own order and state simple
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+        self.ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sample-ahead")
+        self.sampled_ahead: dict[int, Future] = {}  # later step → its (Collected, seconds) being made
 
     def collect(self, step: int, window: SdeWindow | None, timer: PhaseTimer) -> Collected:
         """`timing/generate` covers sampling (and scoring that overlapped it); `timing/reward` the time left
-        waiting for scores after the last chunk."""
+        waiting for scores after the last chunk. A step sampled ahead: `timing/generate` is the wait for it and
+        `timing/sampled_ahead` the time its sampling and scoring took in the background."""
+        future = self.sampled_ahead.pop(step, None)
+        if future is None:
+            collected = self._sample_and_score(step, window, timer)
+        else:
+            with timer("generate"):
+                collected, seconds = future.result()
+            collected.scored.metrics["timing/sampled_ahead"] = seconds
+        self._sample_ahead(step)
+        return collected
+
+    def _sample_ahead(self, step: int) -> None:
+        """Start the next engine.max_staleness steps (those not started yet) in the background thread."""
+        ahead = getattr(self.engine, "max_staleness", 0)
+        for later in range(step + 1, min(step + ahead, self.cfg.train.total_steps - 1) + 1):
+            if later not in self.sampled_ahead:
+                window = window_for_step(self.cfg.sampling, self.cfg.run.seed, later)
+                self.sampled_ahead[later] = self.ahead.submit(self._timed, later, window)
+
+    def _timed(self, step: int, window: SdeWindow | None) -> tuple[Collected, float]:
+        start = time.perf_counter()
+        collected = self._sample_and_score(step, window, PhaseTimer())
+        return collected, time.perf_counter() - start
+
+    def discard_ahead(self) -> None:
+        """Forget the steps sampled ahead (their actors are gone, or the run goes back to a checkpoint)."""
+        for future in self.sampled_ahead.values():
+            future.cancel()
+            with contextlib.suppress(Exception):  # what failed there is what the caller is recovering from
+                future.result()  # a started one finishes first: nothing then still calls the engine
+        self.sampled_ahead = {}
+
+    def _sample_and_score(self, step: int, window: SdeWindow | None, timer: PhaseTimer) -> Collected:
         prompts = make_step_prompts(self.records, self.sampler, step, self.cfg.data.group_size)
         s = self.cfg.sampling  # the rewards see an edit's sources as the model did: fitted to the output size
         metadata = with_condition_images(prompts.metadata, prompts.condition_images, s.height, s.width)
@@ -93,6 +132,9 @@ class OfflinePairs:
     def __init__(self, cfg, pairs: list[PreferencePair], sampler: PromptSampler, engine):
         self.cfg, self.pairs, self.sampler, self.engine = cfg, pairs, sampler, engine
         self.latents: dict[int, torch.Tensor] = {}  # pair index → latents [2, …] (chosen, rejected), CPU
+
+    def discard_ahead(self) -> None:
+        """Nothing is sampled ahead from a pair dataset."""
 
     def collect(self, step: int, window: SdeWindow | None, timer: PhaseTimer) -> Collected:
         with timer("load"):

@@ -30,13 +30,14 @@ from diffusion_rl.config import Config
 from diffusion_rl.config_io import redact_secrets, refuse_redacted, to_yaml
 from diffusion_rl.data.condition_images import (
     check_condition_images,
-    fit_condition_images,
+    fit_rows,
     with_condition_images,
 )
 from diffusion_rl.data.pairs import load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine.local import make_engine
+from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
 from diffusion_rl.errors import RunStopped
 from diffusion_rl.guard import RunGuard
@@ -110,6 +111,8 @@ class Trainer:
         self.profiler = StepProfiler(cfg.profile.steps, cfg.profile.memory, self.run_dir, device)
         self.step = 0
         self.trackers = None
+        self.failures = 0  # worker deaths survived (engine.max_failures)
+        self.recovered: dict[str, float] = {}  # logged with the first step after a recovery
 
     # -- the loop --------------------------------------------------------------------------------------------
     def train(self) -> list[dict]:
@@ -149,32 +152,77 @@ class Trainer:
         cfg = self.cfg
         if cfg.val.before_train and self.step == 0 and self.val_records:
             self.trackers.log_metrics(self.validate(), 0)
+        self.start_state = self._plain_state()  # what a recovery with no checkpoint yet goes back to
         bar = tqdm(total=cfg.train.total_steps, initial=self.step, desc="train",
                    disable=None if cfg.log.progress_bar else True, dynamic_ncols=True)  # fmt: skip
-        carried: dict[str, float] = {}  # the previous step's checkpoint time, logged with this step
+        self.carried: dict[str, float] = {}  # the previous step's checkpoint time, logged with this step
         while self.step < cfg.train.total_steps:
-            start = time.perf_counter()
-            with self.profiler.step(self.step + 1):  # numbered as in metrics: the first step is 1
-                metrics = self.train_step(self.step)
-            self.step += 1
-            last = self.step == cfg.train.total_steps
-            timer = PhaseTimer()
-            if self.val_records and cfg.val.every > 0 and (last or self.step % cfg.val.every == 0):
-                with timer("validate"):
-                    metrics.update(self.validate())
-            metrics.update({**timer.metrics(), **carried, "timing/step": time.perf_counter() - start})
-            self.trackers.log_metrics(metrics, self.step)
-            bar.update(1)
-            shown = {"reward": "reward/mean", "val": "val/reward/mean", "s/step": "timing/step"}
-            bar.set_postfix({k: f"{metrics[m]:.4g}" for k, m in shown.items() if m in metrics}, refresh=False)
-            if self.guard.should_stop(self.step, self.checkpoints, self.load_checkpoint):  # no checkpoint of it
+            try:
+                stop = self._iteration(bar)
+            except WorkerDied as died:
+                self._recover(died)
+                bar.reset(total=cfg.train.total_steps)
+                bar.update(self.step)
+                continue
+            if stop:
                 break
-            carried = {}
-            if last or (cfg.train.save_every > 0 and self.step % cfg.train.save_every == 0):
-                started = time.perf_counter()
-                if self.save_checkpoint() is not None:
-                    carried["timing/checkpoint"] = time.perf_counter() - started
         bar.close()
+
+    def _iteration(self, bar) -> bool:
+        """One step, then its validation, metrics row, guard check and checkpoint; True when the guard stops."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        with self.profiler.step(self.step + 1):  # numbered as in metrics: the first step is 1
+            metrics = self.train_step(self.step)
+        self.step += 1
+        last = self.step == cfg.train.total_steps
+        timer = PhaseTimer()
+        if self.val_records and cfg.val.every > 0 and (last or self.step % cfg.val.every == 0):
+            with timer("validate"):
+                metrics.update(self.validate())
+        metrics.update(
+            {**timer.metrics(), **self.carried, **self.recovered, "timing/step": time.perf_counter() - start}
+        )
+        self.trackers.log_metrics(metrics, self.step)
+        self.recovered = {}
+        bar.update(1)
+        shown = {"reward": "reward/mean", "val": "val/reward/mean", "s/step": "timing/step"}
+        bar.set_postfix({k: f"{metrics[m]:.4g}" for k, m in shown.items() if m in metrics}, refresh=False)
+        if self.guard.should_stop(self.step, self.checkpoints, self.load_checkpoint):  # no checkpoint of it
+            return True
+        self.carried = {}
+        if last or (cfg.train.save_every > 0 and self.step % cfg.train.save_every == 0):
+            started = time.perf_counter()
+            if self.save_checkpoint() is not None:
+                self.carried["timing/checkpoint"] = time.perf_counter() - started
+        return False
+
+    def _recover(self, died: WorkerDied) -> None:
+        """A worker process died: fresh actors, and the run goes on without a person (engine.max_failures times).
+        A rollout actor: new rollout actors, and the step whose rows were lost is sampled again. A trainer: a new
+        engine, resumed from the latest checkpoint (or from the start), its later metrics rows dropped."""
+        limit = self.cfg.engine.max_failures
+        if self.failures >= limit:
+            raise RunStopped(f"{died}; engine.max_failures={limit} worker deaths were survived already") from died
+        self.failures += 1
+        started = time.perf_counter()
+        self.source.discard_ahead()
+        if died.group == "rollout":
+            logger.warning("%s; new rollout actors, step %d is sampled again (failure %d of %d survived)", died,
+                           self.step + 1, self.failures, limit)  # fmt: skip
+            self.engine.restart_rollouts()
+        else:
+            latest = self.checkpoints.latest()
+            logger.warning("%s; a new engine resumes from %s (failure %d of %d survived)", died,
+                           latest or "the start", self.failures, limit)  # fmt: skip
+            self.engine.restart()
+            if latest is not None:
+                self.load_checkpoint(latest)
+            else:
+                self._load_plain_state(self.start_state)
+            self.trackers.resume_from(self.step)
+            self.carried = {}
+        self.recovered = {"engine/failures": float(self.failures), "timing/recovery": time.perf_counter() - started}
 
     def train_step(self, step: int) -> dict[str, float]:
         """One training step (0-based): collect → prepare → update. Returns its metrics."""
@@ -282,7 +330,7 @@ class Trainer:
     def _sources(self, rows) -> list[list[np.ndarray]] | None:
         """Each row's condition images at the output size, for sheets; None for a text-only batch."""
         s = self.cfg.sampling
-        return fit_condition_images(rows, s.height, s.width) if any(rows) else None
+        return fit_rows(rows, s.height, s.width)
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
@@ -296,20 +344,26 @@ class Trainer:
 
         def write(directory: Path) -> None:
             engine_state = self.engine.save(directory)
-            write_state(directory, {"step": self.step, "sampler": self.sampler.state_dict(),
-                                    "rng": capture_rng_state(), "engine": engine_state,
-                                    "guard": self.guard.state_dict()})  # fmt: skip
+            write_state(directory, {**self._plain_state(), "engine": engine_state})
             (directory / CONFIG_FILE).write_text(to_yaml(redact_secrets(self.cfg)))
 
         return self.checkpoints.save(self.step, write)
+
+    def _plain_state(self) -> dict:
+        """The trainer's own state beside the engine's: step, data order, RNG, guard (a checkpoint's state.pt)."""
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": capture_rng_state(),
+                "guard": self.guard.state_dict()}  # fmt: skip
+
+    def _load_plain_state(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = state["step"]
+        self.guard.load_state_dict(state.get("guard"), state["step"])
+        restore_rng_state(state["rng"])
 
     def load_checkpoint(self, path: Path) -> None:
         state = read_state(path)
         if state["step"] != step_of(path):
             raise RuntimeError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
-        self.sampler.load_state_dict(state["sampler"])
         self.engine.load(path, state["engine"])
-        self.step = state["step"]
-        self.guard.load_state_dict(state.get("guard"), state["step"])
-        restore_rng_state(state["rng"])
+        self._load_plain_state(state)
         logger.info("resumed from %s (step %d)", path, self.step)

@@ -29,6 +29,26 @@ def test_ray_engine_settings_are_checked(make_config):
         make_config("rewards.0.actors=-1")
 
 
+def test_separate_rollout_settings_are_checked_and_stale_rows_turn_on_decoupled_correction(make_config):
+    separate = ("engine.kind=ray", "engine.rollout=separate")
+    with pytest.raises(UserError, match="engine.rollout=separate .* needs engine.kind=ray"):
+        make_config("engine.rollout=separate")
+    with pytest.raises(UserError, match="engine.max_staleness and engine.sync_every are for engine.rollout=separate"):
+        make_config("engine.kind=ray", "engine.max_staleness=1")
+    with pytest.raises(UserError, match="engine.rollout_workers must be ≥ 1"):
+        make_config(*separate, "engine.rollout_workers=0")
+    with pytest.raises(UserError, match="offline pairs .* train with engine.rollout=colocated"):
+        make_config(*separate, "algorithm.loss=dpo", "data.sample_source=offline", "data.pairs=pairs.jsonl",
+                    "sampling.sde_type=ode", "rewards=[]")  # fmt: skip
+    synchronous = make_config(*separate)
+    assert synchronous.engine.staleness_bound == 0 and synchronous.algorithm.rollout_correction.mode == "bypass"
+    ahead = make_config(*separate, "engine.max_staleness=1", "engine.sync_every=2")
+    assert ahead.engine.staleness_bound == 2  # sampled 1 step ahead by weights pushed every 2 updates
+    assert ahead.algorithm.rollout_correction.mode == "decoupled"
+    nft = make_config(*separate, "engine.max_staleness=1", "algorithm.loss=nft", "sampling.sde_type=ode")
+    assert nft.algorithm.rollout_correction.mode == "bypass"  # no log-probs to correct: trains on stale rows as is
+
+
 def test_rows_are_split_into_contiguous_near_equal_shares():
     assert split_evenly(list(range(8)), 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert split_evenly([4, 5, 6], 2) == [[4, 5], [6]]

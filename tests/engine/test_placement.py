@@ -38,3 +38,13 @@ def test_fewer_units_than_workers_pad_the_idle_worker_with_a_copy():
 def test_no_unit_at_all_pads_nothing():
     shares, pad_to = place_units([], [[0, 1], [2, 3]])
     assert pad_to == 0 and all(s.rows == [] and not s.padding_only for s in shares)
+
+
+def test_rows_of_rollout_actors_all_move_to_the_trainers_in_even_shares():
+    # 2 trainers (sources 0, 1) hold nothing; rollout actors (sources 2, 3) sampled rows 0-3 and 4-7; DPO pairs
+    unit_rows = [[0, 4], [1, 5], [2, 6]]
+    shares, pad_to = place_units(unit_rows, [[], [], [0, 1, 2, 3], [4, 5, 6, 7]], trainers=2)
+    assert pad_to == 2 and len(shares) == 2
+    assert shares[0].local == [] and shares[0].imported == {2: [0, 1], 3: [4, 5]}
+    assert shares[0].rows == [0, 1, 4, 5]  # by source, then in unit order: the targets follow this order
+    assert shares[1].imported == {2: [2], 3: [6]} and shares[1].rows == [2, 6]

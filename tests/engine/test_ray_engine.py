@@ -24,77 +24,27 @@ from diffusion_rl.algorithms.base import Targets  # noqa: E402
 from diffusion_rl.checkpoint.state import read_saved_tensors  # noqa: E402
 from diffusion_rl.checkpoint.store import CheckpointManager  # noqa: E402
 from diffusion_rl.data.sampler import make_step_prompts  # noqa: E402
-from diffusion_rl.engine.ray import LOCAL_CLUSTER_ENV, RayEngine, WorkerDied  # noqa: E402
+from diffusion_rl.engine.ray import RayEngine  # noqa: E402
+from diffusion_rl.engine.ray_cluster import WorkerDied  # noqa: E402
 from diffusion_rl.engine.reward_actors import ActorReward, RewardActorDied  # noqa: E402
 from diffusion_rl.engine.sharded_worker import WorkerError  # noqa: E402
 from diffusion_rl.sampling.window import default_window  # noqa: E402
 from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
 
-RAY = ("engine.kind=ray", "engine.cpus_per_worker=1", "engine.collective_timeout_s=60", "engine.start_timeout_s=120")
-# lr 1e-4: Adam's first step moves a weight by ~lr whatever its gradient, so a gradient within float noise of 0
-# (summed in another order over 2 workers) can move by up to lr·(its relative noise); 1e-4 keeps that below 1e-5.
-# The same arithmetic as 2 workers with cpus_per_worker=1, so that the images (and the JPEG rewards, which one
-# pixel off by 1 moves by bytes) are bit-identical: one torch thread (two split matmuls differently), and the
-# local engine sampling in 2 chunks of 2 rows, the rows each worker samples (a matmul over 2 rows may round
-# differently from one over 4). The update's gradients then differ only by float reduction order.
-EQUAL = (
-    "train.lr=1e-4",
-    "sampling.window.kind=random",
-    "sampling.window.size=2",
-    "engine.num_threads=1",
-    "sampling.score_chunks=2",
-)
+pytestmark = pytest.mark.usefixtures("ray_session")
 
 
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)  # the local runs here set 1 (EQUAL)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    # logical CPUs: 2 workers and a reward actor; the tiny model needs no more than the 2 real cores. Ray listens on
-    # loopback only: the engine's LOCAL_CLUSTER_ENV, which conftest.py sets before Ray is first imported
-    assert all(os.environ.get(k) == v for k, v in LOCAL_CLUSTER_ENV.items())
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
-
-
-def _comparable(row: dict) -> dict:
-    skip = ("timing/", "driver/")  # durations, and the Ray driver's traffic (the local engine has none)
-    return {k: v for k, v in row.items() if not k.startswith(skip) and k != "images_per_second"}
-
-
-def _assert_close_rows(a: dict, b: dict, rel: float = 1e-5) -> None:
-    assert _comparable(a).keys() == _comparable(b).keys()
-    for key, value in _comparable(a).items():
-        assert b[key] == pytest.approx(value, rel=rel, abs=1e-7), key
-
-
-def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
-def _train(cfg) -> tuple[Trainer, list[dict]]:
-    trainer = Trainer(cfg)
-    try:
-        rows = trainer.train()
-    except BaseException:
-        if hasattr(trainer.engine, "close"):
-            trainer.engine.close()
-        raise
-    return trainer, rows
-
-
-def test_two_workers_take_the_same_step_as_the_local_engine(make_config, tmp_path):
-    local, local_rows = _train(make_config(*EQUAL, "train.total_steps=1", f"run.dir={tmp_path / 'local'}"))
+def test_two_workers_take_the_same_step_as_the_local_engine(
+    make_config, tmp_path, run_trainer, rows_close, max_difference, ray_overrides, equal_overrides
+):
+    local, local_rows = run_trainer(
+        make_config(*equal_overrides, "train.total_steps=1", f"run.dir={tmp_path / 'local'}")
+    )
     # the Ray run also scores its reward in a reward actor of its own
-    cfg = make_config(*EQUAL, *RAY, "engine.num_workers=2", "rewards.0.actors=1", "train.total_steps=1")
-    sharded, ray_rows = _train(cfg)
+    cfg = make_config(
+        *equal_overrides, *ray_overrides, "engine.num_workers=2", "rewards.0.actors=1", "train.total_steps=1"
+    )
+    sharded, ray_rows = run_trainer(cfg)
     try:
         weights = sharded.engine.trainable_state_dict()
     finally:
@@ -104,15 +54,23 @@ def test_two_workers_take_the_same_step_as_the_local_engine(make_config, tmp_pat
     # rollouts are per-sample seeded: the same images, so the same rewards and advantages, exactly
     for key in ("reward/mean", "reward/std", "advantage/abs_mean"):
         assert ray_rows[0][key] == local_rows[0][key], key
-    _assert_close_rows(local_rows[0], ray_rows[0])  # loss, grad norm, …: up to float reduction order
-    assert _max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
+    rows_close(local_rows[0], ray_rows[0])  # loss, grad norm, …: up to float reduction order
+    assert max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
 
 
-def test_resume_on_one_worker_continues_like_two(make_config, tmp_path):
-    options = (*EQUAL, *RAY, "model.lora.enabled=true", "train.ema.enabled=true", "train.warmup_steps=2")
+def test_resume_on_one_worker_continues_like_two(
+    make_config, tmp_path, run_trainer, rows_close, max_difference, ray_overrides, equal_overrides
+):
+    options = (
+        *equal_overrides,
+        *ray_overrides,
+        "model.lora.enabled=true",
+        "train.ema.enabled=true",
+        "train.warmup_steps=2",
+    )
     # straight: 3 steps on 2 workers, with a checkpoint after step 2
     straight_cfg = make_config(*options, "engine.num_workers=2", "train.total_steps=3", "train.save_every=2")
-    straight, straight_rows = _train(straight_cfg)
+    straight, straight_rows = run_trainer(straight_cfg)
     try:
         straight_weights = straight.engine.trainable_state_dict()
     finally:
@@ -121,9 +79,9 @@ def test_resume_on_one_worker_continues_like_two(make_config, tmp_path):
     step2, step3 = (path for _, path in checkpoints.list())
     # the one checkpoint format: sharded in dcp/ (what resumes, on any engine), and the gathered LoRA export
     assert {"dcp", "adapter", "state.pt", "config.yaml"} <= {p.name for p in step2.iterdir()}
-    assert _max_difference(read_saved_tensors(step3, "policies.default."), straight_weights) == 0.0
+    assert max_difference(read_saved_tensors(step3, "policies.default."), straight_weights) == 0.0
     adapter = load_file(step3 / "adapter" / "adapter_model.safetensors")  # the LoRA in peft format
-    assert _max_difference(adapter, straight_weights) == 0.0
+    assert max_difference(adapter, straight_weights) == 0.0
 
     resumed_cfg = make_config(
         *options, "engine.num_workers=1", "train.total_steps=3", f"run.dir={tmp_path / 'one'}", f"run.resume={step2}"
@@ -139,25 +97,27 @@ def test_resume_on_one_worker_continues_like_two(make_config, tmp_path):
         resumed.engine.close()
 
     assert ran == [2]  # it continued from step 2, now on one worker (DCP resharded the 2-worker checkpoint)
-    _assert_close_rows(straight_rows[-1], resumed_rows[-1])
-    assert _max_difference(straight_weights, resumed_weights) <= 1e-5
+    rows_close(straight_rows[-1], resumed_rows[-1])
+    assert max_difference(straight_weights, resumed_weights) <= 1e-5
 
 
-def test_a_local_checkpoint_resumes_on_two_workers_and_theirs_back_on_the_local_engine(make_config, tmp_path):
-    options = (*EQUAL, "train.save_every=1", "train.keep_last=0")
-    straight, _ = _train(make_config(*options, "train.total_steps=3", f"run.dir={tmp_path / 'straight'}"))
+def test_a_local_checkpoint_resumes_on_two_workers_and_theirs_back_on_the_local_engine(
+    make_config, tmp_path, run_trainer, max_difference, ray_overrides, equal_overrides
+):
+    options = (*equal_overrides, "train.save_every=1", "train.keep_last=0")
+    straight, _ = run_trainer(make_config(*options, "train.total_steps=3", f"run.dir={tmp_path / 'straight'}"))
     mixed = f"run.dir={tmp_path / 'mixed'}"
-    _train(make_config(*options, "train.total_steps=1", mixed))  # step 1 on the local engine
-    on_ray, _ = _train(make_config(*options, *RAY, "engine.num_workers=2", "train.total_steps=2", mixed))
+    run_trainer(make_config(*options, "train.total_steps=1", mixed))  # step 1 on the local engine
+    on_ray, _ = run_trainer(make_config(*options, *ray_overrides, "engine.num_workers=2", "train.total_steps=2", mixed))
     on_ray.engine.close()
-    back, rows = _train(make_config(*options, "train.total_steps=3", mixed))  # step 3 local again
+    back, rows = run_trainer(make_config(*options, "train.total_steps=3", mixed))  # step 3 local again
     assert [r["step"] for r in rows] == [1, 2, 3]  # each resumed where the other left; one metrics file
     checkpoints = CheckpointManager(tmp_path / "mixed")
     assert [step for step, _ in checkpoints.list()] == [1, 2, 3]
     expected = straight.engine.model.policies.trainable_state_dict()
-    assert _max_difference(expected, back.engine.model.policies.trainable_state_dict()) <= 1e-5
+    assert max_difference(expected, back.engine.model.policies.trainable_state_dict()) <= 1e-5
     step2 = read_saved_tensors(checkpoints.dir / "step_000002", "policies.default.")  # written by the 2 workers
-    assert _max_difference(read_saved_tensors(tmp_path / "straight/checkpoints/step_000002", "policies.default."),
+    assert max_difference(read_saved_tensors(tmp_path / "straight/checkpoints/step_000002", "policies.default."),
                            step2) <= 1e-5  # fmt: skip
 
 
@@ -168,25 +128,29 @@ LOSS_OPTIONS = {"dpo": ("algorithm.dpo.dpo_beta=2000",), "nft": (), "awm": ("alg
 
 
 @pytest.mark.parametrize("loss", sorted(LOSS_OPTIONS))
-def test_every_direct_preference_loss_takes_the_same_steps_on_two_workers(make_config, tmp_path, loss):
+def test_every_direct_preference_loss_takes_the_same_steps_on_two_workers(
+    make_config, tmp_path, loss, run_trainer, rows_close, max_difference, ray_overrides
+):
     config = ROOT / f"configs/quickstart_{loss}.yaml"
     options = (*EQUAL_PREFERENCE, *LOSS_OPTIONS[loss])
-    local, local_rows = _train(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
-    sharded, ray_rows = _train(make_config(*options, *RAY, "engine.num_workers=2", config=config))
+    local, local_rows = run_trainer(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
+    sharded, ray_rows = run_trainer(make_config(*options, *ray_overrides, "engine.num_workers=2", config=config))
     try:
         weights = sharded.engine.trainable_state_dict()
     finally:
         sharded.engine.close()
     for local_row, ray_row in zip(local_rows, ray_rows):
         assert ray_row["reward/mean"] == local_row["reward/mean"]  # the same samples, bit for bit
-        _assert_close_rows(local_row, ray_row, rel=1e-4)
+        rows_close(local_row, ray_row, rel=1e-4)
         assert ray_row["driver/bytes_out"] < 10_000  # prompts and targets, never a trajectory
-    difference = _max_difference(local.engine.model.policies.trainable_state_dict(), weights)
+    difference = max_difference(local.engine.model.policies.trainable_state_dict(), weights)
     print(f"{loss}: max parameter difference after 3 steps, local vs 2 workers: {difference:.3g}")
     assert difference <= 1e-5
 
 
-def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the_local_engine(make_config, tmp_path):
+def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the_local_engine(
+    make_config, tmp_path, run_trainer, max_difference, ray_overrides
+):
     # 2 pairs a step: rows 0-1 chosen, 2-3 rejected; worker 0 holds rows 0-1, worker 1 rows 2-3, so every pair has
     # one row on each worker and one of them must move
     pairs = _pair_file(tmp_path, 3)
@@ -194,14 +158,14 @@ def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the
     # which Adam's eps of 1e-8 would turn into ~lr moves of weights whose gradient is ~0; 1e-4 keeps it proportional
     options = (*EQUAL_PREFERENCE, f"data.pairs={pairs}", "data.prompts_per_step=2", "rewards=[]", "train.adam_eps=1e-4")
     config = ROOT / "configs/quickstart_dpo_offline.yaml"
-    local, local_rows = _train(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
-    sharded, ray_rows = _train(make_config(*options, *RAY, "engine.num_workers=2", config=config))
+    local, local_rows = run_trainer(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
+    sharded, ray_rows = run_trainer(make_config(*options, *ray_overrides, "engine.num_workers=2", config=config))
     try:
         weights = sharded.engine.trainable_state_dict()
     finally:
         sharded.engine.close()
     assert [r["train/units"] for r in ray_rows] == [2.0, 2.0, 2.0]
-    assert _max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
+    assert max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
 
 
 def _pair_file(folder: Path, n: int) -> Path:
@@ -235,11 +199,11 @@ def _listening_off_loopback(pids: set[int]) -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2) to list listening sockets")
-def test_a_local_cluster_and_its_workers_listen_on_loopback_only(make_config):
-    engine = RayEngine(make_config(*RAY, "engine.num_workers=2"))
+def test_a_local_cluster_and_its_workers_listen_on_loopback_only(make_config, ray_overrides):
+    engine = RayEngine(make_config(*ray_overrides, "engine.num_workers=2"))
     try:
         ray_processes = subprocess.run(["pgrep", "-f", "ray|gcs_server|raylet"], capture_output=True, text=True)
-        pids = {int(p) for p in ray_processes.stdout.split()} | set(engine.pids) | {os.getpid()}
+        pids = {int(p) for p in ray_processes.stdout.split()} | set(engine.trainers.pids) | {os.getpid()}
         assert len(pids) > 3  # GCS, raylet, the workers, this driver
         assert _listening_off_loopback(pids) == []
     finally:
@@ -253,11 +217,11 @@ def _batch(engine, cfg, step: int = 0):
     records = load_prompts(cfg.data.train)
     sampler = PromptSampler(len(records), cfg.data.prompts_per_step, cfg.run.seed)
     prompts = make_step_prompts(records, sampler, step, cfg.data.group_size)
-    return engine.generate(prompts, step, default_window(cfg.sampling.num_steps))
+    return engine.generate(prompts, step, default_window(cfg.sampling.num_steps)).images
 
 
-def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_written(make_config, tmp_path):
-    cfg = make_config(*RAY, "engine.num_workers=2")
+def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_written(make_config, tmp_path, ray_overrides):
+    cfg = make_config(*ray_overrides, "engine.num_workers=2")
     engine = RayEngine(cfg)
     try:
         _batch(engine, cfg)
@@ -269,26 +233,26 @@ def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_writte
         assert "policy_gradient.py" in message  # the worker's traceback
         # the engine stopped its workers: a checkpoint now fails and leaves nothing behind
         manager = CheckpointManager(tmp_path / "run")
-        with pytest.raises(RuntimeError, match="stopped after a worker failure"):
+        with pytest.raises(RuntimeError, match="trainer actors stopped after a failure"):
             manager.save(1, engine.save)
         assert list(manager.dir.iterdir()) == []
     finally:
         engine.close()
 
 
-def test_a_killed_worker_is_detected_within_a_bounded_time(make_config):
-    cfg = make_config(*RAY, "engine.num_workers=2")
+def test_a_killed_worker_is_detected_within_a_bounded_time(make_config, ray_overrides):
+    cfg = make_config(*ray_overrides, "engine.num_workers=2")
     engine = RayEngine(cfg)
     try:
         images = _batch(engine, cfg)
         assert images.shape[0] == 4 and images.dtype == torch.uint8
-        threading.Timer(0.5, os.kill, (engine.pids[1], signal.SIGKILL)).start()
+        threading.Timer(0.5, os.kill, (engine.trainers.pids[1], signal.SIGKILL)).start()
         start = time.perf_counter()
         with pytest.raises(WorkerDied, match="rank 1") as caught:
             for step in range(1, 100):  # mid-step, whichever call the kill lands in
                 _batch(engine, cfg, step)
         assert time.perf_counter() - start < 60, "detected by Ray, not by the collective timeout"
-        assert str(engine.pids[1]) in str(caught.value)
+        assert str(engine.trainers.pids[1]) in str(caught.value)
     finally:
         engine.close()
 

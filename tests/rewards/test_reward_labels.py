@@ -140,7 +140,7 @@ def test_eval_takes_a_checkpoint_configs_rewards_by_label(tmp_path, scaled_brigh
 
 
 def test_reward_actors_are_built_from_the_name_and_report_under_the_label(monkeypatch):
-    from diffusion_rl.engine import ray as ray_module
+    from diffusion_rl.engine import ray_cluster as ray_module
     from diffusion_rl.engine import reward_actors
 
     assert not hasattr(reward_actors, "RemoteReward")  # the `remote` reward's class name, in rewards/remote.py only

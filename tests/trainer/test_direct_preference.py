@@ -39,7 +39,8 @@ def _named(policies) -> list[str]:
 
 def _rollout_images(trainer, step: int) -> torch.Tensor:
     prompts = make_step_prompts(trainer.records, trainer.sampler, step, trainer.cfg.data.group_size)
-    return trainer.engine.generate(prompts, step, window_for_step(trainer.cfg.sampling, trainer.cfg.run.seed, step))
+    window = window_for_step(trainer.cfg.sampling, trainer.cfg.run.seed, step)
+    return trainer.engine.generate(prompts, step, window).images
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

@@ -143,7 +143,7 @@ def _nan_rows(monkeypatch, rows_of_step) -> None:
     policy's do."""
     import diffusion_rl.engine.worker as worker_module
 
-    real = worker_module.rollout
+    real = worker_module.training_rollout
     calls = [0]
 
     def rollout(*args, **kwargs):
@@ -155,7 +155,7 @@ def _nan_rows(monkeypatch, rows_of_step) -> None:
         traj.images[rows] = 0
         return traj
 
-    monkeypatch.setattr(worker_module, "rollout", rollout)
+    monkeypatch.setattr(worker_module, "training_rollout", rollout)
 
 
 def test_samples_with_non_finite_latents_are_failed_unscored(make_trainer, user_reward, monkeypatch):

@@ -130,7 +130,7 @@ def test_zero_advantage_samples_are_left_out_of_the_gradient(make_trainer):
     worker = trainer.engine.worker
     prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
     trainer.engine.generate(prompts, 0, window_for_step(trainer.cfg.sampling, 0, 0))
-    traj = worker.pending[0]
+    traj = worker.kept.rows(0)
 
     grads = []
 
@@ -142,7 +142,7 @@ def test_zero_advantage_samples_are_left_out_of_the_gradient(make_trainer):
     worker.optimizer.step = capture
     metrics = worker.update(_targets(1.0, 0.0, -1.0, 0.0), 0)
     assert metrics["train/kept_fraction"] == 0.5
-    worker.pending, worker.pending_step = [traj[torch.tensor([0, 2])]], 0  # the two kept rows alone
+    worker.kept.add(0, traj[torch.tensor([0, 2])])  # the two kept rows alone
     worker.update(_targets(1.0, -1.0), 0)
     scale = max(float(g.abs().max()) for g in grads[1])
     assert scale > 0
@@ -183,7 +183,7 @@ def test_rejected_fraction_is_the_share_of_rejected_sample_steps_of_the_update(m
     worker = trainer.engine.worker
     prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
     trainer.engine.generate(prompts, 0, window_for_step(trainer.cfg.sampling, 0, 0))
-    traj = worker.pending[0]
+    traj = worker.kept.rows(0)
     assert traj.log_probs.shape == (4, 3)
     # the rollout's log-prob of 3 entries, 2 in the first micro-batch and 1 in the second, is off by 5:
     # log w = −5, k2 = 12.5 > 1, rejected; the others match the current policy (k2 ≈ 0), kept

@@ -1,0 +1,79 @@
+"""How the trainers' new weights reach the rollout actors (engine.rollout=separate).
+
+What moves: the weights of the policy that samples (`Algorithm.rollout_policy`: the trained one, DiffusionNFT's
+`old`), named as `PolicySet.state_dict_of` names them (LoRA: only the adapter's tensors), in the trainers' dtype.
+The rollout actor copies them into its own `default` policy, in its own dtype.
+
+Two paths (engine.weight_sync):
+- object_store: trainer rank 0 puts the gathered tensors into Ray's object store once; every rollout actor reads
+  them from there. The driver only passes the reference. The trainers are free as soon as the put returns.
+- broadcast: a torch.distributed group of trainer rank 0 and the R rollout actors, separate from the trainers'
+  FSDP group (its own store and process group object, so no process needs a second default group): rank 0
+  broadcasts each tensor in name order into buffers the actors allocated from the shapes and dtypes agreed at
+  setup. NCCL between GPUs, gloo between CPUs. Both sides take part in every push, so a push waits for rollout
+  actors that are busy sampling.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+
+WEIGHTS_PREFIX = "weights/"  # the channel's keys in its store
+
+
+def weight_layout(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name → (shape, dtype) of the tensors a push sends, in the order they are sent (sorted by name)."""
+    return {name: (tuple(tensors[name].shape), tensors[name].dtype) for name in sorted(tensors)}
+
+
+def make_store(address: str, rank: int, world_size: int, timeout_s: float):
+    """The rendezvous store of a channel: file://PATH (one machine) or tcp://HOST:PORT (rank 0 serves it)."""
+    import torch.distributed as dist
+
+    if address.startswith("file://"):
+        return dist.FileStore(address[len("file://") :], world_size)
+    host, port = address[len("tcp://") :].rsplit(":", 1)
+    return dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout_s))
+
+
+class BroadcastChannel:
+    """Rank 0 (trainer rank 0) sends, ranks 1..R (rollout actors) receive; `backend` gloo or nccl."""
+
+    def __init__(self, address: str, rank: int, world_size: int, backend: str, device: torch.device,
+                 timeout_s: float):  # fmt: skip
+        import torch.distributed as dist
+
+        self.rank, self.device = rank, device
+        store = dist.PrefixStore(WEIGHTS_PREFIX, make_store(address, rank, world_size, timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        if backend == "nccl":
+            self.group = dist.ProcessGroupNCCL(store, rank, world_size)
+        else:
+            self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout=timeout)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.group.broadcast([tensor], options).wait()
+
+    def send(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Rank 0: broadcast every tensor in name order; returns the bytes sent."""
+        sent = 0
+        for name in sorted(tensors):
+            tensor = tensors[name].detach().to(self.device).contiguous()
+            self._broadcast(tensor)
+            sent += tensor.numel() * tensor.element_size()
+        return sent
+
+    def receive(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+        """Ranks 1..R: the tensors rank 0 sends, received into new buffers of the agreed shapes and dtypes."""
+        received = {}
+        for name, (shape, dtype) in layout.items():
+            buffer = torch.empty(shape, dtype=dtype, device=self.device)
+            self._broadcast(buffer)
+            received[name] = buffer
+        return received

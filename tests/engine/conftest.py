@@ -1,0 +1,108 @@
+"""Helpers for the engine tests: one Ray session per module, trainer runs whose engines are closed afterwards,
+and comparisons of metrics rows and weights between engines."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from diffusion_rl.trainer.trainer import Trainer
+
+# Ray settings of every Ray test run: one CPU per worker, short timeouts
+RAY = ("engine.kind=ray", "engine.cpus_per_worker=1", "engine.collective_timeout_s=60", "engine.start_timeout_s=120")
+# lr 1e-4: Adam's first step moves a weight by ~lr whatever its gradient, so a gradient within float noise of 0
+# (summed in another order over 2 workers) can move by up to lr·(its relative noise); 1e-4 keeps that below 1e-5.
+# The same arithmetic as 2 workers with cpus_per_worker=1, so that the images (and the JPEG rewards, which one
+# pixel off by 1 moves by bytes) are bit-identical: one torch thread (two split matmuls differently), and the
+# local engine sampling in 2 chunks of 2 rows, the rows each worker samples (a matmul over 2 rows may round
+# differently from one over 4). The update's gradients then differ only by float reduction order.
+EQUAL = (
+    "train.lr=1e-4",
+    "sampling.window.kind=random",
+    "sampling.window.size=2",
+    "engine.num_threads=1",
+    "sampling.score_chunks=2",
+)
+
+
+@pytest.fixture
+def ray_overrides() -> tuple[str, ...]:
+    return RAY
+
+
+@pytest.fixture
+def equal_overrides() -> tuple[str, ...]:
+    """Settings under which a Ray run and a local one compute the same numbers (see EQUAL)."""
+    return EQUAL
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # the local runs set 1 (EQUAL)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """Ray for a test module. Logical CPUs: two engines of 2 trainers and a rollout or reward actor each; the tiny
+    model needs no more than the 2 real cores (each actor runs one torch thread). Loopback only: the engine's
+    LOCAL_CLUSTER_ENV, which tests/conftest.py sets before Ray is first imported."""
+    ray = pytest.importorskip("ray")
+    from diffusion_rl.engine.ray_cluster import LOCAL_CLUSTER_ENV
+
+    assert all(os.environ.get(k) == v for k, v in LOCAL_CLUSTER_ENV.items())
+    ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def run_trainer():
+    """run_trainer(cfg, prepare=None) → (trainer, rows) of a whole run (`prepare(trainer)` first); every Ray engine
+    it started is closed after the test."""
+    started = []
+
+    def run(cfg, prepare=None) -> tuple[Trainer, list[dict]]:
+        trainer = Trainer(cfg)
+        started.append(trainer)
+        if prepare is not None:
+            prepare(trainer)
+        return trainer, trainer.train()
+
+    yield run
+    for trainer in started:
+        if hasattr(trainer.engine, "close"):
+            trainer.engine.close()
+
+
+def _comparable(row: dict) -> dict:
+    # durations, the Ray driver's traffic (the local engine has none), the weight pushes of rollout actors
+    skip = ("timing/", "driver/", "sync/", "rollout/weights_version")
+    return {k: v for k, v in row.items() if not k.startswith(skip) and k != "images_per_second"}
+
+
+@pytest.fixture
+def rows_close():
+    """rows_close(a, b, rel) asserts two metrics rows have the same keys and values within `rel` (durations and
+    traffic aside)."""
+
+    def check(a: dict, b: dict, rel: float = 1e-5) -> None:
+        assert _comparable(a).keys() == _comparable(b).keys()
+        for key, value in _comparable(a).items():
+            assert b[key] == pytest.approx(value, rel=rel, abs=1e-7), key
+
+    return check
+
+
+@pytest.fixture
+def max_difference():
+    """max_difference(a, b): the largest |a − b| over two dicts of tensors with the same names."""
+
+    def difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+        assert a.keys() == b.keys()
+        return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+    return difference
