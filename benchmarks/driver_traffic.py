@@ -22,6 +22,8 @@ from ray_setup import ROOT  # noqa: E402,I001 -- first: the environment before t
 from diffusion_rl.config import load  # noqa: E402
 from diffusion_rl.engine.ray_cluster import payload_bytes  # noqa: E402
 from diffusion_rl.models.tiny import save_tiny  # noqa: E402
+from diffusion_rl.sampling.window import window_for_step  # noqa: E402
+from diffusion_rl.trainer.timing import PhaseTimer  # noqa: E402
 from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
 
 MIB = 2**20
@@ -53,8 +55,8 @@ def quickstart_shape(workdir: Path) -> dict:
     common = [f"model.path={model}", "val.every=0", "val.before_train=false", "log.progress_bar=false",
               "data.prompts_per_step=4", "data.group_size=4", "train.total_steps=2"]  # fmt: skip
     local = Trainer(load(str(ROOT / "configs/quickstart.yaml"), [*common, f"run.dir={workdir / 'local'}"]))
-    local.train_step(0)
-    trajectory = payload_bytes(local.engine.worker.kept.rows(0))
+    local.source.collect(0, window_for_step(local.cfg.sampling, local.cfg.run.seed, 0), PhaseTimer())
+    trajectory = payload_bytes(local.engine.worker.kept.rows(0))  # the step's rows, kept for the update
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         cfg = load(str(ROOT / "configs/quickstart.yaml"),

@@ -22,16 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, throw-away Ray instance
-
-import torch  # noqa: E402
+from ray_setup import ROOT  # noqa: E402,I001 -- first: the environment before torch and Ray
 
 from diffusion_rl.config import load  # noqa: E402
 from diffusion_rl.models.tiny import save_tiny, tiny_presets  # noqa: E402
 from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(trainer: Trainer, steps: int) -> dict:
@@ -70,6 +65,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/scaling.json"))
     args = parser.parse_args()
     import ray
+    import torch
 
     counts = [int(n) for n in args.workers.split(",")]
     gpu = args.device == "cuda"
