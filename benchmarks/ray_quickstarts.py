@@ -5,7 +5,7 @@ actors refuse it by design, having nothing to sample) and each setting
 
 - `local`: the local engine, the reference;
 - `colocated_2`: 2 Ray workers that sample and train their halves;
-- `separate_sync`: 1 trainer + 1 rollout actor, max_staleness 0;
+- `separate_sync`: 2 trainers + 1 rollout actor, max_staleness 0;
 - `separate_async`: the same sampling one step ahead (max_staleness 1; rollout correction turns on for the
   policy-gradient family),
 
@@ -34,8 +34,8 @@ from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
 SETTINGS = {
     "local": (),
     "colocated_2": ("engine.kind=ray", "engine.num_workers=2"),
-    "separate_sync": ("engine.kind=ray", "engine.num_workers=1", "engine.rollout=separate", "engine.max_staleness=0"),
-    "separate_async": ("engine.kind=ray", "engine.num_workers=1", "engine.rollout=separate", "engine.max_staleness=1"),
+    "separate_sync": ("engine.kind=ray", "engine.num_workers=2", "engine.rollout=separate", "engine.max_staleness=0"),
+    "separate_async": ("engine.kind=ray", "engine.num_workers=2", "engine.rollout=separate", "engine.max_staleness=1"),
 }
 SKIPPED = {"quickstart_dpo_offline"}
 
