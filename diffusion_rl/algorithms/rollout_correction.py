@@ -114,7 +114,7 @@ class RolloutCorrectionConfig:
         default_factory=list,
         metadata={"help": "More rejection criteria [{stat, bound, level}]; an entry must pass all (rs_stat's too)."},
     )
-    is_batch_normalize: bool = _opt(False, "Decoupled: divide the IS weights by their mean over the batch.")
+    is_batch_normalize: bool = _opt(False, "Decoupled: divide the IS weights by their mean (over a worker's rows).")
 
     def __post_init__(self):
         for name, valid in _OPTIONS.items():
