@@ -143,9 +143,7 @@ class RolloutCorrectionConfig:
         """Every rejection criterion, rs_stat's first; empty without rejection."""
         if self.rs_stat is None:
             return []
-        first = RejectionCriterion.__new__(RejectionCriterion)  # already checked: skip __post_init__
-        first.stat, first.bound, first.level = self.rs_stat, self.rs_bound, self.rs_level
-        return [first, *self.rs_chain]
+        return [RejectionCriterion(self.rs_stat, self.rs_bound, self.rs_level), *self.rs_chain]
 
     @property
     def active(self) -> bool:
