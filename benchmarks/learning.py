@@ -9,7 +9,9 @@ Task `shapes` (default):
 2. Each algorithm config (configs/quickstart.yaml is Flow-GRPO, every configs/quickstart_<name>.yaml another
    algorithm; configs that need an offline dataset are skipped) trains the base model on the ShapesWorld training
    prompts with the `shapes_geneval` reward, keeping its own algorithm settings. Only the task is overridden:
-   model, image size, text length, prompts, reward (plus --set overrides, applied to every algorithm).
+   model, image size, text length, prompts, reward (plus --set overrides, applied to every algorithm). A config
+   that trains on a group reward (quickstart_pairwise.yaml) keeps it, over `shapes_geneval`'s scores (each pair
+   compared by score); validation always scores `shapes_geneval`.
 3. Training time (rollout, reward, update; validation excluded) is capped at the budget. Every
    --val-every-seconds of training time, and at the start and the end, the model samples the held-out
    validation prompts (fixed seeds, ODE) and `shapes_geneval` scores them.
@@ -114,9 +116,21 @@ def build_config(path: Path, run_dir: Path, args, model_dir: Path | None = None,
             f"sampling.width={info['size']}",
             f"data.train={prompts / 'train.jsonl'}",
             f"val.prompts={prompts / 'val.jsonl'}",
-            f"rewards=[{{name: {SHAPES_REWARD}, weight: 1.0}}]",
+            f"rewards=[{_shapes_reward(path)}]",
+            f"val.rewards=[{{name: {SHAPES_REWARD}}}]",  # a config may validate on its own (a pairwise one does)
         ]
     return load(str(path), overrides + list(args.set))
+
+
+def _shapes_reward(path: Path) -> str:
+    """The task's training reward for the config at `path`: shapes_geneval, or for a config that trains on a group
+    reward (Pref-GRPO's pairwise win rate, a rank) the same group reward over shapes_geneval's scores."""
+    from diffusion_rl.config import load
+
+    group = load(str(path)).rewards[0].name
+    if group in ("pairwise_win_rate", "rank"):
+        return f"{{name: {group}, weight: 1.0, kwargs: {{reward: {{name: {SHAPES_REWARD}}}}}}}"
+    return f"{{name: {SHAPES_REWARD}, weight: 1.0}}"
 
 
 def run_for_budget(trainer, budget_s: float | None, max_steps: int | None, val_every_s: float) -> dict:

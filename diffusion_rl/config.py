@@ -527,11 +527,12 @@ class Config:
         self._check_algorithm()
         self._check_engine()
         rc = alg.rollout_correction
-        check(
-            rc.mode == "decoupled" or rc.rs_stat is None or rc.rs_level == "step",
-            f"algorithm.rollout_correction: rs_level={rc.rs_level} needs every step's current log-prob before the "
-            "update; use mode=decoupled, or rs_level=step with mode=bypass",
-        )
+        for c in rc.criteria:
+            check(
+                rc.mode == "decoupled" or c.level == "step",
+                f"algorithm.rollout_correction: rs_level={c.level} (criterion {c.name}) needs every step's current "
+                "log-prob before the update; use mode=decoupled, or level step with mode=bypass",
+            )
         check(
             len(self.rewards) > 0 or self.data.sample_source == "offline",
             "rewards: at least one reward is needed (only offline DPO trains without one)",

@@ -129,7 +129,10 @@ class PolicyGradient(Algorithm):
             current = step.log_prob.detach()[:, None]
             corrected = correction_weights(current, units.old_log_probs[:, k : k + 1], rc)
             weights = weights * corrected.weights_BW[:, 0]
-            entry_metrics["rollout_corr/rejected_fraction"] = corrected.metrics["rollout_corr/rejected_fraction"]
+            # per-entry shares and means: the update loop averages them over the (sample, step) entries
+            for name in ("rejected_fraction", "kl", "k3_kl", "chi2_step"):
+                entry_metrics[f"rollout_corr/{name}"] = corrected.metrics[f"rollout_corr/{name}"]
+            entry_metrics.update({k: v for k, v in corrected.metrics.items() if "/rejected_fraction/" in k})
         sigma, sigma_next = self._columns_of(units.traj, units.columns[:, k])[2:]
         inp = PolicyLossInput(
             log_prob=step.log_prob,

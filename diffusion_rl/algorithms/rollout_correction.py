@@ -18,12 +18,24 @@ Two modes (what the caller passes as `logp_old_BW`):
       log w = clamp(logp_old - logp_rollout, ±20)                              level: step
       log w = clamp(sum over the window of (logp_old - logp_rollout), ±20)    level: sequence, every column
       tis: w = min(w, threshold);  icepop: w if icepop_lo ≤ w ≤ icepop_hi else 0;  none: w = 1
+      is_batch_normalize: w = w / mean(w), the mean over the [B, W] entries this call sees (at level sequence
+      every column of a row holds the same w, so that is the mean over samples); skipped when mean(w) ≤ 1e-8
 
 Rejection (either mode), from the per-step log w = clamp(logp_old - logp_rollout, ±20):
     k1 = -log w, kept when log lo ≤ k1 ≤ log hi (i.e. w in [1/hi, 1/lo]); rs_bound h alone means [1/h, h]
     k2 = (log w)^2 / 2 ≤ rs_bound;   k3 = w - 1 - log w ≤ rs_bound
 rs_level step rejects single steps; sum / mean / max reduce the statistic over the window first and reject
 the whole sample (every column). max of k1 is refused: a signed statistic's max bounds only one side.
+Criteria chain: rs_stat/rs_bound/rs_level is the first criterion, each entry of rs_chain ({stat, bound, level})
+another; an entry is kept only when it passes every criterion. The loss weight is (normalised) IS weight × keep.
+
+Off-policy diagnostics, from l = logp_old - logp_rollout [B, W] (unclamped where finite; exponentials of the
+clamped l, and of the clamped row sum for the sequence form):
+    kl = mean(-l)                          estimates KL(π_rollout ‖ π_old) on the rollout's samples
+    k3_kl = mean(exp(l) - 1 - l)           the k3 estimator of the same KL (≥ 0 entry by entry)
+    ppl_ratio = mean_b exp(-mean_w l)      per sample, exp(mean log-prob) of rollout over old: the perplexity ratio
+    chi2_step = mean(exp(2 l)) - 1         χ²(π_old ‖ π_rollout) per step: the variance of the step IS weights
+    chi2_seq = mean_b exp(2 sum_w l) - 1   the same for the product of a sample's step weights
 """
 
 import math
@@ -46,6 +58,47 @@ def _opt(default, help: str):
     return field(default=default, metadata={"help": help})
 
 
+def _check_criterion(stat, bound, level, where: str):
+    """The checked bound of one rejection criterion: (lo, hi) for k1, one float otherwise."""
+    if stat not in _OPTIONS["rs_stat"][1:]:
+        raise ValueError(f"{where}: rs_stat must be one of {list(_OPTIONS['rs_stat'])}, got {stat!r}")
+    if level not in _OPTIONS["rs_level"]:
+        raise ValueError(f"{where}: rs_level must be one of {list(_OPTIONS['rs_level'])}, got {level!r}")
+    if bound is None:
+        raise ValueError(f"{where}: rs_stat={stat} needs rs_bound (k1: [lo, hi] or h; k2/k3: an upper bound)")
+    if stat == "k1":
+        if isinstance(bound, (list, tuple)):
+            if len(bound) != 2:
+                raise ValueError(f"{where}: k1 rs_bound must be [lo, hi] or one number h; got {bound}")
+            lo, hi = (float(b) for b in bound)
+        else:
+            lo, hi = 1.0 / float(bound), float(bound)
+        if not 0 < lo <= 1 <= hi:
+            raise ValueError(f"{where}: k1 rs_bound needs 0 < lo ≤ 1 ≤ hi (h ≥ 1 for one number); got lo={lo}, hi={hi}")
+        if level == "max":
+            raise ValueError(f"{where}: rs_level max is not defined for k1 (signed, its max bounds one side); use step")
+        return (lo, hi)
+    if isinstance(bound, (list, tuple)) or float(bound) <= 0:
+        raise ValueError(f"{where}: {stat} rs_bound must be one number > 0, got {bound}")
+    return float(bound)
+
+
+@dataclass
+class RejectionCriterion:
+    """One more rejection criterion of the chain (rs_chain): the same meaning as rs_stat / rs_bound / rs_level."""
+
+    stat: Literal["k1", "k2", "k3"] = _opt("k3", "Rejection statistic k1, k2 or k3.")
+    bound: float | tuple[float, float] | None = _opt(None, "k2/k3: upper bound; k1: [lo, hi] or h = [1/h, h].")
+    level: Literal["step", "sum", "mean", "max"] = _opt("step", "Reject single steps, or samples by the window.")
+
+    def __post_init__(self):
+        self.bound = _check_criterion(self.stat, self.bound, self.level, "rollout correction rs_chain entry")
+
+    @property
+    def name(self) -> str:
+        return f"{self.stat}_{self.level}"
+
+
 @dataclass
 class RolloutCorrectionConfig:
     mode: Literal["bypass", "decoupled"] = _opt("bypass", "bypass: old = rollout log-probs; decoupled: recomputed.")
@@ -57,6 +110,11 @@ class RolloutCorrectionConfig:
     rs_stat: Literal["k1", "k2", "k3"] | None = _opt(None, "Rejection statistic; null = no rejection.")
     rs_bound: float | tuple[float, float] | None = _opt(None, "k2/k3: upper bound; k1: [lo, hi] or h = [1/h, h].")
     rs_level: Literal["step", "sum", "mean", "max"] = _opt("step", "Reject single steps, or samples by the window.")
+    rs_chain: list[RejectionCriterion] = field(
+        default_factory=list,
+        metadata={"help": "More rejection criteria [{stat, bound, level}]; an entry must pass all (rs_stat's too)."},
+    )
+    is_batch_normalize: bool = _opt(False, "Decoupled: divide the IS weights by their mean (over a worker's rows).")
 
     def __post_init__(self):
         for name, valid in _OPTIONS.items():
@@ -71,28 +129,21 @@ class RolloutCorrectionConfig:
                 f"icepop bounds must satisfy 0 < icepop_lo ≤ 1 ≤ icepop_hi so on-policy steps (w = 1) are kept; "
                 f"got icepop_lo={self.icepop_lo}, icepop_hi={self.icepop_hi}"
             )
+        self.rs_chain = [c if isinstance(c, RejectionCriterion) else RejectionCriterion(**c) for c in self.rs_chain]
         if self.rs_stat is None:
             if self.rs_bound is not None:
                 raise ValueError(f"rs_bound={self.rs_bound} is set but rs_stat is null; set rs_stat to k1, k2 or k3")
+            if self.rs_chain:
+                raise ValueError("rs_chain adds criteria to rs_stat's; set rs_stat (the first criterion) as well")
             return
-        if self.rs_bound is None:
-            raise ValueError(f"rs_stat={self.rs_stat} needs rs_bound (k1: [lo, hi] or h; k2/k3: an upper bound)")
-        if self.rs_stat == "k1":
-            if isinstance(self.rs_bound, (list, tuple)):
-                if len(self.rs_bound) != 2:
-                    raise ValueError(f"k1 rs_bound must be [lo, hi] or one number h; got {self.rs_bound}")
-                lo, hi = (float(b) for b in self.rs_bound)
-            else:
-                lo, hi = 1.0 / float(self.rs_bound), float(self.rs_bound)
-            if not 0 < lo <= 1 <= hi:
-                raise ValueError(f"k1 rs_bound needs 0 < lo ≤ 1 ≤ hi (h ≥ 1 for one number); got lo={lo}, hi={hi}")
-            self.rs_bound = (lo, hi)
-            if self.rs_level == "max":
-                raise ValueError("rs_level max is not defined for k1 (signed, its max bounds one side); use step")
-        else:
-            if isinstance(self.rs_bound, (list, tuple)) or float(self.rs_bound) <= 0:
-                raise ValueError(f"{self.rs_stat} rs_bound must be one number > 0, got {self.rs_bound}")
-            self.rs_bound = float(self.rs_bound)
+        self.rs_bound = _check_criterion(self.rs_stat, self.rs_bound, self.rs_level, "rollout correction")
+
+    @property
+    def criteria(self) -> list[RejectionCriterion]:
+        """Every rejection criterion, rs_stat's first; empty without rejection."""
+        if self.rs_stat is None:
+            return []
+        return [RejectionCriterion(self.rs_stat, self.rs_bound, self.rs_level), *self.rs_chain]
 
     @property
     def active(self) -> bool:
@@ -106,29 +157,58 @@ class CorrectionResult:
     metrics: dict[str, torch.Tensor]  # scalar tensors, detached
 
 
-def rejection_mask(log_w_BW: torch.Tensor, cfg: RolloutCorrectionConfig) -> torch.Tensor:
-    """Bool [B, W], True = kept, for log w = logp_old - logp_rollout per step; all True when rs_stat is None."""
-    if cfg.rs_stat is None:
-        return torch.ones_like(log_w_BW, dtype=torch.bool)
-    log_w = log_w_BW.float().clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    if cfg.rs_stat == "k1":
-        stat = -log_w
-    elif cfg.rs_stat == "k2":
-        stat = 0.5 * log_w**2
+def _criterion_keep(log_w_BW: torch.Tensor, c: RejectionCriterion) -> torch.Tensor:
+    """Bool [B, W], True = kept by criterion c; log_w is already clamped, fp32."""
+    if c.stat == "k1":
+        stat = -log_w_BW
+    elif c.stat == "k2":
+        stat = 0.5 * log_w_BW**2
     else:
-        stat = torch.exp(log_w) - 1 - log_w
-    if cfg.rs_level == "sum":
+        stat = torch.exp(log_w_BW) - 1 - log_w_BW
+    if c.level == "sum":
         stat = stat.sum(dim=1, keepdim=True)
-    elif cfg.rs_level == "mean":
+    elif c.level == "mean":
         stat = stat.mean(dim=1, keepdim=True)
-    elif cfg.rs_level == "max":
+    elif c.level == "max":
         stat = stat.amax(dim=1, keepdim=True)
-    if cfg.rs_stat == "k1":
-        lo, hi = cfg.rs_bound
+    if c.stat == "k1":
+        lo, hi = c.bound
         keep = (stat >= math.log(lo)) & (stat <= math.log(hi))
     else:
-        keep = stat <= cfg.rs_bound
+        keep = stat <= c.bound
     return keep.expand_as(log_w_BW)
+
+
+def rejection_masks(log_w_BW: torch.Tensor, cfg: RolloutCorrectionConfig) -> list[tuple[str, torch.Tensor]]:
+    """(criterion name, bool [B, W] kept by it) for each criterion of the chain, in order."""
+    log_w = log_w_BW.float().clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    return [(c.name, _criterion_keep(log_w, c)) for c in cfg.criteria]
+
+
+def rejection_mask(log_w_BW: torch.Tensor, cfg: RolloutCorrectionConfig) -> torch.Tensor:
+    """Bool [B, W], True = kept by every criterion, for log w = logp_old - logp_rollout per step; all True
+    without rejection."""
+    keep = torch.ones_like(log_w_BW, dtype=torch.bool)
+    for _, kept in rejection_masks(log_w_BW, cfg):
+        keep = keep & kept
+    return keep
+
+
+def offpolicy_metrics(log_w_BW: torch.Tensor, sequence: bool = True) -> dict[str, torch.Tensor]:
+    """rollout_corr/{kl, k3_kl, chi2_step} and, with `sequence` (all of a sample's trained steps in the row),
+    {ppl_ratio, chi2_seq}: see the module docstring. log_w = logp_old - logp_rollout [B, W], finite."""
+    log_w = log_w_BW.detach().double()  # fp64: exp(2 l) of a clamped l reaches e^40
+    safe = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    out = {
+        "rollout_corr/kl": (-log_w).mean(),
+        "rollout_corr/k3_kl": (torch.exp(safe) - 1 - safe).mean(),
+        "rollout_corr/chi2_step": torch.exp(2 * safe).mean() - 1,
+    }
+    if sequence:
+        row_sum = log_w.sum(dim=1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        out["rollout_corr/ppl_ratio"] = torch.exp((-log_w.mean(dim=1)).clamp(max=SAFETY_BOUND)).mean()
+        out["rollout_corr/chi2_seq"] = torch.exp(2 * row_sum).mean() - 1
+    return {k: v.float() for k, v in out.items()}
 
 
 def _importance_weights(log_w_BW: torch.Tensor, cfg: RolloutCorrectionConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,13 +243,24 @@ def correction_weights(
         log_w_BW = logp_old_BW.detach().float() - logp_rollout_BW.detach().float()
         if not torch.isfinite(log_w_BW).all():
             raise ValueError("logp_old or logp_rollout holds NaN or inf; rollout correction needs finite log-probs")
+        metrics = {}
         if cfg.mode == "decoupled":
             is_BW, changed_BW = _importance_weights(log_w_BW, cfg)
+            if cfg.is_batch_normalize:
+                mean_w = is_BW.mean()
+                factor = mean_w if mean_w > 1e-8 else torch.ones_like(mean_w)
+                is_BW = is_BW / factor
+                metrics["rollout_corr/is_batch_norm_factor"] = factor
         else:
             is_BW, changed_BW = torch.ones_like(log_w_BW), torch.zeros_like(log_w_BW, dtype=torch.bool)
-        keep_BW = rejection_mask(log_w_BW, cfg)
+        keep_BW = torch.ones_like(log_w_BW, dtype=torch.bool)
+        chain = rejection_masks(log_w_BW, cfg)
+        for name, kept_BW in chain:
+            keep_BW = keep_BW & kept_BW
+            if len(chain) > 1:
+                metrics[f"rollout_corr/rejected_fraction/{name}"] = (~kept_BW).float().mean()
         weights_BW = is_BW * keep_BW.float()
-        metrics = {
+        metrics.update({
             "rollout_corr/abs_dlogp_mean": log_w_BW.abs().mean(),
             "rollout_corr/abs_dlogp_max": log_w_BW.abs().max(),
             "rollout_corr/is_weight_mean": is_BW.mean(),
@@ -177,5 +268,6 @@ def correction_weights(
             "rollout_corr/is_changed_fraction": changed_BW.float().mean(),
             "rollout_corr/rejected_fraction": (~keep_BW).float().mean(),
             "rollout_corr/weight_mean": weights_BW.mean(),
-        }
+        })  # fmt: skip
+        metrics.update(offpolicy_metrics(log_w_BW))
     return CorrectionResult(weights_BW=weights_BW.detach(), metrics={k: v.detach() for k, v in metrics.items()})

@@ -17,16 +17,22 @@ from diffusion_rl.algorithms.base import Algorithm, TrainBatch, UpdatePosition, 
 
 
 class _Means:
-    """Sums of per-pass metrics and of per-entry metrics (weighted by rows), reported as their means."""
+    """Sums of per-pass metrics and of per-entry metrics (weighted by rows), reported as their means; a per-pass
+    metric named `*_max` is the maximum over the passes and `*_min` the minimum (as the Ray driver reduces workers)."""
 
     def __init__(self):
         self.sums: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
         self.entry_sums: dict[str, float] = {}
         self.passes = 0
         self.entries = 0
 
     def add(self, metrics: dict, entry_metrics: dict, rows: int) -> None:
         for name, value in metrics.items():
+            if name.endswith(("_max", "_min")):
+                pick = max if name.endswith("_max") else min
+                self.extremes[name] = pick(self.extremes.get(name, float(value)), float(value))
+                continue
             self.sums[name] = self.sums.get(name, 0.0) + float(value)
         for name, value in entry_metrics.items():
             self.entry_sums[name] = self.entry_sums.get(name, 0.0) + float(value) * rows
@@ -35,6 +41,7 @@ class _Means:
 
     def result(self) -> dict[str, float]:
         out = {name: value / self.passes for name, value in self.sums.items()}
+        out.update(self.extremes)
         out.update({name: value / self.entries for name, value in self.entry_sums.items()})
         return out
 

@@ -16,8 +16,9 @@ V_REF = [[1.0, 2.0], [0.0, 0.0]]
 ADV = [-2.0, 0.0]
 
 
-def _cfg(nft_beta=BETA, adv_clip_max=CLIP, kl_beta=KL):
-    return SimpleNamespace(nft_beta=nft_beta, adv_clip_max=adv_clip_max, kl_beta=kl_beta)
+def _cfg(nft_beta=BETA, adv_clip_max=CLIP, kl_beta=KL, reward_mode="continuous", weight_floor=1e-5):
+    return SimpleNamespace(nft_beta=nft_beta, adv_clip_max=adv_clip_max, kl_beta=kl_beta, reward_mode=reward_mode,
+                           weight_floor=weight_floor)  # fmt: skip
 
 
 def _input(v=V, v_old=V_OLD, v_ref=V_REF, x_t=X_T, x0=X0, t=T, adv=ADV):

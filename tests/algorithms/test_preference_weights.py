@@ -41,7 +41,7 @@ def test_dpo_weight_zero_pair_counts_in_the_denominator_only():
 
 
 def test_nft_and_awm_weight_zero_rows_add_no_gradient():
-    nft_cfg = SimpleNamespace(nft_beta=0.5, adv_clip_max=2.0, kl_beta=0.1)
+    nft_cfg = SimpleNamespace(nft_beta=0.5, adv_clip_max=2.0, kl_beta=0.1, reward_mode="continuous", weight_floor=1e-5)
     awm_cfg = SimpleNamespace(clip_range=1.0, adv_clip_max=2.0, advantage_max=1.0, weighting="t", kl_beta=0.1,
                               ema_beta=0.0)  # fmt: skip
     v = torch.tensor([[2.0, 2.0], [-1.0, 3.0]], requires_grad=True)

@@ -80,3 +80,16 @@ def test_the_summary_prints_a_zero_start_as_a_number_and_a_missing_value_as_a_da
     assert row.split() == ["flow_grpo", "3", "0.500", "1.00", "16.00", "0", "0.25", "–", "0.25"]
     assert len(row) == len(header)  # the dash keeps the column's width
     assert skipped.split(maxsplit=1) == ["dpo_offline", "no pair file"]
+
+
+def test_the_shapes_task_keeps_a_pairwise_config_pairwise_and_validates_every_config_on_shapes(learning, tmp_path):
+    args = argparse.Namespace(seed=0, threads=2, set=[])
+    info = {"size": 32, "text_tokens": 16}
+    found = learning.algorithm_configs(None)
+    pairwise = learning.build_config(found["pairwise"], tmp_path / "a", args, tmp_path / "model", info)
+    (reward,) = pairwise.rewards
+    assert (reward.name, reward.kwargs) == ("pairwise_win_rate", {"reward": {"name": "shapes_geneval"}})
+    nft = learning.build_config(found["nft"], tmp_path / "b", args, tmp_path / "model", info)
+    assert [r.name for r in nft.rewards] == ["shapes_geneval"]
+    for cfg in (pairwise, nft):
+        assert [r.name for r in cfg.val.rewards] == ["shapes_geneval"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -191,3 +193,7 @@ def test_rejected_fraction_is_the_share_of_rejected_sample_steps_of_the_update(m
         traj.log_probs[row, col] += 5.0
     metrics = worker.update(_targets(1.0, -1.0, 1.0, -1.0), 0)
     assert metrics["rollout_corr/rejected_fraction"] == pytest.approx(3 / 12, abs=1e-6)
+    # off-policy diagnostics over the same 12 entries: three at log w = −5, nine at 0
+    assert metrics["rollout_corr/kl"] == pytest.approx(3 * 5 / 12, abs=1e-3)
+    assert metrics["rollout_corr/k3_kl"] == pytest.approx(3 * (math.exp(-5) - 1 + 5) / 12, abs=1e-3)
+    assert metrics["rollout_corr/chi2_step"] == pytest.approx((3 * math.exp(-10) + 9) / 12 - 1, abs=1e-3)

@@ -48,6 +48,11 @@ def test_decoupled_rollout_correction_with_two_epochs_learns_and_logs_consistenc
     # same weights for the rollout and the recomputation: log-probs agree to float error, weights are 1
     assert max(r["rollout_corr/abs_dlogp_max"] for r in train_rows) < 1e-4
     assert all(abs(r["rollout_corr/is_weight_mean"] - 1) < 1e-4 for r in train_rows)
+    # and the off-policy diagnostics say on-policy: KL and χ² near 0, equal perplexities
+    for r in train_rows:
+        assert abs(r["rollout_corr/kl"]) < 1e-4 and 0 <= r["rollout_corr/k3_kl"] < 1e-6
+        assert abs(r["rollout_corr/chi2_step"]) < 1e-3 and abs(r["rollout_corr/chi2_seq"]) < 1e-3
+        assert abs(r["rollout_corr/ppl_ratio"] - 1) < 1e-4
     assert rows[-1]["val/reward/mean"] > rows[0]["val/reward/mean"] + 1e-5
 
 

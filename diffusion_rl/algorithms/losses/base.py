@@ -12,7 +12,14 @@ import torch
 from diffusion_rl.algorithms.base import LossOutput, LossSettings
 from diffusion_rl.settings import check, opt
 
-__all__ = ["ClippedLossSettings", "LossOutput", "PolicyLossInput", "PolicyLossSettings", "kl_to_reference"]
+__all__ = [
+    "ClippedLossSettings",
+    "LossOutput",
+    "PolicyLossInput",
+    "PolicyLossSettings",
+    "kl_to_reference",
+    "ratio_metrics",
+]
 
 
 @dataclass
@@ -86,3 +93,34 @@ def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
     # fp32: the mean difference is small next to the means; bf16 would round most of it away
     sq_diff_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1)
     return sq_diff_B / (2 * inp.std.float() ** 2)
+
+
+@torch.no_grad()
+def ratio_metrics(
+    log_ratio_B: torch.Tensor, ratio_B: torch.Tensor, clip_range: float | None
+) -> dict[str, torch.Tensor]:
+    """The likelihood-ratio metrics every policy-gradient loss logs, over the micro-batch's rows (unweighted):
+
+        ppo_kl      = mean(-log_ratio)                 (verl-omni's ppo_kl: an estimate of KL(π_old ‖ π_θ))
+        approx_kl   = mean(log_ratio^2) / 2
+        ratio_mean, ratio_std (population std, ddof 0), ratio_min, ratio_max      of ratio
+        clip_fraction = mean(|ratio - 1| > clip_range)
+        clip_fraction_higher = mean(ratio - 1 > clip_range),  clip_fraction_lower = mean(1 - ratio > clip_range)
+
+    log_ratio_B is log π_θ - log π_old of the step (before any rescaling); ratio_B the ratio the loss clips (for
+    GRPO-Guard its re-centred, rescaled one). clip_range None (a loss without a ratio clip): no clip fractions.
+    """
+    log_ratio_B, ratio_B = log_ratio_B.detach().float(), ratio_B.detach().float()
+    out = {
+        "ppo_kl": (-log_ratio_B).mean(),
+        "approx_kl": 0.5 * (log_ratio_B**2).mean(),
+        "ratio_mean": ratio_B.mean(),
+        "ratio_std": ratio_B.std(correction=0),
+        "ratio_min": ratio_B.min(),
+        "ratio_max": ratio_B.max(),
+    }
+    if clip_range is not None:
+        out["clip_fraction"] = ((ratio_B - 1.0).abs() > clip_range).float().mean()
+        out["clip_fraction_higher"] = (ratio_B - 1.0 > clip_range).float().mean()
+        out["clip_fraction_lower"] = (1.0 - ratio_B > clip_range).float().mean()
+    return out

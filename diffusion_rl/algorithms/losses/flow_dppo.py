@@ -16,6 +16,10 @@ Per sample i (cfg: kl_mask_threshold, add_kl_coefficient, kl_beta):
 - The advantages are NOT clamped and the ratio is not clipped: the mask is the only trust region.
 - Masked samples stay in the mean's denominator, so masking lowers the loss's scale rather than re-weighting
   the kept samples. kl_i only decides the mask and is detached.
+- Metrics: policy_loss, kl_ref, the ratio metrics of losses/base.py `ratio_metrics` (no clip fractions: no clip),
+  dppo/masked_fraction (mean of masked_i) split into pos_masked_fraction (ratio > 1, A > 0) and
+  neg_masked_fraction (ratio < 1, A < 0), dppo/far_fraction (mean of kl_i ≥ kl_mask_threshold, masked or not),
+  dppo/kl_mean and dppo/kl_max of kl_i. The unmasked fraction is 1 − masked_fraction.
 - klref_i is the KL term shared by every policy-gradient loss (losses/base.py `kl_to_reference`; kl_beta > 0
   needs ref_mean); it is never masked. Flow-DPPO's recipe runs with kl_beta 0.
 """
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import PolicyLossInput, PolicyLossSettings, kl_to_reference
+from diffusion_rl.algorithms.losses.base import PolicyLossInput, PolicyLossSettings, kl_to_reference, ratio_metrics
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.settings import check, opt
 
@@ -61,8 +65,10 @@ def flow_dppo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
             kl_B = (sq_diff_BN / (2 * noise_std_B[:, None] ** 2)).mean(dim=1)
         else:
             kl_B = sq_diff_BN.mean(dim=1) / 2
-        widening_B = ((ratio_B > 1) & (adv_B > 0)) | ((ratio_B < 1) & (adv_B < 0))
-        masked_B = (kl_B >= threshold) & widening_B
+        far_B = kl_B >= threshold
+        pos_masked_B = far_B & (ratio_B > 1) & (adv_B > 0)
+        neg_masked_B = far_B & (ratio_B < 1) & (adv_B < 0)
+        masked_B = pos_masked_B | neg_masked_B
 
     policy_B = torch.where(masked_B, torch.zeros_like(ratio_B), -adv_B * ratio_B)
     kl_ref_B = kl_to_reference(inp, kl_beta)
@@ -76,10 +82,12 @@ def flow_dppo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
         metrics = {
             "policy_loss": policy_B.mean(),
             "kl_ref": kl_ref_B.mean(),
-            "approx_kl": 0.5 * (log_ratio_B**2).mean(),
-            "ratio_mean": ratio_B.mean(),
-            "ratio_std": ratio_B.std(correction=0),
+            **ratio_metrics(log_ratio_B, ratio_B, None),
             "dppo/masked_fraction": masked_B.float().mean(),
+            "dppo/pos_masked_fraction": pos_masked_B.float().mean(),
+            "dppo/neg_masked_fraction": neg_masked_B.float().mean(),
+            "dppo/far_fraction": far_B.float().mean(),
             "dppo/kl_mean": kl_B.mean(),
+            "dppo/kl_max": kl_B.max(),
         }
     return LossOutput(loss=loss, metrics={k: v.detach() for k, v in metrics.items()})

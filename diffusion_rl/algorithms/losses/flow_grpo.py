@@ -8,7 +8,9 @@ Per sample i (cfg: clip_range, adv_clip_max, kl_beta):
     kl_i     = mean over the non-batch dims of (mean_i - ref_mean_i)^2 / (2 * std_i^2)    if kl_beta > 0
     loss     = mean_i of weight_i * (policy_i + kl_beta * kl_i)                          (weight_i = 1 if None)
 
-kl_i is the KL term shared by every policy-gradient loss (losses/base.py `kl_to_reference`).
+kl_i is the KL term shared by every policy-gradient loss (losses/base.py `kl_to_reference`). Metrics: policy_loss,
+kl_ref and the ratio metrics of losses/base.py `ratio_metrics` (ppo_kl, approx_kl, ratio_mean/std/min/max,
+clip_fraction and its _higher / _lower sides).
 """
 
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import ClippedLossSettings, PolicyLossInput, kl_to_reference
+from diffusion_rl.algorithms.losses.base import ClippedLossSettings, PolicyLossInput, kl_to_reference, ratio_metrics
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 
 
@@ -49,9 +51,6 @@ def flow_grpo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
         metrics = {
             "policy_loss": policy_B.mean(),
             "kl_ref": kl_B.mean(),
-            "clip_fraction": ((ratio_B - 1.0).abs() > clip_range).float().mean(),
-            "approx_kl": 0.5 * (log_ratio_B**2).mean(),
-            "ratio_mean": ratio_B.mean(),
-            "ratio_std": ratio_B.std(correction=0),
+            **ratio_metrics(log_ratio_B, ratio_B, clip_range),
         }
     return LossOutput(loss=loss, metrics={k: v.detach() for k, v in metrics.items()})

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import ClippedLossSettings, PolicyLossInput, kl_to_reference
+from diffusion_rl.algorithms.losses.base import ClippedLossSettings, PolicyLossInput, kl_to_reference, ratio_metrics
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.settings import check, opt
 
@@ -81,11 +81,8 @@ def grpo_guard_loss(inp: PolicyLossInput, cfg) -> LossOutput:
         metrics = {
             "policy_loss": policy_B.mean(),
             "kl_ref": kl_B.mean(),
-            "clip_fraction": ((ratio_B - 1.0).abs() > clip_range).float().mean(),
-            # of the plain log-ratio, comparable with flow_grpo's
-            "approx_kl": 0.5 * (log_ratio_B**2).mean(),
-            "ratio_mean": ratio_B.mean(),
-            "ratio_std": ratio_B.std(correction=0),
+            # ppo_kl and approx_kl of the plain log-ratio, comparable with flow_grpo's; the rest of the clipped ratio
+            **ratio_metrics(log_ratio_B, ratio_B, clip_range),
             "guard/bias_mean": bias_B.mean(),
             "guard/scale": scale,
         }

@@ -1,26 +1,39 @@
 """DiffusionNFT: flow matching toward an implicit positive policy and away from an implicit negative one.
 
-Per sample i of a micro-batch (cfg: nft_beta = beta, adv_clip_max = c, kl_beta = beta_KL):
+Per sample i of a micro-batch (cfg: nft_beta = beta, adv_clip_max = c, kl_beta = beta_KL, weight_floor = f,
+reward_mode):
 
-    r_i     = clamp(clamp(A_i, -c, c) / (2c) + 1/2, 0, 1)          how much sample i counts as a positive
+    a_i     = clamp(A_i, -c, c), then by reward_mode:
+                continuous     a_i                      (DiffusionNFT's default)
+                positive_only  max(a_i, 0)              only the better samples pull toward v+; the rest sit at 1/2
+                negative_only  min(a_i, 0)              only the worse samples push away; the rest sit at 1/2
+                one_only       1 if a_i > 0 else 0      r = 1/2 + 1/(2c) for the better half, 1/2 for the rest
+                binary         sign(a_i)                r = 1/2 ± 1/(2c), 1/2 at A = 0
+    r_i     = clamp(a_i / (2c) + 1/2, 0, 1)                          how much sample i counts as a positive
     v+      = beta * v_theta + (1 - beta) * v_old                    implicit positive policy
     v-      = (1 + beta) * v_old - beta * v_theta                    its mirror image around v_old
     x0+-    = x_t - t_i * v+-                                        their clean-sample predictions
-    w+-_i   = max(mean |x0+- - x0|, 1e-5), without gradient          per-sample adaptive normaliser
-    pol_i   = (r_i * mean (x0+ - x0)^2 / w+_i + (1 - r_i) * mean (x0- - x0)^2 / w-_i) / beta
+    w+-_i   = max(mean |x0+- - x0|, f), without gradient             per-sample adaptive normaliser
+    pos_i   = mean (x0+ - x0)^2 / w+_i,   neg_i = mean (x0- - x0)^2 / w-_i
+    pol_i   = (r_i * pos_i + (1 - r_i) * neg_i) / beta
     loss    = c * mean_i pol_i + beta_KL * mean_i mean (v_theta - v_ref)^2
 
 means without an index run over the non-batch dims. c is a pure scale of the policy term; dividing by beta
 cancels the beta that v+- bring into the gradient (d x0+- / d v_theta = -+ t * beta), so a small beta does not
 shrink the update. v_old is the slowly-updated "old" adapter that sampled the rollouts (see schedules.old_decay);
-v_ref is the frozen base model and is only needed when kl_beta > 0.
+v_ref is the frozen base model and is only needed when kl_beta > 0. The modes one_only and binary map the sign of
+the advantage to ±1 BEFORE dividing by 2c, as the reference code does, so their r moves only 1/(2c) from 1/2
+(0.1 at c = 5); a smaller adv_clip_max makes them stronger. The floor f (1e-5 in DiffusionNFT)
+keeps a near-perfect prediction from blowing the loss up.
 
-Metrics: nft/r_mean, nft/policy_loss (c * mean pol_i, the term in the loss), kl_ref (mean (v_theta - v_ref)^2,
-0 without v_ref), nft/old_gap (mean (v_theta - v_old)^2).
+Metrics: nft/r_mean, nft/policy_loss (c * mean pol_i, the term in the loss), nft/positive_loss and
+nft/negative_loss (mean pos_i and mean neg_i, before r and c), kl_ref (mean (v_theta - v_ref)^2, 0 without v_ref),
+nft/old_gap (mean (v_theta - v_old)^2); means over the samples that carry weight.
 
 The update (`Nft`): the `old` adapter samples the rollouts; each sample trains at a seeded subset of the rollout
 schedule's sigmas (timestep_fraction of them), one per backward pass; after every `old_update_interval` steps
-`old` moves toward the policy by the decay schedule (schedules.old_decay).
+`old` moves toward the policy by the decay schedule (schedules.old_decay). Its advantages are the group advantages
+of algorithm.advantage (std with `std_ddof`, 0 by default as in DiffusionNFT's own code; verl-omni's is 1).
 """
 
 from __future__ import annotations
@@ -50,7 +63,8 @@ from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import check, opt
 from diffusion_rl.utils.seeding import make_generator
 
-MIN_WEIGHT = 1e-5  # floor of the adaptive normaliser: a near-perfect prediction must not blow the loss up
+MIN_WEIGHT = 1e-5  # DiffusionNFT's floor of the adaptive normaliser (the default of `weight_floor`)
+REWARD_MODES = ("continuous", "positive_only", "negative_only", "one_only", "binary")
 
 
 @dataclass
@@ -72,10 +86,22 @@ class NftInput:
         check_vectors(batch, t=self.t, advantages=self.advantages, weights=self.weights)
 
 
-def reward_probability(advantages: torch.Tensor, adv_clip_max: float) -> torch.Tensor:
-    """[B] -> [B]: r = clamp(clamp(A, -c, c) / (2c) + 1/2, 0, 1); A = c gives 1, A = 0 gives 1/2, A = -c gives 0."""
+def reward_probability(advantages: torch.Tensor, adv_clip_max: float, mode: str = "continuous") -> torch.Tensor:
+    """[B] -> [B]: r = clamp(a / (2c) + 1/2, 0, 1) with a = clamp(A, -c, c) transformed by `mode` (module
+    docstring); continuous: A = c gives 1, A = 0 gives 1/2, A = -c gives 0."""
     c = float(adv_clip_max)
-    return (advantages.float().clamp(-c, c) / (2 * c) + 0.5).clamp(0.0, 1.0)
+    a = advantages.float().clamp(-c, c)
+    if mode == "positive_only":
+        a = a.clamp_min(0.0)
+    elif mode == "negative_only":
+        a = a.clamp_max(0.0)
+    elif mode == "one_only":
+        a = (a > 0).float()
+    elif mode == "binary":
+        a = torch.sign(a)
+    elif mode != "continuous":
+        raise ValueError(f"reward_mode must be one of {list(REWARD_MODES)}, got {mode!r}")
+    return (a / (2 * c) + 0.5).clamp(0.0, 1.0)
 
 
 @dataclass
@@ -91,8 +117,15 @@ class NftSettings(LossSettings):
         "delayed_linear_to_0_999 (0 before step 75, then min(0.0075·(step − 75), 0.999)), fixed (old_decay_value).",
     )
     old_decay_value: float | None = opt(None, "The constant d in [0, 1] of old_decay=fixed.")
+    reward_mode: Literal["continuous", "positive_only", "negative_only", "one_only", "binary"] = opt(
+        "continuous",
+        "How the clamped advantage a becomes r = a/(2·adv_clip_max) + 1/2: continuous (a), positive_only (max(a, 0)), "
+        "negative_only (min(a, 0)), one_only (1 if a > 0 else 0), binary (sign a).",
+    )
+    weight_floor: float = opt(MIN_WEIGHT, "Floor of the adaptive normaliser mean |x0± − x0| (DiffusionNFT's 1e-5).")
 
     def __post_init__(self):
+        check(self.weight_floor > 0, f"weight_floor must be > 0 (the loss divides by it), got {self.weight_floor}")
         check(self.nft_beta > 0, f"nft_beta must be > 0, got {self.nft_beta}")
         check(self.adv_clip_max > 0, f"adv_clip_max must be > 0, got {self.adv_clip_max}")
         check(self.kl_beta >= 0, f"kl_beta must be ≥ 0, got {self.kl_beta}")
@@ -178,8 +211,11 @@ class Nft(ForwardProcess):
 
 @register_loss("nft", settings=NftSettings, algorithm=Nft)
 def nft_loss(inp: NftInput, cfg) -> LossOutput:
-    """cfg needs nft_beta, adv_clip_max and kl_beta."""
+    """cfg needs nft_beta, adv_clip_max, kl_beta, reward_mode and weight_floor."""
     beta, c, kl_beta = float(cfg.nft_beta), float(cfg.adv_clip_max), float(cfg.kl_beta)
+    floor = float(cfg.weight_floor)
+    if floor <= 0:
+        raise ValueError(f"weight_floor must be > 0 (the loss divides by it); got {floor}")
     if beta <= 0:
         raise ValueError(f"nft_beta must be > 0 (the loss divides by it); got {beta}")
     if c <= 0:
@@ -191,13 +227,13 @@ def nft_loss(inp: NftInput, cfg) -> LossOutput:
     v, v_old = inp.v.float(), inp.v_old.detach().float()
     x_t, x0 = inp.x_t.float(), inp.x0.float()
     t_B1 = inp.t.float().view(-1, *([1] * (v.ndim - 1)))
-    r_B = reward_probability(inp.advantages, c)
+    r_B = reward_probability(inp.advantages, c, cfg.reward_mode)
 
     x0_pos = x_t - t_B1 * (beta * v + (1 - beta) * v_old)
     x0_neg = x_t - t_B1 * ((1 + beta) * v_old - beta * v)
     with torch.no_grad():
-        w_pos_B = row_mean((x0_pos - x0).abs()).clamp_min(MIN_WEIGHT)
-        w_neg_B = row_mean((x0_neg - x0).abs()).clamp_min(MIN_WEIGHT)
+        w_pos_B = row_mean((x0_pos - x0).abs()).clamp_min(floor)
+        w_neg_B = row_mean((x0_neg - x0).abs()).clamp_min(floor)
     pos_B = row_mean((x0_pos - x0).pow(2)) / w_pos_B
     neg_B = row_mean((x0_neg - x0).pow(2)) / w_neg_B
     w = inp.weights
@@ -213,6 +249,8 @@ def nft_loss(inp: NftInput, cfg) -> LossOutput:
         metrics = {
             "nft/r_mean": metric_mean(r_B, w),
             "nft/policy_loss": policy,
+            "nft/positive_loss": metric_mean(pos_B, w),
+            "nft/negative_loss": metric_mean(neg_B, w),
             "kl_ref": metric_mean(kl_B, w),
             "nft/old_gap": metric_mean(row_mean((v - v_old).pow(2)), w),
         }
