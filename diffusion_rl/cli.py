@@ -102,6 +102,7 @@ def cmd_sample(args) -> None:
         args.sde_type if args.sde_type != "ode" else "sde",
         args.noise_level,
         args.frames,
+        args.ode_solver,
     )
     window = None if args.sde_type == "ode" else default_window(args.steps)
     seeds = [seed_for(args.seed, i) for i in range(len(prompts))]
@@ -194,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
     p.add_argument("--noise-level", type=float, default=0.7)
+    p.add_argument("--ode-solver", default="euler", choices=["euler", "dpm2", "ab2"], help="solver of the ODE steps")
     p.add_argument(
         "--max-sequence-length",
         type=int,

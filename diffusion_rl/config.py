@@ -113,6 +113,12 @@ class SamplingConfig:
         "sde", "Stochastic step inside the window; ode: deterministic sampling (direct_preference family only)."
     )
     noise_level: float = opt(0.7, "SDE noise level a (η for dance_sde).")
+    ode_solver: Literal["euler", "dpm2", "ab2"] = opt(
+        "euler",
+        "Solver of the ODE steps outside the SDE window, one model call per step either way: euler (1st order); "
+        "dpm2: DPM-Solver++(2M), as MixGRPO-Flash; ab2: 2-step Adams–Bashforth on the velocity (2nd order on "
+        "σ-uniform schedules). SDE steps and log-probs are unchanged.",
+    )
     window: WindowConfig = opt(WindowConfig, "Which steps are stochastic (and trained).", factory=True)
     share_initial_noise: bool = opt(False, "Same initial noise for every sample of a prompt's group.")
     score_chunks: int = opt(
@@ -329,6 +335,9 @@ class ValConfig:
     prompts: str | None = opt("configs/prompts/val.txt", "Validation prompts file (null = no validation).")
     n: int = opt(2, "Samples per validation prompt.")
     num_steps: int = opt(20, "ODE steps for validation samples.")
+    ode_solver: Literal["euler", "dpm2", "ab2"] | None = opt(
+        None, "ODE solver of validation samples (null = sampling.ode_solver)."
+    )
     guidance: float | None = opt(None, "CFG for validation (null = sampling.guidance).")
     seed: int = opt(1234, "Seed of the validation noise (fixed across the run).")
     rewards: list[RewardSpec] | None = opt(

@@ -12,7 +12,7 @@ from diffusion_rl.errors import UserError
 logger = logging.getLogger(__name__)
 
 FALLBACK = {"steps": 20, "guidance": 4.5, "height": 64, "width": 64, "frames": 1, "dtype": "fp32",
-            "max_sequence_length": 256}  # fmt: skip
+            "max_sequence_length": 256, "ode_solver": "euler"}  # fmt: skip
 
 
 def register(subparsers) -> None:
@@ -52,6 +52,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
     p.add_argument("--noise-level", type=float, default=0.7)
+    p.add_argument(
+        "--ode-solver", default=None, choices=["euler", "dpm2", "ab2"],
+        help="solver of the ODE steps (default: the run's validation solver, else euler)",
+    )  # fmt: skip
     p.add_argument("--batch-size", type=int, default=8, help="images per forward pass and reward call")
     p.add_argument("--sheet-prompts", type=int, default=16, help="prompts shown on the contact sheets")
     p.add_argument("--no-ema", action="store_true", help="use the trained weights even when the run kept an EMA")
@@ -116,6 +120,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             height=first.sampling.height,
             width=first.sampling.width,
             frames=first.sampling.num_frames,
+            ode_solver=first.val.ode_solver or first.sampling.ode_solver,
             dtype=first.model.dtype,
             max_sequence_length=first.model.max_sequence_length,
         )
@@ -132,6 +137,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         width=pick("width"),
         sde_type=args.sde_type,
         noise_level=args.noise_level,
+        ode_solver=pick("ode_solver"),
         seed=args.seed,
         batch_size=args.batch_size,
         sheet_prompts=args.sheet_prompts,

@@ -46,6 +46,7 @@ from diffusion_rl.evaluation.summary import comparison_table, reward_stats
 from diffusion_rl.evaluation.targets import Target
 from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.rewards import RewardCombiner, RewardFailure, WeightedReward, make_reward
+from diffusion_rl.sampling.ode import ODE_SOLVERS
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.sampling.window import default_window
 from diffusion_rl.tracking.media import sample_sheet, save_sample
@@ -66,6 +67,7 @@ class EvalSettings:
     width: int = 64
     sde_type: str = "ode"  # ode, or a stochastic step type for every step but the last
     noise_level: float = 0.7
+    ode_solver: str = "euler"  # solver of the ODE steps (sampling/ode.py)
     seed: int = 0
     batch_size: int = 8  # images per forward pass and per reward call
     sheet_prompts: int = 16  # prompts shown on the contact sheets (all images are written regardless)
@@ -85,6 +87,8 @@ class EvalSettings:
             raise UserError(f"--sde-type {self.sde_type!r} is unknown; known: {', '.join(SDE_TYPES)}")
         if self.noise_level < 0:
             raise UserError(f"--noise-level must be ≥ 0, got {self.noise_level}")
+        if self.ode_solver not in ODE_SOLVERS:
+            raise UserError(f"--ode-solver {self.ode_solver!r} is unknown; known: {', '.join(ODE_SOLVERS)}")
         if self.batch_size < 1:
             raise UserError(f"--batch-size must be ≥ 1, got {self.batch_size}")
         if self.sheet_prompts < 1:
@@ -95,8 +99,9 @@ class EvalSettings:
     def sampler(self) -> SamplerSettings:
         sde = self.sde_type if self.sde_type != "ode" else "sde"
         return SamplerSettings(
-            self.num_steps, self.guidance, self.height, self.width, sde, self.noise_level, self.frames
-        )
+            self.num_steps, self.guidance, self.height, self.width, sde, self.noise_level, self.frames,
+            self.ode_solver,
+        )  # fmt: skip
 
     def seeds(self, prompt_index: int, sample: int) -> tuple[int, int]:
         """(initial-noise seed, SDE-noise seed) of sample k of prompt p: the same for every column."""

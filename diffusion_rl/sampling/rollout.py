@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import TensorDict
 
+from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
 from diffusion_rl.sampling.sde import StepOutput, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.window import SdeWindow, step_types
@@ -35,12 +36,18 @@ class SamplerSettings:
     sde_type: str = "sde"
     noise_level: float = 0.7
     frames: int = 1  # video frames per sample (a video family); 1 for images
+    ode_solver: str = "euler"  # how the steps outside the SDE window integrate the ODE (sampling/ode.py)
+
+    def __post_init__(self):
+        if self.ode_solver not in ODE_SOLVERS:
+            raise ValueError(f"unknown ODE solver '{self.ode_solver}'; known: {', '.join(ODE_SOLVERS)}")
 
     @classmethod
     def of(cls, sampling) -> SamplerSettings:
         """The training rollouts' settings, from the config's `sampling` section."""
         s = sampling
-        return cls(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level, s.num_frames)
+        return cls(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level, s.num_frames,
+                   s.ode_solver)  # fmt: skip
 
 
 def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int]) -> torch.Tensor:
@@ -78,27 +85,26 @@ def rollout(
     sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width, settings.frames)
     kinds = step_types(settings.num_steps, window, settings.sde_type)
     generators = [make_generator(s) for s in noise_seeds]
+    solver = OdeSolver(settings.ode_solver)
     x = initial_noise(model, settings, init_seeds)
     latents, log_probs, means, stds, index = [], [], [], [], []
     with model.eval_mode():
         for j, kind in enumerate(kinds):
             v = model.velocity(x, sigmas[j].item(), cond, settings.guidance)
+            if kind == "ode":
+                x = solver.step(x, v, sigmas[j].item(), sigmas[j + 1].item())
+                continue
             out = get_step(kind)(
-                x,
-                v,
-                sigmas[j].item(),
-                sigmas[j + 1].item(),
-                settings.noise_level,
-                generator=generators if kind != "ode" else None,
+                x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level, generator=generators
             )
-            if kind != "ode":
-                latents.append(x)
-                log_probs.append(out.log_prob)
-                means.append(out.mean)
-                stds.append(out.std)
-                index.append(j)
-                if j + 1 == window.start + window.size:
-                    latents.append(out.prev_sample)
+            latents.append(x)
+            log_probs.append(out.log_prob)
+            means.append(out.mean)
+            stds.append(out.std)
+            index.append(j)
+            if j + 1 == window.start + window.size:
+                latents.append(out.prev_sample)
+            solver.reset()  # the history is from before the noise this step added: restart at first order
             x = out.prev_sample
     device = x.device
     steps = {}

@@ -268,7 +268,8 @@ class Trainer:
         seeds = [seed_for(val.seed, "validation", i) for i in range(len(records))]
         guidance = val.guidance if val.guidance is not None else cfg.sampling.guidance
         s = cfg.sampling
-        settings = SamplerSettings(val.num_steps, guidance, s.height, s.width, frames=s.num_frames)
+        solver = val.ode_solver or s.ode_solver
+        settings = SamplerSettings(val.num_steps, guidance, s.height, s.width, frames=s.num_frames, ode_solver=solver)
         condition = [r.images for r in records]  # an edit's sources (references, fitted where they are used)
         images = self.engine.sample_images([r.prompt for r in records], [r.negative_prompt for r in records], seeds,
                                            settings, images=condition if any(condition) else None).numpy()  # fmt: skip
