@@ -211,3 +211,15 @@ def test_config_show_redacts_an_inline_api_key(capsys):
     assert main(argv) == 0
     shown = capsys.readouterr().out
     assert "sk-1" not in shown and "api_key: '***redacted***'" in shown and "api_key_env: null" in shown
+
+
+def test_sample_ode_solver_changes_the_ode_steps_only(tiny_model_dir, tmp_path):
+    base = ["sample", "--model", str(tiny_model_dir), "--prompt", "a", *FAST_SAMPLE, "--steps", "5"]
+    grids = {}
+    for solver in ("euler", "ab2"):
+        out = tmp_path / f"{solver}.png"
+        assert main([*base, "--ode-solver", solver, "--out", str(out)]) == 0
+        with Image.open(out) as image:
+            grids[solver] = np.asarray(image.convert("RGB")).astype(int)
+    assert grids["euler"].shape == grids["ab2"].shape
+    assert np.abs(grids["euler"] - grids["ab2"]).max() > 0  # 5 ODE steps: steps 1–3 are two-step ab2 steps
