@@ -335,6 +335,10 @@ class ValConfig:
     prompts: str | None = opt("configs/prompts/val.txt", "Validation prompts file (null = no validation).")
     n: int = opt(2, "Samples per validation prompt.")
     num_steps: int = opt(20, "ODE steps for validation samples.")
+    height: int | None = opt(
+        None, "Height of validation samples in pixels (null = sampling.height): train small, validate at full size."
+    )
+    width: int | None = opt(None, "Width of validation samples in pixels (null = sampling.width).")
     ode_solver: Literal["euler", "dpm2", "ab2"] | None = opt(
         None, "ODE solver of validation samples (null = sampling.ode_solver)."
     )
@@ -343,6 +347,15 @@ class ValConfig:
     rewards: list[RewardSpec] | None = opt(
         None, "Rewards that score validation, e.g. a held-out scorer the run does not optimise (null = `rewards`)."
     )
+
+    def __post_init__(self):
+        for key in ("height", "width"):
+            value = getattr(self, key)
+            check(value is None or value >= 1, f"val.{key} must be ≥ 1 pixel (null = sampling.{key}), got {value}")
+
+    def size(self, sampling: SamplingConfig) -> tuple[int, int]:
+        """(height, width) of validation samples: val's own, else the rollouts'."""
+        return (self.height or sampling.height, self.width or sampling.width)
 
 
 @dataclass

@@ -117,8 +117,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
         defaults.update(
             steps=first.val.num_steps,
             guidance=guidance,
-            height=first.sampling.height,
-            width=first.sampling.width,
+            height=first.val.size(first.sampling)[0],
+            width=first.val.size(first.sampling)[1],
             frames=first.sampling.num_frames,
             ode_solver=first.val.ode_solver or first.sampling.ode_solver,
             dtype=first.model.dtype,

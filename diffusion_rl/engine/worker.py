@@ -27,6 +27,7 @@ from diffusion_rl.engine.update_loop import run_update
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.export import write_lora_adapter
+from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images, training_rollout
@@ -75,6 +76,8 @@ class PolicyWorker:
             self.model.latent_shape(self.settings.height, self.settings.width, self.settings.frames)
         except ValueError as e:
             raise UserError(f"sampling.height/width/num_frames do not fit the {self.model.family} model: {e}") from None
+        if cfg.val.prompts and (cfg.val.height or cfg.val.width):  # validation at its own size: it must fit too
+            self._check_val_size()
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
         self.parallel = parallel if parallel is not None else SingleDevice()
         self.parallel.prepare(self.model)
@@ -83,6 +86,17 @@ class PolicyWorker:
             raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
         self.optimizer = OptimizerStepper(params, cfg.train, self.parallel)
         self.kept = KeptRollouts()
+
+    def _check_val_size(self) -> None:
+        height, width = self.cfg.val.size(self.cfg.sampling)
+        problem = size_problem(self.model, height, width, ("val.height", "val.width"))
+        if problem is None:
+            try:
+                self.model.latent_shape(height, width, self.settings.frames)
+            except ValueError as e:
+                problem = str(e)
+        if problem:
+            raise UserError(f"val.height/val.width do not fit the {self.model.family} model: {problem}")
 
     # -- sampling -------------------------------------------------------------------------------------------
     def generate(

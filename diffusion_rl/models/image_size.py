@@ -63,8 +63,9 @@ def _smallest_multiple(model, limit: int = 512) -> int:
     raise ValueError(f"no image size up to {limit} px fits this {model.family} model")  # pragma: no cover
 
 
-def size_problem(model, height: int, width: int) -> str | None:
-    """Why `model` cannot sample height × width pixels, with a size that works; None when it can."""
+def size_problem(model, height: int, width: int, keys: tuple[str, str] = ("--height", "--width")) -> str | None:
+    """Why `model` cannot sample height × width pixels, with a size that works (named by `keys`: the flags or
+    config keys the user sets); None when it can."""
     sizes = image_sizes(model)
 
     def fit(size: int) -> int:
@@ -72,7 +73,7 @@ def size_problem(model, height: int, width: int) -> str | None:
             size = min(size, sizes.largest)
         return max(sizes.multiple, size - size % sizes.multiple)
 
-    suggestion = f"try --height {fit(height)} --width {fit(width)} (the model's native size is {sizes.native})"
+    suggestion = f"try {keys[0]} {fit(height)} {keys[1]} {fit(width)} (the model's native size is {sizes.native})"
     if height < 1 or width < 1 or height % sizes.multiple or width % sizes.multiple:
         return (
             f"{height}×{width} is not a size this model makes: height and width must be positive multiples of "

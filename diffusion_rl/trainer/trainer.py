@@ -93,8 +93,8 @@ class Trainer:
         # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
         self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
         s = cfg.sampling  # an edit dataset's images all exist, read, and fit the output size: checked before any work
-        for where, records in ((cfg.data.train, self.records), (cfg.val.prompts, self.val_records)):
-            check_condition_images(records, s.height, s.width, str(where))
+        check_condition_images(self.records, s.height, s.width, str(cfg.data.train))
+        check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts))
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
@@ -268,13 +268,14 @@ class Trainer:
         seeds = [seed_for(val.seed, "validation", i) for i in range(len(records))]
         guidance = val.guidance if val.guidance is not None else cfg.sampling.guidance
         s = cfg.sampling
+        height, width = val.size(s)  # val.height/width: e.g. train small, validate at full size
         solver = val.ode_solver or s.ode_solver
-        settings = SamplerSettings(val.num_steps, guidance, s.height, s.width, frames=s.num_frames, ode_solver=solver)
+        settings = SamplerSettings(val.num_steps, guidance, height, width, frames=s.num_frames, ode_solver=solver)
         condition = [r.images for r in records]  # an edit's sources (references, fitted where they are used)
         images = self.engine.sample_images([r.prompt for r in records], [r.negative_prompt for r in records], seeds,
                                            settings, images=condition if any(condition) else None).numpy()  # fmt: skip
         groups = np.arange(len(self.val_records)).repeat(val.n)  # a prompt's val.n samples: one group
-        metadata = with_condition_images([r.reward_metadata() for r in records], condition, s.height, s.width)
+        metadata = with_condition_images([r.reward_metadata() for r in records], condition, height, width)
         result = self.val_rewards(images, [r.prompt for r in records], metadata, group_index=groups)
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
         metrics.update(self.guard.on_validation(self.step, images))  # guard hook: drift from the first validation
@@ -282,7 +283,8 @@ class Trainer:
         scored = ~np.isnan(per_prompt).all(axis=1)  # a prompt whose samples all failed has no best (not -inf, not 0)
         metrics["val/reward/best@n"] = float(np.nanmax(per_prompt[scored], axis=1).mean())
         captions = [f"{r.prompt} | {score:.4g}" for r, score in zip(records, result.total)]
-        sheet = sample_sheet(images, captions, val.n * min(4, len(self.val_records)), self._sources(condition))
+        sheet = sample_sheet(images, captions, val.n * min(4, len(self.val_records)),
+                             fit_rows(condition, height, width))  # fmt: skip
         save_sample(sheet, self.run_dir / "samples" / step_dir_name(self.step))
         prompts = [r.prompt for r in records]  # per-image files, for the HTML report (tracking/val_images.py):
         write_validation_images(self.run_dir / "samples", self.step, images, prompts, val.n, result.total)
