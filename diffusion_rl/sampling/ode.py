@@ -18,20 +18,31 @@ changes the number of model calls; only how a step uses the evaluations it has s
       D = x0̂ + (h / (2·h_prev))·(x0̂ − x0̂_prev),
       so x_next = x_euler + (1 − σ_next/σ)·(h / (2·h_prev))·(x0̂ − x0̂_prev).
 
-  The same one model call per step, and second order (global error ∝ 1/N²). It falls back to the first-order
-  (Euler) step where the extrapolation has nothing sound to use:
-  * the first step, and a previous point at σ_prev = 1 (λ_prev = −∞: the correction's weight h/(2·h_prev) is 0
-    there anyway);
-  * the last step to σ_next = 0 (λ_next = +∞: h is infinite and the formula breaks down; DPM-Solver++ and
-    diffusers' `final_sigmas_type="zero"` take a first-order step there too; one first-order step adds a local
-    error of the same order as the method's global error, so the order stays 2);
+  The same one model call per step, second order in the largest λ step (global error ∝ 1/N² on a schedule
+  uniform in λ). On the σ-uniform (shifted) schedules of flow models the λ steps next to σ = 0 and σ = 1 stay about
+  log 2 however large N is, and the measured order drops to about 1.5 (tests/sampling/test_ode_solver.py).
+  It takes the first-order (Euler) step instead
+  * from a previous point at σ_prev = 1 (λ_prev = −∞: the correction's weight h/(2·h_prev) is 0 there anyway);
+  * into σ_next = 0 (λ_next = +∞: h is infinite and the formula breaks down; DPM-Solver++ and diffusers'
+    `final_sigmas_type="zero"` take a first-order step there too).
+- `ab2`: the two-step Adams–Bashforth method on the velocity in σ, with h = σ_next − σ, h_prev = σ − σ_prev:
+
+      x_next = x + h·v + (h² / (2·h_prev))·(v − v_prev)
+
+  Second order on any schedule whose σ steps shrink as 1/N (the shifted ones included), with no special case at
+  σ = 0 or 1: σ stays finite at both ends of the schedule, where λ runs off to ±∞.
+
+Both multistep solvers take a first-order (Euler) step where they have no sound history:
+  * the first step of a rollout;
   * the first ODE step after an SDE step (`reset`). x0̂_prev was predicted at the point the SDE step left, and
-    that step added fresh noise: the difference x0̂ − x0̂_prev then holds the noise's effect on the prediction
+    that step added fresh noise: the difference x0̂ − x0̂_prev (v − v_prev) then holds the noise's effect
     (order of the noise, not of h), and extrapolating it would re-inject part of that noise with a weight of
     about 1/2. Restarting costs one first-order step and keeps every ODE step a step of the ODE through the
-    current point. (MixGRPO's code keeps the history across the window; we do not.)
-Before the first multistep step `dpm2` is therefore bit-identical to `euler`, and so is an SDE step: the solvers
-only differ on ODE steps that follow an ODE step.
+    current point. (MixGRPO's code keeps the history across the window; we do not: on the tiny model
+    keeping it lands further from the exact ODE solution, benchmarks/RESULTS.md.)
+A first-order step (local error O(h²)) at a fixed number of places keeps the global order at 2. Up to the first multistep step
+the solvers are bit-identical to `euler`, and SDE steps never change: the solvers only differ on ODE steps that
+follow an ODE step.
 """
 
 from __future__ import annotations
