@@ -40,9 +40,9 @@ Both multistep solvers take a first-order (Euler) step where they have no sound 
     about 1/2. Restarting costs one first-order step and keeps every ODE step a step of the ODE through the
     current point. (MixGRPO's code keeps the history across the window; we do not: on the tiny model
     keeping it lands further from the exact ODE solution, benchmarks/RESULTS.md.)
-A first-order step (local error O(h²)) at a fixed number of places keeps the global order at 2. Up to the first multistep step
-the solvers are bit-identical to `euler`, and SDE steps never change: the solvers only differ on ODE steps that
-follow an ODE step.
+A first-order step (local error O(h²)) at a fixed number of places keeps the global order at 2. Up to the first
+multistep step the solvers are bit-identical to `euler`, and SDE steps never change: the solvers only differ on
+ODE steps that follow an ODE step.
 """
 
 from __future__ import annotations
