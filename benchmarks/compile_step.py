@@ -2,8 +2,9 @@
 blocks, used by sampling and by the update's recomputation forward and backward), on the quickstart's shape.
 
 Measures: the eager step (best of --steps after one warm-up step), the compiled step (best of --steps after the
-warm-up steps that compile), their ratio, the compile time (the compiling steps' time beyond eager steps) and the
-steps after which compiling has paid for itself; the graphs dynamo made after warm-up (0: no recompiles per step).
+warm-up steps that compile; the two trainers take turns step by step), their ratio, the compile time (the
+compiling steps' time beyond compiled steps) and the steps after which compiling has paid for itself; the graphs
+dynamo made after warm-up (0: no recompiles per step).
 
     python benchmarks/compile_step.py [--preset base] [--steps 4] [--micro 8] [--threads 2] [--device cpu]
                                       [--autocast none] [--warm-cache]
@@ -85,19 +86,18 @@ def main() -> None:
         return make_trainer(load(ROOT / "configs/quickstart.yaml", overrides))
 
     load_before = os.getloadavg()
-    eager = trainer(False)
-    eager_warm = timed_steps(eager, 0, 1)[0]
-    eager_times = timed_steps(eager, 1, args.steps)
-    del eager
-
     if args.warm_cache:  # fill the on-disk cache in a first compiled trainer, then start over with dynamo's state
         timed_steps(trainer(True), 0, 2)
         torch._dynamo.reset()
-    compiled = trainer(True)
+    eager, compiled = trainer(False), trainer(True)
+    eager_warm = timed_steps(eager, 0, 1)[0]
     warm_steps = 1 if args.micro == 8 else 2  # micro < batch: the second shape recompiles once (then dynamic)
     compile_times = timed_steps(compiled, 0, warm_steps)
     graphs = unique_graphs()
-    compiled_times = timed_steps(compiled, warm_steps, args.steps)
+    eager_times, compiled_times = [], []
+    for i in range(args.steps):  # taking turns, so a change of machine load hits both alike
+        eager_times += timed_steps(eager, 1 + i, 1)
+        compiled_times += timed_steps(compiled, warm_steps + i, 1)
     recompiles = unique_graphs() - graphs
 
     eager_step, compiled_step = min(eager_times), min(compiled_times)
