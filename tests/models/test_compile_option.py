@@ -140,3 +140,18 @@ def test_compiled_blocks_recompute_the_eager_log_probs_and_train(tmp_path, monke
     assert row["train/optimizer_steps"] == 1
     assert row["train/logp_diff_max"] == 0.0  # rollout and update both ran the compiled blocks
     assert max(float((a - b).abs().max()) for a, b in zip(w_compiled, w_eager)) < 1e-6
+
+
+def test_compile_blocks_finds_the_blocks_inside_a_lora_model(tiny_model_dir, monkeypatch):
+    compiled = _record_block_compiles(monkeypatch)
+    model = load_model(ModelConfig(path=str(tiny_model_dir), device="cpu", max_sequence_length=16,
+                                   lora=LoraConfig(rank=4, alpha=8), compile_blocks=True))  # fmt: skip
+    latents = torch.randn((2, *model.latent_shape(32, 32)), generator=torch.Generator().manual_seed(0))
+    v = model.velocity(latents, 0.5, model.encode_prompts(["a", "b"]), 1.0)
+    v.sum().backward()
+    with model.reference(), torch.no_grad():  # LoRA's reference: the same blocks with the adapters disabled
+        model.velocity(latents, 0.5, model.encode_prompts(["a", "b"]), 1.0)
+    blocks = list(model.policies.trained.base_model.model.transformer_blocks)
+    assert [m for m, _ in compiled] == blocks
+    assert all(calls == {"grad": 1, "no_grad": 1} for _, calls in compiled)
+    assert all(p.grad is not None for p in model.trainable_parameters())  # gradients reach the adapters
