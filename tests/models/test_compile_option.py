@@ -155,3 +155,17 @@ def test_compile_blocks_finds_the_blocks_inside_a_lora_model(tiny_model_dir, mon
     assert [m for m, _ in compiled] == blocks
     assert all(calls == {"grad": 1, "no_grad": 1} for _, calls in compiled)
     assert all(p.grad is not None for p in model.trainable_parameters())  # gradients reach the adapters
+
+
+@pytest.mark.parametrize(
+    ("family", "lists"),
+    [("flux", ["transformer_blocks", "single_transformer_blocks"]), ("wan", ["blocks"]),
+     ("qwen_image", ["transformer_blocks"])],
+)  # fmt: skip
+def test_repeated_blocks_are_every_family_block_list(family, lists):
+    from diffusion_rl.models.policies import repeated_blocks
+    from diffusion_rl.models.tiny import build_tiny
+
+    transformer = build_tiny(family, "small", seed=0).transformer
+    expected = [block for name in lists for block in getattr(transformer, name)]
+    assert expected and repeated_blocks(transformer) == expected
