@@ -66,8 +66,28 @@ class ModelConfig:
         "torch.compile the transformer for sampling (rollouts, validation; training passes stay eager): "
         "minutes of compiling on first use, then faster steps (see benchmarks/RESULTS.md).",
     )
+    compile_blocks: bool = opt(
+        False,
+        "Regional compilation: torch.compile each repeated transformer block in place, so training passes (recompute "
+        "forward and backward) and sampling both run compiled blocks; one block's compile time, not the network's "
+        "(replaces model.compile's whole-network compile; see benchmarks/RESULTS.md).",
+    )
+    autocast: Literal["none", "bf16"] = opt(
+        "none",
+        "Precision policy. bf16: the transformer forward runs under torch.autocast(bf16) while the weights, gradients "
+        "and optimizer state stay model.dtype (fp32 master weights); the SDE step and log-prob math stay fp32.",
+    )
 
     def __post_init__(self):
+        check(
+            not (self.compile and self.compile_blocks),
+            "model.compile and model.compile_blocks are alternatives: compile_blocks already compiles sampling",
+        )
+        check(
+            self.autocast == "none" or self.dtype != "fp16",
+            f"model.autocast={self.autocast} with model.dtype=fp16 mixes two half types; use model.dtype fp32 "
+            "(fp32 master weights) or bf16",
+        )
         names = load_families().names()
         check(
             self.family == "auto" or self.family in names,

@@ -146,7 +146,10 @@ class PolicyGradient(Algorithm):
             weights=weights,
         )
         out = self.loss_fn(inp, self.settings)
-        return LossOutput(out.loss, out.metrics, entry_metrics)
+        metrics = dict(out.metrics)
+        if at.epoch == 0 and at.minibatch == 0:  # before the update's first optimizer step: the rollout's weights
+            metrics["train/logp_diff_max"] = self._logp_diff(units, k, step.log_prob)
+        return LossOutput(out.loss, metrics, entry_metrics)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -159,6 +162,14 @@ class PolicyGradient(Algorithm):
             traj.sigmas[rows, cols_B],
             traj.sigmas_next[rows, cols_B],
         )
+
+    @staticmethod
+    def _logp_diff(units: PolicyGradientUnits, k: int, log_prob_B: torch.Tensor) -> torch.Tensor:
+        """max |recomputed − rollout log-prob| of chunk k: 0 when the recomputation replays the rollout bit for bit
+        (same weights, kernels and batch composition); with rollouts sampled ahead or by a rollout actor it also
+        holds the policy lag or the rollout dtype's gap."""
+        rollout_B = gather_columns(units.traj.log_probs, units.columns[:, k : k + 1])[:, 0]
+        return (log_prob_B.detach() - rollout_B).abs().max()
 
     def _recompute(self, traj: Trajectory, cols_B: torch.Tensor):
         x, x_next, sigma, sigma_next = self._columns_of(traj, cols_B)

@@ -91,6 +91,8 @@ def load_model(cfg) -> FlowModel:
         targets = list(cfg.lora.target_modules)
         raise UserError(f"model.lora.target_modules={targets} do not fit this {family.name} model: {e}") from None
     model.policies.compile_sampling = getattr(cfg, "compile", False)
+    model.policies.compile_blocks = getattr(cfg, "compile_blocks", False)
+    model.policies.autocast = None if getattr(cfg, "autocast", "none") == "none" else DTYPES[cfg.autocast]
     n_train = sum(p.numel() for p in model.trainable_parameters())
     logger.info(
         "loaded %s model from %s (%s, %s): %.2fM trainable parameters",

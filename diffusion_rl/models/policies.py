@@ -51,13 +51,20 @@ class PolicySet:
 
     # -- which network a forward pass calls ---------------------------------------------------------------
     compile_sampling = False  # model.compile: sampling calls (no grad) go through torch.compile'd networks
+    compile_blocks = False  # model.compile_blocks: every call runs networks whose repeated blocks are compiled
+    autocast: torch.dtype | None = None  # model.autocast: the forward runs under torch.autocast to this dtype
 
     @property
-    def module(self) -> nn.Module:
-        """The network to call now: the active adapter (LoRA) or the active copy (full fine-tuning)."""
+    def module(self):
+        """The network to call now: the active adapter (LoRA) or the active copy (full fine-tuning); a callable that
+        enters autocast around it when `autocast` is set (the weights stay in their own dtype)."""
         module = self._copies[self._active] if self.lora is None and self._active != DEFAULT else self.trained
-        if self.compile_sampling and not torch.is_grad_enabled():
-            return self._compiled(module)
+        if self.compile_blocks:
+            self._compile_blocks(module)
+        elif self.compile_sampling and not torch.is_grad_enabled():
+            module = self._compiled(module)
+        if self.autocast is not None:
+            return _Autocast(module, self.autocast)
         return module
 
     def _compiled(self, module: nn.Module) -> nn.Module:
@@ -67,6 +74,17 @@ class PolicySet:
         if id(module) not in cache or cache[id(module)][0] is not module:
             cache[id(module)] = (module, torch.compile(module))
         return cache[id(module)][1]
+
+    def _compile_blocks(self, module: nn.Module) -> None:
+        # Regional compilation: each block of the network's block lists is compiled in place (nn.Module.compile),
+        # so training (forward and backward) and sampling share the compiled code; blocks of one class share one
+        # graph (torch inlines nn.Modules: weights are graph inputs), so compile time does not grow with depth.
+        done = self.__dict__.setdefault("_block_compiled", set())
+        if id(module) in done:
+            return
+        for block in repeated_blocks(module):
+            block.compile()
+        done.add(id(module))
 
     def names(self) -> list[str]:
         if self.lora is not None:
@@ -183,7 +201,31 @@ class PolicySet:
             p.copy_(tensors[n])
 
 
+def repeated_blocks(module: nn.Module) -> list[nn.Module]:
+    """The transformer's repeated blocks: the members of every nn.ModuleList whose name ends in `blocks`
+    (`transformer_blocks`, `single_transformer_blocks`, Wan's `blocks`) — what every family's transformer has."""
+    return [
+        block
+        for name, child in module.named_modules()
+        if isinstance(child, nn.ModuleList) and name.rsplit(".", 1)[-1].endswith("blocks")
+        for block in child
+    ]
+
+
+class _Autocast:
+    """Calls a network under torch.autocast(dtype): matmuls and attention in `dtype`, the weights (and so the
+    gradients and the optimizer state) in their own dtype."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype):
+        self.module, self.dtype = module, dtype
+
+    def __call__(self, *args, **kwargs):
+        device_type = next(self.module.parameters()).device.type
+        with torch.autocast(device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
 def _frozen_copy(module: nn.Module) -> nn.Module:
     clone = copy.deepcopy(module)
     clone.requires_grad_(False)
-    return clone
+    return clone  # without compiled blocks (nn.Module's pickling drops them): its first call compiles its own
