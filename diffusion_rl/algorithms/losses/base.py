@@ -95,6 +95,24 @@ def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
     return sq_diff_B / (2 * inp.std.float() ** 2)
 
 
+def clipped_surrogate(adv_B: torch.Tensor, ratio_B: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """[B] PPO's pessimistic surrogate: max(-A · ratio, -A · clamp(ratio, 1 - clip_range, 1 + clip_range))."""
+    return torch.maximum(-adv_B * ratio_B, -adv_B * ratio_B.clamp(1.0 - clip_range, 1.0 + clip_range))
+
+
+def policy_loss_output(
+    inp: PolicyLossInput, policy_B: torch.Tensor, kl_B: torch.Tensor, kl_beta: float, **metrics: torch.Tensor
+) -> LossOutput:
+    """The end every policy-gradient loss shares: loss = mean_i of weight_i · (policy_i + kl_beta · kl_i) (weight_i
+    = 1 when inp.weights is None; the KL term only when kl_beta > 0), with the metrics policy_loss and kl_ref (row
+    means) before the loss's own `metrics`, all detached."""
+    per_sample_B = policy_B + kl_beta * kl_B if kl_beta > 0 else policy_B
+    if inp.weights is not None:
+        per_sample_B = per_sample_B * inp.weights.detach().float()
+    out = {"policy_loss": policy_B.mean(), "kl_ref": kl_B.mean(), **metrics}
+    return LossOutput(loss=per_sample_B.mean(), metrics={k: v.detach() for k, v in out.items()})
+
+
 @torch.no_grad()
 def ratio_metrics(
     log_ratio_B: torch.Tensor, ratio_B: torch.Tensor, clip_range: float | None

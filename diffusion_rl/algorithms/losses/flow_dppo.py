@@ -29,7 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import PolicyLossInput, PolicyLossSettings, kl_to_reference, ratio_metrics
+from diffusion_rl.algorithms.losses.base import (
+    PolicyLossInput,
+    PolicyLossSettings,
+    kl_to_reference,
+    policy_loss_output,
+    ratio_metrics,
+)
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.settings import check, opt
 
@@ -72,22 +78,18 @@ def flow_dppo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
 
     policy_B = torch.where(masked_B, torch.zeros_like(ratio_B), -adv_B * ratio_B)
     kl_ref_B = kl_to_reference(inp, kl_beta)
-    per_sample_B = policy_B + kl_beta * kl_ref_B if kl_beta > 0 else policy_B
-
-    if inp.weights is not None:
-        per_sample_B = per_sample_B * inp.weights.detach().float()
-    loss = per_sample_B.mean()
-
-    with torch.no_grad():
-        metrics = {
-            "policy_loss": policy_B.mean(),
-            "kl_ref": kl_ref_B.mean(),
-            **ratio_metrics(log_ratio_B, ratio_B, None),
+    return policy_loss_output(
+        inp,
+        policy_B,
+        kl_ref_B,
+        kl_beta,
+        **ratio_metrics(log_ratio_B, ratio_B, None),
+        **{
             "dppo/masked_fraction": masked_B.float().mean(),
             "dppo/pos_masked_fraction": pos_masked_B.float().mean(),
             "dppo/neg_masked_fraction": neg_masked_B.float().mean(),
             "dppo/far_fraction": far_B.float().mean(),
             "dppo/kl_mean": kl_B.mean(),
             "dppo/kl_max": kl_B.max(),
-        }
-    return LossOutput(loss=loss, metrics={k: v.detach() for k, v in metrics.items()})
+        },
+    )

@@ -30,7 +30,14 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import ClippedLossSettings, PolicyLossInput, kl_to_reference, ratio_metrics
+from diffusion_rl.algorithms.losses.base import (
+    ClippedLossSettings,
+    PolicyLossInput,
+    clipped_surrogate,
+    kl_to_reference,
+    policy_loss_output,
+    ratio_metrics,
+)
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.settings import check, opt
 
@@ -67,23 +74,13 @@ def grpo_guard_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     ratio_B = torch.exp((log_ratio_B + bias_B) * scale)
 
     adv_B = inp.advantages.float().clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
-    unclipped_B = -adv_B * ratio_B
-    clipped_B = -adv_B * ratio_B.clamp(1.0 - clip_range, 1.0 + clip_range)
-    policy_B = torch.maximum(unclipped_B, clipped_B) / sqrt_dt_mean**2
-
-    per_sample_B = policy_B + kl_beta * kl_B if kl_beta > 0 else policy_B
-
-    if inp.weights is not None:
-        per_sample_B = per_sample_B * inp.weights.detach().float()
-    loss = per_sample_B.mean()
-
-    with torch.no_grad():
-        metrics = {
-            "policy_loss": policy_B.mean(),
-            "kl_ref": kl_B.mean(),
-            # ppo_kl and approx_kl of the plain log-ratio, comparable with flow_grpo's; the rest of the clipped ratio
-            **ratio_metrics(log_ratio_B, ratio_B, clip_range),
-            "guard/bias_mean": bias_B.mean(),
-            "guard/scale": scale,
-        }
-    return LossOutput(loss=loss, metrics={k: v.detach() for k, v in metrics.items()})
+    policy_B = clipped_surrogate(adv_B, ratio_B, clip_range) / sqrt_dt_mean**2
+    # ppo_kl and approx_kl of the plain log-ratio, comparable with flow_grpo's; the rest of the clipped ratio
+    return policy_loss_output(
+        inp,
+        policy_B,
+        kl_B,
+        kl_beta,
+        **ratio_metrics(log_ratio_B, ratio_B, clip_range),
+        **{"guard/bias_mean": bias_B.mean(), "guard/scale": scale},
+    )
