@@ -61,8 +61,9 @@ def main() -> None:
     median = {k: statistics.median(v[1:]) for k, v in seconds.items()}
     with open("/proc/loadavg") as f:
         load_avg = f.read().split()[0]
+    t = cfg.sampling.tree
     print(f"rows {len(prompts)} ({cfg.data.prompts_per_step} prompts × {cfg.data.group_size}), "
-          f"{cfg.sampling.num_steps} steps, tree {cfg.sampling.tree.branch_at} × {cfg.sampling.tree.branching}")  # fmt: skip
+          f"{cfg.sampling.num_steps} steps, tree {t.branch_at} × {t.branching}")  # fmt: skip
     print(f"NFE per image: tree {nfe['tree']:.2f}, flat {nfe['flat']:.2f} ({nfe['tree'] / nfe['flat']:.3f}×)")
     print(f"rollout seconds (median of {args.repeats}): tree {median['tree']:.3f}, flat {median['flat']:.3f} "
           f"({median['tree'] / median['flat']:.3f}×); load average {load_avg}")  # fmt: skip
