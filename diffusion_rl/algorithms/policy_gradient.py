@@ -6,6 +6,10 @@ registered loss. Which of the window's W steps train: the first K = max(1, int(W
 seeded per-sample subset of K (`timestep_selection: random`). The update loop scales each chunk so that an
 optimizer step sees the mean over (kept samples × trained steps) of its mini-batch, whatever the micro-batch size.
 
+Advantages are per trained step ([B, K] in the units): a flat row's one advantage on each of its steps; with tree
+rollouts (`sampling.tree`) the advantage of the node each step leads into, times the step's weight (its share among
+the rows that hold the same transition, 0 where pruned), from the per-depth targets of algorithms/tree_credit.py.
+
 Rollout correction (algorithm.rollout_correction): `decoupled` recomputes the old log-probs and means with the
 weights before the update and weights each entry by π_old / π_rollout (algorithms/rollout_correction.py);
 `bypass` keeps the rollout's as the PPO anchor and, with a rejection statistic, drops entries whose current

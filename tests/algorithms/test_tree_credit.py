@@ -81,3 +81,28 @@ def test_each_step_leads_into_the_node_of_its_depth():
 def test_incomplete_trees_are_refused():
     with pytest.raises(ValueError, match="4 leaves"):
         tree_credit(REWARDS[:6], GROUPS[:6], TREE)
+
+
+def test_the_update_gives_each_trained_step_the_advantage_and_weight_of_its_depth():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from diffusion_rl.algorithms.base import Targets, make_algorithm
+    from diffusion_rl.config import load
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load(root / "configs/quickstart_tree.yaml", ["sampling.num_steps=5", "sampling.window.kind=all",
+                                                       "sampling.tree.branch_at=[1,3]"])  # fmt: skip
+    algorithm = make_algorithm(cfg)
+    credit = tree_credit(REWARDS, GROUPS, TREE, global_std=False, eps=0.0)
+    targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights, batch_size=[8])
+    traj = SimpleNamespace(step_index=torch.arange(4).expand(8, 4))  # window: steps 0..3
+    columns = torch.tensor([[0, 1, 2, 3]] * 4 + [[3, 2, 1, 0]] * 4)  # rows 4-7 in reverse (a random selection)
+    adv, weight = algorithm._per_step(targets, traj, columns)
+    # steps 0 / 1, 2 / 3 lead into the root / depth 1 / depth 2
+    assert adv[0].tolist() == pytest.approx([0.0, -1.0, -1.0, -4 / math.sqrt(11.5)])
+    assert weight[0].tolist() == [0.0, 0.5, 0.5, 1.0] and weight[4].tolist() == [1.0, 0.5, 0.5, 0.0]
+    assert adv[4].tolist() == pytest.approx([credit.advantages[4, 2].item(), -1.0, -1.0, 0.0])
+    flat = Targets(advantages=REWARDS.nan_to_num(0.0), batch_size=[8])  # flat rows: the row's advantage on every step
+    adv, weight = algorithm._per_step(flat, traj, columns)
+    assert torch.equal(adv, REWARDS.nan_to_num(0.0)[:, None].expand(8, 4)) and bool((weight == 1).all())
