@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from .conftest import LEARNS
 
@@ -79,3 +80,18 @@ def test_the_reduced_tree_quickstart_learns_to_compress(make_trainer):
     before, after = rows[0]["val/reward/mean"], rows[-1]["val/reward/mean"]
     # one byte of JPEG is 2e-6 of reward: ask for more than a few bytes of the ~1.5 kB
     assert after - before > 1e-5, f"val/reward/mean {before:.6g} -> {after:.6g}"
+
+
+def test_a_resumed_tree_run_equals_a_straight_one(make_trainer, tmp_path, weights):
+    # every tree draw is a function of (run seed, step, group, node): a resume repeats steps 3-4 exactly
+    options = (*SMALL_TREE, "train.save_every=2")
+    straight = make_trainer(*options, f"run.dir={tmp_path / 'straight'}", "train.total_steps=4", config=CONFIG)
+    straight_rows = straight.train()
+    resumed_dir = f"run.dir={tmp_path / 'resumed'}"
+    make_trainer(*options, resumed_dir, "train.total_steps=2", config=CONFIG).train()
+    resumed = make_trainer(*options, resumed_dir, "train.total_steps=4", "run.resume=auto", config=CONFIG)
+    resumed_rows = resumed.train()
+    keep = ("reward/mean", "loss", "advantage/depth_1/abs_mean", "rollout/nfe_per_image")
+    assert [[r[k] for k in keep] for r in resumed_rows] == [[r[k] for k in keep] for r in straight_rows]
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
