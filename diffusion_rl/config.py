@@ -673,6 +673,11 @@ class Config:
             f"algorithm.loss={self.algorithm.loss} is {self.algorithm.spec.family}",
         )
         check(
+            self.algorithm.advantage.combine == "sum_rewards",
+            "sampling.tree normalises the weighted reward sum at each depth; algorithm.advantage.combine="
+            "sum_advantages is not implemented for trees (use sum_rewards)",
+        )
+        check(
             self.data.prompts_per_step % self.sampling.score_chunks == 0,
             f"sampling.tree samples whole trees: sampling.score_chunks={self.sampling.score_chunks} must divide "
             f"data.prompts_per_step={self.data.prompts_per_step}",

@@ -65,6 +65,7 @@ def test_flat_rollouts_report_their_nfe_too(make_trainer):
         (("sampling.tree.branching=[2,2,2]",), "one per branch_at"),
         (("sampling.tree.prune.depths=[3]",), "prune.depths"),
         (("sampling.score_chunks=3",), "score_chunks"),
+        (("algorithm.advantage.combine=sum_advantages",), "sum_advantages is not implemented for trees"),
     ],
 )
 def test_impossible_tree_configs_are_refused_naming_the_key(overrides, message):
