@@ -133,7 +133,7 @@ def tree_rollout(
     """The rows `ids` of training step `step`, sampled as trees: every group present must be complete (its N rows);
     returns the same fields as `rollout`, one leaf per row, in the order of `ids`."""
     B, N = ids.batch_size[0], tree.leaves
-    groups, counts = torch.unique(ids.group_index, return_counts=True)
+    groups, counts = torch.unique(ids.group_index.cpu(), return_counts=True)
     if bool((counts != N).any()):
         raise ValueError(
             f"tree rollout: each group must be sampled whole ({N} rows = the product of sampling.tree.branching); "
