@@ -50,6 +50,15 @@ def test_the_tree_quickstart_trains_and_reports_its_nfe_saving(make_trainer, wei
     assert any(not before[k].equal(after[k]) for k in before)
 
 
+def test_a_pruned_tree_trains_only_the_kept_leaves_of_the_kept_depth(make_trainer, weights):
+    trainer = make_trainer(*SMALL_TREE, "sampling.tree.prune.depths=[2]", "sampling.tree.prune.leaves=2",
+                           config=CONFIG)  # fmt: skip
+    before = weights(trainer)
+    rows = trainer.train()
+    assert all(row["tree/trained_leaf_fraction"] == 0.5 for row in rows)
+    assert any(not before[k].equal(v) for k, v in weights(trainer).items())
+
+
 def test_flat_rollouts_report_their_nfe_too(make_trainer):
     rows = make_trainer().train()
     assert rows[0]["rollout/nfe_per_image"] == 8.0 and "rollout/nfe_saving" not in rows[0]  # 4 steps × CFG 2
