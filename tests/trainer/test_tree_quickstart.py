@@ -3,9 +3,8 @@ NFE saving, refuses what it cannot do, and, reduced, makes the images compress b
 
 Learning settings: the reduced quickstart's (tests/trainer/conftest.py LEARNS: 16 steps of 4 prompts × 4, lr 1e-2,
 32 px, 4 sampling steps) with trees that split at steps 1 and 2 (2 × 2 leaves) and an SDE window of those two steps.
-Gains of the fixed-seed validation reward, run.seed 0-5 (about 8 s each on 2 cores): +14.9/+5.3/+4.0/… % (see
-benchmarks/RESULTS.md, "Tree rollouts").
-"""
+Gains of the fixed-seed validation reward, run.seed 0-5 (7-12 s each on 2 shared cores):
++14.9/+5.3/+4.0/+4.0/+7.2/+10.2 % (benchmarks/RESULTS.md, "Tree rollouts")."""
 
 from __future__ import annotations
 
