@@ -38,6 +38,7 @@ SETTINGS = {
     "separate_async": ("engine.kind=ray", "engine.num_workers=2", "engine.rollout=separate", "engine.max_staleness=1"),
 }
 SKIPPED = {"quickstart_dpo_offline"}
+LOCAL_ONLY = {"quickstart_tree"}  # tree rollouts refuse engine.kind=ray (a tree is sampled whole by one worker)
 
 
 def run(config: Path, setting: tuple[str, ...], workdir: Path, steps: int) -> dict:
@@ -80,6 +81,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for config in configs:
                 for name, setting in SETTINGS.items():
+                    if config.stem in LOCAL_ONLY and name != "local":
+                        continue
                     workdir = Path(tmp) / "models" / f"{config.stem}-{name}"
                     results[f"{config.stem} {name}"] = out = run(config, setting, workdir, args.steps)
                     status = f"{out['seconds']:6.1f} s  reward {out['reward_mean']:+.5f}" if out["ok"] else out["error"]

@@ -117,6 +117,31 @@ class WindowConfig:
 
 
 @dataclass
+class TreePruneConfig:
+    depths: list[int] | None = opt(
+        None,
+        "Depth pruning: the depths whose steps train (1 = the steps into the first split's children, …, D = the "
+        "leaves'); the others sample but get no gradient. null = every depth 1..D.",
+    )
+    leaves: int | None = opt(
+        None,
+        "Width pruning: the leaf depth's steps train for only this many leaves per tree, the ⌈n/2⌉ highest and the "
+        "⌊n/2⌋ lowest rewards; null = every leaf.",
+    )
+
+
+@dataclass
+class TreeConfig:
+    branch_at: list[int] = opt(
+        list, "Steps at which every node splits (increasing; each an SDE step of sampling.window).", factory=True
+    )
+    branching: int | list[int] = opt(
+        2, "Children of each split: one number for every split, or one per branch_at step (their product = group)."
+    )
+    prune: TreePruneConfig = opt(TreePruneConfig, "Which tree steps train (BranchGRPO's pruning).", factory=True)
+
+
+@dataclass
 class SamplingConfig:
     num_steps: int = opt(10, "Denoising steps of a training rollout.")
     guidance: float = opt(
@@ -144,13 +169,45 @@ class SamplingConfig:
     score_chunks: int = opt(
         1, "Sample the batch in this many chunks, scoring each in the background while the next samples."
     )
+    tree: TreeConfig | None = opt(
+        None,
+        "Tree rollouts (BranchGRPO): each prompt's group shares its prefix and splits at branch_at steps, with "
+        "depth-wise advantages (docs/policy_gradient.md). null = flat rollouts.",
+    )
 
     def __post_init__(self):
+        if self.tree is not None:
+            self._check_tree()
         check(self.num_steps >= 2, f"sampling.num_steps must be ≥ 2, got {self.num_steps}")
         check(self.num_frames >= 1, f"sampling.num_frames must be ≥ 1 (1 = images), got {self.num_frames}")
         check(self.noise_level >= 0, f"sampling.noise_level must be ≥ 0, got {self.noise_level}")
         check(self.guidance >= 1, f"sampling.guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
         check(self.score_chunks >= 1, f"sampling.score_chunks must be ≥ 1, got {self.score_chunks}")
+
+    def _check_tree(self) -> None:
+        t = self.tree
+        at = list(t.branch_at)
+        check(bool(at), "sampling.tree.branch_at is empty: name the steps to split at (e.g. [2, 5]), or set "
+                        "sampling.tree to null for flat rollouts")  # fmt: skip
+        check(
+            all(0 <= k < self.num_steps - 1 for k in at) and all(a < b for a, b in zip(at, at[1:])),
+            f"sampling.tree.branch_at={at}: steps must be strictly increasing and in [0, num_steps − 2] "
+            f"(num_steps={self.num_steps}; the last step is an ODE step)",
+        )
+        factors = [t.branching] * len(at) if isinstance(t.branching, int) else list(t.branching)
+        check(
+            len(factors) == len(at) and all(b >= 2 for b in factors),
+            f"sampling.tree.branching={t.branching}: give one number ≥ 2, or one per branch_at step ({len(at)})",
+        )
+        p = t.prune
+        check(
+            p.depths is None or (bool(p.depths) and all(1 <= d <= len(at) for d in p.depths)),
+            f"sampling.tree.prune.depths={p.depths}: depths are 1..{len(at)} (one per split), and at least one",
+        )
+        check(
+            p.leaves is None or 1 <= p.leaves <= math.prod(factors),
+            f"sampling.tree.prune.leaves={p.leaves}: must be in [1, {math.prod(factors)}] (the leaves per tree)",
+        )
 
 
 @dataclass
@@ -567,6 +624,7 @@ class Config:
             )
         alg = self.algorithm
         self._check_algorithm()
+        self._check_tree()
         self._check_engine()
         rc = alg.rollout_correction
         for c in rc.criteria:
@@ -633,6 +691,45 @@ class Config:
             f"data.group_size = {batch}, offline: 2 × data.prompts_per_step); pick num_workers dividing "
             f"{batch // minibatches}",
         )
+
+    def _check_tree(self) -> None:
+        """Tree rollouts: a group is one tree's leaves, sampled whole by one local policy-gradient worker."""
+        tree = self.sampling.tree
+        if tree is None:
+            return
+        leaves = math.prod([tree.branching] * len(tree.branch_at) if isinstance(tree.branching, int)
+                           else tree.branching)  # fmt: skip
+        check(
+            self.data.group_size == leaves,
+            f"sampling.tree: a group is one tree's leaves, the product of sampling.tree.branching = {leaves}; set "
+            f"data.group_size={leaves} (got {self.data.group_size})",
+        )
+        check(
+            self.engine.kind == "local",
+            "sampling.tree runs on engine.kind=local only (Ray workers split a step's rows, and a tree must be sampled "
+            "whole by one worker); set engine.kind=local or sampling.tree=null",
+        )
+        check(
+            self.algorithm.spec.family == "policy_gradient" and self.data.sample_source == "online",
+            f"sampling.tree trains policy-gradient losses (depth-wise advantages on per-step log-probs); "
+            f"algorithm.loss={self.algorithm.loss} is {self.algorithm.spec.family}",
+        )
+        check(
+            self.algorithm.advantage.combine == "sum_rewards",
+            "sampling.tree normalises the weighted reward sum at each depth; algorithm.advantage.combine="
+            "sum_advantages is not implemented for trees (use sum_rewards)",
+        )
+        check(
+            self.data.prompts_per_step % self.sampling.score_chunks == 0,
+            f"sampling.tree samples whole trees: sampling.score_chunks={self.sampling.score_chunks} must divide "
+            f"data.prompts_per_step={self.data.prompts_per_step}",
+        )
+        w = self.sampling.window
+        if w.kind == "all":  # the other kinds move: each step's window is checked when it is drawn
+            check(
+                self.sampling.sde_type != "ode",
+                "sampling.tree needs SDE steps to split at; sampling.sde_type=ode has none",
+            )
 
     def _check_algorithm(self) -> None:
         """The selected loss's own constraints, its family's, and its settings' on the rest of the config."""

@@ -35,7 +35,10 @@ DEFAULT_POLICY = "default"  # the trained policy's name among the model's named 
 class Targets:
     """What the update needs from scoring, per row of the step: set by `Algorithm.prepare` on the driver."""
 
-    advantages: torch.Tensor | None = None  # [B] fp32: group-relative advantage (0 for a failed sample)
+    # [B] fp32: group-relative advantage (0 for a failed sample); tree rollouts: [B, D + 1], per depth of the row's
+    # path (algorithms/tree_credit.py), with `step_weights` [B, D + 1] the weight of its steps of each depth
+    advantages: torch.Tensor | None = None
+    step_weights: torch.Tensor | None = None
     pair_id: torch.Tensor | None = None  # [B] long: the preference pair a row belongs to (−1: none)
     pair_role: torch.Tensor | None = None  # [B] long: 1 chosen, −1 rejected, 0 unpaired
 

@@ -6,6 +6,10 @@ registered loss. Which of the window's W steps train: the first K = max(1, int(W
 seeded per-sample subset of K (`timestep_selection: random`). The update loop scales each chunk so that an
 optimizer step sees the mean over (kept samples × trained steps) of its mini-batch, whatever the micro-batch size.
 
+Advantages are per trained step ([B, K] in the units): a flat row's one advantage on each of its steps; with tree
+rollouts (`sampling.tree`) the advantage of the node each step leads into, times the step's weight (its share among
+the rows that hold the same transition, 0 where pruned), from the per-depth targets of algorithms/tree_credit.py.
+
 Rollout correction (algorithm.rollout_correction): `decoupled` recomputes the old log-probs and means with the
 weights before the update and weights each entry by π_old / π_rollout (algorithms/rollout_correction.py);
 `bypass` keeps the rollout's as the PPO anchor and, with a rejection statistic, drops entries whose current
@@ -17,9 +21,10 @@ from __future__ import annotations
 import torch
 from tensordict import tensorclass
 
-from diffusion_rl.algorithms.base import Algorithm, LossOutput, TrainBatch, UpdatePosition
+from diffusion_rl.algorithms.base import Algorithm, LossOutput, Targets, TrainBatch, UpdatePosition
 from diffusion_rl.algorithms.losses.base import PolicyLossInput
 from diffusion_rl.algorithms.rollout_correction import correction_weights
+from diffusion_rl.algorithms.tree_credit import tree_credit
 from diffusion_rl.sampling.rollout import SamplerSettings, recompute_step
 from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import check
@@ -31,9 +36,10 @@ class PolicyGradientUnits:
     """The update's rows: one per sample, with the K window columns it trains and their anchors."""
 
     traj: Trajectory
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B, K]: each trained step's advantage (flat rows: the row's, K times)
     weight: torch.Tensor  # [B] 1, or 0 out of the loss (drop_zero_advantage's A = 0, or padding a worker's share)
     columns: torch.Tensor  # [B, K] long: the window columns trained, in order
+    step_weight: torch.Tensor  # [B, K]: 1 (flat), or a tree step's share among the rows that hold it, pruning's 0
     old_log_probs: torch.Tensor  # [B, K]: the PPO anchor (rollout's, or recomputed with decoupled correction)
     old_means: torch.Tensor  # [B, K, …]: the anchor's step means
     correction: torch.Tensor  # [B, K]: rollout-correction weights (1 without decoupled correction)
@@ -75,6 +81,7 @@ class PolicyGradient(Algorithm):
     def __init__(self, config, spec):
         super().__init__(config, spec)
         self.sampler = SamplerSettings.of(config.sampling)
+        self.tree = self.sampler.tree
         self.correction = config.algorithm.rollout_correction
         self.kl_beta = self.settings.kl_beta
 
@@ -83,13 +90,26 @@ class PolicyGradient(Algorithm):
         if self.kl_beta > 0:
             model.policies.keep_reference()
 
+    def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
+        """Flat rows: group-relative advantages [B]; tree rollouts: depth-wise advantages and step weights
+        [B, D + 1] (algorithms/tree_credit.py)."""
+        if self.tree is None:
+            return super().prepare(scored, group_index)
+        a, prune = self.config.algorithm.advantage, self.config.sampling.tree.prune
+        credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, global_std=a.global_std,
+                             std_ddof=a.std_ddof, eps=a.eps, normalize_by_std=a.normalize_by_std,
+                             depths=prune.depths, leaves=prune.leaves)  # fmt: skip
+        targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights,
+                          batch_size=[len(group_index)])  # fmt: skip
+        return targets, credit.metrics
+
     def begin(self, batch: TrainBatch, step: int) -> tuple[PolicyGradientUnits, dict[str, float]]:
         alg, traj = self.config.algorithm, batch.traj
-        advantages = batch.targets.advantages
         columns = trained_columns(
             traj.ids.sample_index, traj.window_size, alg.timestep_fraction, alg.timestep_selection, self.seed, step
         ).to(traj.device)
-        weight = (advantages != 0).float() if alg.drop_zero_advantage else torch.ones_like(advantages)
+        advantages, step_weight = self._per_step(batch.targets, traj, columns)
+        weight = (advantages != 0).any(1).float() if alg.drop_zero_advantage else torch.ones_like(advantages[:, 0])
         rollout_log_probs = gather_columns(traj.log_probs, columns)
         metrics = {"train/kept_fraction": float(weight.mean())}
         if self.correction.mode == "decoupled":
@@ -105,6 +125,7 @@ class PolicyGradient(Algorithm):
             advantages=advantages,
             weight=weight,
             columns=columns,
+            step_weight=step_weight,
             old_log_probs=old_log_probs,
             old_means=old_means,
             correction=correction,
@@ -121,7 +142,7 @@ class PolicyGradient(Algorithm):
         if self.kl_beta > 0:
             with torch.no_grad(), self.model.reference():
                 ref_mean = self._recompute(units.traj, units.columns[:, k]).mean
-        weights = units.weight * units.correction[:, k]
+        weights = units.weight * units.correction[:, k] * units.step_weight[:, k]
         entry_metrics = {}
         rc = self.correction
         if rc.mode == "bypass" and rc.rs_stat is not None:
@@ -137,7 +158,7 @@ class PolicyGradient(Algorithm):
         inp = PolicyLossInput(
             log_prob=step.log_prob,
             old_log_prob=units.old_log_probs[:, k],
-            advantages=units.advantages,
+            advantages=units.advantages[:, k],
             mean=step.mean,
             old_mean=units.old_means[:, k],
             ref_mean=ref_mean,
@@ -152,6 +173,18 @@ class PolicyGradient(Algorithm):
         return LossOutput(out.loss, metrics, entry_metrics)
 
     # -- helpers ------------------------------------------------------------------------------------------------
+    def _per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
+        """Advantages and step weights [B, K] of the trained columns: a flat row's advantage on each of them, or a
+        tree row's per-depth ones at the depth each trained step leads into."""
+        adv = targets.advantages
+        if adv.ndim == 1:
+            return adv[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv.device)
+        if self.tree is None or adv.shape[1] != self.tree.depth + 1:
+            raise ValueError(f"per-depth advantages {tuple(adv.shape)} need sampling.tree with {adv.shape[1] - 1} "
+                             "splits")  # fmt: skip
+        depth_BK = self.tree.depth_of_step(gather_columns(traj.step_index, columns_BK))
+        return adv.gather(1, depth_BK), targets.step_weights.gather(1, depth_BK)
+
     @staticmethod
     def _columns_of(traj: Trajectory, cols_B: torch.Tensor):
         """(x_j, x_{j+1}, σ_j, σ_{j+1}) of window column cols_B[b] of each row b."""

@@ -89,6 +89,11 @@ class FlowModel(ABC):
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor | float, cond: TensorDict, guidance: float):
         """v(x_σ, σ) of the active policy with CFG applied when guidance > 1; fp32, same shape as latents."""
 
+    def forwards_per_evaluation(self, guidance: float) -> int:
+        """Transformer forwards per sample that one `velocity` call costs: 2 with classifier-free guidance (the
+        batch doubled to [uncond; cond]), else 1. The NFE counts of rollouts (`rollout/nfe_per_image`) use it."""
+        return 2 if guidance > 1.0 else 1
+
     @abstractmethod
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
         """Shape of one sample's latents (without batch) for `frames` frames of height × width pixels (a ValueError

@@ -20,6 +20,7 @@ from tensordict import TensorDict
 from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
 from diffusion_rl.sampling.sde import StepOutput, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
+from diffusion_rl.sampling.tree import TreeSpec, tree_rollout
 from diffusion_rl.sampling.window import SdeWindow, step_types
 from diffusion_rl.utils.seeding import make_generator, seed_for
 
@@ -37,6 +38,7 @@ class SamplerSettings:
     noise_level: float = 0.7
     frames: int = 1  # video frames per sample (a video family); 1 for images
     ode_solver: str = "euler"  # how the steps outside the SDE window integrate the ODE (sampling/ode.py)
+    tree: TreeSpec | None = None  # training rollouts sampled as trees (sampling/tree.py); None: flat
 
     def __post_init__(self):
         if self.ode_solver not in ODE_SOLVERS:
@@ -47,7 +49,7 @@ class SamplerSettings:
         """The training rollouts' settings, from the config's `sampling` section."""
         s = sampling
         return cls(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level, s.num_frames,
-                   s.ode_solver)  # fmt: skip
+                   s.ode_solver, TreeSpec.of(s.tree))  # fmt: skip
 
 
 def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int]) -> torch.Tensor:
@@ -124,6 +126,7 @@ def rollout(
         cond=cond,
         ids=ids.to(device),
         images=model.decode(x).to(device),
+        nfe=torch.full((batch,), float(len(kinds) * model.forwards_per_evaluation(settings.guidance)), device=device),
         **steps,
         batch_size=[batch],
         device=device,
@@ -147,8 +150,11 @@ def training_rollout(
     """Rows of training step `step` (run.seed `seed`): row i's noise comes from (seed, step, ids.sample_index[i]),
     its initial noise from its group's index instead with share_initial_noise, so a row is the same sample whichever
     worker draws it, in whichever chunk. Samples with the model's active policy; `images`: each row's condition
-    images, fitted to the output size (editing families)."""
+    images, fitted to the output size (editing families). With `settings.tree` the rows are sampled as trees
+    (sampling/tree.py: whole groups, seeded by group and node instead)."""
     cond = model.encode_prompts(list(prompts), [n or "" for n in negative], images)
+    if settings.tree is not None:
+        return tree_rollout(model, cond, settings, window, settings.tree, ids, seed=seed, step=step)
     init_ids = ids.group_index if share_initial_noise else ids.sample_index
     return rollout(
         model,

@@ -38,6 +38,8 @@ class Trajectory:
     sigmas: torch.Tensor | None = None  # [B, W] fp32: σ_j of each window step
     sigmas_next: torch.Tensor | None = None  # [B, W] fp32: σ_{j+1}
     step_index: torch.Tensor | None = None  # [B, W] long: each window step's position in the schedule
+    # [B] fp32: transformer forwards the rollout spent per row (a tree's shared nodes split among their leaves)
+    nfe: torch.Tensor | None = None
 
     @property
     def window_size(self) -> int:
@@ -46,7 +48,8 @@ class Trajectory:
 
     def generated(self) -> Generated:
         """What the driver gets back of a training rollout: its images (CPU) and which rows are finite."""
-        return Generated(images=self.images.cpu(), finite=self.finite_rows().cpu(), batch_size=self.batch_size)
+        nfe = torch.zeros(self.batch_size[0]) if self.nfe is None else self.nfe.float().cpu()
+        return Generated(images=self.images.cpu(), finite=self.finite_rows().cpu(), nfe=nfe, batch_size=self.batch_size)
 
     def finite_rows(self) -> torch.Tensor:
         """bool [B]: rows whose clean latents (and log-probabilities) are all finite. A NaN latent decodes to a
@@ -63,9 +66,10 @@ class Generated:
 
     images: torch.Tensor  # uint8 [B, H, W, 3] (videos [B, F, H, W, 3]), CPU
     finite: torch.Tensor  # bool [B]: False where the row's latents came out NaN/inf (see Trajectory.finite_rows)
+    nfe: torch.Tensor | None = None  # fp32 [B]: transformer forwards spent per row (Trajectory.nfe)
 
     @classmethod
     def empty(cls, height: int, width: int, frames: int | None = None) -> Generated:
         """No rows (a worker that takes part in a collective without rows of its own); `frames` for a video family."""
         images = torch.zeros(0, *([frames] if frames else []), height, width, 3, dtype=torch.uint8)
-        return cls(images=images, finite=torch.zeros(0, dtype=torch.bool), batch_size=[0])
+        return cls(images=images, finite=torch.zeros(0, dtype=torch.bool), nfe=torch.zeros(0), batch_size=[0])

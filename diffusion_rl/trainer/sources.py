@@ -97,7 +97,7 @@ class OnlineRollouts:
         prompts = make_step_prompts(self.records, self.sampler, step, self.cfg.data.group_size)
         s = self.cfg.sampling  # the rewards see an edit's sources as the model did: fitted to the output size
         metadata = with_condition_images(prompts.metadata, prompts.condition_images, s.height, s.width)
-        images, finite, pending = [], [], []
+        images, finite, nfe, pending = [], [], [], []
         with timer("generate"):
             for rows in split_evenly(range(len(prompts)), self.cfg.sampling.score_chunks):
                 if not rows:
@@ -105,6 +105,7 @@ class OnlineRollouts:
                 part = self.engine.generate(prompts, step, window, rows=rows)
                 images.append(part.images.numpy())
                 finite.append(part.finite.numpy())
+                nfe.append(part.nfe.numpy())
                 ok = [row for row, usable in zip(rows, finite[-1]) if usable]
                 if ok:
                     texts, chunk_metadata = [prompts.prompts[i] for i in ok], [metadata[i] for i in ok]
@@ -125,6 +126,8 @@ class OnlineRollouts:
                            len(prompts) - len(ok), len(prompts))  # fmt: skip
             scored = with_unscored_rows(scored, ok, metadata)
         scored.metrics["sampling/nonfinite_fraction"] = 1.0 - len(ok) / len(prompts)
+        # transformer forwards per image the rollout took (CFG counts 2; a tree's shared nodes split among leaves)
+        scored.metrics["rollout/nfe_per_image"] = float(np.concatenate(nfe).mean())
         return Collected(prompts, images, scored)
 
 

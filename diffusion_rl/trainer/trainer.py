@@ -240,11 +240,17 @@ class Trainer:
         metrics = {**batch.scored.metrics, **prepared, **update_metrics, **timer.metrics()}
         if window is not None:
             metrics["window/start"] = window.start
+        if self.cfg.sampling.tree is not None:  # what flat rollouts of the same group size would cost (local engine)
+            s = self.cfg.sampling
+            flat = s.num_steps * self.engine.model.forwards_per_evaluation(s.guidance)
+            metrics["rollout/nfe_per_image_flat"] = float(flat)
+            metrics["rollout/nfe_saving"] = 1.0 - metrics["rollout/nfe_per_image"] / flat
         # the step's throughput: generate (or load), reward, prepare and update; not dumps, validation, checkpoints
         metrics["images_per_second"] = len(batch.prompts) / sum(timer.seconds.values())
         if self.rollout_due(step) and batch.images is not None:
             with timer("dump"):
-                self.dump_rollout(step, batch, targets.advantages)
+                leaf = targets.advantages  # a tree's: the leaf depth's (the flat-comparable one)
+                self.dump_rollout(step, batch, leaf[:, -1] if leaf is not None and leaf.ndim == 2 else leaf)
             metrics["timing/dump"] = timer.seconds["dump"]
         return metrics
 
