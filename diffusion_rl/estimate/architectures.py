@@ -103,7 +103,7 @@ class Architecture:
         """Pixels per latent cell along height and width."""
         c = self.vae_config
         if "temperal_downsample" in c:  # the Wan / Qwen-Image video VAE; Wan 2.2's patchifies 2×2 more
-            return int(2 ** len(c["temperal_downsample"]) * c.get("patch_size", 1) or 1)
+            return 2 ** len(c["temperal_downsample"]) * (c.get("patch_size") or 1)
         return 2 ** (len(c.get("block_out_channels", [1])) - 1)
 
     @property
