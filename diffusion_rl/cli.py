@@ -22,7 +22,14 @@ logger = logging.getLogger("diffusion_rl")
 # Each module in diffusion_rl/commands/ defines `register(subparsers)`, adding its subcommand(s) with
 # `set_defaults(fn=...)`. Keep imports of heavy libraries inside the command functions.
 COMMAND_MODULES: list[str] = [
-    "eval", "report", "prepare_pairs", "export", "doctor", "estimate", "pretrain", "checkpoint"
+    "eval",
+    "report",
+    "prepare_pairs",
+    "export",
+    "doctor",
+    "estimate",
+    "pretrain",
+    "checkpoint",
 ]
 
 

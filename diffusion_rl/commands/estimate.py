@@ -27,10 +27,10 @@ def register(subparsers) -> None:
     p.add_argument("--arch", default=None, help="a shipped architecture to use instead of the model directory")
     p.add_argument("--prompt-tokens", type=int, default=64,
                    help="typical prompt length in tokens, for families that cut padding (Qwen-Image)")  # fmt: skip
-    p.add_argument("--peak-tflops", type=float, default=None, help="override the device's dense bf16 peak (cpu: needed)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak (cpu: needed)")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="override the device's memory bandwidth, GB/s")
     p.add_argument("--memory-gib", type=float, default=None, help="override the device's memory, GiB")
-    p.add_argument("--efficiency", type=float, default=None, help="fraction of the peak a step reaches (default: calibrated)")
+    p.add_argument("--efficiency", type=float, default=None, help="fraction of peak reached (default: calibrated)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=cmd_estimate)
 

@@ -82,8 +82,8 @@ def text_encoder_of(name: str, config: dict) -> TextEncoder:
         head_dim = text.get("head_dim") or h // heads
         kv = text.get("num_key_value_heads", heads) * head_dim
         vision = config.get("vision_config")
-        return TextEncoder(name, "qwen2_5_vl", text["num_hidden_layers"], h, text["intermediate_size"], heads * head_dim,
-                           kv, True, text["vocab_size"], vision)  # fmt: skip
+        return TextEncoder(name, "qwen2_5_vl", text["num_hidden_layers"], h, text["intermediate_size"],
+                           heads * head_dim, kv, True, text["vocab_size"], vision)  # fmt: skip
     raise UserError(f"estimate: text encoder '{name}' has model_type '{kind}', which the estimate does not know")
 
 

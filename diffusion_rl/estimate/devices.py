@@ -68,7 +68,8 @@ def device_named(name: str) -> Device:
     """The table's entry for --gpu NAME (case-insensitive); a clear error listing the known ones otherwise."""
     key = name.strip().lower()
     if key not in DEVICES:
-        raise UserError(f"--gpu: unknown device '{name}'{did_you_mean(key, list(DEVICES))}; known: {', '.join(DEVICES)}")
+        known = ", ".join(DEVICES)
+        raise UserError(f"--gpu: unknown device '{name}'{did_you_mean(key, list(DEVICES))}; known: {known}")
     return DEVICES[key]
 
 
