@@ -1,0 +1,77 @@
+"""Throughput metrics: perf/* by hand, the FLOP tally's cache, and a tiny run whose logged FLOPs equal a count of
+the whole step taken around it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from diffusion_rl.engine.flops import FlopTally
+from diffusion_rl.trainer.timing import perf_metrics
+
+
+def test_perf_metrics_by_hand():
+    # 8 images in 2 s on 4 devices, 3e12 FLOPs per device, peak 1e12 FLOP/s per device
+    m = perf_metrics(8, 2.0, 4, 3e12, 1e12)
+    assert m == {
+        "perf/images_per_s": 4.0,
+        "perf/images_per_device_s": 1.0,
+        "perf/flops_per_step": 12e12,
+        "perf/mfu": 1.5,  # 12e12 / (2 s · 4 · 1e12)
+    }
+    # trainers count FLOPs, two rollout actors beside them do not: the step's FLOPs are the trainers'
+    assert perf_metrics(8, 2.0, 6, 3e12, None, counted_devices=4) == {
+        "perf/images_per_s": 4.0,
+        "perf/images_per_device_s": 8 / 2 / 6,
+        "perf/flops_per_step": 12e12,
+    }
+    assert perf_metrics(8, 2.0, 1) == {"perf/images_per_s": 4.0, "perf/images_per_device_s": 4.0}
+
+
+def test_flop_tally_counts_the_first_of_a_shape_and_reuses_it():
+    tally = FlopTally()
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with tally.count("k"):
+        a @ b  # 2·3·4·5
+    assert tally.cache == {"k": 120.0}
+    with tally.count("k"):
+        pass  # the cached count stands for the same work
+    assert tally.take() == 240.0 and tally.take() == 0.0
+    off = FlopTally(enabled=False)
+    with off.count("k"):
+        a @ b
+    assert off.take() == 0.0 and off.cache == {}
+
+
+def test_logged_flops_equal_a_count_of_the_whole_step(make_trainer):
+    trainer = make_trainer("log.peak_tflops=0.001")
+    for step in range(2):  # the first step counts, the second reuses the cached counts: both equal the outer count
+        with FlopCounterMode(display=False) as outer:
+            metrics = trainer.train_step(step)
+        assert metrics["perf/flops_per_step"] == pytest.approx(outer.get_total_flops(), rel=1e-9)
+        assert metrics["perf/flops_per_step"] > 0
+        seconds = sum(v for k, v in metrics.items() if k.startswith("timing/"))
+        assert metrics["perf/mfu"] == pytest.approx(metrics["perf/flops_per_step"] / (seconds * 1e9), rel=1e-6)
+        assert metrics["perf/images_per_s"] == pytest.approx(4 / seconds, rel=1e-6)
+        assert metrics["perf/images_per_device_s"] == metrics["perf/images_per_s"]
+
+
+def test_flops_off_logs_throughput_only(make_trainer):
+    metrics = make_trainer("log.flops=false").train_step(0)
+    assert "perf/flops_per_step" not in metrics and "perf/mfu" not in metrics
+    assert metrics["perf/images_per_s"] > 0
+
+
+def test_one_time_counting_cost_is_small(make_trainer):
+    """What counting costs: the first (counted) step against the same step with counting off, and a cached step."""
+    times = {}
+    for flops in ("true", "false"):
+        trainer = make_trainer(f"log.flops={flops}")
+        start = time.perf_counter()
+        trainer.train_step(0)
+        times[flops] = time.perf_counter() - start
+    print(f"first step with counting {times['true']:.3f} s, without {times['false']:.3f} s")
+    assert times["true"] < 3 * times["false"] + 1.0
