@@ -1,10 +1,13 @@
 """FLOPs a worker spends per training step, counted exactly on its real modules and cached by shape.
 
-The first rollout and the first update of each shape run under torch.utils.flop_counter.FlopCounterMode, which
-counts every matmul, convolution and attention op that dispatches (text encoders, transformer calls with CFG, VAE
-decode; the update's forwards and backwards); later ones of the same shape reuse the count. Counting is a dispatch
-mode, so that one call runs slower (see docs/metrics.md for the measured one-time cost); `log.flops: false` turns
-it off. Under FSDP2 the counts are this device's own share; collectives are not FLOPs.
+The first rollout and the first update of each shape run under a dispatch mode that counts every matmul,
+convolution and attention op with torch.utils.flop_counter's formulas (the ones FlopCounterMode uses: text
+encoders, transformer calls with CFG, VAE decode; the update's forwards and backwards); later ones of the same shape
+reuse the count. Not FlopCounterMode itself: its module tracker hooks every module's backward, which reorders the
+accumulation of gradients that several blocks add to (the timestep embedding's) — the counted step would differ
+from an uncounted one in the last bits, and a resumed run (which counts again) from a straight one. The counted call
+runs slower (see docs/metrics.md for the measured one-time cost); `log.flops: false` turns it off. Under FSDP2 the
+counts are this device's own share; collectives are not FLOPs.
 """
 
 from __future__ import annotations
@@ -13,9 +16,26 @@ import contextlib
 from collections.abc import Hashable, Iterator
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from diffusion_rl.estimate.devices import peak_flops_of
+
+
+class FlopCounter(TorchDispatchMode):
+    """Within the block, `total` grows by the FLOPs of each op flop_counter has a formula for (2·m·n·k a matmul)."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.total += formula(*args, **kwargs, out_val=out)
+        return out
 
 
 class FlopTally:
@@ -34,9 +54,9 @@ class FlopTally:
             yield
             self.pending += self.cache[key]
             return
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounter() as counter:
             yield
-        self.cache[key] = float(counter.get_total_flops())
+        self.cache[key] = float(counter.total)
         self.pending += self.cache[key]
 
     def take(self) -> float:

@@ -75,3 +75,16 @@ def test_one_time_counting_cost_is_small(make_trainer):
         times[flops] = time.perf_counter() - start
     print(f"first step with counting {times['true']:.3f} s, without {times['false']:.3f} s")
     assert times["true"] < 3 * times["false"] + 1.0
+
+
+def test_counting_leaves_the_step_bit_identical(make_trainer):
+    """The counted step trains exactly as an uncounted one (resume recounts, so it must)."""
+
+    def comparable(metrics):
+        return {k: v for k, v in metrics.items() if not k.startswith(("timing/", "perf/")) and k != "images_per_second"}
+
+    counted, plain = make_trainer("log.flops=true"), make_trainer("log.flops=false")
+    for step in range(2):
+        assert comparable(counted.train_step(step)) == comparable(plain.train_step(step))
+    weights = [t.engine.worker.model.trainable_parameters() for t in (counted, plain)]
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
