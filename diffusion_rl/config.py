@@ -363,7 +363,7 @@ class LogConfig:
     peak_tflops: float | None = opt(
         None,
         "Peak dense bf16 TFLOP/s of one device for perf/mfu; null = the device table (H100/H200/H800/A100/L40S/A10/"
-        "RTX 4090; docs/metrics.md). A CPU has no entry: set it to log MFU there.",
+        "RTX 4090; docs/estimate.md). A CPU has no entry: set it to log MFU there.",
     )
 
     def __post_init__(self):

@@ -6,7 +6,7 @@ encoders, transformer calls with CFG, VAE decode; the update's forwards and back
 reuse the count. Not FlopCounterMode itself: its module tracker hooks every module's backward, which reorders the
 accumulation of gradients that several blocks add to (the timestep embedding's) — the counted step would differ
 from an uncounted one in the last bits, and a resumed run (which counts again) from a straight one. The counted call
-runs slower (see docs/metrics.md for the measured one-time cost); `log.flops: false` turns it off. Under FSDP2 the
+runs slower (see docs/estimate.md for the measured one-time cost); `log.flops: false` turns it off. Under FSDP2 the
 counts are this device's own share; collectives are not FLOPs.
 """
 
@@ -17,13 +17,30 @@ from collections.abc import Hashable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from diffusion_rl.estimate.devices import peak_flops_of
 
 
+def _cpu_attention(query, key, value, *args, **kwargs) -> int:
+    return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _cpu_attention_backward(grad_out, query, key, value, *args, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+# flop_counter has the CUDA attention kernels but not the CPU one: without these, a CPU run counts no attention
+FORMULAS = {
+    **flop_registry,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward,
+}
+
+
 class FlopCounter(TorchDispatchMode):
-    """Within the block, `total` grows by the FLOPs of each op flop_counter has a formula for (2·m·n·k a matmul)."""
+    """Within the block, `total` grows by the FLOPs of each op with a formula (flop_counter's: 2·m·n·k a matmul;
+    attention on the CPU too)."""
 
     def __init__(self):
         super().__init__()
@@ -32,7 +49,7 @@ class FlopCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = flop_registry.get(func._overloadpacket)
+        formula = FORMULAS.get(func._overloadpacket)
         if formula is not None:
             self.total += formula(*args, **kwargs, out_val=out)
         return out

@@ -33,6 +33,7 @@ class TextEncoder:
     gated: bool  # gated MLP: three ffn matrices instead of two
     vocab: int
     vision: dict | None = None  # Qwen2.5-VL's vision tower (edits read condition images through it)
+    positions: int | None = None  # CLIP: the fixed length it encodes (77 in the real ones)
 
     @property
     def params(self) -> int:
@@ -68,9 +69,9 @@ def text_encoder_of(name: str, config: dict) -> TextEncoder:
     """A TextEncoder from a transformers config dict (CLIP text, T5 / UMT5 encoder, Qwen2.5-VL)."""
     kind = config.get("model_type", "")
     if kind.startswith("clip"):
-        h = config["hidden_size"]
+        h, positions = config["hidden_size"], config.get("max_position_embeddings", CLIP_TOKENS)
         return TextEncoder(name, "clip", config["num_hidden_layers"], h, config["intermediate_size"], h, h, False,
-                           config["vocab_size"])  # fmt: skip
+                           config["vocab_size"], positions=positions)  # fmt: skip
     if kind in ("t5", "umt5", "t5encoder"):
         q = config["num_heads"] * config["d_kv"]
         gated = str(config.get("feed_forward_proj", "")).startswith("gated")
@@ -115,8 +116,9 @@ class Architecture:
         """Text tokens the transformer reads per sample."""
         if self.family in ("qwen_image", "qwen_image_edit"):  # the template is cut, padding columns are cut
             return min(prompt_tokens, max_sequence_length)
-        if self.family == "sd3":  # both CLIPs' 77 tokens, then T5's
-            return CLIP_TOKENS + max_sequence_length
+        if self.family == "sd3":  # the CLIPs' tokens (77; side by side in the channels), then T5's
+            clips = [enc.positions for enc in self.text_encoders if enc.kind == "clip"]
+            return (max(clips) if clips else CLIP_TOKENS) + max_sequence_length
         return max_sequence_length
 
 
