@@ -214,3 +214,23 @@ def test_a_full_size_shipped_transformer_builds_on_meta_without_memory():
     params = sum(p.numel() for p in module.parameters())
     assert 20.3e9 < params < 20.6e9  # Qwen-Image's 20B transformer
     assert all(p.device.type == "meta" for p in module.parameters())
+
+
+def test_a_model_directory_gives_the_same_architecture_as_its_tiny_preset(tiny_model_dir):
+    from diffusion_rl.estimate.architectures import from_tiny
+
+    on_disk = architecture_for(load(QUICKSTART, [f"model.path={tiny_model_dir}"]).model)
+    built = from_tiny("sd3", "small")
+    assert on_disk.family == "sd3" and on_disk.transformer_class == built.transformer_class
+    assert len(on_disk.transformer_config) >= 10
+    as_saved = json.loads(json.dumps(built.transformer_config))  # tuples become lists in config.json
+    assert on_disk.transformer_config == {k: v for k, v in as_saved.items() if k in on_disk.transformer_config}
+    assert [e.params for e in on_disk.text_encoders] == [e.params for e in built.text_encoders]
+
+
+def test_text_report_and_bad_numbers(capsys):
+    assert main(["estimate", QUICKSTART, "--gpu", "a100", "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2× a100" in out and "GPU-hours" in out and "images/GPU/s" in out and "fits" in out
+    assert main(["estimate", QUICKSTART, "--gpus", "0"]) == 2
+    assert "--gpus must be > 0" in capsys.readouterr().err
