@@ -13,9 +13,10 @@ import torch
 from diffusion_rl.cli import main
 from diffusion_rl.config import load
 from diffusion_rl.estimate.architectures import Architecture, TextEncoder, architecture_for, from_shipped, shipped
-from diffusion_rl.estimate.counting import Shapes, count_saved_bytes, transformer_cost
+from diffusion_rl.estimate.counting import Shapes, transformer_cost
 from diffusion_rl.estimate.devices import DEVICES, device_of_name, peak_flops_of
 from diffusion_rl.estimate.estimator import estimate, lora_params
+from diffusion_rl.models.doctor import count_saved_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")
@@ -88,11 +89,11 @@ def test_lora_backward_costs_about_one_forward_full_backward_two():
 
 def test_saved_bytes_on_meta_count_each_storage_once_and_skip_attention_matrices():
     x = torch.empty(3, 5, device="meta", requires_grad=True)
-    with count_saved_bytes() as saved:
+    with count_saved_tensors() as saved:
         y = x * x  # saves x (one storage, twice)
     assert saved[0] == 3 * 5 * 4
     scores = torch.empty(2, 7, 7, device="meta", requires_grad=True)
-    with count_saved_bytes(sequence=7) as saved:
+    with count_saved_tensors(sequence=7) as saved:
         torch.softmax(scores, -1) * 2.0  # softmax saves its [2, 7, 7] output: an attention matrix, not counted
     assert saved[0] == 0
     del y

@@ -8,13 +8,13 @@ real module graph. The bytes autograd saves for backward are counted the same wa
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from diffusion_rl.estimate.architectures import Architecture
+from diffusion_rl.models.doctor import count_saved_tensors
 
 META = torch.device("meta")
 
@@ -78,27 +78,6 @@ def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dic
     raise ValueError(f"no transformer inputs for the family '{arch.family}'")
 
 
-@contextlib.contextmanager
-def count_saved_bytes(sequence: int | None = None):
-    """Within the block, `counter[0]` grows by the bytes of each distinct storage autograd saves (meta tensors too:
-    a storage is known by its identity, not its address, which meta storages lack). `sequence` T: leave out the
-    [B·heads, T, T] attention matrices that the math attention path (the one meta tensors take) saves and the
-    fused attention kernels of a GPU do not (they keep a [B, heads, T] log-sum-exp)."""
-    counter, seen = [0], set()
-
-    def pack(tensor: torch.Tensor):
-        storage = tensor.untyped_storage()
-        if sequence is not None and tensor.dim() >= 3 and tensor.shape[-1] == tensor.shape[-2] == sequence:
-            return tensor  # an attention matrix [B·heads, T, T] of the math path: flash kernels keep none
-        if storage._cdata not in seen:
-            seen.add(storage._cdata)
-            counter[0] += storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        yield counter
-
-
 @dataclass
 class TransformerCost:
     forward_flops: float  # one call at the shapes
@@ -125,7 +104,7 @@ def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=t
     if not full_finetune:  # the gradient reaches the adapters through the activations
         inputs["hidden_states"].requires_grad_(True)
     tokens = _tokens(inputs)
-    with FlopCounterMode(display=False) as train, count_saved_bytes(tokens) as saved:
+    with FlopCounterMode(display=False) as train, count_saved_tensors(tokens) as saved:
         out = module(**inputs)[0]
         out.float().sum().backward()
     blocks = sum(len(m) for name, m in module.named_children() if isinstance(m, torch.nn.ModuleList))
