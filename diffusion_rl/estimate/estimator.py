@@ -39,6 +39,7 @@ CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: 
 GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 POLICY_GRADIENT_LOSSES = ("flow_grpo", "grpo_guard", "flow_dppo")
+CONDITION_SIZE = (384, 384)  # the size Qwen-Image-Edit's pipelines give the VL encoder's condition image (~384²)
 
 
 @dataclass
@@ -107,6 +108,9 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     train_cfg = cfg_factor if cfg.algorithm.loss in POLICY_GRADIENT_LOSSES else 1  # direct preference: guidance 1
     text = arch.text_tokens(m.max_sequence_length, prompt_tokens)
     sources = 1 if arch.family in ("flux_kontext", "qwen_image_edit") else 0
+    vision = [enc for enc in arch.text_encoders if enc.vision]
+    if sources and vision:  # Qwen-Image-Edit: the condition image's tokens are part of the prompt's embedding
+        text = min(text + vision[0].vision_flops(*CONDITION_SIZE)[1], m.max_sequence_length)
     wbytes = DTYPE_BYTES[m.dtype]
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[m.dtype]
 
@@ -130,7 +134,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
             enc.kind, QWEN_TEMPLATE_TOKENS + min(prompt_tokens, m.max_sequence_length)
         )
         if enc.vision and sources:  # an edit's condition image through Qwen2.5-VL's vision tower
-            flops, vision_tokens = enc.vision_flops(384, 384)  # the edit pipelines' ~384² condition size
+            flops, vision_tokens = enc.vision_flops(*CONDITION_SIZE)
             text_flops += rows * flops
             tokens += vision_tokens
         text_flops += prompts * enc.forward_flops(tokens)
