@@ -235,3 +235,41 @@ def test_text_report_and_bad_numbers(capsys):
     assert "2× a100" in out and "GPU-hours" in out and "images/GPU/s" in out and "fits" in out
     assert main(["estimate", QUICKSTART, "--gpus", "0"]) == 2
     assert "--gpus must be > 0" in capsys.readouterr().err
+
+
+def test_memory_parts_by_hand():
+    """Full fine-tuning on one device (fp32): weights P·4, gradients P·4, two moments 2·P·4; the trajectories of the
+    8 rows: latents before and after each of the 9 SDE steps, the step means, the final latents (fp32), and the
+    prompt and negative embeddings. LoRA on 4 Ray workers: 16 bytes per adapter parameter, sharded 4 ways."""
+    cfg = load(QUICKSTART)
+    arch = architecture_for(cfg.model)
+    transformer = _tiny_transformer(cfg)
+    P = sum(p.numel() for p in transformer.parameters())
+    r = estimate(cfg, arch, DEVICES["h100"], 1)
+    gib = 2**30
+    assert r.memory_gib["transformer"] == pytest.approx(P * 4 / gib)
+    assert r.memory_gib["trainable_state"] == pytest.approx(3 * P * 4 / gib)
+    c = transformer.config
+    latent = c.in_channels * (64 // arch.vae_scale) ** 2
+    text = 77 + cfg.model.max_sequence_length
+    per_row = (9 + 1 + 9 + 1) * latent * 4 + 2 * text * c.joint_attention_dim * 4
+    assert r.memory_gib["trajectories"] == pytest.approx(8 * per_row / gib)
+
+    lora = load(QUICKSTART, ["model.lora.enabled=true", "model.lora.rank=4", "engine.kind=ray", "engine.num_workers=4"])
+    r4 = estimate(lora, arch, DEVICES["h100"], 4)
+    adapters = 0  # the SD3 preset: both streams' attention projections
+    ends = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+    for name, m in transformer.named_modules():
+        if isinstance(m, torch.nn.Linear) and any(name.endswith(f"attn.{e}") for e in ends):
+            adapters += 4 * (m.in_features + m.out_features)
+    assert adapters > 0
+    assert r4.memory_gib["trainable_state"] == pytest.approx(16 * adapters / 4 / gib)
+    assert r4.images_per_step == 8 and r4.gpus == 4
+
+
+def test_every_shipped_vae_decodes_on_meta():
+    from diffusion_rl.estimate.counting import vae_decode_flops
+
+    for name in shipped():
+        arch = from_shipped(name)
+        assert vae_decode_flops(arch, 4 * arch.vae_scale, 4 * arch.vae_scale, 1) > 0, name
