@@ -21,7 +21,16 @@ logger = logging.getLogger("diffusion_rl")
 
 # Each module in diffusion_rl/commands/ defines `register(subparsers)`, adding its subcommand(s) with
 # `set_defaults(fn=...)`. Keep imports of heavy libraries inside the command functions.
-COMMAND_MODULES: list[str] = ["eval", "report", "prepare_pairs", "export", "doctor", "pretrain", "checkpoint"]
+COMMAND_MODULES: list[str] = [
+    "eval",
+    "report",
+    "prepare_pairs",
+    "export",
+    "doctor",
+    "estimate",
+    "pretrain",
+    "checkpoint",
+]
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -454,10 +454,24 @@ class LogConfig:
         0, "Every N steps write the training rollout (images, prompts, rewards, advantages) to <run.dir>/rollouts/."
     )
     rollout_max_images: int = opt(16, "Images kept per rollout dump (the first ones: whole groups); JSONL has all.")
+    flops: bool = opt(
+        True,
+        "Count each step's FLOPs exactly (FlopCounterMode on the first rollout and update of each shape, cached) and "
+        "log perf/flops_per_step, perf/images_per_s, perf/images_per_device_s and perf/mfu.",
+    )
+    peak_tflops: float | None = opt(
+        None,
+        "Peak dense bf16 TFLOP/s of one device for perf/mfu; null = the device table (H100/H200/H800/A100/L40S/A10/"
+        "RTX 4090; docs/estimate.md). A CPU has no entry: set it to log MFU there.",
+    )
 
     def __post_init__(self):
         check(self.rollout_every >= 0, f"log.rollout_every must be ≥ 0 (0 = off), got {self.rollout_every}")
         check(self.rollout_max_images >= 0, f"log.rollout_max_images must be ≥ 0, got {self.rollout_max_images}")
+        check(
+            self.peak_tflops is None or self.peak_tflops > 0,
+            f"log.peak_tflops must be > 0 (or null = the device table), got {self.peak_tflops}",
+        )
 
 
 @dataclass

@@ -20,6 +20,7 @@ import torch
 from diffusion_rl.algorithms.base import Targets, TrainBatch, make_algorithm
 from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage, fit_rows
+from diffusion_rl.engine.flops import FlopTally, device_peak_flops
 from diffusion_rl.engine.kept import KeptRollouts
 from diffusion_rl.engine.optimizer import OptimizerStepper
 from diffusion_rl.engine.parallel import SingleDevice
@@ -86,6 +87,8 @@ class PolicyWorker:
             raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
         self.optimizer = OptimizerStepper(params, cfg.train, self.parallel)
         self.kept = KeptRollouts()
+        self.flops = FlopTally(cfg.log.flops)
+        self.peak_flops = device_peak_flops(self.model.device, cfg.log.peak_tflops)
 
     def _check_val_size(self) -> None:
         height, width = self.cfg.val.size(self.cfg.sampling)
@@ -112,7 +115,8 @@ class PolicyWorker:
         keep their trajectory for `update`, return their images (uint8 [B, H, W, 3], a video family's
         [B, F, H, W, 3]; CPU) and which are finite. `images`: each row's condition images (editing families)."""
         s = self.cfg.sampling
-        with self.model.using(self.algorithm.rollout_policy):  # the policy that samples (DiffusionNFT: `old`)
+        shape = ("generate", len(prompts), window.size if window is not None else 0, bool(images and any(images)))
+        with self.model.using(self.algorithm.rollout_policy), self.flops.count(shape):  # sampling policy (NFT: old)
             traj = training_rollout(self.model, self.settings, prompts, negative, ids, step, window,
                                     fit_rows(images, s.height, s.width),
                                     seed=self.cfg.run.seed, share_initial_noise=s.share_initial_noise)  # fmt: skip
@@ -187,8 +191,13 @@ class PolicyWorker:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(device), batch_size=traj.batch_size)
         metrics = staleness_metrics(step, traj.ids.policy_version, self.cfg.engine.staleness_bound)
-        metrics.update(run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer,
-                                  plan.pad_to, plan.padding_only))  # fmt: skip
+        with self.flops.count(("update", traj.batch_size[0], plan.pad_to, plan.padding_only)):
+            metrics.update(run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer,
+                                      plan.pad_to, plan.padding_only))  # fmt: skip
+        if self.flops.enabled:  # this device's FLOPs of the step: its rollouts since the last update, and this update
+            metrics["perf/flops_per_device"] = self.flops.take()
+            if self.peak_flops is not None:
+                metrics["perf/peak_flops_per_device"] = self.peak_flops
         return metrics
 
     def _as_own(self, traj: Trajectory) -> Trajectory:

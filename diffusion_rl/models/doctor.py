@@ -35,15 +35,20 @@ def dtype_of(module: nn.Module) -> str:
 
 
 @contextlib.contextmanager
-def count_saved_tensors():
-    """Within the block, `counter[0]` grows by the bytes of each distinct storage autograd saves for backward."""
+def count_saved_tensors(sequence: int | None = None):
+    """Within the block, `counter[0]` grows by the bytes of each distinct storage autograd saves for backward.
+
+    A storage is known by its identity, not its address (meta tensors, which `diffusion-rl estimate` counts on, have
+    none). `sequence` T: leave out [B·heads, T, T] attention matrices — the math attention path (the one meta
+    tensors take) saves them, the fused kernels of a GPU keep only a [B, heads, T] log-sum-exp."""
     counter, seen = [0], set()
 
     def pack(tensor: torch.Tensor):
+        if sequence is not None and tensor.dim() >= 3 and tensor.shape[-1] == tensor.shape[-2] == sequence:
+            return tensor
         storage = tensor.untyped_storage()
-        key = (storage.data_ptr(), tensor.device)
-        if key not in seen:
-            seen.add(key)
+        if storage._cdata not in seen:
+            seen.add(storage._cdata)
             counter[0] += storage.nbytes()
         return tensor
 

@@ -53,7 +53,7 @@ from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
 from diffusion_rl.trainer.sources import Collected, OfflinePairs, OnlineRollouts, RolloutDiverged
-from diffusion_rl.trainer.timing import PhaseTimer
+from diffusion_rl.trainer.timing import PhaseTimer, perf_metrics
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
 
@@ -102,6 +102,9 @@ class Trainer:
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
         ensure_model(cfg)
         self.engine = make_engine(cfg)
+        e = cfg.engine  # devices of a step: the trainers (they count FLOPs), and the rollout actors beside them
+        self.trainer_devices = e.num_workers if e.kind == "ray" else 1
+        self.devices = self.trainer_devices + (e.rollout_workers if e.rollout == "separate" else 0)
         if offline:
             self.source = OfflinePairs(cfg, pairs, self.sampler, self.engine)
         else:
@@ -246,7 +249,10 @@ class Trainer:
             metrics["rollout/nfe_per_image_flat"] = float(flat)
             metrics["rollout/nfe_saving"] = 1.0 - metrics["rollout/nfe_per_image"] / flat
         # the step's throughput: generate (or load), reward, prepare and update; not dumps, validation, checkpoints
-        metrics["images_per_second"] = len(batch.prompts) / sum(timer.seconds.values())
+        seconds = sum(timer.seconds.values())
+        metrics["images_per_second"] = len(batch.prompts) / seconds
+        flops, peak = metrics.pop("perf/flops_per_device", None), metrics.pop("perf/peak_flops_per_device", None)
+        metrics.update(perf_metrics(len(batch.prompts), seconds, self.devices, flops, peak, self.trainer_devices))
         if self.rollout_due(step) and batch.images is not None:
             with timer("dump"):
                 leaf = targets.advantages  # a tree's: the leaf depth's (the flat-comparable one)

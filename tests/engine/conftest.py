@@ -80,7 +80,7 @@ def run_trainer():
 
 def _comparable(row: dict) -> dict:
     # durations, the Ray driver's traffic (the local engine has none), the weight pushes of rollout actors
-    skip = ("timing/", "driver/", "sync/", "rollout/weights_version")
+    skip = ("timing/", "perf/", "driver/", "sync/", "rollout/weights_version")
     return {k: v for k, v in row.items() if not k.startswith(skip) and k != "images_per_second"}
 
 

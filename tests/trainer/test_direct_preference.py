@@ -163,7 +163,7 @@ def test_gradient_accumulation_matches_one_big_micro_batch(make_trainer, weights
 
 
 def _comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith("timing/") and k != "images_per_second"}
+    return {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/")) and k != "images_per_second"}
 
 
 @pytest.mark.parametrize(

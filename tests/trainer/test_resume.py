@@ -22,7 +22,7 @@ RESUMABLE = (
 
 
 def _comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith("timing/") and k != "images_per_second"}
+    return {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/")) and k != "images_per_second"}
 
 
 def _assert_same_optimizer_state(a: dict, b: dict) -> None:

@@ -1,0 +1,81 @@
+"""`diffusion-rl estimate CONFIG --gpu NAME --gpus N [--json]`: memory per GPU, step time and GPU-hours before
+launch, from the config and the model's architecture alone (no weights; see diffusion_rl/estimate/)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    from diffusion_rl.estimate.devices import DEVICES
+
+    p = subparsers.add_parser(
+        "estimate",
+        help="estimate memory per GPU, time per step and GPU-hours of a config before launch (no weights needed)",
+        description="Counts the FLOPs of one rollout and one update exactly on the transformer built on the meta "
+        "device (from the model directory's configs, a tiny preset, or the architectures shipped for the ready "
+        "configs), estimates the memory each GPU holds, and times a step with a roofline of the GPU. "
+        "See docs/estimate.md.",
+    )
+    p.add_argument("config", help="training config (YAML)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, as for train")
+    p.add_argument("--gpu", default="h100", help=f"device: {', '.join(DEVICES)}")
+    p.add_argument("--gpus", type=int, default=None, help="devices (default: engine.num_workers for ray, else 1)")
+    p.add_argument("--arch", default=None, help="a shipped architecture to use instead of the model directory")
+    p.add_argument("--prompt-tokens", type=int, default=64,
+                   help="typical prompt length in tokens, for families that cut padding (Qwen-Image)")  # fmt: skip
+    p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak (cpu: needed)")
+    p.add_argument("--bandwidth-gbs", type=float, default=None, help="override the device's memory bandwidth, GB/s")
+    p.add_argument("--memory-gib", type=float, default=None, help="override the device's memory, GiB")
+    p.add_argument("--efficiency", type=float, default=None, help="fraction of peak reached (default: calibrated)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(fn=cmd_estimate)
+
+
+def cmd_estimate(args) -> None:
+    from diffusion_rl.config import load
+    from diffusion_rl.errors import UserError
+    from diffusion_rl.estimate.architectures import architecture_for
+    from diffusion_rl.estimate.devices import device_named
+    from diffusion_rl.estimate.estimator import EFFICIENCY, estimate
+
+    device = device_named(args.gpu).with_overrides(args.peak_tflops, args.bandwidth_gbs, args.memory_gib)
+    if device.peak_tflops is None or device.bandwidth_gbs is None:
+        raise UserError(f"--gpu {args.gpu}: no peak or bandwidth in the table; give --peak-tflops and --bandwidth-gbs")
+    for name in ("gpus", "prompt_tokens", "peak_tflops", "bandwidth_gbs", "memory_gib", "efficiency"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    cfg = load(args.config, args.overrides)
+    gpus = args.gpus or (cfg.engine.num_workers if cfg.engine.kind == "ray" else 1)
+    arch = architecture_for(cfg.model, args.arch)
+    result = estimate(cfg, arch, device, gpus, config_name=args.config, prompt_tokens=args.prompt_tokens,
+                      efficiency=args.efficiency or EFFICIENCY)  # fmt: skip
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1))
+        return
+    print(render(result))
+
+
+def render(r) -> str:
+    def fits(flag):
+        return "unknown" if flag is None else ("fits" if flag else "does NOT fit")
+
+    capacity = "" if r.gpu_memory_gib is None else f" of {r.gpu_memory_gib:.0f} GiB"
+    lines = [
+        f"config        {r.config} ({r.architecture}), {r.images_per_step} images per step on {r.gpus}× {r.gpu}",
+        f"FLOPs/step    {r.flops_per_step:.3g} (rollout {r.flops_rollout:.3g}, update {r.flops_update:.3g})",
+        "memory per GPU (GiB)",
+        *(f"  {k:<18} {v:8.2f}" for k, v in r.memory_gib.items()),
+        f"  peak               {r.peak_memory_gib_per_gpu:8.2f}{capacity}: {fits(r.fits)} without checkpointing; "
+        f"{r.peak_memory_gib_per_gpu_checkpointed:.2f} with: {fits(r.fits_with_checkpointing)}",
+        f"time per step {r.step_seconds:.1f} s at {r.efficiency:.0%} of peak: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in r.phase_seconds.items()),
+        f"throughput    {r.images_per_second:.3g} images/s, {r.images_per_gpu_second:.3g} images/GPU/s",
+        f"train         {r.total_steps} steps: {r.gpu_hours:.1f} GPU-hours ({r.gpu_hours / r.gpus:.1f} h wall-clock)",
+        *(f"assumes       {a}" for a in r.assumptions),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""A model's architecture as `estimate` needs it, without its weights: each component's class and config.
+
+Read from a model directory (transformer/, vae/, text_encoder*/ config.json), from a tiny preset (built in memory:
+a few MB), or from the architectures shipped in diffusion_rl/assets/architectures/ (the public config values of
+the models the ready configs train), so a config estimates before its weights are downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from diffusion_rl.errors import UserError
+
+QWEN_TEMPLATE_TOKENS = 34  # Qwen-Image's prompt template, dropped from the embeddings the transformer reads
+CLIP_TOKENS = 77
+
+
+@dataclass(frozen=True)
+class TextEncoder:
+    """A text encoder's shape: enough for its parameter count and its FLOPs per token (matmuls + attention)."""
+
+    name: str
+    kind: str  # clip, t5, qwen2_5_vl
+    layers: int
+    hidden: int
+    ffn: int
+    q_dim: int  # heads × head dim
+    kv_dim: int
+    gated: bool  # gated MLP: three ffn matrices instead of two
+    vocab: int
+    vision: dict | None = None  # Qwen2.5-VL's vision tower (edits read condition images through it)
+    positions: int | None = None  # CLIP: the fixed length it encodes (77 in the real ones)
+
+    @property
+    def params(self) -> int:
+        """Parameters of the layers (not the embedding table: a lookup, no FLOPs)."""
+        attention = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+        return self.layers * (attention + (3 if self.gated else 2) * self.hidden * self.ffn)
+
+    @property
+    def weight_params(self) -> int:
+        return self.params + self.vocab * self.hidden + self.vision_params
+
+    @property
+    def vision_params(self) -> int:
+        if not self.vision:
+            return 0
+        v = self.vision
+        return v["depth"] * (4 * v["hidden_size"] ** 2 + 3 * v["hidden_size"] * v["intermediate_size"])
+
+    def forward_flops(self, tokens: int) -> float:
+        """One sequence of `tokens`: 2·params·tokens for the matmuls, 2·2·tokens²·q_dim per layer for attention."""
+        return 2.0 * self.params * tokens + self.layers * 4.0 * tokens * tokens * self.q_dim
+
+    def vision_flops(self, height: int, width: int) -> tuple[float, int]:
+        """(FLOPs, tokens handed to the language model) of one condition image through the vision tower."""
+        v = self.vision
+        patches = math.ceil(height / v["patch_size"]) * math.ceil(width / v["patch_size"])
+        per_layer = 4 * v["hidden_size"] ** 2 + 3 * v["hidden_size"] * v["intermediate_size"]
+        flops = 2.0 * v["depth"] * per_layer * patches + v["depth"] * 4.0 * patches * patches * v["hidden_size"]
+        return flops, patches // v["spatial_merge_size"] ** 2
+
+
+def text_encoder_of(name: str, config: dict) -> TextEncoder:
+    """A TextEncoder from a transformers config dict (CLIP text, T5 / UMT5 encoder, Qwen2.5-VL)."""
+    kind = config.get("model_type", "")
+    if kind.startswith("clip"):
+        h, positions = config["hidden_size"], config.get("max_position_embeddings", CLIP_TOKENS)
+        return TextEncoder(name, "clip", config["num_hidden_layers"], h, config["intermediate_size"], h, h, False,
+                           config["vocab_size"], positions=positions)  # fmt: skip
+    if kind in ("t5", "umt5", "t5encoder"):
+        q = config["num_heads"] * config["d_kv"]
+        gated = str(config.get("feed_forward_proj", "")).startswith("gated")
+        return TextEncoder(name, "t5", config["num_layers"], config["d_model"], config["d_ff"], q, q, gated,
+                           config["vocab_size"])  # fmt: skip
+    if kind.startswith("qwen2"):
+        text = config.get("text_config") or config
+        h, heads = text["hidden_size"], text["num_attention_heads"]
+        head_dim = text.get("head_dim") or h // heads
+        kv = text.get("num_key_value_heads", heads) * head_dim
+        vision = config.get("vision_config")
+        return TextEncoder(name, "qwen2_5_vl", text["num_hidden_layers"], h, text["intermediate_size"],
+                           heads * head_dim, kv, True, text["vocab_size"], vision)  # fmt: skip
+    raise UserError(f"estimate: text encoder '{name}' has model_type '{kind}', which the estimate does not know")
+
+
+@dataclass
+class Architecture:
+    name: str
+    family: str
+    transformer_class: str
+    transformer_config: dict
+    vae_class: str
+    vae_config: dict
+    text_encoders: list[TextEncoder] = field(default_factory=list)
+    source: str = ""
+
+    @property
+    def vae_scale(self) -> int:
+        """Pixels per latent cell along height and width."""
+        c = self.vae_config
+        if "temperal_downsample" in c:  # the Wan / Qwen-Image video VAE; Wan 2.2's patchifies 2×2 more
+            return 2 ** len(c["temperal_downsample"]) * (c.get("patch_size") or 1)
+        return 2 ** (len(c.get("block_out_channels", [1])) - 1)
+
+    @property
+    def temporal_scale(self) -> int:
+        c = self.vae_config
+        return 2 ** sum(bool(d) for d in c["temperal_downsample"]) if "temperal_downsample" in c else 1
+
+    def text_tokens(self, max_sequence_length: int, prompt_tokens: int) -> int:
+        """Text tokens the transformer reads per sample."""
+        if self.family in ("qwen_image", "qwen_image_edit"):  # the template is cut, padding columns are cut
+            return min(prompt_tokens, max_sequence_length)
+        if self.family == "sd3":  # the CLIPs' tokens (77; side by side in the channels), then T5's
+            clips = [enc.positions for enc in self.text_encoders if enc.kind == "clip"]
+            return (max(clips) if clips else CLIP_TOKENS) + max_sequence_length
+        return max_sequence_length
+
+
+def _class_name(config: dict, fallback: str) -> str:
+    return config.get("_class_name") or fallback
+
+
+def from_components(name: str, family: str, components: dict[str, dict], source: str) -> Architecture:
+    """An Architecture from {component: config dict} (diffusers configs carry `_class_name`)."""
+    missing = [c for c in ("transformer", "vae") if c not in components]
+    if missing:
+        raise UserError(f"estimate: {source} has no {' or '.join(missing)} config")
+    texts = [text_encoder_of(k, v) for k, v in sorted(components.items()) if k.startswith("text_encoder")]
+    strip = lambda c: {k: v for k, v in c.items() if not k.startswith("_")}  # noqa: E731
+    tr, vae = components["transformer"], components["vae"]
+    return Architecture(name, family, _class_name(tr, ""), strip(tr), _class_name(vae, ""), strip(vae), texts, source)
+
+
+def from_model_dir(path: Path) -> Architecture:
+    """The architecture in a diffusers model directory (its model_index.json and components' config.json)."""
+    from diffusion_rl.models.loader import detect_family
+
+    family = detect_family(path)
+    components = {}
+    for sub in sorted(p for p in path.iterdir() if (p / "config.json").is_file()):
+        components[sub.name] = json.loads((sub / "config.json").read_text())
+    return from_components(path.name, family, components, str(path))
+
+
+def from_tiny(family: str, preset: str) -> Architecture:
+    """The architecture of a tiny preset (what `create_tiny_if_missing` would write), built in memory."""
+    from diffusion_rl.models.tiny import build_tiny
+
+    pipeline = build_tiny(family, preset)
+    components = {}
+    for name, module in pipeline.components.items():
+        config = getattr(module, "config", None)
+        if config is None or not hasattr(module, "parameters"):
+            continue
+        as_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        components[name] = {"_class_name": type(module).__name__, **as_dict}
+    return from_components(f"tiny {family} ({preset})", family, components, f"the tiny {family} preset '{preset}'")
+
+
+def shipped() -> dict[str, Path]:
+    """The architectures shipped with the package, by model name (the directory name of its checkpoint)."""
+    folder = resources.files("diffusion_rl") / "assets" / "architectures"
+    return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".json")}
+
+
+def from_shipped(name: str) -> Architecture:
+    path = shipped()[name]
+    doc = json.loads(path.read_text())
+    return from_components(doc["name"], doc["family"], doc["components"], doc["source"])
+
+
+def architecture_for(model_cfg, arch: str | None = None) -> Architecture:
+    """The architecture a config trains: `arch` (a shipped name) when given; else the model directory when it exists;
+    else the tiny preset it would create; else the shipped architecture named like the directory."""
+    known = shipped()
+    if arch is not None:
+        if arch not in known:
+            raise UserError(f"--arch: no shipped architecture '{arch}'; shipped: {', '.join(sorted(known))}")
+        return from_shipped(arch)
+    path = Path(model_cfg.path)
+    if (path / "model_index.json").is_file():
+        return from_model_dir(path)
+    if model_cfg.create_tiny_if_missing:
+        return from_tiny(model_cfg.tiny_family, model_cfg.create_tiny_if_missing)
+    by_lower = {k.lower(): k for k in known}
+    if path.name.lower() in by_lower:
+        return from_shipped(by_lower[path.name.lower()])
+    raise UserError(
+        f"estimate: model.path '{path}' is not a model directory here and names no shipped architecture; pass "
+        f"--arch NAME (shipped: {', '.join(sorted(known))})"
+    )

@@ -1,0 +1,143 @@
+"""Exact FLOP counts of a model's networks without weights: built on the meta device, run under FlopCounterMode.
+
+Meta tensors carry shapes and dtypes but no storage, so a 20B-parameter transformer builds in a fraction of a
+second and allocates nothing; every op still dispatches, so torch.utils.flop_counter counts each matmul (2·m·n·k),
+convolution and attention (on meta, scaled_dot_product_attention runs its math path: two batched matmuls) of the
+real module graph. The bytes autograd saves for backward are counted the same way (by distinct storage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from diffusion_rl.estimate.architectures import Architecture
+from diffusion_rl.models.doctor import count_saved_tensors
+
+META = torch.device("meta")
+
+
+def build_on_meta(class_name: str, config: dict) -> torch.nn.Module:
+    """The diffusers module `class_name` of `config`, its parameters on the meta device (no memory)."""
+    import diffusers
+
+    cls = getattr(diffusers, class_name)
+    with META:
+        return cls.from_config(config)
+
+
+@dataclass
+class Shapes:
+    """One transformer call: `batch` rows (CFG's doubled batch included), an image of height × width pixels and
+    `frames` frames, `text` text tokens per row, `condition_images` an edit's source images of the same size."""
+
+    batch: int
+    height: int
+    width: int
+    frames: int
+    text: int
+    condition_images: int = 0
+
+
+def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dict:
+    """The keyword arguments our family adapters give the transformer for `s` (models/families/*.py)."""
+    c, B = arch.transformer_config, s.batch
+    h, w = s.height // arch.vae_scale, s.width // arch.vae_scale
+    t = torch.ones(B, device=META)
+
+    def meta(*shape):
+        return torch.empty(*shape, device=META, dtype=dtype)
+
+    if arch.family == "sd3":
+        return dict(hidden_states=meta(B, c["in_channels"], h, w), timestep=t * 1000,
+                    encoder_hidden_states=meta(B, s.text, c["joint_attention_dim"]),
+                    pooled_projections=meta(B, c["pooled_projection_dim"]), return_dict=False)  # fmt: skip
+    if arch.family in ("flux", "flux_kontext"):
+        tokens = (h // 2) * (w // 2) * (1 + s.condition_images)
+        inputs = dict(hidden_states=meta(B, tokens, c["in_channels"]), timestep=t,
+                      encoder_hidden_states=meta(B, s.text, c["joint_attention_dim"]),
+                      pooled_projections=meta(B, c["pooled_projection_dim"]),
+                      txt_ids=torch.zeros(s.text, 3, device=META), img_ids=torch.zeros(tokens, 3, device=META),
+                      return_dict=False)  # fmt: skip
+        if c.get("guidance_embeds"):
+            inputs["guidance"] = t
+        return inputs
+    if arch.family in ("qwen_image", "qwen_image_edit"):
+        grid = (1, h // 2, w // 2)
+        tokens = grid[1] * grid[2] * (1 + s.condition_images)
+        return dict(hidden_states=meta(B, tokens, c["in_channels"]), timestep=t,
+                    encoder_hidden_states=meta(B, s.text, c["joint_attention_dim"]),
+                    encoder_hidden_states_mask=torch.ones(B, s.text, dtype=torch.bool, device=META),
+                    img_shapes=[[grid] * (1 + s.condition_images)] * B, return_dict=False)  # fmt: skip
+    if arch.family == "wan":
+        f = (s.frames - 1) // arch.temporal_scale + 1
+        return dict(hidden_states=meta(B, c["in_channels"], f, h, w), timestep=t * 1000,
+                    encoder_hidden_states=meta(B, s.text, c["text_dim"]), return_dict=False)  # fmt: skip
+    raise ValueError(f"no transformer inputs for the family '{arch.family}'")
+
+
+@dataclass
+class TransformerCost:
+    forward_flops: float  # one call at the shapes
+    train_flops: float  # forward + backward of one call (trained parameters' gradients and the activations')
+    saved_bytes: int  # activations autograd keeps for backward in one call (as fused attention kernels do)
+    params: int
+    blocks: int  # transformer blocks (gradient checkpointing keeps one block's activations live)
+    hidden_bytes: int  # one block's input hidden states (what checkpointing keeps per block)
+
+
+def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=torch.bfloat16) -> TransformerCost:
+    """Count one transformer call at `s`: forward, forward + backward, saved activations.
+
+    Full fine-tuning: every parameter needs its gradient (backward ≈ 2× forward). LoRA: the base weights are frozen
+    but the gradient still flows through every layer to the adapters (backward ≈ 1× forward); the rank-r adapter
+    matmuls themselves are left out (r/d of the layer, ~2–4 % at r 64 on 3072-wide layers).
+    """
+    module = build_on_meta(arch.transformer_class, arch.transformer_config).to(dtype)
+    params = sum(p.numel() for p in module.parameters())
+    module.requires_grad_(full_finetune)
+    inputs = transformer_inputs(arch, s, dtype)
+    with FlopCounterMode(display=False) as forward, torch.no_grad():
+        module(**inputs)
+    if not full_finetune:  # the gradient reaches the adapters through the activations
+        inputs["hidden_states"].requires_grad_(True)
+    tokens = _tokens(inputs)
+    with FlopCounterMode(display=False) as train, count_saved_tensors(tokens) as saved:
+        out = module(**inputs)[0]
+        out.float().sum().backward()
+    blocks = sum(len(m) for name, m in module.named_children() if isinstance(m, torch.nn.ModuleList))
+    width = arch.transformer_config.get("num_attention_heads", 1) * arch.transformer_config.get("attention_head_dim", 1)
+    return TransformerCost(float(forward.get_total_flops()), float(train.get_total_flops()), saved[0], params,
+                           max(blocks, 1), s.batch * tokens * width * torch.finfo(dtype).bits // 8)  # fmt: skip
+
+
+def _tokens(inputs: dict) -> int:
+    """Tokens per row the transformer's blocks carry (image + text)."""
+    x, text = inputs["hidden_states"], inputs["encoder_hidden_states"].shape[1]
+    if x.dim() == 3:
+        return x.shape[1] + text
+    spatial = x.shape[2:]  # [C, (F,) H, W] with a 2×2 (Wan: 1×2×2) patch
+    count = 1
+    for n in spatial[-2:]:
+        count *= n // 2
+    if len(spatial) == 3:
+        count *= spatial[0]
+    return count + text
+
+
+def vae_decode_flops(arch: Architecture, height: int, width: int, frames: int, dtype=torch.bfloat16) -> float:
+    """FLOPs of decoding one sample's latents to pixels, counted on the meta device."""
+    vae = build_on_meta(arch.vae_class, arch.vae_config).to(dtype)
+    h, w = height // arch.vae_scale, width // arch.vae_scale
+    c = arch.vae_config
+    channels = c.get("latent_channels") or c.get("z_dim")
+    if "temperal_downsample" in c:
+        f = (frames - 1) // arch.temporal_scale + 1
+        z = torch.empty(1, channels, f, h, w, device=META, dtype=dtype)
+    else:
+        z = torch.empty(1, channels, h, w, device=META, dtype=dtype)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        vae.decode(z)
+    return float(counter.get_total_flops())

@@ -1,0 +1,245 @@
+"""`diffusion-rl estimate`: memory per GPU and time per step of a config, before launch, from its architecture.
+
+FLOPs are counted exactly on the real module graph built on the meta device (estimate/counting.py): one transformer
+call at the training micro-batch (forward, and forward + backward), the VAE decode of one sample; text encoders
+analytically per token (estimate/architectures.py). Time is a roofline per phase,
+
+    t(phase) = max(FLOPs / (peak · efficiency), bytes moved / bandwidth)
+
+summed over the phases of a colocated step (encode prompts → rollout → decode → update → optimizer step), every GPU
+doing 1/N of the rows. `efficiency` is the fraction of the datasheet peak a real step reaches on average, and
+everything the roofline leaves out (rewards, FSDP collectives, CPU offload, the Python loop, idle time between
+phases) lands in it: one number, calibrated on ONE published figure (verl-omni's Qwen-Image LoRA recipe on 4×H800)
+and checked against another (its full fine-tune recipe on 4×H200) — benchmarks/estimate_vs_published.py.
+
+Memory per GPU adds what a worker holds at its peak, the update: the transformer's weights (the whole of them
+while FSDP2 has them gathered, engine.reshard_after_forward false; one shard plus two gathered blocks otherwise),
+the trainable parameters' fp32 master/gradient/AdamW state as models/doctor.py counts it (sharded over the
+workers), a frozen reference copy (full fine-tuning with a KL), the text encoders and VAE (replicated), the kept
+trajectories of the worker's rows, and the activations autograd saves for one micro-batch — counted on the meta
+device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the
+CUDA context, allocator fragmentation and kernel workspaces.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
+from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_flops
+from diffusion_rl.estimate.devices import Device
+
+# Calibrated once by benchmarks/estimate_vs_published.py on verl-omni's Qwen-Image OCR LoRA recipe (4×H800, 420 s
+# per step): the roofline's ideal step time there divided by the published 420 s. See docs/estimate.md.
+EFFICIENCY = 0.137  # fitted 0.1372; the full fine-tune check then lands +4.9 % (benchmarks/RESULTS.md)
+CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: "typically 1–3 GB")
+GIB = 2**30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+POLICY_GRADIENT_LOSSES = ("flow_grpo", "grpo_guard", "flow_dppo")
+CONDITION_SIZE = (384, 384)  # the size Qwen-Image-Edit's pipelines give the VL encoder's condition image (~384²)
+
+
+@dataclass
+class Estimate:
+    config: str
+    architecture: str
+    gpu: str
+    gpus: int
+    images_per_step: int
+    # FLOPs of one step, all GPUs together
+    flops_rollout: float
+    flops_update: float
+    flops_per_step: float
+    # memory per GPU, GiB
+    memory_gib: dict[str, float]
+    peak_memory_gib_per_gpu: float
+    peak_memory_gib_per_gpu_checkpointed: float
+    gpu_memory_gib: float | None
+    fits: bool | None
+    fits_with_checkpointing: bool | None
+    # time
+    phase_seconds: dict[str, float]
+    step_seconds: float
+    images_per_second: float
+    images_per_gpu_second: float
+    total_steps: int
+    gpu_hours: float
+    efficiency: float
+    assumptions: list[str]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def trained_calls_per_sample(cfg) -> int:
+    """Transformer calls with gradients per sample per epoch."""
+    a = cfg.algorithm
+    if a.loss in POLICY_GRADIENT_LOSSES:
+        w = cfg.sampling.window
+        window = cfg.sampling.num_steps - 1 if w.kind == "all" else w.size
+        return max(1, int(window * a.timestep_fraction))
+    return int(getattr(a.settings, "train_timesteps", 1))
+
+
+def lora_params(module: torch.nn.Module, targets: tuple[str, ...], rank: int) -> int:
+    """Parameters of rank-`rank` LoRA adapters on the Linear layers whose names end with a target (peft's rule)."""
+    total = 0
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
+            total += rank * (m.in_features + m.out_features)
+    return total
+
+
+def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name: str = "", prompt_tokens: int = 64,
+             efficiency: float = EFFICIENCY) -> Estimate:  # fmt: skip
+    """Estimate one training step of `cfg` on `gpus` devices of `device` (see the module docstring)."""
+    from diffusion_rl.models.registry import family_named
+
+    s, t, m, e = cfg.sampling, cfg.train, cfg.model, cfg.engine
+    images = cfg.data.prompts_per_step * cfg.data.group_size
+    rows = math.ceil(images / gpus)  # rows per GPU
+    sharded = e.kind == "ray" and gpus > 1
+    full = not m.lora.enabled
+    # FLUX.1-dev: guidance is an embedding, one forward; the others run true CFG over a doubled batch
+    cfg_factor = 2 if (s.guidance > 1 and not arch.transformer_config.get("guidance_embeds")) else 1
+    train_cfg = cfg_factor if cfg.algorithm.loss in POLICY_GRADIENT_LOSSES else 1  # direct preference: guidance 1
+    text = arch.text_tokens(m.max_sequence_length, prompt_tokens)
+    sources = 1 if arch.family in ("flux_kontext", "qwen_image_edit") else 0
+    vision = [enc for enc in arch.text_encoders if enc.vision]
+    if sources and vision:  # Qwen-Image-Edit: the condition image's tokens are part of the prompt's embedding
+        text = min(text + vision[0].vision_flops(*CONDITION_SIZE)[1], m.max_sequence_length)
+    wbytes = DTYPE_BYTES[m.dtype]
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[m.dtype]
+
+    micro = min(t.micro_batch_size, rows)
+    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text, sources)
+    cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype)
+    fwd_per_row = cost.forward_flops / shapes.batch  # one row of one call, guidance not applied
+    module = build_on_meta(arch.transformer_class, arch.transformer_config)
+    targets = tuple(m.lora.target_modules) or family_named(arch.family).lora_targets
+    trainable = cost.params if full else lora_params(module, targets, m.lora.rank)
+    vae = build_on_meta(arch.vae_class, arch.vae_config)
+    vae_params = sum(p.numel() for p in vae.parameters())
+    decode = vae_decode_flops(arch, s.height, s.width, s.num_frames, dtype)
+
+    # -- FLOPs and bytes per GPU, per phase ---------------------------------------------------------------------
+    weights = cost.params * wbytes
+    prompts = math.ceil(cfg.data.prompts_per_step / gpus) + 1  # distinct texts per GPU: its prompts and the negative
+    text_flops = 0.0
+    for enc in arch.text_encoders:
+        tokens = {"clip": enc.positions or CLIP_TOKENS, "t5": m.max_sequence_length}.get(
+            enc.kind, QWEN_TEMPLATE_TOKENS + min(prompt_tokens, m.max_sequence_length)
+        )
+        if enc.vision and sources:  # an edit's condition image through Qwen2.5-VL's vision tower
+            flops, vision_tokens = enc.vision_flops(*CONDITION_SIZE)
+            text_flops += rows * flops
+            tokens += vision_tokens
+        text_flops += prompts * enc.forward_flops(tokens)
+    text_bytes = sum(enc.weight_params for enc in arch.text_encoders) * wbytes
+
+    rollout_flops = rows * s.num_steps * cfg_factor * fwd_per_row
+    rollout_bytes = s.num_steps * s.score_chunks * weights  # the weights stream once per call
+    decode_flops = rows * decode
+
+    calls = rows * trained_calls_per_sample(cfg) * t.ppo_epochs  # rows × trained steps
+    micro_batches = math.ceil(calls / micro)
+    per_micro = cost.train_flops + (cost.forward_flops if m.gradient_checkpointing else 0)
+    kl = getattr(cfg.algorithm.settings, "kl_beta", 0.0) > 0 or cfg.algorithm.loss == "dpo"
+    update_flops = micro_batches * (per_micro + (cost.forward_flops if kl else 0))
+    update_bytes = micro_batches * 2 * weights
+    optimizer_steps = t.num_minibatches * t.ppo_epochs
+    master = 4 if (not full or e.mixed_precision == "bf16") else wbytes  # LoRA weights stay fp32
+    state = trainable * (master + 3 * master)  # weights, gradient, two AdamW moments
+    optimizer_bytes = optimizer_steps * 2 * state / (gpus if sharded else 1)  # read and write once
+
+    def seconds(flops: float, moved: float) -> float:
+        compute = flops / (device.peak_tflops * 1e12 * efficiency)
+        return max(compute, moved / (device.bandwidth_gbs * 1e9))
+
+    phases = {
+        "encode_prompts": seconds(text_flops, text_bytes),
+        "rollout": seconds(rollout_flops, rollout_bytes),
+        "decode": seconds(decode_flops, rows * vae_params * wbytes),
+        "update": seconds(update_flops, update_bytes),
+        "optimizer": seconds(0.0, optimizer_bytes),
+    }
+    step = sum(phases.values())
+
+    # -- memory per GPU ---------------------------------------------------------------------------------------
+    shard = gpus if sharded else 1
+    gathered = not (sharded and e.reshard_after_forward)
+    transformer_mem = weights if gathered else weights / shard + 2 * weights / cost.blocks
+    if full:  # moments (and fp32 master weights under mixed precision) sharded; gradients gathered until the step
+        moments = 2 * trainable * master / shard
+        master_copy = trainable * master / shard if master != wbytes else 0
+        train_state = moments + master_copy + trainable * master / (1 if gathered else shard)
+    else:  # fp32 adapters: weights, gradients, two moments
+        train_state = 4 * trainable * 4 / shard
+    reference = weights / shard if (full and kl) else 0
+    latent_numel = shapes_numel(arch, s)
+    stochastic = (s.num_steps - 1) if s.window.kind == "all" else s.window.size
+    cond_per_row = 2 * text * _text_width(arch) * wbytes  # prompt and negative embeddings
+    trajectory = rows * ((2 * stochastic + 2) * latent_numel * 4 + cond_per_row)
+    activations = cost.saved_bytes
+    checkpointed = cost.blocks * cost.hidden_bytes + cost.saved_bytes / cost.blocks
+    memory = {
+        "transformer": transformer_mem,
+        "trainable_state": train_state,
+        "reference_copy": reference,
+        "text_encoders": text_bytes,
+        "vae": vae_params * wbytes,
+        "trajectories": trajectory,
+        "activations": checkpointed if m.gradient_checkpointing else activations,
+        "context": CONTEXT_GIB * GIB,
+    }
+    fixed = sum(v for k, v in memory.items() if k != "activations")
+    peak_plain = (fixed + activations) / GIB
+    peak_ckpt = (fixed + checkpointed) / GIB
+    peak = peak_ckpt if m.gradient_checkpointing else peak_plain
+    capacity = device.memory_gib
+    ips = images / step
+    return Estimate(
+        config=config_name,
+        architecture=arch.name,
+        gpu=device.key,
+        gpus=gpus,
+        images_per_step=images,
+        flops_rollout=(text_flops + rollout_flops + decode_flops) * gpus,
+        flops_update=update_flops * gpus,
+        flops_per_step=(text_flops + rollout_flops + decode_flops + update_flops) * gpus,
+        memory_gib={k: v / GIB for k, v in memory.items()},
+        peak_memory_gib_per_gpu=peak,
+        peak_memory_gib_per_gpu_checkpointed=peak_ckpt,
+        gpu_memory_gib=capacity,
+        fits=None if capacity is None else peak_plain <= capacity,
+        fits_with_checkpointing=None if capacity is None else peak_ckpt <= capacity,
+        phase_seconds=phases,
+        step_seconds=step,
+        images_per_second=ips,
+        images_per_gpu_second=ips / gpus,
+        total_steps=t.total_steps,
+        gpu_hours=t.total_steps * step * gpus / 3600,
+        efficiency=efficiency,
+        assumptions=[
+            f"text tokens per sample {text} (prompt tokens {prompt_tokens} where the family cuts padding)",
+            f"{'true CFG: doubled batch' if cfg_factor == 2 else 'one forward per step'}; micro-batch {micro}",
+            f"trainable parameters {trainable / 1e6:.1f}M of {cost.params / 1e9:.2f}B",
+            "rewards, FSDP collectives and offloading are not modelled: they are inside the efficiency factor",
+        ],
+    )
+
+
+def shapes_numel(arch: Architecture, s) -> int:
+    """Latent numbers per sample (what a trajectory stores per step)."""
+    h, w = s.height // arch.vae_scale, s.width // arch.vae_scale
+    c = arch.vae_config.get("latent_channels") or arch.vae_config.get("z_dim")
+    f = (s.num_frames - 1) // arch.temporal_scale + 1 if arch.temporal_scale > 1 else 1
+    return c * f * h * w
+
+
+def _text_width(arch: Architecture) -> int:
+    c = arch.transformer_config
+    return c.get("joint_attention_dim") or c.get("text_dim") or 4096

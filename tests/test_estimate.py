@@ -1,0 +1,275 @@
+"""`diffusion-rl estimate`: the FLOP count of a small SD3 transformer on the meta device against a count derived by
+hand, the text-encoder and memory formulas, the roofline, the JSON contract, every ready config without weights,
+and the errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffusion_rl.cli import main
+from diffusion_rl.config import load
+from diffusion_rl.estimate.architectures import Architecture, TextEncoder, architecture_for, from_shipped, shipped
+from diffusion_rl.estimate.counting import Shapes, transformer_cost
+from diffusion_rl.estimate.devices import DEVICES, device_of_name, peak_flops_of
+from diffusion_rl.estimate.estimator import estimate, lora_params
+from diffusion_rl.models.doctor import count_saved_tensors
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+
+# a small SD3 transformer: 2 joint blocks (the last one context-pre-only), inner dim D = 4 heads × 16 = 64
+D, C, P, J, POOLED, LAYERS = 64, 4, 2, 32, 32, 2
+SMALL_SD3 = dict(sample_size=32, patch_size=P, in_channels=C, num_layers=LAYERS, attention_head_dim=16,
+                 num_attention_heads=4, joint_attention_dim=J, caption_projection_dim=D, pooled_projection_dim=POOLED,
+                 out_channels=C, pos_embed_max_size=32)  # fmt: skip
+
+
+def sd3_forward_flops_by_hand(B: int, height_latent: int, width_latent: int, L: int) -> int:
+    """Forward FLOPs of SMALL_SD3, a matmul m×k by k×n counted 2·m·n·k, written out layer by layer."""
+    N = (height_latent // P) * (width_latent // P)  # image tokens
+    T = N + L  # joint attention runs over image and text tokens
+    per_row = 0
+    per_row += 2 * N * D * (C * P * P)  # patch embedding: a P×P convolution, stride P
+    per_row += 2 * (256 * D + D * D)  # timestep embedding: sinusoid(256) → D → D
+    per_row += 2 * (POOLED * D + D * D)  # pooled text → D → D
+    per_row += 2 * L * J * D  # context embedder
+    for i in range(LAYERS):
+        last = i == LAYERS - 1  # context_pre_only: the text stream stops after this block's attention
+        per_row += 2 * D * 6 * D  # AdaLN-zero of the image stream (scale, shift, gate for attention and MLP)
+        per_row += 2 * D * (2 * D if last else 6 * D)  # the text stream's: continuous AdaLN in the last block
+        per_row += 3 * 2 * N * D * D + 3 * 2 * L * D * D  # q, k, v of both streams
+        per_row += 2 * T * T * D + 2 * T * T * D  # softmax(QKᵀ)·V over all heads: two T×T×D products
+        per_row += 2 * N * D * D + (0 if last else 2 * L * D * D)  # output projections
+        per_row += 2 * (2 * N * D * 4 * D)  # image MLP D → 4D → D
+        per_row += 0 if last else 2 * (2 * L * D * 4 * D)  # text MLP
+    per_row += 2 * D * 2 * D  # final AdaLN
+    per_row += 2 * N * D * (P * P * C)  # unpatchify projection
+    return B * per_row
+
+
+def small_sd3_arch() -> Architecture:
+    vae = {"in_channels": 3, "out_channels": 3, "latent_channels": C, "down_block_types": ["DownEncoderBlock2D"] * 2,
+           "up_block_types": ["UpDecoderBlock2D"] * 2, "block_out_channels": [8, 16], "layers_per_block": 1,
+           "norm_num_groups": 8}  # fmt: skip
+    return Architecture("small sd3", "sd3", "SD3Transformer2DModel", SMALL_SD3, "AutoencoderKL", vae, [])
+
+
+def test_forward_flops_of_a_small_sd3_transformer_match_the_count_by_hand():
+    arch = small_sd3_arch()  # VAE 2× down: 32 px → a 16 × 16 latent
+    cost = transformer_cost(arch, Shapes(batch=2, height=32, width=32, frames=1, text=10), full_finetune=True,
+                            dtype=torch.float32)  # fmt: skip
+    assert cost.forward_flops == sd3_forward_flops_by_hand(2, 16, 16, 10)
+    # full fine-tuning: every matmul's backward is two matmuls of its size (grad of input and of weight), except
+    # where no gradient is needed (the patch embedding's input): between 2× and 3× the forward, never outside
+    assert 2.5 * cost.forward_flops < cost.train_flops <= 3 * cost.forward_flops
+    assert cost.params == sum(p.numel() for p in _real_small_sd3().parameters())
+
+
+def _real_small_sd3():
+    from diffusers import SD3Transformer2DModel
+
+    return SD3Transformer2DModel(**SMALL_SD3)
+
+
+def test_lora_backward_costs_about_one_forward_full_backward_two():
+    arch = small_sd3_arch()
+    shapes = Shapes(batch=2, height=32, width=32, frames=1, text=10)
+    lora = transformer_cost(arch, shapes, full_finetune=False, dtype=torch.float32)
+    full = transformer_cost(arch, shapes, full_finetune=True, dtype=torch.float32)
+    assert lora.forward_flops == full.forward_flops
+    # LoRA: only the activations' gradients (≈ 1 forward; attention's backward is 4 T×T products to its forward's 2,
+    # a large share at this width); full: the weights' too (≈ 2 forwards)
+    assert 1.9 * lora.forward_flops < lora.train_flops < 2.3 * lora.forward_flops
+    assert full.train_flops - lora.train_flops > 0.8 * full.forward_flops
+
+
+def test_saved_bytes_on_meta_count_each_storage_once_and_skip_attention_matrices():
+    x = torch.empty(3, 5, device="meta", requires_grad=True)
+    with count_saved_tensors() as saved:
+        y = x * x  # saves x (one storage, twice)
+    assert saved[0] == 3 * 5 * 4
+    scores = torch.empty(2, 7, 7, device="meta", requires_grad=True)
+    with count_saved_tensors(sequence=7) as saved:
+        torch.softmax(scores, -1) * 2.0  # softmax saves its [2, 7, 7] output: an attention matrix, not counted
+    assert saved[0] == 0
+    del y
+
+
+def test_text_encoder_flops_per_token_are_matmuls_plus_attention():
+    enc = TextEncoder("t", "t5", layers=2, hidden=8, ffn=16, q_dim=8, kv_dim=4, gated=True, vocab=100)
+    per_layer = 2 * 8 * 8 + 2 * 8 * 4 + 3 * 8 * 16  # q and o, k and v (grouped), three MLP matrices
+    assert enc.params == 2 * per_layer
+    tokens = 5
+    loop = 0
+    for _ in range(2):
+        loop += 2 * per_layer * tokens + 2 * tokens * tokens * 8 * 2
+    assert enc.forward_flops(tokens) == loop
+    assert enc.weight_params == enc.params + 100 * 8
+
+
+def test_lora_params_count_rank_times_in_plus_out_of_each_target():
+    net = torch.nn.Sequential()
+    net.add_module("attn", torch.nn.Module())
+    net.attn.to_q = torch.nn.Linear(10, 20)
+    net.attn.to_k = torch.nn.Linear(10, 30)
+    net.add_module("other", torch.nn.Linear(10, 10))
+    assert lora_params(net, ("to_q", "to_k"), rank=4) == 4 * (10 + 20) + 4 * (10 + 30)
+
+
+def test_device_table_matches_reported_names_and_reads_overrides():
+    assert device_of_name("NVIDIA H100 80GB HBM3").key == "h100"
+    assert device_of_name("NVIDIA H100 PCIe").key == "h100-pcie"
+    assert device_of_name("NVIDIA A100-SXM4-40GB").key == "a100-40gb"
+    assert device_of_name("NVIDIA H200").key == "h200"
+    assert device_of_name("Some CPU") is None and peak_flops_of("Some CPU") is None
+    assert peak_flops_of("Some CPU", 2.0) == 2e12
+    assert peak_flops_of("NVIDIA H800") == pytest.approx(989.4e12)
+
+
+def test_roofline_time_is_flops_over_peak_or_bytes_over_bandwidth():
+    cfg = load(QUICKSTART)
+    arch = architecture_for(cfg.model)
+    fast = DEVICES["cpu"].with_overrides(peak_tflops=1.0, bandwidth_gbs=1e6)  # compute-bound
+    slow_memory = DEVICES["cpu"].with_overrides(peak_tflops=1e6, bandwidth_gbs=1.0)  # memory-bound
+    a = estimate(cfg, arch, fast, 1, efficiency=0.5)
+    b = estimate(cfg, arch, slow_memory, 1, efficiency=0.5)
+    # compute-bound: the rollout phase takes its FLOPs at half of 1 TFLOP/s
+    rollout_flops = a.flops_rollout
+    assert a.phase_seconds["rollout"] + a.phase_seconds["encode_prompts"] + a.phase_seconds["decode"] == pytest.approx(
+        rollout_flops / 0.5e12, rel=1e-6
+    )
+    assert a.step_seconds == pytest.approx(a.flops_per_step / 0.5e12, rel=0.01)
+    # memory-bound: the rollout streams the transformer's weights once per sampling step
+    weights = sum(p.numel() for p in _tiny_transformer(cfg).parameters()) * 4
+    assert b.phase_seconds["rollout"] == pytest.approx(cfg.sampling.num_steps * weights / 1e9, rel=1e-6)
+    assert a.images_per_gpu_second == pytest.approx(a.images_per_step / a.step_seconds)
+    assert a.gpu_hours == pytest.approx(cfg.train.total_steps * a.step_seconds / 3600)
+
+
+def _tiny_transformer(cfg):
+    from diffusion_rl.models.tiny import build_tiny
+
+    return build_tiny("sd3", cfg.model.create_tiny_if_missing).transformer
+
+
+def test_estimate_json_contract(capsys):
+    assert main(["estimate", QUICKSTART, "--gpu", "h100", "--gpus", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("peak_memory_gib_per_gpu", "step_seconds", "images_per_gpu_second", "gpu_hours"):
+        assert isinstance(out[key], float) and out[key] > 0, key
+    assert out["fits"] is True and out["gpu"] == "h100" and out["gpus"] == 1
+    assert out["flops_per_step"] == pytest.approx(out["flops_rollout"] + out["flops_update"])
+
+
+def test_unknown_gpu_is_an_error_listing_the_known_ones(capsys):
+    assert main(["estimate", QUICKSTART, "--gpu", "h1000", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown device 'h1000'" in err and "did you mean 'h100'" in err
+    assert all(key in err for key in DEVICES)
+
+
+def test_cpu_needs_a_peak(capsys):
+    assert main(["estimate", QUICKSTART, "--gpu", "cpu"]) == 2
+    assert "--peak-tflops" in capsys.readouterr().err
+
+
+# the training configs (shapes_pretrain.yaml is `diffusion-rl pretrain`'s)
+TRAINING_CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name != "shapes_pretrain.yaml")
+
+
+def test_shipped_architectures_name_the_ready_configs_models():
+    names = set(shipped())
+    used = {Path(load(str(ROOT / "configs" / c)).model.path).name for c in TRAINING_CONFIGS}
+    real = {n for n in used if not n.startswith("tiny")}
+    assert real <= names, real - names
+
+
+@pytest.mark.parametrize("config", TRAINING_CONFIGS)
+def test_every_ready_config_estimates_without_weights(config, monkeypatch, tmp_path):
+    """Each ready config, its model directory absent: the shipped architecture (or the tiny preset) is used. The
+    big transformers are cut to one block of each kind to keep this fast; the counting itself is exact above."""
+    from diffusion_rl.estimate import estimator
+
+    monkeypatch.chdir(tmp_path)  # no models/ here
+    cfg = load(str(ROOT / "configs" / config))
+    arch = architecture_for(cfg.model)
+    if arch.name in shipped():
+        for key in ("num_layers", "num_single_layers"):
+            if key in arch.transformer_config:
+                arch.transformer_config[key] = 1
+        arch.transformer_config.pop("dual_attention_layers", None)
+    monkeypatch.setattr(estimator, "vae_decode_flops", lambda *a, **k: 1.0)  # the video VAEs are slow on meta
+    r = estimate(cfg, arch, DEVICES["h100"], cfg.engine.num_workers if cfg.engine.kind == "ray" else 1)
+    assert r.step_seconds > 0 and r.peak_memory_gib_per_gpu > 0 and r.flops_update > 0
+
+
+def test_a_full_size_shipped_transformer_builds_on_meta_without_memory():
+    arch = from_shipped("Qwen-Image")
+    from diffusion_rl.estimate.counting import build_on_meta
+
+    module = build_on_meta(arch.transformer_class, arch.transformer_config)
+    params = sum(p.numel() for p in module.parameters())
+    assert 20.3e9 < params < 20.6e9  # Qwen-Image's 20B transformer
+    assert all(p.device.type == "meta" for p in module.parameters())
+
+
+def test_a_model_directory_gives_the_same_architecture_as_its_tiny_preset(tiny_model_dir):
+    from diffusion_rl.estimate.architectures import from_tiny
+
+    on_disk = architecture_for(load(QUICKSTART, [f"model.path={tiny_model_dir}"]).model)
+    built = from_tiny("sd3", "small")
+    assert on_disk.family == "sd3" and on_disk.transformer_class == built.transformer_class
+    assert len(on_disk.transformer_config) >= 10
+    as_saved = json.loads(json.dumps(built.transformer_config))  # tuples become lists in config.json
+    assert on_disk.transformer_config == {k: v for k, v in as_saved.items() if k in on_disk.transformer_config}
+    assert [e.params for e in on_disk.text_encoders] == [e.params for e in built.text_encoders]
+
+
+def test_text_report_and_bad_numbers(capsys):
+    assert main(["estimate", QUICKSTART, "--gpu", "a100", "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2× a100" in out and "GPU-hours" in out and "images/GPU/s" in out and "fits" in out
+    assert main(["estimate", QUICKSTART, "--gpus", "0"]) == 2
+    assert "--gpus must be > 0" in capsys.readouterr().err
+
+
+def test_memory_parts_by_hand():
+    """Full fine-tuning on one device (fp32): weights P·4, gradients P·4, two moments 2·P·4; the trajectories of the
+    8 rows: latents before and after each of the 9 SDE steps, the step means, the final latents (fp32), and the
+    prompt and negative embeddings. LoRA on 4 Ray workers: 16 bytes per adapter parameter, sharded 4 ways."""
+    cfg = load(QUICKSTART)
+    arch = architecture_for(cfg.model)
+    transformer = _tiny_transformer(cfg)
+    P = sum(p.numel() for p in transformer.parameters())
+    r = estimate(cfg, arch, DEVICES["h100"], 1)
+    gib = 2**30
+    assert r.memory_gib["transformer"] == pytest.approx(P * 4 / gib)
+    assert r.memory_gib["trainable_state"] == pytest.approx(3 * P * 4 / gib)
+    c = transformer.config
+    latent = c.in_channels * (64 // arch.vae_scale) ** 2
+    text = 77 + cfg.model.max_sequence_length
+    per_row = (9 + 1 + 9 + 1) * latent * 4 + 2 * text * c.joint_attention_dim * 4
+    assert r.memory_gib["trajectories"] == pytest.approx(8 * per_row / gib)
+
+    lora = load(QUICKSTART, ["model.lora.enabled=true", "model.lora.rank=4", "engine.kind=ray", "engine.num_workers=4"])
+    r4 = estimate(lora, arch, DEVICES["h100"], 4)
+    adapters = 0  # the SD3 preset: both streams' attention projections
+    ends = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+    for name, m in transformer.named_modules():
+        if isinstance(m, torch.nn.Linear) and any(name.endswith(f"attn.{e}") for e in ends):
+            adapters += 4 * (m.in_features + m.out_features)
+    assert adapters > 0
+    assert r4.memory_gib["trainable_state"] == pytest.approx(16 * adapters / 4 / gib)
+    assert r4.images_per_step == 8 and r4.gpus == 4
+
+
+def test_every_shipped_vae_decodes_on_meta():
+    from diffusion_rl.estimate.counting import vae_decode_flops
+
+    for name in shipped():
+        arch = from_shipped(name)
+        assert vae_decode_flops(arch, 4 * arch.vae_scale, 4 * arch.vae_scale, 1) > 0, name

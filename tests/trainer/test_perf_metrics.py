@@ -1,0 +1,120 @@
+"""Throughput metrics: perf/* by hand, the FLOP counter (CPU attention included) and its cache, a tiny run whose
+logged FLOPs equal a count of the whole step taken around it, and counting that leaves the step bit-identical."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from diffusion_rl.engine.flops import FlopCounter, FlopTally
+from diffusion_rl.estimate.architectures import architecture_for
+from diffusion_rl.estimate.devices import DEVICES
+from diffusion_rl.estimate.estimator import estimate
+from diffusion_rl.trainer.timing import perf_metrics
+
+
+def test_perf_metrics_by_hand():
+    # 8 images in 2 s on 4 devices, 3e12 FLOPs per device, peak 1e12 FLOP/s per device
+    m = perf_metrics(8, 2.0, 4, 3e12, 1e12)
+    assert m == {
+        "perf/images_per_s": 4.0,
+        "perf/images_per_device_s": 1.0,
+        "perf/flops_per_step": 12e12,
+        "perf/mfu": 1.5,  # 12e12 / (2 s · 4 · 1e12)
+    }
+    # trainers count FLOPs, two rollout actors beside them do not: the step's FLOPs are the trainers'
+    assert perf_metrics(8, 2.0, 6, 3e12, None, counted_devices=4) == {
+        "perf/images_per_s": 4.0,
+        "perf/images_per_device_s": 8 / 2 / 6,
+        "perf/flops_per_step": 12e12,
+    }
+    assert perf_metrics(8, 2.0, 1) == {"perf/images_per_s": 4.0, "perf/images_per_device_s": 4.0}
+
+
+def test_cpu_attention_is_counted_like_the_gpu_kernels():
+    B, H, T, S, d = 2, 3, 5, 7, 4
+    q = torch.randn(B, H, T, d, requires_grad=True)
+    k, v = torch.randn(B, H, S, d, requires_grad=True), torch.randn(B, H, S, d, requires_grad=True)
+    with FlopCounter() as forward:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert forward.total == 2 * (2 * B * H * T * S * d)  # Q·Kᵀ and P·V
+    with FlopCounter() as backward:
+        out.sum().backward()
+    # flop_counter's backward formula for fused attention: Q·Kᵀ recomputed, then dV, dP, dQ and dK: five products
+    assert backward.total == 5 * (2 * B * H * T * S * d)
+
+
+def test_flop_tally_counts_the_first_of_a_shape_and_reuses_it():
+    tally = FlopTally()
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with tally.count("k"):
+        a @ b  # 2·3·4·5
+    assert tally.cache == {"k": 120.0}
+    with tally.count("k"):
+        pass  # the cached count stands for the same work
+    assert tally.take() == 240.0 and tally.take() == 0.0
+    off = FlopTally(enabled=False)
+    with off.count("k"):
+        a @ b
+    assert off.take() == 0.0 and off.cache == {}
+
+
+def test_logged_flops_equal_a_count_of_the_whole_step(make_trainer):
+    trainer = make_trainer("log.peak_tflops=0.001")
+    for step in range(2):  # the first step counts, the second reuses the cached counts: both equal the outer count
+        with FlopCounter() as outer:
+            metrics = trainer.train_step(step)
+        assert metrics["perf/flops_per_step"] == pytest.approx(outer.total, rel=1e-9)
+        assert metrics["perf/flops_per_step"] > 0
+        seconds = sum(v for k, v in metrics.items() if k.startswith("timing/"))
+        assert metrics["perf/mfu"] == pytest.approx(metrics["perf/flops_per_step"] / (seconds * 1e9), rel=1e-6)
+        assert metrics["perf/images_per_s"] == pytest.approx(4 / seconds, rel=1e-6)
+        assert metrics["perf/images_per_device_s"] == metrics["perf/images_per_s"]
+
+
+def test_flops_off_logs_throughput_only(make_trainer):
+    metrics = make_trainer("log.flops=false").train_step(0)
+    assert "perf/flops_per_step" not in metrics and "perf/mfu" not in metrics
+    assert metrics["perf/images_per_s"] > 0
+
+
+def test_one_time_counting_cost_is_small(make_trainer):
+    """What counting costs: the first (counted) step against the same step with counting off, and a cached step."""
+    times = {}
+    for flops in ("true", "false"):
+        trainer = make_trainer(f"log.flops={flops}")
+        start = time.perf_counter()
+        trainer.train_step(0)
+        times[flops] = time.perf_counter() - start
+    print(f"first step with counting {times['true']:.3f} s, without {times['false']:.3f} s")
+    assert times["true"] < 3 * times["false"] + 1.0
+
+
+def test_counting_leaves_the_step_bit_identical(make_trainer):
+    """The counted step trains exactly as an uncounted one (resume recounts, so it must)."""
+
+    def comparable(metrics):
+        return {k: v for k, v in metrics.items() if not k.startswith(("timing/", "perf/")) and k != "images_per_second"}
+
+    counted, plain = make_trainer("log.flops=true"), make_trainer("log.flops=false")
+    for step in range(2):
+        assert comparable(counted.train_step(step)) == comparable(plain.train_step(step))
+    weights = [t.engine.worker.model.trainable_parameters() for t in (counted, plain)]
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
+def test_estimated_flops_agree_with_the_flops_a_tiny_run_counts(make_trainer):
+    """The estimate (meta device, text encoders by formula) against the FLOPs the trainer counts on the real modules:
+    the rollout within 1 %; the update within 5 % (the meta device's attention is the math path, whose backward
+    is four products; the fused kernel's formula counts five)."""
+    trainer = make_trainer("log.flops=true")
+    metrics = trainer.train_step(0)
+    counted = trainer.engine.worker.flops.cache
+    (rollout,) = [v for k, v in counted.items() if k[0] == "generate"]
+    (update,) = [v for k, v in counted.items() if k[0] == "update"]
+    r = estimate(trainer.cfg, architecture_for(trainer.cfg.model), DEVICES["h100"], 1)
+    assert r.flops_rollout == pytest.approx(rollout, rel=0.01)
+    assert r.flops_update == pytest.approx(update, rel=0.05)
+    assert metrics["perf/flops_per_step"] == rollout + update
