@@ -165,6 +165,32 @@ def test_estimate_json_contract(capsys):
     assert out["flops_per_step"] == pytest.approx(out["flops_rollout"] + out["flops_update"])
 
 
+def test_fits_is_about_the_config_as_it_runs_and_both_peaks_are_reported(capsys):
+    # qwen_image_ocr_lora checkpoints: it fits 4 H800s only because of it (135.7 GiB without, 60.8 with)
+    qwen = str(Path(__file__).resolve().parents[1] / "configs" / "qwen_image_ocr_lora.yaml")
+    runs = {}
+    for checkpointing in ("true", "false"):
+        argv = [
+            "estimate",
+            qwen,
+            f"model.gradient_checkpointing={checkpointing}",
+            "--gpu",
+            "h800",
+            "--gpus",
+            "4",
+            "--json",
+        ]
+        assert main(argv) == 0
+        runs[checkpointing] = json.loads(capsys.readouterr().out)
+    on, off = runs["true"], runs["false"]
+    assert on["peak_memory_gib_per_gpu"] == on["peak_memory_gib_per_gpu_checkpointed"] < 74.5
+    assert off["peak_memory_gib_per_gpu"] == off["peak_memory_gib_per_gpu_unchecked"] > 74.5
+    assert on["fits"] is True and off["fits"] is False
+    for run in (on, off):
+        assert run["fits_with_checkpointing"] is True and run["fits_without_checkpointing"] is False
+    assert on["step_seconds"] > off["step_seconds"]  # the checkpointed update recomputes its forward
+
+
 def test_unknown_gpu_is_an_error_listing_the_known_ones(capsys):
     assert main(["estimate", QUICKSTART, "--gpu", "h1000", "--json"]) == 2
     err = capsys.readouterr().err

@@ -64,18 +64,23 @@ def render(r) -> str:
     def fits(flag):
         return "unknown" if flag is None else ("fits" if flag else "does NOT fit")
 
+    def seconds(t):  # a tiny model's phases take milliseconds: keep 3 significant figures
+        return f"{t:.1f} s" if t >= 10 else f"{t:.3g} s"
+
     capacity = "" if r.gpu_memory_gib is None else f" of {r.gpu_memory_gib:.0f} GiB"
     lines = [
         f"config        {r.config} ({r.architecture}), {r.images_per_step} images per step on {r.gpus}× {r.gpu}",
         f"FLOPs/step    {r.flops_per_step:.3g} (rollout {r.flops_rollout:.3g}, update {r.flops_update:.3g})",
         "memory per GPU (GiB)",
         *(f"  {k:<18} {v:8.2f}" for k, v in r.memory_gib.items()),
-        f"  peak               {r.peak_memory_gib_per_gpu:8.2f}{capacity}: {fits(r.fits)} without checkpointing; "
-        f"{r.peak_memory_gib_per_gpu_checkpointed:.2f} with: {fits(r.fits_with_checkpointing)}",
-        f"time per step {r.step_seconds:.1f} s at {r.efficiency:.0%} of peak: "
-        + ", ".join(f"{k} {v:.1f} s" for k, v in r.phase_seconds.items()),
+        f"  peak               {r.peak_memory_gib_per_gpu:8.2f}{capacity}: {fits(r.fits)} "
+        f"(without gradient checkpointing {r.peak_memory_gib_per_gpu_unchecked:.2f}: "
+        f"{fits(r.fits_without_checkpointing)}; with {r.peak_memory_gib_per_gpu_checkpointed:.2f}: "
+        f"{fits(r.fits_with_checkpointing)})",
+        f"time per step {seconds(r.step_seconds)} at {r.efficiency:.0%} of peak: "
+        + ", ".join(f"{k} {seconds(v)}" for k, v in r.phase_seconds.items()),
         f"throughput    {r.images_per_second:.3g} images/s, {r.images_per_gpu_second:.3g} images/GPU/s",
-        f"train         {r.total_steps} steps: {r.gpu_hours:.1f} GPU-hours ({r.gpu_hours / r.gpus:.1f} h wall-clock)",
+        f"train         {r.total_steps} steps: {r.gpu_hours:.3g} GPU-hours ({r.gpu_hours / r.gpus:.3g} h wall-clock)",
         *(f"assumes       {a}" for a in r.assumptions),
     ]
     return "\n".join(lines)

@@ -34,7 +34,7 @@ from diffusion_rl.estimate.devices import Device
 
 # Calibrated once by benchmarks/estimate_vs_published.py on verl-omni's Qwen-Image OCR LoRA recipe (4×H800, 420 s
 # per step): the roofline's ideal step time there divided by the published 420 s. See docs/estimate.md.
-EFFICIENCY = 0.137  # fitted 0.1372; the full fine-tune check then lands +4.9 % (benchmarks/RESULTS.md)
+EFFICIENCY = 0.157  # fitted 0.1566 with gradient checkpointing, as verl-omni runs; the full fine-tune check: +6.6 %
 CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: "typically 1–3 GB")
 GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -55,10 +55,12 @@ class Estimate:
     flops_per_step: float
     # memory per GPU, GiB
     memory_gib: dict[str, float]
-    peak_memory_gib_per_gpu: float
-    peak_memory_gib_per_gpu_checkpointed: float
+    peak_memory_gib_per_gpu: float  # as the config runs (with its model.gradient_checkpointing)
+    peak_memory_gib_per_gpu_unchecked: float  # the same without gradient checkpointing
+    peak_memory_gib_per_gpu_checkpointed: float  # ... and with it
     gpu_memory_gib: float | None
-    fits: bool | None
+    fits: bool | None  # the config as it is fits the device (None: no capacity known)
+    fits_without_checkpointing: bool | None
     fits_with_checkpointing: bool | None
     # time
     phase_seconds: dict[str, float]
@@ -212,9 +214,11 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         flops_per_step=(text_flops + rollout_flops + decode_flops + update_flops) * gpus,
         memory_gib={k: v / GIB for k, v in memory.items()},
         peak_memory_gib_per_gpu=peak,
+        peak_memory_gib_per_gpu_unchecked=peak_plain,
         peak_memory_gib_per_gpu_checkpointed=peak_ckpt,
         gpu_memory_gib=capacity,
-        fits=None if capacity is None else peak_plain <= capacity,
+        fits=None if capacity is None else peak <= capacity,
+        fits_without_checkpointing=None if capacity is None else peak_plain <= capacity,
         fits_with_checkpointing=None if capacity is None else peak_ckpt <= capacity,
         phase_seconds=phases,
         step_seconds=step,
