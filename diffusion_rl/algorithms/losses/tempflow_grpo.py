@@ -19,10 +19,10 @@ Per sample i at its branching step k (cfg: clip_range, adv_clip_max, kl_beta, no
 std_i * sqrt_dt_i = σ_k·√Δt_k is the std of the noise the `sde` step adds (std = a·√(σ/(1 − σ))). The gradient
 of the step's log-prob with respect to its mean is (x_{k+1} − μ)/(σ_k²Δt_k), of size 1/(σ_k√Δt_k): late, quiet
 steps get the largest gradients although they change the image least. Multiplying by the noise std evens that
-out and leaves the early, exploratory steps the larger share. The paper states the weight as proportional to
-the step's noise level; the constant is its released code's (2.25 in scripts/train_sd3_pr.py of the authors'
-repository). The weight is a property of the step: no gradient flows through it. It multiplies the policy term
-only, not the KL term, as the authors' code does.
+out and leaves the early, exploratory steps the larger share. The paper weights a step by its noise level
+σ_k·√Δt_k; the exact form and the constant here are its authors' released code's (2.25 in scripts/train_sd3_pr.py
+of github.com/Shredded-Pork/TempFlow-GRPO). The weight is a property of the step: no gradient flows through it.
+It multiplies the policy term only, not the KL term, as the authors' code does.
 
 Metrics: policy_loss, kl_ref, the ratio metrics of losses/base.py `ratio_metrics`, and tempflow/noise_weight (the
 mean of w_i).
