@@ -177,6 +177,8 @@ class PolicyGradient(Algorithm):
         """Advantages and step weights [B, K] of the trained columns: a flat row's advantage on each of them, or a
         tree row's per-depth ones at the depth each trained step leads into."""
         adv = targets.advantages
+        if adv is None:
+            raise ValueError("a policy-gradient update needs targets.advantages (none were given)")
         if adv.ndim == 1:
             return adv[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv.device)
         if self.tree is None or adv.shape[1] != self.tree.depth + 1:

@@ -45,7 +45,9 @@ def test_separate_rollout_actors_in_step_take_the_same_steps_as_colocated_worker
         rows_close(colocated_row, separate_row, rel=1e-4)
         assert separate_row["rollout/weights_version"] == separate_row["step"]  # pushed after every update
         assert separate_row["sync/bytes"] > 0 and separate_row["timing/weight_push"] > 0
-        assert separate_row["driver/bytes_out"] < 10_000  # prompts and targets, never a trajectory or weights
+        # prompts and targets (at step 1 also the actors' setup: the run's config, ~2 KB per actor), never a
+        # trajectory or the weights (sync/bytes: they go worker to worker)
+        assert separate_row["driver/bytes_out"] < min(20_000, separate_row["sync/bytes"] / 10)
     assert max_difference(colocated_weights, separate.engine.trainable_state_dict()) <= 1e-5
 
 
