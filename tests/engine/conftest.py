@@ -86,13 +86,13 @@ def _comparable(row: dict) -> dict:
 
 @pytest.fixture
 def rows_close():
-    """rows_close(a, b, rel) asserts two metrics rows have the same keys and values within `rel` (durations and
-    traffic aside)."""
+    """rows_close(a, b, rel, abs) asserts two metrics rows have the same keys and values within `rel` or `abs`
+    (durations and traffic aside)."""
 
-    def check(a: dict, b: dict, rel: float = 1e-5) -> None:
+    def check(a: dict, b: dict, rel: float = 1e-5, abs: float = 1e-7) -> None:
         assert _comparable(a).keys() == _comparable(b).keys()
         for key, value in _comparable(a).items():
-            assert b[key] == pytest.approx(value, rel=rel, abs=1e-7), key
+            assert b[key] == pytest.approx(value, rel=rel, abs=abs), key
 
     return check
 

@@ -141,8 +141,11 @@ def test_every_direct_preference_loss_takes_the_same_steps_on_two_workers(
         sharded.engine.close()
     for local_row, ray_row in zip(local_rows, ray_rows):
         assert ray_row["reward/mean"] == local_row["reward/mean"]  # the same samples, bit for bit
-        rows_close(local_row, ray_row, rel=1e-4)
-        assert ray_row["driver/bytes_out"] < 10_000  # prompts and targets, never a trajectory
+        # DPO's margin is β = 2000 times a difference of per-row errors of ~1: their float-reduction noise (~1e-7,
+        # different on the two engines and from one CPU's kernels to another's) is ~1e-4 in it (6e-5 measured)
+        rows_close(local_row, ray_row, rel=1e-4, abs=5e-4 if loss == "dpo" else 1e-7)
+        if ray_row["step"] > 1:  # step 1 also carries the actors' setup (the run's config, ~2 KB per actor)
+            assert ray_row["driver/bytes_out"] < 10_000  # prompts and targets, never a trajectory
     difference = max_difference(local.engine.model.policies.trainable_state_dict(), weights)
     print(f"{loss}: max parameter difference after 3 steps, local vs 2 workers: {difference:.3g}")
     assert difference <= 1e-5

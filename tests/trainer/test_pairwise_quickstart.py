@@ -4,9 +4,10 @@ algorithm family, and, reduced, makes the images compress better.
 Learning settings: the `learns` overrides with the pairwise reward kept (16 steps of 4 prompts × 4, lr 1e-2, 32 px,
 4 sampling steps), validated on jpeg_compressibility. Gains of the fixed-seed validation reward, measured for
 run.seed 0-5 with the config's temperature of 5 bytes: +2.7/+5.1/+11.2/+5.4/+6.5/+7.6 % (about 11 s each on 2
-cores); Flow-GRPO on jpeg_compressibility itself gains 2.8-14 % (seeds 0-9). A softer preference (20 bytes) moved
-seed 0 by −0.7 % (+6.1/+1.3 % for seeds 1, 2): near-ties then give win rates close to ½ whose differences the
-advantage normalisation blows up.
+cores; on a CPU with AMX, whose kernels round differently, +0.3/+2.6/+9.7/+1.1/+2.5/−3.7 %: one seed's gain depends
+on the machine, so the test asks for the mean over seeds 0-2); Flow-GRPO on jpeg_compressibility itself gains
+2.8-14 % (seeds 0-9). A softer preference (20 bytes) moved seed 0 by −0.7 % (+6.1/+1.3 % for seeds 1, 2): near-ties
+then give win rates close to ½ whose differences the advantage normalisation blows up.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .conftest import LEARNS
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/quickstart_pairwise.yaml"
 PREFERENCE = f"rewards.0.kwargs.preference.name={ROOT / 'configs/preferences/smaller_jpeg.py'}:prefer"
+SEEDS = (0, 1, 2)
 
 # one config per algorithm family, on the pairwise reward (the direct-preference ones sample with the ODE)
 FAMILIES = {
@@ -94,11 +96,14 @@ def test_the_pairwise_quickstart_trains_with_every_algorithm_family(make_trainer
     assert any(not np.array_equal(before[k].numpy(), after[k].numpy()) for k in before), f"{family} trained nothing"
 
 
-def test_the_reduced_pairwise_quickstart_learns_to_compress(make_trainer):
+def test_the_reduced_pairwise_quickstart_learns_to_compress(make_trainer, tmp_path):
     learns = [o for o in LEARNS if not o.startswith("rewards.")]  # keep the pairwise reward
-    trainer = make_trainer(*learns, PREFERENCE, "run.seed=0", config=CONFIG)
-    rows = trainer.train()
-    before, after = rows[0]["val/reward/mean"], rows[-1]["val/reward/mean"]
-    # one byte of JPEG is 2e-6 of reward: ask for more than a few bytes of the ~1.5 kB
-    assert after - before > 1e-5, f"val/reward/mean {before:.6g} -> {after:.6g}"
-    assert all(r["reward/mean"] == pytest.approx(0.5, abs=1e-6) for r in rows if "reward/mean" in r)
+    gains = []
+    for seed in SEEDS:
+        rows = make_trainer(
+            *learns, PREFERENCE, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}", config=CONFIG
+        ).train()
+        gains.append(rows[-1]["val/reward/mean"] - rows[0]["val/reward/mean"])
+        assert all(r["reward/mean"] == pytest.approx(0.5, abs=1e-6) for r in rows if "reward/mean" in r)
+    # one byte of JPEG is 2e-6 of reward: ask the mean over seeds for more than a few bytes of the ~1.5 kB
+    assert sum(gains) / len(gains) > 2e-5, f"val/reward/mean gains {gains}"

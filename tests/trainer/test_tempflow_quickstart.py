@@ -4,8 +4,9 @@ configs that do not branch, and, reduced, makes the images compress better.
 Learning settings: the `learns` overrides (16 steps of 4 prompts × 4, lr 1e-2, 32 px, 4 sampling steps) with the
 branching step drawn from 0-2. Gains of the fixed-seed validation reward (jpeg_compressibility), run.seed 0-9,
 about 5 s each on 2 cores: noise_aware true +2.4/−0.5/+6.1/+9.5/+7.8/+7.5/+9.7/+4.1/+12.0/+10.7 % (mean +6.9 %);
-noise_aware false +7.7/+2.3/+2.0/+6.7/+12.8/+0.8/+9.6/−1.0/+13.2/+3.8 % (mean +5.8 %). The test uses seed 3,
-which gains with and without the weight.
+noise_aware false +7.7/+2.3/+2.0/+6.7/+12.8/+0.8/+9.6/−1.0/+13.2/+3.8 % (mean +5.8 %). On a CPU with AMX, whose
+kernels round differently, seeds 0-5 gain +6.9/+5.7/+13.4/+0.3/+4.3/−1.5 %: one seed's gain depends on the machine,
+so the test asks for the mean over seeds 0-2.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .conftest import LEARNS
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/quickstart_tempflow.yaml"
 REDUCED = ("sampling.window.hi=3",)  # 4 sampling steps: branch at step 0, 1 or 2; the last step stays ODE
+SEEDS = (0, 1, 2)
 
 
 def test_the_quickstart_config_loads_as_tempflow_grpo():
@@ -51,11 +53,14 @@ def test_require_branching_false_accepts_any_window():
     assert cfg.sampling.window.kind == "all"
 
 
-def test_the_reduced_tempflow_quickstart_learns_to_compress(make_trainer):
-    trainer = make_trainer(*LEARNS, *REDUCED, "run.seed=3", config=CONFIG)
-    rows = trainer.train()
-    before, after = rows[0]["val/reward/mean"], rows[-1]["val/reward/mean"]
-    # one byte of JPEG is 2e-6 of reward: ask for more than a few bytes of the ~1.5 kB
-    assert after - before > 1e-5, f"val/reward/mean {before:.6g} -> {after:.6g}"
-    trained = [r for r in rows if "tempflow/noise_weight" in r]
-    assert trained and all(r["tempflow/noise_weight"] > 0 for r in trained)
+def test_the_reduced_tempflow_quickstart_learns_to_compress(make_trainer, tmp_path):
+    gains = []
+    for seed in SEEDS:
+        rows = make_trainer(
+            *LEARNS, *REDUCED, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}", config=CONFIG
+        ).train()
+        gains.append(rows[-1]["val/reward/mean"] - rows[0]["val/reward/mean"])
+        trained = [r for r in rows if "tempflow/noise_weight" in r]
+        assert trained and all(r["tempflow/noise_weight"] > 0 for r in trained)
+    # one byte of JPEG is 2e-6 of reward: ask the mean over seeds for more than a few bytes of the ~1.5 kB
+    assert sum(gains) / len(gains) > 2e-5, f"val/reward/mean gains {gains}"
