@@ -39,7 +39,7 @@ def test_cached_conditioning_equals_the_fresh_one_bit_for_bit(family, request, t
     use_embedding_cache(cached, path, tmp_path / "cache", TEXTS)
     expected, got = fresh.encode_prompts(PROMPTS, NEGATIVE), cached.encode_prompts(PROMPTS, NEGATIVE)
     assert sorted(got.keys()) == sorted(expected.keys())
-    for name in expected.keys():
+    for name in expected.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
         assert got[name].dtype == expected[name].dtype and torch.equal(got[name], expected[name]), name
     # and read back from the file by another process's model: the same bits
     (file,) = (tmp_path / "cache").iterdir()
