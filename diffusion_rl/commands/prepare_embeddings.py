@@ -35,7 +35,7 @@ def cmd_prepare_embeddings(args) -> None:
 
     cfg = load(args.config, args.overrides)
     cache = prepare_embeddings(cfg, args.out)
-    logger.info("prompt-embedding cache: %d texts in %s", len(cache.entries), cache.path)
+    logger.info("prompt-embedding cache: %d texts in %s", len(cache), cache.path)
 
 
 def prepare_embeddings(cfg, out: str | None = None):

@@ -46,7 +46,7 @@ def test_cached_conditioning_equals_the_fresh_one_bit_for_bit(family, request, t
     again = EmbeddingCache.read(file, cache_key(fresh, path))
     direct = fresh._encode_texts(TEXTS)
     for i, text in enumerate(TEXTS):
-        assert all(torch.equal(again.entries[text][name], direct[name][i]) for name in direct)
+        assert all(torch.equal(again.get(text)[name], direct[name][i]) for name in direct)
 
 
 def test_a_complete_cache_releases_the_text_encoders_and_never_calls_them(sd3, tiny_model_dir, tmp_path):
@@ -70,7 +70,7 @@ def test_a_second_start_reads_the_cache_instead_of_encoding(tiny_model_dir, tmp_
     model = _load(tiny_model_dir)
     model._encode_texts = lambda texts: pytest.fail(f"encoded {texts} although they were cached")
     cache = use_embedding_cache(model, tiny_model_dir, tmp_path / "cache", TEXTS[:3])
-    assert len(cache.entries) == len(TEXTS)
+    assert len(cache) == len(TEXTS)
 
 
 def test_a_stale_cache_is_never_used(tiny_model_dir, tmp_path):

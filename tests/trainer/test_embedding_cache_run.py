@@ -56,3 +56,15 @@ def test_prepare_embeddings_writes_the_file_a_run_reads(train_argv, make_config,
     other.write_text("a prompt nobody cached\n")
     with pytest.raises(UserError, match=rf"{file} lacks 1 of the run's"):
         make_trainer(make_config(*RUN, f"model.embedding_cache={file}", f"data.train={other}"))
+
+
+def test_the_run_texts_are_its_prompts_validation_prompts_and_negatives(make_config, tmp_path):
+    from diffusion_rl.engine.embeddings import run_texts
+
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "a cat", "negative_prompt": "blurry"}\n{"prompt": "a dog"}\n{"prompt": "a cat"}\n')
+    val = tmp_path / "val.txt"
+    val.write_text("a bird\n")
+    assert run_texts(make_config(f"data.train={train}", f"val.prompts={val}")) == ["a cat", "blurry", "a dog", "",
+                                                                                  "a bird"]  # fmt: skip
+    assert "a bird" not in run_texts(make_config(f"data.train={train}", "val.prompts=null"))
