@@ -70,7 +70,7 @@ class PolicyWorker:
         # so the starting adapter does not depend on what the process drew before.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed_for(cfg.run.seed, "model_init"))
-            self.model: FlowModel = load_model(cfg.model)
+            self.model: FlowModel = load_model(cfg.model, text_encoders=cfg.model.embedding_cache is None)
         attach_embedding_cache(self.model, cfg)  # model.embedding_cache: the run's texts cached, encoders released
         self.algorithm = make_algorithm(cfg)
         self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from diffusion_rl.errors import UserError
+from diffusion_rl.models.loader import load_text_encoders, text_encoder_names
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +226,9 @@ def use_embedding_cache(model, model_path: str | Path, location: str | Path, tex
     """Attach a cache holding every one of `texts` to `model` and release its text encoders.
 
     A folder `location`: its file for this model's key is read when it exists, the texts it lacks are encoded and
-    the file rewritten. A *.safetensors `location`: read only; it must exist and hold them all.
+    the file rewritten. A *.safetensors `location`: read only; it must exist and hold them all. A model loaded
+    without its text encoders (`load_model(..., text_encoders=False)`) gets them only when some text must be
+    encoded, so a run whose cache is complete never has them on its device.
     """
     cache = open_cache(model, model_path, location)
     texts = list(dict.fromkeys(texts))
@@ -235,6 +238,8 @@ def use_embedding_cache(model, model_path: str | Path, location: str | Path, tex
             f"{CONFIG_KEY}: {cache.path} lacks {len(absent)} of the run's {len(texts)} texts (e.g. {absent[0]!r:.80}); "
             "run `diffusion-rl prepare embeddings CONFIG` for this config"
         )
+    if absent and not any(getattr(model.pipeline, n, None) is not None for n in text_encoder_names(model_path)):
+        load_text_encoders(model, model_path)  # loaded without them (the cache might have held every text)
     added = cache.fill(texts, model._encode_texts)
     if added:
         cache.save()

@@ -11,6 +11,7 @@ import torch
 
 from diffusion_rl.config import LoraConfig, ModelConfig
 from diffusion_rl.errors import UserError
+from diffusion_rl.models import embedding_cache
 from diffusion_rl.models.embedding_cache import EmbeddingCache, cache_key, use_embedding_cache
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.tiny import save_tiny
@@ -20,9 +21,9 @@ NEGATIVE = ["", "blurry", "", "blurry"]
 TEXTS = list(dict.fromkeys(PROMPTS + NEGATIVE))  # the order encode_prompts encodes them in (distinct_texts)
 
 
-def _load(path, length=16):
+def _load(path, length=16, text_encoders=True):
     return load_model(ModelConfig(path=str(path), device="cpu", max_sequence_length=length,
-                                  lora=LoraConfig(enabled=False)))  # fmt: skip
+                                  lora=LoraConfig(enabled=False)), text_encoders=text_encoders)  # fmt: skip
 
 
 @pytest.fixture
@@ -35,8 +36,10 @@ def test_cached_conditioning_equals_the_fresh_one_bit_for_bit(family, request, t
     fixture = {"sd3": "tiny_model_dir", "flux": "flux_model_dir", "qwen_image": "qwen_image_model_dir",
                "wan": "wan_model_dir"}[family]  # fmt: skip
     path = request.getfixturevalue(fixture)
-    fresh, cached = _load(path), _load(path)
+    fresh, cached = _load(path), _load(path, text_encoders=False)
+    assert cached.pipeline.text_encoder is None  # loaded when the empty cache needs them, released after
     use_embedding_cache(cached, path, tmp_path / "cache", TEXTS)
+    assert cached.pipeline.text_encoder is None
     expected, got = fresh.encode_prompts(PROMPTS, NEGATIVE), cached.encode_prompts(PROMPTS, NEGATIVE)
     assert sorted(got.keys()) == sorted(expected.keys())
     for name in expected.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
@@ -65,12 +68,15 @@ def test_a_complete_cache_releases_the_text_encoders_and_never_calls_them(sd3, t
         sd3.encode_prompts(["a purple tree"], [""])
 
 
-def test_a_second_start_reads_the_cache_instead_of_encoding(tiny_model_dir, tmp_path):
+def test_a_second_start_reads_the_cache_and_never_loads_the_encoders(tiny_model_dir, tmp_path, monkeypatch):
     use_embedding_cache(_load(tiny_model_dir), tiny_model_dir, tmp_path / "cache", TEXTS)
-    model = _load(tiny_model_dir)
+    model = _load(tiny_model_dir, text_encoders=False)
+    assert all(getattr(model.pipeline, n) is None for n in ("text_encoder", "text_encoder_2", "text_encoder_3"))
+    monkeypatch.setattr(embedding_cache, "load_text_encoders", lambda *a: pytest.fail("loaded the text encoders"))
     model._encode_texts = lambda texts: pytest.fail(f"encoded {texts} although they were cached")
     cache = use_embedding_cache(model, tiny_model_dir, tmp_path / "cache", TEXTS[:3])
     assert len(cache) == len(TEXTS)
+    assert model.encode_prompts(PROMPTS, NEGATIVE).batch_size == torch.Size([4])
 
 
 def test_a_stale_cache_is_never_used(tiny_model_dir, tmp_path):
