@@ -3,7 +3,7 @@
 Every distinct prompt and negative prompt a run of CONFIG encodes (data.train or data.pairs, val.prompts) goes
 through the model's text encoders once and into model.embedding_cache (a folder, auto = <run.dir>/embedding_cache/,
 or --out FILE.safetensors to name the file, which a run then reads with model.embedding_cache=FILE). A training run
-with the cache never loads the text encoders onto its device for longer than its start (docs/models.md).
+with a complete cache never loads the text encoders (docs/models.md).
 """
 
 from __future__ import annotations
