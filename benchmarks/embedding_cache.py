@@ -2,11 +2,11 @@
 its real sequence length.
 
 The tiny SD3 (`base` preset: 2.3M-parameter transformer) with its T5 replaced by one of T5-v1.1-base's shape (12
-layers, d_model 768, 12 heads of 64, gated-GELU d_ff 2048: 85M parameters with the tiny vocabulary; SD3's T5-XXL, 4.7B, does not fit a
-2-core CPU benchmark) and model.max_sequence_length 256, as SD3 pipelines use. The quickstart's step otherwise
-(Flow-GRPO, 10 steps at 64 px, 2 prompts × 4, CFG 4.5, JPEG compressibility). Two trainers on the same model
-take turns, one step each; per arm the median of the measured steps after warm-up. The cache is filled when its
-trainer starts (the one-off cost, reported apart), after which its text encoders are released.
+layers, d_model 768, 12 heads of 64, gated-GELU d_ff 2048: 85M parameters with the tiny vocabulary; SD3's T5-XXL,
+4.7B, does not fit a 2-core CPU benchmark) and model.max_sequence_length 256, as SD3 pipelines use. The quickstart's
+step otherwise (Flow-GRPO, 10 steps at 64 px, 2 prompts × 4, CFG 4.5, JPEG compressibility). Two trainers on the
+same model take turns, one step each; per arm the median of the measured steps after warm-up. The cache is filled
+when its trainer starts (the one-off cost, reported apart), after which its text encoders are released.
 
     python benchmarks/embedding_cache.py [--steps 3] [--warmup 1] [--length 256]
 Writes benchmarks/results/embedding_cache.json.
