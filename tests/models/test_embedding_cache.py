@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -118,3 +119,14 @@ def test_an_edit_family_whose_text_reads_the_images_refuses_a_cache(tmp_path):
     model = SimpleNamespace(family="qwen_image_edit", caches_text=False)
     with pytest.raises(UserError, match=r"depend on the condition images.*model.embedding_cache=null"):
         use_embedding_cache(model, tmp_path, tmp_path / "cache", TEXTS)
+
+
+def test_flux_kontext_caches_its_text_and_still_encodes_each_condition_image(flux_kontext_model_dir, tmp_path):
+    fresh, cached = _load(flux_kontext_model_dir), _load(flux_kontext_model_dir, text_encoders=False)
+    use_embedding_cache(cached, flux_kontext_model_dir, tmp_path / "cache", TEXTS)
+    rng = np.random.default_rng(0)
+    images = [[rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)] for _ in PROMPTS]
+    expected = fresh.encode_prompts(PROMPTS, NEGATIVE, images)
+    got = cached.encode_prompts(PROMPTS, NEGATIVE, images)
+    assert "image_latents" in got.keys() and sorted(got.keys()) == sorted(expected.keys())  # noqa: SIM118
+    assert all(torch.equal(got[name], expected[name]) for name in expected.keys())  # noqa: SIM118
