@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "eval",
     "report",
     "prepare_pairs",
+    "prepare_embeddings",
     "export",
     "doctor",
     "estimate",

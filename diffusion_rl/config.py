@@ -56,6 +56,13 @@ class ModelConfig:
     lora: LoraConfig = opt(LoraConfig, "LoRA settings.", factory=True)
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     max_sequence_length: int = opt(256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).")
+    embedding_cache: str | None = opt(
+        None,
+        "Prompt-embedding cache: each distinct prompt and negative prompt of data.train/data.pairs and val.prompts "
+        "through the text encoders once, then the encoders are released (no device memory). null = off; auto = "
+        "<run.dir>/embedding_cache/; a folder: one file per model and text setting, filled on first use; a "
+        "*.safetensors file: read only, made by `diffusion-rl prepare embeddings` (docs/models.md).",
+    )
     create_tiny_if_missing: str | None = opt(
         None,
         "Create the tiny model of this preset (base, small, …) at model.path when the directory does not exist; "

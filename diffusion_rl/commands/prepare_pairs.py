@@ -9,10 +9,10 @@ for `data.sample_source: offline` with `data.pairs: OUT/pairs.jsonl`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
+from diffusion_rl.commands import prepare_subparsers
 from diffusion_rl.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -21,11 +21,7 @@ PAIRS_FILE = "pairs.jsonl"
 
 
 def register(subparsers) -> None:
-    prepare = subparsers.choices.get("prepare") or subparsers.add_parser("prepare", help="prepare datasets")
-    datasets = next((a for a in prepare._actions if isinstance(a, argparse._SubParsersAction)), None)
-    if datasets is None:
-        datasets = prepare.add_subparsers(dest="dataset", required=True)
-    p = datasets.add_parser(
+    p = prepare_subparsers(subparsers).add_parser(
         "pairs",
         help="offline DPO pairs: sample the config's model n times per prompt, keep the best and worst by reward",
         description=__doc__.split("\n\n")[1],

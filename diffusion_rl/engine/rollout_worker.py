@@ -49,6 +49,7 @@ class RolloutWorker:
     @reported
     def setup(self, cfg) -> None:
         """Load the model (LoRA configured as the trainers', so that adapter names match) in the rollout dtype."""
+        from diffusion_rl.engine.embeddings import attach_embedding_cache
         from diffusion_rl.models.loader import load_model, resolve_device
 
         self.cfg = cfg
@@ -56,7 +57,8 @@ class RolloutWorker:
         device = resolve_device(model_cfg.device)
         if device.type == "cuda":
             torch.cuda.set_device(device.index or 0)
-        self.model = load_model(model_cfg)
+        self.model = load_model(model_cfg, text_encoders=model_cfg.embedding_cache is None)
+        attach_embedding_cache(self.model, dataclasses.replace(cfg, model=model_cfg))  # in the rollout dtype
         s = cfg.sampling
         self.settings = SamplerSettings.of(s)
 

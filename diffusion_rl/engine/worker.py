@@ -20,6 +20,7 @@ import torch
 from diffusion_rl.algorithms.base import Targets, TrainBatch, make_algorithm
 from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage, fit_rows
+from diffusion_rl.engine.embeddings import attach_embedding_cache
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
 from diffusion_rl.engine.kept import KeptRollouts
 from diffusion_rl.engine.optimizer import OptimizerStepper
@@ -69,7 +70,8 @@ class PolicyWorker:
         # so the starting adapter does not depend on what the process drew before.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed_for(cfg.run.seed, "model_init"))
-            self.model: FlowModel = load_model(cfg.model)
+            self.model: FlowModel = load_model(cfg.model, text_encoders=cfg.model.embedding_cache is None)
+        attach_embedding_cache(self.model, cfg)  # model.embedding_cache: the run's texts cached, encoders released
         self.algorithm = make_algorithm(cfg)
         self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)
         self.settings = SamplerSettings.of(cfg.sampling)

@@ -48,6 +48,8 @@ class FlowModel(ABC):
     video: bool = False  # samples are videos [F, H, W, 3] (frames > 1 allowed)
     edits: bool = False  # reads condition images with its prompts (an editing family)
     native_size: int | None = None  # pixels a side its pipeline samples by default, where its configs do not say
+    caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
+    embedding_cache = None  # an EmbeddingCache (models/embedding_cache.py) once attached: the encoders are gone
 
     def __init__(
         self,
@@ -83,6 +85,30 @@ class FlowModel(ABC):
         """Conditioning, batch [B]: text (negative embeddings included for classifier-free guidance) and, for an
         editing family, the condition images of each row (`images[i]`: uint8 [H, W, 3] arrays at the output size,
         see data/condition_images.py); a text-only family refuses images."""
+
+    def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """Each text through the text encoders on its own: name → [N, …] (encoder dtype; a family's names, e.g.
+        `prompt_embeds`, `pooled_prompt_embeds`). What the embedding cache stores."""
+        raise NotImplementedError(f"the {self.family} family encodes no text on its own")
+
+    def text_embeddings(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """`_encode_texts(texts)` on the model's device, from the embedding cache when one is attached."""
+        if self.embedding_cache is not None:
+            return self.embedding_cache.lookup(texts, self.device)
+        with torch.no_grad():
+            return self._encode_texts(texts)
+
+    def text_conditioning(self, prompts: list[str], negative: list[str] | None) -> TensorDict:
+        """Rows' text conditioning, batch [B]: each distinct text embedded once, then every name of it per prompt
+        and `negative_<name>` per negative prompt (`negative` None: none), floating ones in the model's dtype."""
+        texts, prompt_idx, negative_idx = distinct_texts(prompts, negative)
+        out = {}
+        for name, embedded in self.text_embeddings(texts).items():
+            embedded = embedded.to(self.dtype) if embedded.is_floating_point() else embedded
+            out[name] = embedded[prompt_idx.to(embedded.device)]
+            if negative_idx is not None:
+                out[f"negative_{name}"] = embedded[negative_idx.to(embedded.device)]
+        return TensorDict(out, batch_size=[len(prompts)], device=self.device)
 
     # -- the network ------------------------------------------------------------------------------------------
     @abstractmethod

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.base import FlowModel, freeze
 from diffusion_rl.models.load_errors import raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
 from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
@@ -49,8 +49,37 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_model(cfg) -> FlowModel:
-    """Build the FlowModel for a `ModelConfig` (see diffusion_rl.config)."""
+def text_encoder_names(path: Path) -> list[str]:
+    """The pipeline's text encoders (text_encoder, text_encoder_2, …), as its model_index.json names them."""
+    index = json.loads((Path(path) / "model_index.json").read_text())
+    return [name for name in index if name.startswith("text_encoder")]
+
+
+def load_text_encoders(model: FlowModel, path: str | Path) -> None:
+    """Load the text encoders `load_model(..., text_encoders=False)` left out into the model's pipeline: frozen, in the
+    model's dtype, on its device."""
+    import transformers
+
+    path = Path(path).expanduser()
+    index = json.loads((path / "model_index.json").read_text())
+    with torch.random.fork_rng(devices=[]), quiet_loading():  # loading must not move the run's RNG stream
+        for name in text_encoder_names(path):
+            library, class_name = index[name]
+            if library != "transformers":
+                raise UserError(f"{path / 'model_index.json'}: text encoder {name} of {library}, not transformers")
+            try:
+                encoder = getattr(transformers, class_name).from_pretrained(path / name, dtype=model.dtype)
+            except Exception as e:
+                raise_if_damaged(path, e)
+                raise
+            freeze(encoder)
+            setattr(model.pipeline, name, encoder.to(model.device))
+    logger.info("loaded the text encoders of %s", path)
+
+
+def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
+    """Build the FlowModel for a `ModelConfig` (see diffusion_rl.config). `text_encoders=False`: without them (the
+    prompt-embedding cache may need none; `load_text_encoders` adds them later)."""
     path = Path(cfg.path).expanduser()
     detected = detect_family(path)  # also fails early and clearly on a bad directory
     if cfg.family not in ("auto", detected):
@@ -65,6 +94,8 @@ def load_model(cfg) -> FlowModel:
     try:
         with quiet_loading():  # no progress bars or info logs, in every process (Ray workers too)
             given = family.components(path) if family.components is not None else {}
+            if not text_encoders:
+                given.update({name: None for name in text_encoder_names(path)})
             pipeline = getattr(diffusers, family.pipeline).from_pretrained(path, dtype=dtype, **given)
     except Exception as e:  # a truncated file, a component without config.json: one line naming the file
         raise_if_damaged(path, e)

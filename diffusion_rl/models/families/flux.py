@@ -18,7 +18,6 @@ from tensordict import TensorDict
 
 from diffusion_rl.models.base import (
     as_sigma_batch,
-    distinct_texts,
     images_to_uint8,
     refuse_condition_images,
     uint8_to_images,
@@ -77,19 +76,13 @@ class FluxModel(PackedLatentModel):
         # negatives only matter for true CFG, which a guidance-distilled model never runs
         if not self.guidance_embeds and negative is None:
             negative = [""] * len(prompts)
-        texts, prompt_idx, negative_idx = distinct_texts(prompts, None if self.guidance_embeds else negative)
-        with torch.no_grad():
-            embeds, pooled, _ = self.pipeline.encode_prompt(
-                prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
-            )
-        embeds, pooled = embeds.to(self.dtype), pooled.to(self.dtype)
-        prompt_idx = prompt_idx.to(embeds.device)
-        out = {"prompt_embeds": embeds[prompt_idx], "pooled_prompt_embeds": pooled[prompt_idx]}
-        if negative_idx is not None:
-            negative_idx = negative_idx.to(embeds.device)
-            out["negative_prompt_embeds"] = embeds[negative_idx]
-            out["negative_pooled_prompt_embeds"] = pooled[negative_idx]
-        return TensorDict(out, batch_size=[len(prompts)], device=self.device)
+        return self.text_conditioning(prompts, None if self.guidance_embeds else negative)
+
+    def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, pooled, _ = self.pipeline.encode_prompt(
+            prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
+        )
+        return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
 
     # -- the network ------------------------------------------------------------------------------------------
     def forwards_per_evaluation(self, guidance: float) -> int:

@@ -20,7 +20,6 @@ from tensordict import TensorDict
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import (
     as_sigma_batch,
-    distinct_texts,
     images_to_uint8,
     refuse_condition_images,
     uint8_to_images,
@@ -69,13 +68,14 @@ class QwenImageModel(PackedLatentModel):
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         refuse_condition_images(self.family, images)
-        negative = negative if negative is not None else [""] * len(prompts)
-        texts, prompt_idx, negative_idx = distinct_texts(prompts, negative)
-        with torch.no_grad():
-            embeds, mask = self.pipeline.encode_prompt(
-                prompt=texts, device=self.device, max_sequence_length=self.max_sequence_length
-            )
-        return self.text_cond(*self.pad_text(embeds, mask), prompt_idx, negative_idx)
+        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
+
+    def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, mask = self.pipeline.encode_prompt(
+            prompt=texts, device=self.device, max_sequence_length=self.max_sequence_length
+        )
+        padded, padded_mask = self.pad_text(embeds, mask)
+        return {"prompt_embeds": padded, "prompt_embeds_mask": padded_mask}
 
     def pad_text(self, embeds: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Text embeddings [N, L, D] (mask [N, L] or None: all valid) padded to max_sequence_length: (embeds in the

@@ -35,6 +35,7 @@ from diffusion_rl.models.vl_processor import load_image_text_processor
 
 class QwenImageEditModel(QwenImageModel):
     edits = True
+    caches_text = False  # the text encoder reads the condition images with each prompt
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=None)

@@ -37,33 +37,19 @@ class SD3Model(FlowModel):
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         refuse_condition_images(self.family, images)
-        # A step repeats each prompt group_size times: encode each distinct (prompt, negative) pair once.
-        negative = negative if negative is not None else [""] * len(prompts)
-        if len(negative) != len(prompts):
-            raise ValueError(f"encode_prompts: {len(negative)} negative prompts for {len(prompts)} prompts")
-        pairs = list(zip(prompts, negative))
-        unique = list(dict.fromkeys(pairs))
-        with torch.no_grad():
-            embeds, neg_embeds, pooled, neg_pooled = self.pipeline.encode_prompt(
-                prompt=[p for p, _ in unique],
-                prompt_2=None,
-                prompt_3=None,
-                device=self.device,
-                do_classifier_free_guidance=True,
-                negative_prompt=[n for _, n in unique],
-                max_sequence_length=self.max_sequence_length,
-            )
-        index = torch.tensor([unique.index(pair) for pair in pairs], device=self.device)
-        return TensorDict(
-            {
-                "prompt_embeds": embeds[index].to(self.dtype),
-                "pooled_prompt_embeds": pooled[index].to(self.dtype),
-                "negative_prompt_embeds": neg_embeds[index].to(self.dtype),
-                "negative_pooled_prompt_embeds": neg_pooled[index].to(self.dtype),
-            },
-            batch_size=[len(prompts)],
+        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
+
+    def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        # a negative prompt goes through the same encoders as a prompt: one batch of distinct texts serves both
+        embeds, _, pooled, _ = self.pipeline.encode_prompt(
+            prompt=texts,
+            prompt_2=None,
+            prompt_3=None,
             device=self.device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length,
         )
+        return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
 
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         batch = latents.shape[0]

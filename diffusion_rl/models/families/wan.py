@@ -27,7 +27,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.base import FlowModel, as_sigma_batch, distinct_texts, refuse_condition_images
+from diffusion_rl.models.base import FlowModel, as_sigma_batch, refuse_condition_images
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # attention of both kinds (self-attention over the video tokens, cross-attention to the text) and the feed-forward
@@ -94,22 +94,16 @@ class WanModel(FlowModel):
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         refuse_condition_images(self.family, images)
-        negative = negative if negative is not None else [""] * len(prompts)
-        texts, prompt_idx, negative_idx = distinct_texts(prompts, negative)
-        with torch.no_grad():
-            embeds, _ = self.pipeline.encode_prompt(
-                prompt=texts,
-                do_classifier_free_guidance=False,
-                max_sequence_length=self.max_sequence_length,
-                device=self.device,
-            )
-        embeds = embeds.to(self.dtype)
-        prompt_idx, negative_idx = prompt_idx.to(embeds.device), negative_idx.to(embeds.device)
-        return TensorDict(
-            {"prompt_embeds": embeds[prompt_idx], "negative_prompt_embeds": embeds[negative_idx]},
-            batch_size=[len(prompts)],
+        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
+
+    def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, _ = self.pipeline.encode_prompt(
+            prompt=texts,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length,
             device=self.device,
         )
+        return {"prompt_embeds": embeds}
 
     # -- the network ------------------------------------------------------------------------------------------
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
