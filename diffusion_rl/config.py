@@ -169,6 +169,12 @@ class SamplingConfig:
     score_chunks: int = opt(
         1, "Sample the batch in this many chunks, scoring each in the background while the next samples."
     )
+    latents_dtype: Literal["fp32", "bf16", "fp16"] = opt(
+        "fp32",
+        "Memory saver: the dtype the kept trajectory stores its window latents and step means in (half the memory "
+        "with bf16/fp16); log-probs stay fp32, and the window's samples are the rounded ones, so the update replays "
+        "the rollout's log-probs exactly (sampling/storage.py).",
+    )
     tree: TreeConfig | None = opt(
         None,
         "Tree rollouts (BranchGRPO): each prompt's group shares its prefix and splits at branch_at steps, with "

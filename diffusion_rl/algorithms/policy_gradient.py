@@ -118,7 +118,7 @@ class PolicyGradient(Algorithm):
             correction = corrected.weights_BW
             metrics.update({name: float(value) for name, value in corrected.metrics.items()})
         else:
-            old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns)
+            old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns).float()
             correction = torch.ones_like(rollout_log_probs)
         units = PolicyGradientUnits(
             traj=traj,
