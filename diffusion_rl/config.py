@@ -55,6 +55,11 @@ class ModelConfig:
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     lora: LoraConfig = opt(LoraConfig, "LoRA settings.", factory=True)
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    offload_frozen: bool = opt(
+        False,
+        "Memory saver: keep the frozen text encoders and VAE on the CPU, moving each to model.device only while it "
+        "encodes prompts or decodes/encodes images (a host-device copy per use; outputs unchanged).",
+    )
     max_sequence_length: int = opt(256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).")
     create_tiny_if_missing: str | None = opt(
         None,

@@ -71,7 +71,13 @@ def load_model(cfg) -> FlowModel:
         raise
     quiet_prompt_truncation(pipeline)
     pipeline.set_progress_bar_config(disable=True)
-    pipeline.to(device)
+    offload = getattr(cfg, "offload_frozen", False)
+    if offload:  # the frozen components stay on the CPU: they never occupy the device all at once, even while loading
+        for name, component in pipeline.components.items():
+            if isinstance(component, torch.nn.Module) and name not in family.adapter.frozen_components:
+                component.to(device)
+    else:
+        pipeline.to(device)
     lora = None
     if cfg.lora.enabled:
         targets = tuple(cfg.lora.target_modules) or family.lora_targets
@@ -84,6 +90,7 @@ def load_model(cfg) -> FlowModel:
             dtype=dtype,
             max_sequence_length=cfg.max_sequence_length,
             gradient_checkpointing=cfg.gradient_checkpointing,
+            offload_frozen=offload,
         )
     except ValueError as e:
         if lora is None or not cfg.lora.target_modules:
