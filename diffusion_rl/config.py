@@ -521,6 +521,11 @@ class EngineConfig:
         "gradients after every backward. false: gather once and reduce once per optimizer step (full weights and "
         "gradients on each device during the update; far fewer collectives).",
     )
+    fsdp_cpu_offload: bool = opt(
+        False,
+        "ray: memory saver: FSDP2's CPUOffloadPolicy; the transformer's shards, gradients and optimizer state live in "
+        "host memory and each block is copied to the device when gathered (slower steps, least device memory).",
+    )
     collective_timeout_s: float = opt(
         1800.0, "ray: a collective waiting this long for a lost or hung worker fails (the run stops, no checkpoint)."
     )
@@ -582,6 +587,11 @@ class EngineConfig:
             self.cpus_per_worker > 0 and self.gpus_per_worker >= 0,
             f"engine.cpus_per_worker must be > 0 (a worker drives its device from a CPU) and engine.gpus_per_worker "
             f"≥ 0; got {self.cpus_per_worker} and {self.gpus_per_worker}",
+        )
+        check(
+            self.kind == "ray" or not self.fsdp_cpu_offload,
+            "engine.fsdp_cpu_offload offloads the FSDP2 shards of the Ray engine's trainers: it needs engine.kind=ray "
+            "(the local engine does not shard; model.offload_frozen offloads its text encoders and VAE)",
         )
         check(
             self.collective_timeout_s > 0 and self.start_timeout_s > 0,
