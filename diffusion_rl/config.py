@@ -60,6 +60,12 @@ class ModelConfig:
         "Memory saver: keep the frozen text encoders and VAE on the CPU, moving each to model.device only while it "
         "encodes prompts or decodes/encodes images (a host-device copy per use; outputs unchanged).",
     )
+    offload_reference: bool = opt(
+        False,
+        "Memory saver, full fine-tuning: keep the frozen reference copy (the KL term's, DPO's) on the CPU, moving it "
+        "to model.device only for its forward (a host-device copy of the transformer per reference forward). LoRA's "
+        "reference is the base with the adapter disabled: no copy to offload.",
+    )
     max_sequence_length: int = opt(256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).")
     create_tiny_if_missing: str | None = opt(
         None,
@@ -92,6 +98,11 @@ class ModelConfig:
             self.autocast == "none" or self.dtype != "fp16",
             f"model.autocast={self.autocast} with model.dtype=fp16 mixes two half types; use model.dtype fp32 "
             "(fp32 master weights) or bf16",
+        )
+        check(
+            not (self.offload_reference and self.lora.enabled),
+            "model.offload_reference offloads full fine-tuning's reference copy; with model.lora.enabled the "
+            "reference is the base model with the adapter disabled, no copy: set model.offload_reference=false",
         )
         names = load_families().names()
         check(
@@ -703,6 +714,11 @@ class Config:
         e, batch, minibatches = self.engine, self.batch_size, self.train.num_minibatches
         if e.kind != "ray":
             return
+        check(
+            not self.model.offload_reference,
+            "model.offload_reference moves the local engine's reference copy; under engine.kind=ray that copy is "
+            "FSDP2-sharded: use engine.fsdp_cpu_offload=true to keep its shards (and the trained ones) on the CPU",
+        )
         check(
             e.rollout == "colocated" or self.data.sample_source == "online",
             "engine.rollout=separate samples online rollouts; offline pairs (data.sample_source=offline) train with "

@@ -100,6 +100,7 @@ def load_model(cfg) -> FlowModel:
     model.policies.compile_sampling = getattr(cfg, "compile", False)
     model.policies.compile_blocks = getattr(cfg, "compile_blocks", False)
     model.policies.autocast = None if getattr(cfg, "autocast", "none") == "none" else DTYPES[cfg.autocast]
+    model.policies.offload_reference_to = device if getattr(cfg, "offload_reference", False) else None
     n_train = sum(p.numel() for p in model.trainable_parameters())
     logger.info(
         "loaded %s model from %s (%s, %s): %.2fM trainable parameters",

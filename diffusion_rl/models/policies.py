@@ -53,6 +53,9 @@ class PolicySet:
     compile_sampling = False  # model.compile: sampling calls (no grad) go through torch.compile'd networks
     compile_blocks = False  # model.compile_blocks: every call runs networks whose repeated blocks are compiled
     autocast: torch.dtype | None = None  # model.autocast: the forward runs under torch.autocast to this dtype
+    # model.offload_reference: full fine-tuning's reference copy lives on the CPU and moves to this device only
+    # inside `reference()`; None: it stays where the trained network is
+    offload_reference_to: torch.device | None = None
 
     @property
     def module(self):
@@ -126,10 +129,14 @@ class PolicySet:
             raise RuntimeError("no reference copy: call PolicySet.keep_reference() before training")
         previous = self._active
         self._active = REFERENCE
+        if self.offload_reference_to is not None:
+            self._reference.to(self.offload_reference_to)
         try:
             yield
         finally:
             self._active = previous
+            if self.offload_reference_to is not None:
+                self._reference.to("cpu")
 
     def frozen_copies(self) -> dict[str, nn.Module]:
         """Full fine-tuning's frozen networks by name (the reference, `old`, `ema`); empty with LoRA."""
@@ -139,6 +146,8 @@ class PolicySet:
         """Full fine-tuning only: freeze a copy of the current weights as the reference."""
         if self.lora is None and self._reference is None:
             self._reference = _frozen_copy(self.trained)
+            if self.offload_reference_to is not None:
+                self._reference.to("cpu")
             self._copies[REFERENCE] = self._reference
 
     # -- named copies ---------------------------------------------------------------------------------------
