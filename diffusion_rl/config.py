@@ -17,6 +17,7 @@ from diffusion_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from diffusion_rl.config_io import SECTIONS, load_config
 from diffusion_rl.errors import did_you_mean
 from diffusion_rl.guard.config import GuardConfig
+from diffusion_rl.models.attention import backend_names
 from diffusion_rl.models.registry import load_families
 from diffusion_rl.settings import check, opt
 
@@ -83,6 +84,12 @@ class ModelConfig:
         "forward and backward) and sampling both run compiled blocks; one block's compile time, not the network's "
         "(replaces model.compile's whole-network compile; see benchmarks/RESULTS.md).",
     )
+    attention_backend: str = opt(
+        "sdpa",
+        "Attention kernel of the transformer through diffusers' dispatcher: sdpa (as diffusers builds it), native, "
+        "_native_math, _native_flash, flash, _flash_3, sage, flex, xformers, … (`*_hub` ones are not offered); one "
+        "whose package is missing is refused at load, naming the installed ones (models/attention.py).",
+    )
     autocast: Literal["none", "bf16"] = opt(
         "none",
         "Precision policy. bf16: the transformer forward runs under torch.autocast(bf16) while the weights, gradients "
@@ -103,6 +110,12 @@ class ModelConfig:
             not (self.offload_reference and self.lora.enabled),
             "model.offload_reference offloads full fine-tuning's reference copy; with model.lora.enabled the "
             "reference is the base model with the adapter disabled, no copy: set model.offload_reference=false",
+        )
+        backends = backend_names()
+        check(
+            self.attention_backend in backends,
+            f"model.attention_backend '{self.attention_backend}' is not an attention backend"
+            f"{did_you_mean(self.attention_backend, backends)}; known: {', '.join(backends)}",
         )
         names = load_families().names()
         check(

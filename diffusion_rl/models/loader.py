@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from diffusion_rl.errors import UserError
+from diffusion_rl.models.attention import DEFAULT_BACKEND, set_attention_backend
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.load_errors import raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
@@ -70,6 +71,8 @@ def load_model(cfg) -> FlowModel:
         raise_if_damaged(path, e)
         raise
     quiet_prompt_truncation(pipeline)
+    # before the policies exist: full fine-tuning's copies inherit the backend
+    set_attention_backend(pipeline.transformer, getattr(cfg, "attention_backend", DEFAULT_BACKEND), family.name)
     pipeline.set_progress_bar_config(disable=True)
     offload = getattr(cfg, "offload_frozen", False)
     if offload:  # the frozen components stay on the CPU: they never occupy the device all at once, even while loading
