@@ -54,8 +54,8 @@ class FlowModel(ABC):
     each prompt (`encode_prompts(..., images=...)`, models/condition.py); the others refuse them.
 
     With `offload_frozen` the text encoders and the VAE live on the CPU and move to `device` only for the calls
-    that use them (`USES_FROZEN`): every family's `encode_prompts`, `decode` and `encode` are wrapped so when the
-    class is defined, so a new family gets it without a line of its own.
+    that use them (`USES_FROZEN`): every family's `encode_prompts`, `decode` and `encode` are wrapped when its class
+    is defined (`__init_subclass__`), so a new family gets this without a line of its own.
     """
 
     family: str  # its registered name, set on the adapter class by register_family (models/registry.py)

@@ -8,8 +8,10 @@ Rounding only what is stored would make the update's recomputed log-prob differ 
 one: x_j is rounded before the window step's velocity, the drawn x_{j+1} is rounded, and the recorded log-prob is
 that of the rounded x_{j+1}. The update then replays the rollout exactly (ratio 1 on-policy, as with fp32 storage);
 the samples differ from fp32 storage's by that rounding (a relative 2⁻⁹ for bf16, 2⁻¹² for fp16, far below the
-step's noise). The stored means are rounded copies of fp32 means: the losses that read them (the PPO anchor's
-mean, e.g. grpo_guard's drift and flow_dppo's KL) see the rounding, not the log-prob ratio.
+step's noise). The stored means are rounded copies of fp32 means: a loss that reads them as the PPO anchor's mean
+sees that rounding on-policy; grpo_guard's drift term and flow_dppo's KL mask read it at the scale of the step
+noise, where bf16's rounding is about their thresholds, so those losses refuse bf16 and take fp16
+(algorithms/losses/base.py: `require_exact_anchor_means`).
 """
 
 from __future__ import annotations

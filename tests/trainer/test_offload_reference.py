@@ -20,6 +20,9 @@ def test_the_reference_copy_is_on_the_device_only_for_its_forward(tiny_model_dir
                                    lora=LoraConfig(enabled=False), offload_reference=True))  # fmt: skip
     model.policies.keep_reference()
     copy = model.policies.frozen_copies()[REFERENCE]
+    trained = dict(model.policies.trained.named_parameters())
+    for name, p in copy.named_parameters():  # a copy of its own, made on the CPU
+        assert torch.equal(p, trained[name]) and p.data_ptr() != trained[name].data_ptr() and not p.requires_grad
     events = []
     move = copy.to
     copy.to = lambda device: events.append(f"to {torch.device(device)}") or move(device)
