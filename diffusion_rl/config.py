@@ -17,6 +17,7 @@ from diffusion_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from diffusion_rl.config_io import SECTIONS, load_config
 from diffusion_rl.errors import did_you_mean
 from diffusion_rl.guard.config import GuardConfig
+from diffusion_rl.models.attention import backend_names
 from diffusion_rl.models.registry import load_families
 from diffusion_rl.settings import check, opt
 
@@ -55,6 +56,17 @@ class ModelConfig:
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     lora: LoraConfig = opt(LoraConfig, "LoRA settings.", factory=True)
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    offload_frozen: bool = opt(
+        False,
+        "Memory saver: keep the frozen text encoders and VAE on the CPU, moving each to model.device only while it "
+        "encodes prompts or decodes/encodes images (a host-device copy per use; outputs unchanged).",
+    )
+    offload_reference: bool = opt(
+        False,
+        "Memory saver, full fine-tuning: keep the frozen reference copy (the KL term's, DPO's) on the CPU, moving it "
+        "to model.device only for its forward (a host-device copy of the transformer per reference forward). LoRA's "
+        "reference is the base with the adapter disabled: no copy to offload.",
+    )
     max_sequence_length: int = opt(256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).")
     embedding_cache: str | None = opt(
         None,
@@ -79,6 +91,12 @@ class ModelConfig:
         "forward and backward) and sampling both run compiled blocks; one block's compile time, not the network's "
         "(replaces model.compile's whole-network compile; see benchmarks/RESULTS.md).",
     )
+    attention_backend: str = opt(
+        "sdpa",
+        "Attention kernel of the transformer through diffusers' dispatcher: sdpa (as diffusers builds it), native, "
+        "_native_math, _native_flash, flash, _flash_3, sage, flex, xformers, … (`*_hub` ones are not offered); one "
+        "whose package is missing is refused at load, naming the installed ones (models/attention.py).",
+    )
     autocast: Literal["none", "bf16"] = opt(
         "none",
         "Precision policy. bf16: the transformer forward runs under torch.autocast(bf16) while the weights, gradients "
@@ -94,6 +112,17 @@ class ModelConfig:
             self.autocast == "none" or self.dtype != "fp16",
             f"model.autocast={self.autocast} with model.dtype=fp16 mixes two half types; use model.dtype fp32 "
             "(fp32 master weights) or bf16",
+        )
+        check(
+            not (self.offload_reference and self.lora.enabled),
+            "model.offload_reference offloads full fine-tuning's reference copy; with model.lora.enabled the "
+            "reference is the base model with the adapter disabled, no copy: set model.offload_reference=false",
+        )
+        backends = backend_names()
+        check(
+            self.attention_backend in backends,
+            f"model.attention_backend '{self.attention_backend}' is not an attention backend"
+            f"{did_you_mean(self.attention_backend, backends)}; known: {', '.join(backends)}",
         )
         names = load_families().names()
         check(
@@ -175,6 +204,12 @@ class SamplingConfig:
     share_initial_noise: bool = opt(False, "Same initial noise for every sample of a prompt's group.")
     score_chunks: int = opt(
         1, "Sample the batch in this many chunks, scoring each in the background while the next samples."
+    )
+    latents_dtype: Literal["fp32", "bf16", "fp16"] = opt(
+        "fp32",
+        "Memory saver: the dtype the kept trajectory stores its window latents and step means in (half the memory "
+        "with bf16/fp16); log-probs stay fp32, and the window's samples are the rounded ones, so the update replays "
+        "the rollout's log-probs exactly (sampling/storage.py).",
     )
     tree: TreeConfig | None = opt(
         None,
@@ -517,6 +552,11 @@ class EngineConfig:
         "gradients after every backward. false: gather once and reduce once per optimizer step (full weights and "
         "gradients on each device during the update; far fewer collectives).",
     )
+    fsdp_cpu_offload: bool = opt(
+        False,
+        "ray: memory saver: FSDP2's CPUOffloadPolicy; the transformer's shards, gradients and optimizer state live in "
+        "host memory and each block is copied to the device when gathered (slower steps, least device memory).",
+    )
     collective_timeout_s: float = opt(
         1800.0, "ray: a collective waiting this long for a lost or hung worker fails (the run stops, no checkpoint)."
     )
@@ -578,6 +618,11 @@ class EngineConfig:
             self.cpus_per_worker > 0 and self.gpus_per_worker >= 0,
             f"engine.cpus_per_worker must be > 0 (a worker drives its device from a CPU) and engine.gpus_per_worker "
             f"≥ 0; got {self.cpus_per_worker} and {self.gpus_per_worker}",
+        )
+        check(
+            self.kind == "ray" or not self.fsdp_cpu_offload,
+            "engine.fsdp_cpu_offload offloads the FSDP2 shards of the Ray engine's trainers: it needs engine.kind=ray "
+            "(the local engine does not shard; model.offload_frozen offloads its text encoders and VAE)",
         )
         check(
             self.collective_timeout_s > 0 and self.start_timeout_s > 0,
@@ -689,6 +734,11 @@ class Config:
         e, batch, minibatches = self.engine, self.batch_size, self.train.num_minibatches
         if e.kind != "ray":
             return
+        check(
+            not self.model.offload_reference,
+            "model.offload_reference moves the local engine's reference copy; under engine.kind=ray that copy is "
+            "FSDP2-sharded: use engine.fsdp_cpu_offload=true to keep its shards (and the trained ones) on the CPU",
+        )
         check(
             e.rollout == "colocated" or self.data.sample_source == "online",
             "engine.rollout=separate samples online rollouts; offline pairs (data.sample_source=offline) train with "

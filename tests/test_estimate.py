@@ -293,6 +293,27 @@ def test_memory_parts_by_hand():
     assert r4.images_per_step == 8 and r4.gpus == 4
 
 
+def test_the_memory_savers_take_their_parts_off():
+    cfg = load(QUICKSTART, ["algorithm.flow_grpo.kl_beta=0.04"])
+    arch = architecture_for(cfg.model)
+    P = sum(p.numel() for p in _tiny_transformer(cfg).parameters())
+    base = estimate(cfg, arch, DEVICES["h100"], 1).memory_gib
+    savers = ["algorithm.flow_grpo.kl_beta=0.04", "sampling.latents_dtype=bf16", "model.offload_frozen=true",
+              "model.offload_reference=true"]  # fmt: skip
+    saved = estimate(load(QUICKSTART, savers), arch, DEVICES["h100"], 1).memory_gib
+    assert base["reference_copy"] > 0 and saved["reference_copy"] == 0
+    assert base["text_encoders"] > 0 and base["vae"] > 0 and saved["text_encoders"] == saved["vae"] == 0
+    # 9 SDE steps: 19 window latents and means at 2 bytes instead of 4, the final latents still fp32
+    latent = arch.vae_config["latent_channels"] * (64 // arch.vae_scale) ** 2
+    assert base["trajectories"] - saved["trajectories"] == pytest.approx(8 * 19 * 2 * latent / 2**30)
+
+    ray = ["engine.kind=ray", "engine.num_workers=2"]
+    on_ray = estimate(load(QUICKSTART, ray), arch, DEVICES["h100"], 2).memory_gib
+    offloaded = estimate(load(QUICKSTART, [*ray, "engine.fsdp_cpu_offload=true"]), arch, DEVICES["h100"], 2).memory_gib
+    assert on_ray["trainable_state"] == pytest.approx((2 * P * 4 / 2 + P * 4) / 2**30)  # moments sharded, gradients
+    assert offloaded["trainable_state"] == pytest.approx(P * 4 / 2**30)  # the gradients until they are reduced
+
+
 def test_every_shipped_vae_decodes_on_meta():
     from diffusion_rl.estimate.counting import vae_decode_flops
 

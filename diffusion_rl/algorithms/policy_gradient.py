@@ -118,7 +118,7 @@ class PolicyGradient(Algorithm):
             correction = corrected.weights_BW
             metrics.update({name: float(value) for name, value in corrected.metrics.items()})
         else:
-            old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns)
+            old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns).float()
             correction = torch.ones_like(rollout_log_probs)
         units = PolicyGradientUnits(
             traj=traj,
@@ -137,11 +137,12 @@ class PolicyGradient(Algorithm):
         return units.columns.shape[1]  # K trained steps, one backward pass each
 
     def loss(self, units: PolicyGradientUnits, k: int, at: UpdatePosition) -> LossOutput:
-        step = self._recompute(units.traj, units.columns[:, k])
         ref_mean = None
-        if self.kl_beta > 0:
+        if self.kl_beta > 0:  # before the trained forward, so its activations are not held meanwhile (the device
+            # peak, which model.offload_reference's copy, on the device for this forward only, then stays out of)
             with torch.no_grad(), self.model.reference():
                 ref_mean = self._recompute(units.traj, units.columns[:, k]).mean
+        step = self._recompute(units.traj, units.columns[:, k])
         weights = units.weight * units.correction[:, k] * units.step_weight[:, k]
         entry_metrics = {}
         rc = self.correction

@@ -88,9 +88,19 @@ class Fsdp2Sharded(SingleDevice):
     and trained steps before it), which on a small model cuts the collectives per step from ~3 per unit per
     micro-step to 2 per unit. True: FSDP2's own schedule (ZeRO-3), the least memory: weights are gathered for every
     forward and backward and gradients reduced after every backward.
+
+    cpu_offload: FSDP2's CPUOffloadPolicy — the shards, their gradients and so the optimizer state live in host
+    memory; each unit's weights are copied to the device when gathered and its reduced gradients back (pinned host
+    memory on a GPU; plain memory on a CPU-only machine, where FSDP2 cannot pin).
     """
 
-    def __init__(self, device: torch.device, mixed_precision: str = "none", reshard_after_forward: bool = False):
+    def __init__(
+        self,
+        device: torch.device,
+        mixed_precision: str = "none",
+        reshard_after_forward: bool = False,
+        cpu_offload: bool = False,
+    ):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -99,23 +109,31 @@ class Fsdp2Sharded(SingleDevice):
         self.mesh = init_device_mesh(device.type, (self.world_size,))
         self.mixed_precision = mixed_precision
         self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = cpu_offload
         self.roots: dict[str, nn.Module] = {}  # the FSDP root of each sharded network, by policy: "default" trains
         self._accumulating = False  # inside training() with reshard_after_forward False
 
     def prepare(self, model) -> None:
-        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            FSDPModule,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
 
         policy = MixedPrecisionPolicy()
         if self.mixed_precision == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else OffloadPolicy()
         policies = model.policies
         networks = {DEFAULT: policies.trained, **policies.frozen_copies()}  # LoRA: every adapter is in "default"
         for name, network in networks.items():
             # peft wraps the diffusers transformer: shard the transformer itself, which holds every parameter
             root = network.get_base_model() if hasattr(network, "get_base_model") else network
             for block in transformer_blocks(root):
-                fully_shard(block, mesh=self.mesh, mp_policy=policy)
-            fully_shard(root, mesh=self.mesh, mp_policy=policy)
+                fully_shard(block, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
+            fully_shard(root, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
             # every worker scales its loss by the global count (see `sum`): the gradients must be summed, not
             # averaged over the workers. A plain SUM: gloo has no PREMUL_SUM (what a divide factor uses otherwise)
             for module in root.modules():

@@ -146,7 +146,8 @@ class ShardedWorker:
             world_size=self.world_size,
             timeout=timedelta(seconds=cfg.engine.collective_timeout_s),
         )
-        self.parallel = Fsdp2Sharded(device, cfg.engine.mixed_precision, cfg.engine.reshard_after_forward)
+        e = cfg.engine
+        self.parallel = Fsdp2Sharded(device, e.mixed_precision, e.reshard_after_forward, e.fsdp_cpu_offload)
         self.worker = PolicyWorker(cfg, self.parallel)
 
     # -- sampling -------------------------------------------------------------------------------------------------

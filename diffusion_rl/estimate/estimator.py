@@ -18,7 +18,9 @@ the trainable parameters' fp32 master/gradient/AdamW state as models/doctor.py c
 workers), a frozen reference copy (full fine-tuning with a KL), the text encoders and VAE (replicated), the kept
 trajectories of the worker's rows, and the activations autograd saves for one micro-batch — counted on the meta
 device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the
-CUDA context, allocator fragmentation and kernel workspaces.
+CUDA context, allocator fragmentation and kernel workspaces. The memory savers (docs/models.md) take their part
+off: `sampling.latents_dtype` the trajectories' window, `model.offload_frozen` the text encoders and VAE,
+`model.offload_reference` the reference copy, `engine.fsdp_cpu_offload` the shards and the optimizer state.
 """
 
 from __future__ import annotations
@@ -173,26 +175,37 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     # -- memory per GPU ---------------------------------------------------------------------------------------
     shard = gpus if sharded else 1
     gathered = not (sharded and e.reshard_after_forward)
-    transformer_mem = weights if gathered else weights / shard + 2 * weights / cost.blocks
-    if full:  # moments (and fp32 master weights under mixed precision) sharded; gradients gathered until the step
+    # engine.fsdp_cpu_offload: the shards and the optimizer state are in host memory; the device holds what is
+    # gathered and the gradients until they are reduced
+    host = e.kind == "ray" and e.fsdp_cpu_offload
+    resident = 0 if host else weights / shard
+    transformer_mem = weights if gathered else resident + 2 * weights / cost.blocks
+    gradients = trainable * master / (1 if gathered else shard) if full else trainable * 4 / shard
+    if host:
+        train_state = gradients
+    elif full:  # moments (and fp32 master weights under mixed precision) sharded; gradients gathered until the step
         moments = 2 * trainable * master / shard
         master_copy = trainable * master / shard if master != wbytes else 0
-        train_state = moments + master_copy + trainable * master / (1 if gathered else shard)
+        train_state = moments + master_copy + gradients
     else:  # fp32 adapters: weights, gradients, two moments
         train_state = 4 * trainable * 4 / shard
-    reference = weights / shard if (full and kl) else 0
+    # model.offload_reference: the copy is on the device only for its forward, which runs before the trained one
+    reference = weights / shard if (full and kl and not (m.offload_reference or host)) else 0
     latent_numel = shapes_numel(arch, s)
     stochastic = (s.num_steps - 1) if s.window.kind == "all" else s.window.size
     cond_per_row = 2 * text * _text_width(arch) * wbytes  # prompt and negative embeddings
-    trajectory = rows * ((2 * stochastic + 2) * latent_numel * 4 + cond_per_row)
+    # the window's latents (W + 1) and means (W) in sampling.latents_dtype, the final latents in fp32
+    stored = (2 * stochastic + 1) * DTYPE_BYTES[s.latents_dtype] + 4
+    trajectory = rows * (stored * latent_numel + cond_per_row)
     activations = cost.saved_bytes
     checkpointed = cost.blocks * cost.hidden_bytes + cost.saved_bytes / cost.blocks
+    frozen = 0 if m.offload_frozen else 1  # model.offload_frozen: on the device only for their calls, not the update
     memory = {
         "transformer": transformer_mem,
         "trainable_state": train_state,
         "reference_copy": reference,
-        "text_encoders": text_bytes,
-        "vae": vae_params * wbytes,
+        "text_encoders": frozen * text_bytes,
+        "vae": frozen * vae_params * wbytes,
         "trajectories": trajectory,
         "activations": checkpointed if m.gradient_checkpointing else activations,
         "context": CONTEXT_GIB * GIB,
@@ -231,7 +244,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
             f"text tokens per sample {text} (prompt tokens {prompt_tokens} where the family cuts padding)",
             f"{'true CFG: doubled batch' if cfg_factor == 2 else 'one forward per step'}; micro-batch {micro}",
             f"trainable parameters {trainable / 1e6:.1f}M of {cost.params / 1e9:.2f}B",
-            "rewards, FSDP collectives and offloading are not modelled: they are inside the efficiency factor",
+            "rewards, FSDP collectives and the time of offloading's copies are not modelled: they are inside the "
+            "efficiency factor",
         ],
     )
 

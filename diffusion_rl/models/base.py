@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
@@ -30,12 +31,31 @@ def freeze(*modules) -> None:
             module.requires_grad_(False).eval()
 
 
+# the frozen components each public method of a family uses (`model.offload_frozen` brings them to the device for
+# the call): the text encoders ("text": every frozen component but the VAE) or the VAE. An editing family's
+# `encode_prompts` reaches the VAE through `self.encode`, which brings it.
+USES_FROZEN = {"encode_prompts": "text", "decode": "vae", "encode": "vae"}
+
+
+def _with_frozen_on_device(method, part: str):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.frozen_on_device(part):
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class FlowModel(ABC):
     """A flow-matching model of images or videos: text encoders, a trainable transformer (`policies`), a VAE.
 
     A video family (`video = True`) samples `frames` frames: its latents are [C, F', H', W'] and `decode` gives
     uint8 [B, F, H, W, 3]; an image family accepts frames = 1 only. An editing family reads condition images with
     each prompt (`encode_prompts(..., images=...)`, models/condition.py); the others refuse them.
+
+    With `offload_frozen` the text encoders and the VAE live on the CPU and move to `device` only for the calls
+    that use them (`USES_FROZEN`): every family's `encode_prompts`, `decode` and `encode` are wrapped when its class
+    is defined (`__init_subclass__`), so a new family gets this without a line of its own.
     """
 
     family: str  # its registered name, set on the adapter class by register_family (models/registry.py)
@@ -51,6 +71,12 @@ class FlowModel(ABC):
     caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
     embedding_cache = None  # an EmbeddingCache (models/embedding_cache.py) once attached: the encoders are gone
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, part in USES_FROZEN.items():
+            if name in cls.__dict__:
+                setattr(cls, name, _with_frozen_on_device(cls.__dict__[name], part))
+
     def __init__(
         self,
         pipeline,
@@ -60,9 +86,11 @@ class FlowModel(ABC):
         dtype: torch.dtype,
         max_sequence_length: int = 256,
         gradient_checkpointing: bool = False,
+        offload_frozen: bool = False,
     ):
         """What every adapter does with its diffusers pipeline: freeze the frozen components, wrap the transformer in
-        the policy set (LoRA or full fine-tuning), keep the VAE and the scheduler's config; then `configure`."""
+        the policy set (LoRA or full fine-tuning), keep the VAE and the scheduler's config; then `configure`;
+        `offload_frozen`: then move the frozen components to the CPU (see `frozen_on_device`)."""
         self.pipeline = pipeline
         self.device, self.dtype = device, dtype
         freeze(*(getattr(pipeline, name, None) for name in self.frozen_components))
@@ -73,6 +101,37 @@ class FlowModel(ABC):
         self._scheduler_config = pipeline.scheduler.config
         self.max_sequence_length = max_sequence_length
         self.configure()
+        self.offload_frozen = offload_frozen
+        self._frozen_users = dict.fromkeys(self.frozen_components, 0)  # calls in progress that hold each on device
+        if offload_frozen:
+            for name in self.frozen_components:
+                self._place(name, torch.device("cpu"))
+
+    def _place(self, name: str, device: torch.device) -> None:
+        module = getattr(self.pipeline, name, None)
+        if module is not None:
+            module.to(device)
+
+    @contextlib.contextmanager
+    def frozen_on_device(self, part: str) -> Iterator[None]:
+        """A block in which the frozen components of `part` ("text": the text encoders, "vae") are on `device`;
+        with offload_frozen they go back to the CPU when the outermost such block for them ends (nested calls, an
+        editing family's `encode_prompts` calling `encode`, move nothing). Without offload_frozen: nothing."""
+        if not self.offload_frozen:
+            yield
+            return
+        names = [n for n in self.frozen_components if (n == "vae") == (part == "vae")]
+        for name in names:
+            if self._frozen_users[name] == 0:
+                self._place(name, self.device)
+            self._frozen_users[name] += 1
+        try:
+            yield
+        finally:
+            for name in names:
+                self._frozen_users[name] -= 1
+                if self._frozen_users[name] == 0:
+                    self._place(name, torch.device("cpu"))
 
     def configure(self) -> None:  # noqa: B027  (most families read something of their pipeline here)
         """Family-specific settings read from the pipeline, after the common set-up."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from diffusion_rl.errors import UserError
+from diffusion_rl.models.attention import DEFAULT_BACKEND, set_attention_backend
 from diffusion_rl.models.base import FlowModel, freeze
 from diffusion_rl.models.load_errors import raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
@@ -57,7 +58,7 @@ def text_encoder_names(path: Path) -> list[str]:
 
 def load_text_encoders(model: FlowModel, path: str | Path) -> None:
     """Load the text encoders `load_model(..., text_encoders=False)` left out into the model's pipeline: frozen, in the
-    model's dtype, on its device."""
+    model's dtype, on its device (on the CPU with offload_frozen)."""
     import transformers
 
     path = Path(path).expanduser()
@@ -73,7 +74,8 @@ def load_text_encoders(model: FlowModel, path: str | Path) -> None:
                 raise_if_damaged(path, e)
                 raise
             freeze(encoder)
-            setattr(model.pipeline, name, encoder.to(model.device))
+            # with model.offload_frozen the encoders live on the CPU and move to the device for each encode
+            setattr(model.pipeline, name, encoder.to("cpu" if model.offload_frozen else model.device))
     logger.info("loaded the text encoders of %s", path)
 
 
@@ -101,8 +103,16 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
         raise_if_damaged(path, e)
         raise
     quiet_prompt_truncation(pipeline)
+    # before the policies exist: full fine-tuning's copies inherit the backend
+    set_attention_backend(pipeline.transformer, getattr(cfg, "attention_backend", DEFAULT_BACKEND), family.name)
     pipeline.set_progress_bar_config(disable=True)
-    pipeline.to(device)
+    offload = getattr(cfg, "offload_frozen", False)
+    if offload:  # the frozen components stay on the CPU: they never occupy the device all at once, even while loading
+        for name, component in pipeline.components.items():
+            if isinstance(component, torch.nn.Module) and name not in family.adapter.frozen_components:
+                component.to(device)
+    else:
+        pipeline.to(device)
     lora = None
     if cfg.lora.enabled:
         targets = tuple(cfg.lora.target_modules) or family.lora_targets
@@ -115,6 +125,7 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
             dtype=dtype,
             max_sequence_length=cfg.max_sequence_length,
             gradient_checkpointing=cfg.gradient_checkpointing,
+            offload_frozen=offload,
         )
     except ValueError as e:
         if lora is None or not cfg.lora.target_modules:
@@ -124,6 +135,7 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     model.policies.compile_sampling = getattr(cfg, "compile", False)
     model.policies.compile_blocks = getattr(cfg, "compile_blocks", False)
     model.policies.autocast = None if getattr(cfg, "autocast", "none") == "none" else DTYPES[cfg.autocast]
+    model.policies.offload_reference_to = device if getattr(cfg, "offload_reference", False) else None
     n_train = sum(p.numel() for p in model.trainable_parameters())
     logger.info(
         "loaded %s model from %s (%s, %s): %.2fM trainable parameters",

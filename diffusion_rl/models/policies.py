@@ -53,6 +53,9 @@ class PolicySet:
     compile_sampling = False  # model.compile: sampling calls (no grad) go through torch.compile'd networks
     compile_blocks = False  # model.compile_blocks: every call runs networks whose repeated blocks are compiled
     autocast: torch.dtype | None = None  # model.autocast: the forward runs under torch.autocast to this dtype
+    # model.offload_reference: full fine-tuning's reference copy lives on the CPU and moves to this device only
+    # inside `reference()`; None: it stays where the trained network is
+    offload_reference_to: torch.device | None = None
 
     @property
     def module(self):
@@ -126,10 +129,14 @@ class PolicySet:
             raise RuntimeError("no reference copy: call PolicySet.keep_reference() before training")
         previous = self._active
         self._active = REFERENCE
+        if self.offload_reference_to is not None:
+            self._reference.to(self.offload_reference_to)
         try:
             yield
         finally:
             self._active = previous
+            if self.offload_reference_to is not None:
+                self._reference.to("cpu")
 
     def frozen_copies(self) -> dict[str, nn.Module]:
         """Full fine-tuning's frozen networks by name (the reference, `old`, `ema`); empty with LoRA."""
@@ -138,7 +145,9 @@ class PolicySet:
     def keep_reference(self) -> None:
         """Full fine-tuning only: freeze a copy of the current weights as the reference."""
         if self.lora is None and self._reference is None:
-            self._reference = _frozen_copy(self.trained)
+            # offloaded: copied straight to the CPU, never a second transformer on the device
+            offloaded = self.offload_reference_to is not None
+            self._reference = _frozen_copy(self.trained, torch.device("cpu") if offloaded else None)
             self._copies[REFERENCE] = self._reference
 
     # -- named copies ---------------------------------------------------------------------------------------
@@ -225,7 +234,12 @@ class _Autocast:
             return self.module(*args, **kwargs)
 
 
-def _frozen_copy(module: nn.Module) -> nn.Module:
-    clone = copy.deepcopy(module)
+def _frozen_copy(module: nn.Module, device: torch.device | None = None) -> nn.Module:
+    """A frozen deep copy of `module`, its parameters and buffers on `device` (None: where they are)."""
+    memo = {}
+    if device is not None:  # deepcopy takes these for the originals: each tensor is copied once, to `device`
+        memo = {id(p): nn.Parameter(p.detach().to(device, copy=True), requires_grad=False) for p in module.parameters()}
+        memo.update({id(b): b.detach().to(device, copy=True) for b in module.buffers()})
+    clone = copy.deepcopy(module, memo)
     clone.requires_grad_(False)
     return clone  # without compiled blocks (nn.Module's pickling drops them): its first call compiles its own

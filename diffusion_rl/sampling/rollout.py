@@ -19,6 +19,7 @@ from tensordict import TensorDict
 
 from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
 from diffusion_rl.sampling.sde import StepOutput, get_step
+from diffusion_rl.sampling.storage import rounded, storage_dtype, stored_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.tree import TreeSpec, tree_rollout
 from diffusion_rl.sampling.window import SdeWindow, step_types
@@ -39,17 +40,24 @@ class SamplerSettings:
     frames: int = 1  # video frames per sample (a video family); 1 for images
     ode_solver: str = "euler"  # how the steps outside the SDE window integrate the ODE (sampling/ode.py)
     tree: TreeSpec | None = None  # training rollouts sampled as trees (sampling/tree.py); None: flat
+    latents_dtype: str = "fp32"  # how the window's latents and means are stored (sampling/storage.py)
 
     def __post_init__(self):
         if self.ode_solver not in ODE_SOLVERS:
             raise ValueError(f"unknown ODE solver '{self.ode_solver}'; known: {', '.join(ODE_SOLVERS)}")
+        storage_dtype(self.latents_dtype)
+
+    @property
+    def storage(self) -> torch.dtype:
+        """The dtype of the stored window latents and means."""
+        return storage_dtype(self.latents_dtype)
 
     @classmethod
     def of(cls, sampling) -> SamplerSettings:
         """The training rollouts' settings, from the config's `sampling` section."""
         s = sampling
         return cls(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level, s.num_frames,
-                   s.ode_solver, TreeSpec.of(s.tree))  # fmt: skip
+                   s.ode_solver, TreeSpec.of(s.tree), s.latents_dtype)  # fmt: skip
 
 
 def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int]) -> torch.Tensor:
@@ -90,22 +98,24 @@ def rollout(
     solver = OdeSolver(settings.ode_solver)
     x = initial_noise(model, settings, init_seeds)
     latents, log_probs, means, stds, index = [], [], [], [], []
+    dtype = settings.storage
     with model.eval_mode():
         for j, kind in enumerate(kinds):
+            if kind != "ode":
+                x = rounded(x, dtype)  # the velocity sees what is stored, so the update replays it exactly
             v = model.velocity(x, sigmas[j].item(), cond, settings.guidance)
             if kind == "ode":
                 x = solver.step(x, v, sigmas[j].item(), sigmas[j + 1].item())
                 continue
-            out = get_step(kind)(
-                x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level, generator=generators
-            )
-            latents.append(x)
+            out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level, generators,
+                              dtype)  # fmt: skip
+            latents.append(x.to(dtype))
             log_probs.append(out.log_prob)
-            means.append(out.mean)
+            means.append(out.mean.to(dtype))
             stds.append(out.std)
             index.append(j)
             if j + 1 == window.start + window.size:
-                latents.append(out.prev_sample)
+                latents.append(out.prev_sample.to(dtype))
             solver.reset()  # the history is from before the noise this step added: restart at first order
             x = out.prev_sample
     device = x.device
@@ -225,6 +235,8 @@ def recompute_step(
     settings: SamplerSettings,
 ) -> StepOutput:
     """Log-prob and mean of the recorded step x [B, …] → x_next at σ → σ_next ([B] each) under the active policy,
-    with the rollout's guidance and step type (with grad if enabled)."""
+    with the rollout's guidance and step type (with grad if enabled). x and x_next may be stored in a half type
+    (`sampling.latents_dtype`): they are read as fp32."""
+    x, x_next = x.float(), x_next.float()
     v = model.velocity(x, sigma, cond, settings.guidance)
     return get_step(settings.sde_type)(x, v, sigma, sigma_next, settings.noise_level, prev_sample=x_next)

@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.sampling.ode import OdeSolver
-from diffusion_rl.sampling.sde import get_step
+from diffusion_rl.sampling.storage import rounded, stored_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.window import SdeWindow, step_types
 from diffusion_rl.utils.seeding import make_generator
@@ -160,8 +160,11 @@ def tree_rollout(
     history: dict[str, list[torch.Tensor]] = {"latents": [], "log_probs": [], "means": [], "stds": []}
     index, evaluations = [], 0
     solver = OdeSolver(settings.ode_solver)
+    dtype = settings.storage
     with model.eval_mode():
         for j, kind in enumerate(kinds):
+            if kind != "ode":
+                x = rounded(x, dtype)  # as in `rollout`: the window steps start from what is stored
             first_rows = (node_group * N + node_index * (N // tree.nodes_at(depth))).to(sorted_cond.device)
             v = model.velocity(x, sigmas[j].item(), sorted_cond[first_rows], settings.guidance)
             evaluations += x.shape[0]
@@ -177,13 +180,14 @@ def tree_rollout(
             if kind == "ode":  # splits are SDE steps, so the node count is fixed across the solver's history
                 x = solver.step(x, v, sigmas[j].item(), sigmas[j + 1].item())
                 continue
-            out = get_step(kind)(x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level,
-                                 generator=generators)  # fmt: skip
-            for key, value in (("latents", x), ("log_probs", out.log_prob), ("means", out.mean), ("stds", out.std)):
+            out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level, generators,
+                              dtype)  # fmt: skip
+            recorded = (x.to(dtype), out.log_prob, out.mean.to(dtype), out.std)
+            for key, value in zip(("latents", "log_probs", "means", "stds"), recorded):
                 history[key].append(value)
             index.append(j)
             if j + 1 == window.start + window.size:
-                history["latents"].append(out.prev_sample)
+                history["latents"].append(out.prev_sample.to(dtype))
             solver.reset()  # as in `rollout`: no multistep history across a stochastic step
             x = out.prev_sample
     # x holds the G·N leaves in sorted order; put the rows back in the caller's order

@@ -56,8 +56,8 @@ def family_dirs(tiny_model_dir, flux_model_dir, flux_schnell_model_dir, qwen_ima
 def load_tiny(path, lora: bool = False, **model_overrides):
     """The FlowModel of a tiny model directory on the CPU (LoRA rank 4, alpha 8 when `lora`)."""
     lora_cfg = LoraConfig(enabled=lora, rank=4, alpha=8)
-    model_overrides = {"max_sequence_length": 16, **model_overrides}
-    cfg = ModelConfig(path=str(path), device="cpu", lora=lora_cfg, **model_overrides)
+    model_overrides = {"max_sequence_length": 16, "device": "cpu", **model_overrides}
+    cfg = ModelConfig(path=str(path), lora=lora_cfg, **model_overrides)
     return load_model(cfg)
 
 

@@ -35,6 +35,7 @@ from diffusion_rl.algorithms.losses.base import (
     kl_to_reference,
     policy_loss_output,
     ratio_metrics,
+    require_exact_anchor_means,
 )
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.settings import check, opt
@@ -48,6 +49,9 @@ class FlowDppoSettings(PolicyLossSettings):
     def __post_init__(self):
         super().__post_init__()
         check(self.kl_mask_threshold >= 0, f"kl_mask_threshold must be ≥ 0, got {self.kl_mask_threshold}")
+
+    def check_config(self, config) -> None:
+        require_exact_anchor_means(config, "flow_dppo", "its KL to the rollout step, against kl_mask_threshold")
 
 
 @register_loss("flow_dppo", settings=FlowDppoSettings, algorithm=PolicyGradient, sde_only=True)

@@ -37,6 +37,7 @@ from diffusion_rl.algorithms.losses.base import (
     kl_to_reference,
     policy_loss_output,
     ratio_metrics,
+    require_exact_anchor_means,
 )
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.settings import check, opt
@@ -55,6 +56,7 @@ class GrpoGuardSettings(ClippedLossSettings):
             "over a micro-batch's rows assumes they are all at one step, and random trains a different subset of "
             "steps per sample",
         )
+        require_exact_anchor_means(config, "grpo_guard", "its drift term, against a clip range of 2e-6")
 
 
 @register_loss("grpo_guard", settings=GrpoGuardSettings, algorithm=PolicyGradient, sde_only=True)

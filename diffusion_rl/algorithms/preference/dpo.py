@@ -149,8 +149,10 @@ class Dpo(ForwardProcess):
         t_2P, x0 = torch.cat([t_P, t_P]), torch.cat([x0_w, x0_l])
         x_t = forward_noise(x0, torch.cat([eps, eps]), t_2P)
         cond = torch.cat([chosen.cond, rejected.cond])
-        v = self.velocity(x_t, t_2P, cond)
+        # the reference first: its forward then never coincides with the trained forward's saved activations (the
+        # device peak), which is what model.offload_reference's copy on the device for this forward relies on
         v_ref = self.velocity_of("reference", x_t, t_2P, cond)
+        v = self.velocity(x_t, t_2P, cond)
         target = torch.cat([eps, eps]) - x0
         n = len(chosen)
         inp = DpoInput(

@@ -1,0 +1,76 @@
+"""`model.attention_backend`: which kernel the transformer's attention runs, through diffusers' attention dispatcher.
+
+`sdpa` (the default) leaves the transformer as diffusers builds it: torch's scaled_dot_product_attention (or what
+the DIFFUSERS_ATTN_BACKEND environment variable names). Any other name is one of diffusers' dispatcher backends
+(`native`, `_native_math`, `flash`, `_flash_3`, `sage`, `flex`, `xformers`, …), set on this transformer's attention
+processors only (diffusers' process-wide active backend is left as it was). Backends that diffusers downloads from
+the Hub at first use (`*_hub`) are not offered: a training node may have no network. A backend whose package is
+missing is refused when the model loads, naming what is installed; a family whose attention processors do not go
+through the dispatcher (SD3's joint attention) refuses any backend but `sdpa`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+from diffusion_rl.errors import UserError
+
+DEFAULT_BACKEND = "sdpa"
+
+
+def backend_names() -> list[str]:
+    """Every name `model.attention_backend` takes: sdpa, then diffusers' backends that need no download."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return [DEFAULT_BACKEND, *(b.value for b in AttentionBackendName if not b.value.endswith("_hub"))]
+
+
+def installed_backends() -> list[str]:
+    """The names whose packages this machine has (a backend may still need a GPU to run)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
+
+    usable = [DEFAULT_BACKEND]
+    for name in backend_names()[1:]:
+        try:
+            _check_attention_backend_requirements(AttentionBackendName(name))
+        except RuntimeError:
+            continue
+        usable.append(name)
+    return usable
+
+
+def set_attention_backend(transformer: nn.Module, name: str, family: str) -> None:
+    """Route `transformer`'s attention through backend `name` (sdpa: leave it as built)."""
+    if name == DEFAULT_BACKEND:
+        return
+    from diffusers.models.attention_dispatch import (
+        AttentionBackendName,
+        _AttentionBackendRegistry,
+        _check_attention_backend_requirements,
+    )
+
+    processors = [getattr(m, "processor", None) for m in transformer.modules()]
+    dispatched = [p for p in processors if p is not None and hasattr(p, "_attention_backend")]
+    if not dispatched:
+        kinds = sorted({type(p).__name__ for p in processors if p is not None})
+        raise UserError(
+            f"model.attention_backend={name}: the {family} transformer's attention ({', '.join(kinds)}) does not go "
+            f"through diffusers' attention dispatcher; use model.attention_backend={DEFAULT_BACKEND}"
+        )
+    try:
+        _check_attention_backend_requirements(AttentionBackendName(name))
+    except RuntimeError as e:
+        raise UserError(
+            f"model.attention_backend={name} is not usable here ({e}); installed: {', '.join(installed_backends())}"
+        ) from None
+    active = _AttentionBackendRegistry._active_backend
+    diffusers_logger = logging.getLogger("diffusers.models.modeling_utils")
+    level = diffusers_logger.level
+    diffusers_logger.setLevel(logging.ERROR)  # not "attention backends are an experimental feature" per load
+    try:
+        transformer.set_attention_backend(name)
+    finally:
+        diffusers_logger.setLevel(level)
+        _AttentionBackendRegistry.set_active_backend(active)  # this transformer only, not the process

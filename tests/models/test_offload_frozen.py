@@ -1,0 +1,103 @@
+"""model.offload_frozen: the text encoders and the VAE live on the CPU and move to model.device only for the calls
+that use them, with outputs bit-identical to keeping them on the device.
+
+On a CPU-only machine the move is no move; the tests load the model with device "cpu:0" (the CPU under another
+name) so that a move to the device and a move back read differently in the recorded `.to` calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+HOME, DEVICE = "cpu", "cpu:0"
+
+
+def _record(model) -> list[tuple[str, str]]:
+    """Events on the model's frozen components, in order: ("to <device>", name) and ("forward", name)."""
+    events = []
+    for name in model.frozen_components:
+        module = getattr(model.pipeline, name, None)
+        if module is None:
+            continue
+        move = module.to
+
+        def to(*args, _move=move, _name=name, **kwargs):
+            events.append((f"to {torch.device(args[0] if args else kwargs['device'])}", _name))
+            return _move(*args, **kwargs)
+
+        module.to = to
+        forward = "encoder" if name == "vae" else None  # the VAE's encoder and decoder are called, not the VAE
+        hooked = [module.encoder, module.decoder] if forward else [module]
+        for part in hooked:
+            part.register_forward_pre_hook(lambda *_, _name=name: events.append(("forward", _name)))
+    return events
+
+
+def _trace(events, name):
+    """The events of one component, consecutive forwards collapsed into one."""
+    out = []
+    for event, who in events:
+        if who == name and not (event == "forward" and out and out[-1] == "forward"):
+            out.append(event)
+    return out
+
+
+def test_each_call_holds_only_its_components_on_the_device(tiny_model_dir, load):
+    model = load(tiny_model_dir, device=DEVICE, offload_frozen=True)
+    assert all(p.device.type == "cpu" for p in model.vae.parameters())
+    events = _record(model)
+    texts = [n for n in model.frozen_components if n != "vae"]
+
+    cond = model.encode_prompts(["a red cube", "a blue ball"], ["", "blurry"])
+    for name in texts:
+        assert _trace(events, name) == [f"to {DEVICE}", "forward", f"to {HOME}"], name
+    assert _trace(events, "vae") == []
+
+    events.clear()
+    images = model.decode(torch.randn(2, *model.latent_shape(32, 32)))
+    latents = model.encode(images)
+    assert _trace(events, "vae") == [f"to {DEVICE}", "forward", f"to {HOME}"] * 2
+    assert all(_trace(events, name) == [] for name in texts)
+    assert cond.batch_size == torch.Size([2]) and latents.shape[0] == 2
+
+
+def test_an_editing_familys_nested_vae_call_moves_it_once(flux_kontext_model_dir, load):
+    # FLUX.1 Kontext's encode_prompts encodes the condition images through `encode` (nested in the text call)
+    model = load(flux_kontext_model_dir, device=DEVICE, offload_frozen=True)
+    events = _record(model)
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    model.encode_prompts(["make it red"], None, [[image]])
+    assert _trace(events, "vae") == [f"to {DEVICE}", "forward", f"to {HOME}"]
+    assert _trace(events, "text_encoder") == [f"to {DEVICE}", "forward", f"to {HOME}"]
+
+
+def test_without_offload_nothing_moves(tiny_model_dir, load):
+    model = load(tiny_model_dir)
+    events = _record(model)
+    model.decode(torch.randn(1, *model.latent_shape(32, 32)))
+    model.encode_prompts(["a red cube"])
+    assert [e for e, _ in events if e != "forward"] == []
+
+
+def test_outputs_are_bit_identical_with_and_without_offload(tiny_model_dir, load):
+    kept, offloaded = load(tiny_model_dir), load(tiny_model_dir, offload_frozen=True)
+    prompts, negative = ["a red cube", "green grass"], ["", "blurry"]
+    a, b = kept.encode_prompts(prompts, negative), offloaded.encode_prompts(prompts, negative)
+    assert all(torch.equal(a[k], b[k]) for k in list(a.keys()))  # a TensorDict iterates over its rows
+    latents = torch.randn(2, *kept.latent_shape(32, 32), generator=torch.Generator().manual_seed(0))
+    images = kept.decode(latents)
+    assert torch.equal(images, offloaded.decode(latents))
+    assert torch.equal(kept.encode(images), offloaded.encode(images))
+
+
+def test_a_training_run_with_offload_gets_identical_rewards(make_config, tmp_path):
+    from diffusion_rl.trainer import make_trainer
+
+    def rows(offload: bool):
+        cfg = make_config(f"model.offload_frozen={str(offload).lower()}", f"run.dir={tmp_path / str(offload)}")
+        return make_trainer(cfg).train()
+
+    for plain, offloaded in zip(rows(False), rows(True), strict=True):
+        assert offloaded["reward/mean"] == plain["reward/mean"]
+        assert offloaded["loss"] == plain["loss"]
+        assert offloaded["grad_norm"] == plain["grad_norm"]
