@@ -101,3 +101,25 @@ def test_a_training_run_with_offload_gets_identical_rewards(make_config, tmp_pat
         assert offloaded["reward/mean"] == plain["reward/mean"]
         assert offloaded["loss"] == plain["loss"]
         assert offloaded["grad_norm"] == plain["grad_norm"]
+
+
+def test_text_encoders_loaded_late_for_the_embedding_cache_also_live_on_the_cpu(tiny_model_dir, monkeypatch):
+    from diffusion_rl.config import ModelConfig
+    from diffusion_rl.models.loader import load_model, load_text_encoders
+
+    cfg = ModelConfig(path=str(tiny_model_dir), device=DEVICE, max_sequence_length=16, offload_frozen=True)
+    model = load_model(cfg, text_encoders=False)  # as a run with an embedding cache starts
+    moves, move = [], torch.nn.Module.to
+
+    def to(module, *args, **kwargs):
+        moves.append(str(torch.device(args[0] if args else kwargs["device"])))
+        return move(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    load_text_encoders(model, tiny_model_dir)  # the cache lacks a text
+    assert moves and set(moves) == {HOME}
+    monkeypatch.undo()
+    events = _record(model)
+    model.encode_prompts(["a red cube"])
+    for name in (n for n in model.frozen_components if n != "vae"):
+        assert _trace(events, name) == [f"to {DEVICE}", "forward", f"to {HOME}"], name
