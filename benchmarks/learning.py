@@ -257,22 +257,30 @@ def run_algorithm(name: str, path: Path, work: Path, args, model_dir: Path | Non
 
 
 def plot(results: dict, out_png: Path, base_reward: float | None, reward: str, task: str = "shapes") -> None:
+    def draw(ax) -> None:
+        for name, r in results.items():
+            if "curve" in r:
+                xs = [c["train_seconds"] / 60 for c in r["curve"]]
+                ax.plot(xs, [c["val_reward"] for c in r["curve"]], marker="o", markersize=3, label=name)
+        if base_reward is not None:
+            ax.axhline(base_reward, color="grey", linestyle=":", label="base model")
+
+    curves_figure(draw, out_png, reward, task, "validation reward against training time")
+
+
+def curves_figure(draw, out_png: Path, reward: str, task: str, what: str) -> None:
+    """A figure of validation reward against training minutes, its curves drawn by `draw(axes)`, saved as PNG."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 5))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    for name, r in results.items():
-        if "curve" in r:
-            xs = [c["train_seconds"] / 60 for c in r["curve"]]
-            ax.plot(xs, [c["val_reward"] for c in r["curve"]], marker="o", markersize=3, label=name)
-    if base_reward is not None:
-        ax.axhline(base_reward, color="grey", linestyle=":", label="base model")
+    draw(ax)
     ax.set_xlabel("training wall-clock time (minutes; validation excluded)")
     ax.set_ylabel(f"validation {reward}")
     title = "ShapesWorld (held-out prompts)" if task == "shapes" else "quickstart configs (tiny model, JPEG)"
-    ax.set_title(f"{title}: validation reward against training time")
+    ax.set_title(f"{title}: {what}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
@@ -473,30 +481,19 @@ def ranked_table(algorithms: dict) -> list[str]:
 
 def plot_bands(algorithms: dict, out_png: Path, reward: str, task: str) -> None:
     """Each algorithm's validation curve at its chosen rate: the mean over seeds and its 95 % band."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 5))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    for name, r in algorithms.items():
-        points = r.get("band") or []
-        if not points:
-            continue
-        xs = [p["t"] / 60 for p in points]
-        (line,) = ax.plot(xs, [p["mean"] for p in points], label=f"{name} (lr {r['chosen_lr']:.3g})")
-        if all(p["low"] is not None for p in points):
-            ax.fill_between(xs, [p["low"] for p in points], [p["high"] for p in points], color=line.get_color(),
-                            alpha=0.15)  # fmt: skip
-    ax.set_xlabel("training wall-clock time (minutes; validation excluded)")
-    ax.set_ylabel(f"validation {reward}")
-    title = "ShapesWorld (held-out prompts)" if task == "shapes" else "quickstart configs (tiny model, JPEG)"
-    ax.set_title(f"{title}: mean over seeds and 95 % band, each at its chosen lr")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
+    def draw(ax) -> None:
+        for name, r in algorithms.items():
+            points = r.get("band") or []
+            if not points:
+                continue
+            xs = [p["t"] / 60 for p in points]
+            (line,) = ax.plot(xs, [p["mean"] for p in points], label=f"{name} (lr {r['chosen_lr']:.3g})")
+            if all(p["low"] is not None for p in points):
+                low, high = [p["low"] for p in points], [p["high"] for p in points]
+                ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
+
+    curves_figure(draw, out_png, reward, task, "mean over seeds and 95 % band, each at its chosen lr")
 
 
 def rank_benchmark(args, configs: dict[str, Path], work: Path, model_dir, info) -> dict:

@@ -3,7 +3,6 @@
 import argparse
 import json
 import math
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def learning():
-    spec = importlib.util.spec_from_file_location("learning_benchmark", ROOT / "benchmarks/learning.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def learning(load_benchmark):
+    return load_benchmark("learning")
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,13 @@
 """The ranked learning benchmark's statistics (benchmarks/ranking_stats.py) against numbers worked out by hand."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def stats():
-    spec = importlib.util.spec_from_file_location("ranking_stats", ROOT / "benchmarks/ranking_stats.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def stats(load_benchmark):
+    return load_benchmark("ranking_stats")
 
 
 @pytest.mark.parametrize(
