@@ -1,17 +1,34 @@
-"""CPU learning benchmark: every algorithm config from the same model and seed, for the same budget.
+"""CPU learning benchmark: every algorithm config from the same model, for the same budget, ranked over seeds.
 
-    python benchmarks/learning.py --budget-minutes 3 [--model models/shapes] [--only flow_grpo,nft]
-    python benchmarks/learning.py --task quickstart --steps 100     # the quickstarts as they are, step for step
+    python benchmarks/learning.py --plan          # the runs (done or to do) and the estimated wall time
+    python benchmarks/learning.py [--budget-minutes 3] [--seeds 5] [--lrs /3,x1,x3] [--only flow_grpo,nft]
+    python benchmarks/learning.py --single --budget-minutes 3          # one run per algorithm (seed 0, its lr)
+    python benchmarks/learning.py --single --task quickstart --steps 100   # the quickstarts as they are
 
-Task `shapes` (default):
+Ranked (the default): for each algorithm, each learning rate of --lrs (factors of the rate the task gives it:
+3e-5 on ShapesWorld, the config's own on the quickstart) runs on the first --select-seeds seeds; the rate with the
+highest training reward (the mean over each run's last third of training time, averaged over those seeds;
+validation is never read) is chosen and runs on the remaining seeds up to --seeds. The result per algorithm: each
+seed's final validation reward at the chosen rate, their mean ± 95 % Student-t interval, a rank (a range of
+ranks where intervals overlap: benchmarks/ranking_stats.py), and the validation curve's band over seeds. Validation
+covers every held-out ShapesWorld prompt (78), val.n samples each: --val-n, or sized so that a point's standard
+error (per-image sd / √images) is at most --target-se (0.01), from the base model's per-image sd measured once.
+Every run's result is kept under --work as it finishes (benchmarks/results/learning_runs/<task>/runs/<algorithm>/
+lr<rate>_seed<seed>.json); running the command again skips them, so an interrupted benchmark resumes. Writes
+benchmarks/results/learning_ranked.json and .png (bands), prints the markdown table; --append-results adds a dated
+section with it to benchmarks/RESULTS.md.
+
+Each run, in either mode, task `shapes` (default):
 1. The base model is the ShapesWorld model of `diffusion-rl pretrain configs/shapes_pretrain.yaml` at --model;
    when that directory holds no pretrained model, it is pretrained first (7.5 minutes on 2 idle cores).
 2. Each algorithm config (configs/quickstart.yaml is Flow-GRPO, every configs/quickstart_<name>.yaml another
-   algorithm; configs that need an offline dataset are skipped) trains the base model on the ShapesWorld training
-   prompts with the `shapes_geneval` reward, keeping its own algorithm settings. Only the task is overridden:
-   model, image size, text length, prompts, reward (plus --set overrides, applied to every algorithm). A config
+   algorithm; configs that need an offline dataset, and the editing and video ones, are skipped) trains the base
+   model on the ShapesWorld training prompts with the `shapes_geneval` reward, keeping its own algorithm settings.
+   Only the task is overridden: model, image size, text length, prompts, reward (plus --set overrides, applied to
+   every algorithm). A config
    that trains on a group reward (quickstart_pairwise.yaml) keeps it, over `shapes_geneval`'s scores (each pair
-   compared by score); validation always scores `shapes_geneval`.
+   compared by score; `shapes_geneval` is logged beside it at weight 0, for the rate choice); validation always
+   scores `shapes_geneval`.
 3. Training time (rollout, reward, update; validation excluded) is capped at the budget. Every
    --val-every-seconds of training time, and at the start and the end, the model samples the held-out
    validation prompts (fixed seeds, ODE) and `shapes_geneval` scores them.
@@ -20,10 +37,10 @@ Task `quickstart`: each quickstart config exactly as `diffusion-rl train` runs i
 compressibility, its own validation prompts), only the stopping rule and validation schedule set here; a pair
 dataset config runs when its `data.pairs` file exists (`diffusion-rl prepare pairs`), else it is skipped.
 
-The budget: --budget-minutes of training time, --steps training steps, or both (whichever comes first).
-Writes benchmarks/results/learning.json (quickstart: learning_quickstart.json; per algorithm: the validation curve
-against training seconds, steps, seconds per step, images/s, the first and last validation reward) and a PNG
-beside it (validation reward against training time).
+The budget (per run): --budget-minutes of training time, --steps training steps, or both (whichever comes first).
+--single writes benchmarks/results/learning.json (quickstart: learning_quickstart.json; per algorithm: the
+validation curve against training seconds, steps, seconds per step, images/s, the first and last validation reward)
+and a PNG beside it (validation reward against training time).
 """
 
 from __future__ import annotations
