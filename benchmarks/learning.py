@@ -182,28 +182,40 @@ def selection_reward(train_curve: list, fraction: float = SELECTION_FRACTION) ->
     return sum(late) / len(late)
 
 
-def run_for_budget(trainer, budget_s: float | None, max_steps: int | None, val_every_s: float) -> dict:
-    """Train until `budget_s` seconds of training time or `max_steps` steps, whichever comes first; validate at 0,
-    every `val_every_s` and at the end."""
-    curve, scores = [], []
+def validation_point(trainer):
+    """point(step) → the trainer's validation at `step`: its mean reward, the standard errors of that mean from the
+    per-image scores (ranking_stats.validation_se), the number of images and the seconds it took."""
+    scores = []
     score = trainer.val_rewards
 
-    def scored(*args, **kwargs):  # keeps each validation's per-image scores, for the point's standard error
+    def scored(*args, **kwargs):  # keeps each validation's per-image scores
         result = score(*args, **kwargs)
         scores.append(np.asarray(result.total, dtype=np.float64))
         return result
 
     trainer.val_rewards = scored
 
-    def validate(train_s: float, step: int) -> None:
+    def point(step: int) -> dict:
         trainer.step = step  # names the validation grid
         start = time.perf_counter()
         reward = trainer.validate()["val/reward/mean"]
         se = validation_se(scores[-1], trainer.cfg.val.n)
-        curve.append({"train_seconds": round(train_s, 2), "step": step, "val_reward": reward, "se": se["se"],
-                      "se_within_prompts": se["se_within_prompts"], "images": se["n"], "sd": se["sd"],
-                      "seconds": round(time.perf_counter() - start, 2)})  # fmt: skip
-        logger.info("  %6.1f s, step %4d: val reward = %.5g (SE %.3g)", train_s, step, reward, se["se"] or 0.0)
+        return {"step": step, "val_reward": reward, "se": se["se"], "se_within_prompts": se["se_within_prompts"],
+                "images": se["n"], "sd": se["sd"], "seconds": round(time.perf_counter() - start, 2)}  # fmt: skip
+
+    return point
+
+
+def run_for_budget(trainer, budget_s: float | None, max_steps: int | None, val_every_s: float) -> dict:
+    """Train until `budget_s` seconds of training time or `max_steps` steps, whichever comes first; validate at 0,
+    every `val_every_s` and at the end."""
+    curve = []
+    point = validation_point(trainer)
+
+    def validate(train_s: float, step: int) -> None:
+        curve.append({"train_seconds": round(train_s, 2), **point(step)})
+        logger.info("  %6.1f s, step %4d: val reward = %.5g (SE %.3g)", train_s, step, curve[-1]["val_reward"],
+                    curve[-1]["se"] or 0.0)  # fmt: skip
 
     def more(train_s: float, step: int) -> bool:
         return (budget_s is None or train_s < budget_s) and (max_steps is None or step < max_steps)
@@ -360,7 +372,7 @@ def run_once(name: str, path: Path, lr: float, seed: int, args, extra: list[str]
             result = run_algorithm(name, path, Path(tmp), run_args, model_dir, info)
     except Exception as e:  # one broken run must not lose the others
         logger.error("%s lr %.3g seed %d failed: %s", name, lr, seed, e)
-        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=5)}
+        return {"lr": lr, "seed": seed, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=5)}
     result = {**result, "lr": lr, "seed": seed, "wall_seconds": round(time.perf_counter() - start, 2)}
     if "curve" in result:
         write_json(out, result)
@@ -396,9 +408,7 @@ def validation_size(args, configs: dict[str, Path], work: Path, extra: list[str]
     run_args = argparse.Namespace(**{**vars(args), "set": [*args.set, *extra, f"val.n={CALIBRATION_N}"]})
     with tempfile.TemporaryDirectory() as tmp:
         cfg = build_config(path, Path(tmp), run_args, model_dir, info)
-        trainer = make_trainer(cfg)
-        result = run_for_budget(trainer, None, 0, 1.0)  # no training step: the base model's validation
-    (point,) = result["curve"][:1]
+        point = validation_point(make_trainer(cfg))(0)  # the base model's validation
     prompts = point["images"] // CALIBRATION_N
     images = images_for_se(point["sd"] * SD_MARGIN, args.target_se)
     size = {"val_n": max(1, -(-images // prompts)), "prompts": prompts, "calibration_sd": point["sd"],
@@ -408,6 +418,24 @@ def validation_size(args, configs: dict[str, Path], work: Path, extra: list[str]
                 prompts, args.target_se)  # fmt: skip
     write_json(kept, size)
     return size
+
+
+def check_work_settings(work: Path, args, extra: list[str]) -> None:
+    """The settings every kept run was made with, kept in <work>/settings.json: a run kept under other settings
+    (another budget, task, model or override) must not be mixed in, so a mismatch stops the benchmark."""
+    settings = {"task": args.task, "model": args.model if args.task == "shapes" else None,
+                "budget_minutes": args.budget_minutes, "steps": args.steps, "val_every_seconds": args.val_every_seconds,
+                "threads": args.threads, "val_n": args.val_n, "target_se": args.target_se,
+                "set": [*args.set, *extra]}  # fmt: skip
+    kept = work / "settings.json"
+    if kept.is_file():
+        before = json.loads(kept.read_text())
+        if before != settings:
+            changed = sorted(k for k in settings if before.get(k) != settings[k])
+            sys.exit(f"{work} holds runs made with other settings ({', '.join(changed)} differ: {kept}); "
+                     "give another --work, or delete it to start again")  # fmt: skip
+    elif not args.plan:
+        write_json(kept, settings)
 
 
 def algorithm_runs(name, path, args, lrs, seeds, select_seeds, extra, work, model_dir, info, execute=True) -> dict:
@@ -437,7 +465,7 @@ def algorithm_runs(name, path, args, lrs, seeds, select_seeds, extra, work, mode
             "all": every}  # fmt: skip
 
 
-def summarise(name: str, runs: dict, base_lr: float, level: float = 0.95) -> dict:
+def summarise(runs: dict, base_lr: float, level: float = 0.95) -> dict:
     """One algorithm's result: the chosen rate, each seed's final validation reward, their mean ± interval, the
     validation curve's band over seeds and the largest standard error of any of its points."""
     finished = [r for r in runs["final"] if "curve" in r]
@@ -457,8 +485,7 @@ def summarise(name: str, runs: dict, base_lr: float, level: float = 0.95) -> dic
         "band": band(curves, common_grid(curves), level) if curves else [],
         "steps": [r["steps"] for r in finished],
         "runs": runs["all"],
-        "failed": [{"lr": r.get("lr"), "error": r["error"]} for rs in runs["by_lr"].values() for r in rs
-                   if "error" in r] + [{"error": r["error"]} for r in runs["final"] if "error" in r],
+        "failed": [{k: r[k] for k in ("lr", "seed", "error")} for r in runs["all"] if "error" in r],
     }  # fmt: skip
 
 
@@ -520,6 +547,7 @@ def rank_benchmark(args, configs: dict[str, Path], work: Path, model_dir, info) 
     extra = []
     if info is not None:  # every held-out prompt (the default val.jsonl is a 32-prompt subset of them)
         extra.append(f"val.prompts={model_dir / 'shapes_prompts' / 'heldout.jsonl'}")
+    check_work_settings(work, args, extra)
     seeds = list(range(args.seed, args.seed + args.seeds))
     select_seeds = seeds[: args.select_seeds or len(seeds)]
     if args.plan and args.val_n is None and not (work / "validation_size.json").is_file():
@@ -541,7 +569,7 @@ def rank_benchmark(args, configs: dict[str, Path], work: Path, model_dir, info) 
                               execute=not args.plan)  # fmt: skip
         plan += [{"algorithm": name, **p} for p in runs["planned"]]
         if not args.plan:
-            algorithms[name] = {"config": str(path.relative_to(ROOT)), **summarise(name, runs, cfg.train.lr)}
+            algorithms[name] = {"config": str(path.relative_to(ROOT)), **summarise(runs, cfg.train.lr)}
     per_run = estimate_run_seconds(args, size)
     todo = sum(not p["done"] for p in plan)
     estimate = {"runs": len(plan), "to_do": todo, "seconds_per_run": per_run,

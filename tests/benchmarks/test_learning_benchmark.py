@@ -119,11 +119,14 @@ def test_the_ranked_benchmark_resumes_and_reports_intervals(learning, shapes_mod
     small = ["data.prompts_per_step=1", "data.group_size=2", "sampling.num_steps=3", "val.num_steps=2"]
     work, out = tmp_path / "work", tmp_path / "ranked.json"
     argv = ["--model", str(shapes_model), "--only", "flow_grpo,dpo", "--lrs", "x0.5,x2", "--seeds", "2",
-            "--select-seeds", "1", "--steps", "2", "--val-n", "1", "--work", str(work), "--out", str(out),
+            "--select-seeds", "1", "--steps", "2", "--target-se", "0.05", "--work", str(work), "--out", str(out),
             *[a for o in small for a in ("--set", o)]]  # fmt: skip
     learning.main(argv)
     report = json.loads(out.read_text())
     assert report["seeds"] == [0, 1] and report["selection_seeds"] == [0]
+    size = json.loads((work / "validation_size.json").read_text())  # measured once on the base model, kept
+    assert size["prompts"] == 78 and size["source"] == "calibration" and report["validation"] == size
+    assert size["val_n"] == math.ceil(math.ceil((size["calibration_sd"] * 1.1 / 0.05) ** 2) / 78)
     runs = sorted(p.relative_to(work).as_posix() for p in work.glob("runs/*/*.json"))
     assert len(runs) == 6  # per algorithm: 2 rates × seed 0, then the chosen rate × seed 1
     for name in ("flow_grpo", "dpo"):
@@ -141,7 +144,7 @@ def test_the_ranked_benchmark_resumes_and_reports_intervals(learning, shapes_mod
         assert a["rank"]["best_rank"] <= a["rank"]["rank"] <= a["rank"]["worst_rank"]
         assert a["band"] and all("half_width" in p for p in a["band"])
         point = kept[by_training]["curve"][0]
-        assert point["images"] == 78 and point["se"] > 0  # every held-out prompt once; its standard error
+        assert point["images"] == 78 * size["val_n"] and point["se"] > 0  # every held-out prompt; the point's SE
     table = capsys.readouterr().out
     assert "mean ± 95 % CI" in table and " ± " in table.split("| flow_grpo |")[1]
     assert out.with_suffix(".png").stat().st_size > 1000
@@ -160,6 +163,8 @@ def test_the_ranked_benchmark_resumes_and_reports_intervals(learning, shapes_mod
     learning.main([*argv, "--plan"])
     plan = capsys.readouterr().out
     assert "6 runs, 0 to do" in plan
+    with pytest.raises(SystemExit, match="steps differ"):  # kept runs of another budget are not mixed in
+        learning.main([*argv, "--steps", "3"])
 
 
 def test_the_plan_lists_every_run_and_estimates_the_wall_time(learning, shapes_model, tmp_path, capsys):
