@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -495,7 +496,7 @@ def estimate_run_seconds(args, size: dict) -> float:
     if not args.budget_minutes:
         return None
     budget = args.budget_minutes * 60
-    validations = 2 + int(budget // args.val_every_seconds)
+    validations = 1 + math.ceil(budget / args.val_every_seconds)  # at 0, every interval before the end, the end
     images = size["val_n"] * size.get("prompts", 78)
     return budget + validations * images * size.get("seconds_per_image", ASSUMED_SECONDS_PER_IMAGE) + STARTUP_SECONDS
 

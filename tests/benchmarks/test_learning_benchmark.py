@@ -173,8 +173,8 @@ def test_the_plan_lists_every_run_and_estimates_the_wall_time(learning, shapes_m
     lines = capsys.readouterr().out.splitlines()
     assert sum(" select " in line for line in lines) == 6  # 3 rates × 2 selection seeds
     assert sum(" report " in line and "chosen" in line for line in lines) == 3  # seeds 2–4 once a rate is chosen
-    # not calibrated: sd 0.3 × 1.1 → 1089 images → 14 per prompt × 78; per run 180 s + 5 validations × 1092 images
-    # × 0.01 s + 5 s = 239.6 s; 9 runs → 0.60 h
+    # not calibrated: sd 0.3 × 1.1 → 1089 images → 14 per prompt × 78; per run 180 s + 4 validations (0, 60, 120,
+    # the end) × 1092 images × 0.01 s + 5 s = 228.68 s; 9 runs → 2058 s = 0.57 h
     assert "validation: 14 samples × 78 prompts" in lines[-2]
-    assert lines[-1] == "9 runs, 9 to do, about 240 s each: estimated wall time 0.60 h"
+    assert lines[-1] == "9 runs, 9 to do, about 229 s each: estimated wall time 0.57 h"
     assert not (tmp_path / "runs").exists()
