@@ -310,7 +310,7 @@ def curves_figure(draw, out_png: Path, reward: str, task: str, what: str) -> Non
     ax.set_xlabel("training wall-clock time (minutes; validation excluded)")
     ax.set_ylabel(f"validation {reward}")
     title = "ShapesWorld (held-out prompts)" if task == "shapes" else "quickstart configs (tiny model, JPEG)"
-    ax.set_title(f"{title}: {what}")
+    ax.set_title(f"{title}:\n{what}", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
