@@ -142,7 +142,7 @@ def run_benchmarks(worker: PolicyWorker, cfg, args) -> dict:
     state = {k: v.detach().clone() for k, v in model.policies.trainable_state_dict().items()}
 
     def our_update():
-        worker.pending, worker.pending_step = [traj], 0  # the kept rollout the update trains on
+        worker.kept.add(0, traj)  # the kept rollout the update trains on (the update releases it)
         worker.update(targets, step=0)
 
     transformer, params = model.policies.module, model.trainable_parameters()
