@@ -57,7 +57,7 @@ def prepare_embeddings(cfg, out: str | None = None):
     ensure_model(cfg)
     model = load_model(cfg.model)
     cache = open_cache(model, cfg.model.path, location, writing=True)
-    added = cache.fill(texts, model._encode_texts)
+    added = cache.fill(texts, model.encode_texts)
     cache.save()
     logger.info("encoded %d of %d texts (the others were cached)", added, len(texts))
     return cache

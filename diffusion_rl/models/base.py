@@ -150,12 +150,17 @@ class FlowModel(ABC):
         `prompt_embeds`, `pooled_prompt_embeds`). What the embedding cache stores."""
         raise NotImplementedError(f"the {self.family} family encodes no text on its own")
 
+    def encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """`_encode_texts(texts)` without gradients, the text encoders on the device for the call (offload_frozen):
+        how `text_embeddings` and the embedding cache's filling run the encoders."""
+        with torch.no_grad(), self.frozen_on_device("text"):
+            return self._encode_texts(texts)
+
     def text_embeddings(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """`_encode_texts(texts)` on the model's device, from the embedding cache when one is attached."""
         if self.embedding_cache is not None:
             return self.embedding_cache.lookup(texts, self.device)
-        with torch.no_grad():
-            return self._encode_texts(texts)
+        return self.encode_texts(texts)
 
     def text_conditioning(self, prompts: list[str], negative: list[str] | None) -> TensorDict:
         """Rows' text conditioning, batch [B]: each distinct text embedded once, then every name of it per prompt

@@ -240,7 +240,7 @@ def use_embedding_cache(model, model_path: str | Path, location: str | Path, tex
         )
     if absent and not any(getattr(model.pipeline, n, None) is not None for n in text_encoder_names(model_path)):
         load_text_encoders(model, model_path)  # loaded without them (the cache might have held every text)
-    added = cache.fill(texts, model._encode_texts)
+    added = cache.fill(texts, model.encode_texts)
     if added:
         cache.save()
     logger.info("prompt-embedding cache %s: %d texts (%d encoded now)", cache.path, len(cache), added)

@@ -123,3 +123,14 @@ def test_text_encoders_loaded_late_for_the_embedding_cache_also_live_on_the_cpu(
     model.encode_prompts(["a red cube"])
     for name in (n for n in model.frozen_components if n != "vae"):
         assert _trace(events, name) == [f"to {DEVICE}", "forward", f"to {HOME}"], name
+
+
+def test_filling_the_embedding_cache_brings_the_text_encoders_to_the_device(tiny_model_dir, load, tmp_path):
+    from diffusion_rl.models.embedding_cache import use_embedding_cache
+
+    model = load(tiny_model_dir, device=DEVICE, offload_frozen=True)
+    texts = [n for n in model.frozen_components if n != "vae"]
+    events = _record(model)
+    use_embedding_cache(model, tiny_model_dir, tmp_path / "cache", ["a red cube", ""])
+    for name in texts:
+        assert _trace(events, name) == [f"to {DEVICE}", "forward", f"to {HOME}"], name
