@@ -33,13 +33,13 @@ import torch
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_flops
 from diffusion_rl.estimate.devices import Device
+from diffusion_rl.utils.dtypes import DTYPES
 
 # Calibrated once by benchmarks/estimate_vs_published.py on verl-omni's Qwen-Image OCR LoRA recipe (4×H800, 420 s
 # per step): the roofline's ideal step time there divided by the published 420 s. See docs/estimate.md.
 EFFICIENCY = 0.157  # fitted 0.1566 with gradient checkpointing, as verl-omni runs; the full fine-tune check: +6.6 %
 CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: "typically 1–3 GB")
 GIB = 2**30
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 POLICY_GRADIENT_LOSSES = ("flow_grpo", "grpo_guard", "flow_dppo")
 CONDITION_SIZE = (384, 384)  # the size Qwen-Image-Edit's pipelines give the VL encoder's condition image (~384²)
 
@@ -115,8 +115,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     vision = [enc for enc in arch.text_encoders if enc.vision]
     if sources and vision:  # Qwen-Image-Edit: the condition image's tokens are part of the prompt's embedding
         text = min(text + vision[0].vision_flops(*CONDITION_SIZE)[1], m.max_sequence_length)
-    wbytes = DTYPE_BYTES[m.dtype]
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[m.dtype]
+    dtype = DTYPES[m.dtype]
+    wbytes = dtype.itemsize
 
     micro = min(t.micro_batch_size, rows)
     shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text, sources)
@@ -195,7 +195,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     stochastic = (s.num_steps - 1) if s.window.kind == "all" else s.window.size
     cond_per_row = 2 * text * _text_width(arch) * wbytes  # prompt and negative embeddings
     # the window's latents (W + 1) and means (W) in sampling.latents_dtype, the final latents in fp32
-    stored = (2 * stochastic + 1) * DTYPE_BYTES[s.latents_dtype] + 4
+    stored = (2 * stochastic + 1) * DTYPES[s.latents_dtype].itemsize + 4
     trajectory = rows * (stored * latent_numel + cond_per_row)
     activations = cost.saved_bytes
     checkpointed = cost.blocks * cost.hidden_bytes + cost.saved_bytes / cost.blocks

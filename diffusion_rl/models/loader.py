@@ -15,10 +15,9 @@ from diffusion_rl.models.load_errors import raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
 from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
 from diffusion_rl.models.registry import family_named, family_of_pipeline
+from diffusion_rl.utils.dtypes import DTYPES
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def detect_family(path: Path) -> str:

@@ -19,15 +19,14 @@ from __future__ import annotations
 import torch
 
 from diffusion_rl.sampling.sde import Generators, StepOutput, get_step
-
-LATENT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from diffusion_rl.utils.dtypes import DTYPES
 
 
 def storage_dtype(name: str) -> torch.dtype:
     """The torch dtype of a `sampling.latents_dtype` name."""
-    if name not in LATENT_DTYPES:
-        raise ValueError(f"unknown latents dtype '{name}'; known: {', '.join(LATENT_DTYPES)}")
-    return LATENT_DTYPES[name]
+    if name not in DTYPES:
+        raise ValueError(f"unknown latents dtype '{name}'; known: {', '.join(DTYPES)}")
+    return DTYPES[name]
 
 
 def rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
