@@ -40,13 +40,10 @@ SHARED = ["model.device=cpu", "val.every=0", "val.before_train=false", "train.sa
           "log.console_every=0", "log.progress_bar=false"]  # fmt: skip
 
 
-def build_model(directory: Path, length: int) -> int:
-    """The tiny SD3 with a T5-base-shaped encoder (random weights) at `directory`; its T5 parameter count."""
-    from dataclasses import replace
-
+def save_with_t5_base(directory: Path, spec: tiny_sd3.TinySpec):
+    """The SD3 pipeline of `spec` (random weights, spec.t5_hidden = T5_BASE's d_model) with a T5 of T5-v1.1-base's
+    shape, written to `directory`; returns the pipeline."""
     from transformers import T5Config, T5EncoderModel
-
-    spec = replace(tiny_sd3.PRESETS["base"], t5_hidden=T5_BASE["d_model"], max_sequence_length=length)
 
     def build(spec):
         pipeline = tiny_sd3.build(spec)
@@ -56,6 +53,15 @@ def build_model(directory: Path, length: int) -> int:
 
     pipeline = build_seeded(build, spec, seed=0)
     save_pipeline("sd3", pipeline, directory)
+    return pipeline
+
+
+def build_model(directory: Path, length: int) -> int:
+    """The tiny SD3 with a T5-base-shaped encoder (random weights) at `directory`; its T5 parameter count."""
+    from dataclasses import replace
+
+    spec = replace(tiny_sd3.PRESETS["base"], t5_hidden=T5_BASE["d_model"], max_sequence_length=length)
+    pipeline = save_with_t5_base(directory, spec)
     return sum(p.numel() for p in pipeline.text_encoder_3.parameters())
 
 

@@ -35,7 +35,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embedding_cache import T5_BASE  # noqa: E402
+from embedding_cache import T5_BASE, save_with_t5_base  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # the transformer's sizes; its T5 has T5-v1.1-base's shape (benchmarks/embedding_cache.py), the CLIPs stay tiny
@@ -76,20 +76,9 @@ def rss_mib() -> float:
 
 def build_model(directory: Path) -> dict[str, int]:
     """The medium SD3 (random weights) at `directory`; the parameter counts of its components."""
-    from transformers import T5Config, T5EncoderModel
-
-    from diffusion_rl.models.registry import save_pipeline
-    from diffusion_rl.models.tiny import build_seeded
     from diffusion_rl.models.tiny import sd3 as tiny_sd3
 
-    def build(spec):
-        pipeline = tiny_sd3.build(spec)
-        config = T5Config(vocab_size=len(pipeline.tokenizer_3), feed_forward_proj="gated-gelu", **T5_BASE)
-        pipeline.text_encoder_3 = T5EncoderModel(config)
-        return pipeline
-
-    pipeline = build_seeded(build, tiny_sd3.TinySpec(**MEDIUM), seed=0)
-    save_pipeline("sd3", pipeline, directory)
+    pipeline = save_with_t5_base(directory, tiny_sd3.TinySpec(**MEDIUM))
     return {name: sum(p.numel() for p in module.parameters()) for name, module in pipeline.components.items()
             if isinstance(module, torch.nn.Module)}  # fmt: skip
 
