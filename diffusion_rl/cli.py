@@ -65,7 +65,7 @@ def cmd_train(args) -> None:
 
 
 def cmd_sample(args) -> None:
-    from diffusion_rl.config import ModelConfig
+    from diffusion_rl.config.model import ModelConfig
     from diffusion_rl.models.image_size import size_problem
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
@@ -169,7 +169,9 @@ def cmd_prepare_shapes_edits(args) -> None:
 
 def cmd_config(args) -> None:
     from diffusion_rl.config import Config, load
-    from diffusion_rl.config_io import describe, describe_markdown, redact_secrets, to_yaml
+    from diffusion_rl.config_io.reference import describe, describe_markdown
+    from diffusion_rl.config_io.secrets import redact_secrets
+    from diffusion_rl.config_io.yaml_files import to_yaml
 
     if args.action == "show":  # secrets (an inline api_key) show as ***redacted***, as in a run's config.yaml
         print(to_yaml(redact_secrets(load(args.config, args.overrides))), end="")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from diffusion_rl.config import load
-from diffusion_rl.config_io import to_yaml
+from diffusion_rl.config_io.yaml_files import to_yaml
 from diffusion_rl.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -66,7 +66,7 @@ def condition_sources(model, paths: list[str], height: int, width: int) -> list 
 def cmd_doctor(args) -> None:
     import torch
 
-    from diffusion_rl.config import LoraConfig, ModelConfig
+    from diffusion_rl.config.model import LoraConfig, ModelConfig
     from diffusion_rl.errors import UserError
     from diffusion_rl.models.doctor import dtype_of, estimate_memory, human_bytes, pipeline_components
     from diffusion_rl.models.image_size import image_sizes, size_problem

@@ -38,7 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.weights import checkpoint_config, load_trained_weights
-from diffusion_rl.config_io import redact_secrets
+from diffusion_rl.config_io.secrets import redact_secrets
 from diffusion_rl.data.condition_images import METADATA_KEY, fit_rows
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.errors import UserError
