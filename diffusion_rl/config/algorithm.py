@@ -10,7 +10,7 @@ from diffusion_rl.algorithms import LOSSES
 from diffusion_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from diffusion_rl.config_io.convert import SECTIONS
 from diffusion_rl.errors import did_you_mean
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import MAX_GROUP, Range, check, opt
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -19,26 +19,16 @@ if TYPE_CHECKING:
 @dataclass
 class AdvantageConfig:
     global_std: bool = opt(True, "Divide by the batch std (true) or each group's own std (false).")
-    std_ddof: int = opt(0, "Delta degrees of freedom of the std (0 as flow_grpo, 1 as DanceGRPO).")
-    eps: float = opt(1e-4, "Added to the std in the denominator.")
+    std_ddof: int = opt(
+        0, "Delta degrees of freedom of the std (0 as flow_grpo, 1 as DanceGRPO).", within=Range(0, MAX_GROUP)
+    )
+    eps: float = opt(1e-4, "Added to the std in the denominator.", within=Range(0, 1))
     normalize_by_std: bool = opt(True, "false: A = r − group mean.")
     combine: Literal["sum_rewards", "sum_advantages"] = opt(
         "sum_rewards",
         "sum_rewards: normalise the weighted reward sum; sum_advantages: normalise each reward within its groups, "
         "then sum the advantages with the weights (MixGRPO's advantage_aggr).",
     )
-
-    def __post_init__(self):
-        # what compute_advantages accepts (a std undefined for too few rewards gives advantage 0; eps 0 is safe)
-        check(
-            not isinstance(self.std_ddof, bool) and isinstance(self.std_ddof, int) and self.std_ddof >= 0,
-            f"algorithm.advantage.std_ddof must be an integer ≥ 0 (0: population std, 1: sample std), "
-            f"got {self.std_ddof!r}",
-        )
-        check(
-            0 <= self.eps < float("inf"),  # NaN fails too
-            f"algorithm.advantage.eps must be a finite number ≥ 0, got {self.eps}",
-        )
 
 
 def _loss_sections() -> dict[str, type]:
@@ -59,7 +49,9 @@ class AlgorithmConfig:
         "The algorithm, by its registered loss. Policy gradient on per-step SDE log-probs: flow_grpo, grpo_guard, "
         "flow_dppo; direct preference on final latents: dpo, nft, awm. Its settings: the section algorithm.<loss>.",
     )
-    timestep_fraction: float = opt(1.0, "Policy gradient: fraction of the window's steps trained per sample.")
+    timestep_fraction: float = opt(
+        1.0, "Policy gradient: fraction of the window's steps trained per sample.", within=Range(0, 1, lo_open=True)
+    )
     timestep_selection: Literal["first", "random"] = opt(
         "first", "Policy gradient: train the first steps (flow_grpo) or a seeded random subset per sample."
     )

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import MAX_BATCH, MAX_GROUP, MAX_SECONDS, Range, check, opt
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 @dataclass
 class DataConfig:
     train: str = opt("configs/prompts/quickstart.txt", "Training prompts: .txt, .jsonl or .parquet.")
-    prompts_per_step: int = opt(2, "Distinct prompts per training step.")
-    group_size: int = opt(4, "Samples per prompt (the group for advantages).")
+    prompts_per_step: int = opt(2, "Distinct prompts per training step.", within=Range(1, MAX_BATCH))
+    group_size: int = opt(4, "Samples per prompt (the group for advantages).", within=Range(1, MAX_GROUP))
     shuffle: bool = opt(True, "Shuffle prompt order each epoch (seeded).")
     sample_source: Literal["online", "offline"] = opt(
         "online",
@@ -28,10 +28,6 @@ class DataConfig:
         "Offline pair dataset (.jsonl or .parquet): prompt, chosen and rejected image paths (relative to the file), "
         "optional negative_prompt, chosen_score, rejected_score. Made by `diffusion-rl prepare pairs`.",
     )
-
-    def __post_init__(self):
-        check(self.prompts_per_step >= 1, "data.prompts_per_step must be ≥ 1")
-        check(self.group_size >= 1, "data.group_size must be ≥ 1")
 
     @property
     def batch_size(self) -> int:
@@ -54,23 +50,22 @@ class RewardSpec:
         "frame's (a reward that scores whole videos, e.g. temporal_consistency, ignores it).",
     )
     actors: int = opt(
-        0, "Score in this many Ray actors of the reward's own (model-based rewards); 0 = in the trainer process."
+        0,
+        "Score in this many Ray actors of the reward's own (model-based rewards); 0 = in the trainer process.",
+        within=Range(0, 1024),
     )
-    actor_cpus: float = opt(1.0, "CPUs each reward actor reserves.")
-    actor_gpus: float = opt(0.0, "GPUs each reward actor reserves (a fraction shares a GPU between actors).")
+    actor_cpus: float = opt(1.0, "CPUs each reward actor reserves.", within=Range(0, 1024))
+    actor_gpus: float = opt(
+        0.0, "GPUs each reward actor reserves (a fraction shares a GPU between actors).", within=Range(0, 64)
+    )
     timeout_s: float | None = opt(
         1800.0,
         "Deadline of one call of the reward (a chunk; a sample when retried; a group): past it the call's samples "
         "fail, naming the reward, and the call's thread is abandoned. null = no deadline.",
+        within=Range(0, MAX_SECONDS, lo_open=True),
     )
 
     def __post_init__(self):
-        check(self.actors >= 0, f"rewards: actors must be ≥ 0 (0 = in the trainer process), got {self.actors}")
-        check(
-            self.timeout_s is None or (math.isfinite(self.timeout_s) and self.timeout_s > 0),
-            f"rewards: timeout_s must be a number of seconds > 0 (or null = no deadline), got {self.timeout_s}",
-        )
-        check(self.actor_cpus >= 0 and self.actor_gpus >= 0, "rewards: actor_cpus and actor_gpus must be ≥ 0")
         check(
             self.label is None or bool(self.label.strip()),
             f"rewards: label must be a non-blank name (or null = the reward's name), got {self.label!r}",

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import MAX_COUNT, MAX_SECONDS, Range, check, opt
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -21,11 +21,17 @@ class EngineConfig:
         "local", "Where the work runs: local (this process) or ray (PolicyWorker actors, transformer FSDP2-sharded)."
     )
     num_threads: int | None = opt(
-        None, "torch CPU threads of the trainer process (null = torch's default); Ray workers use cpus_per_worker."
+        None,
+        "torch CPU threads of the trainer process (null = torch's default); Ray workers use cpus_per_worker.",
+        within=Range(1, 1024),
     )
-    num_workers: int = opt(2, "ray: PolicyWorker actors (one per GPU); each samples and trains on 1/N of the batch.")
-    cpus_per_worker: float = opt(1.0, "ray: CPUs each worker reserves.")
-    gpus_per_worker: float = opt(0.0, "ray: GPUs each worker reserves (1 on GPUs: NCCL; 0: CPU workers with gloo).")
+    num_workers: int = opt(
+        2, "ray: PolicyWorker actors (one per GPU); each samples and trains on 1/N of the batch.", within=Range(1, 4096)
+    )
+    cpus_per_worker: float = opt(1.0, "ray: CPUs each worker reserves.", within=Range(0, 1024, lo_open=True))
+    gpus_per_worker: float = opt(
+        0.0, "ray: GPUs each worker reserves (1 on GPUs: NCCL; 0: CPU workers with gloo).", within=Range(0, 64)
+    )
     address: str | None = opt(
         None, "ray: null starts Ray here; auto joins this node's cluster (`ray start`); ray://host:10001 a remote one."
     )
@@ -44,17 +50,29 @@ class EngineConfig:
         "host memory and each block is copied to the device when gathered (slower steps, least device memory).",
     )
     collective_timeout_s: float = opt(
-        1800.0, "ray: a collective waiting this long for a lost or hung worker fails (the run stops, no checkpoint)."
+        1800.0,
+        "ray: a collective waiting this long for a lost or hung worker fails (the run stops, no checkpoint).",
+        within=Range(0, MAX_SECONDS, lo_open=True),
     )
-    start_timeout_s: float = opt(300.0, "ray: wait this long for the cluster to have the workers' CPUs and GPUs.")
+    start_timeout_s: float = opt(
+        300.0,
+        "ray: wait this long for the cluster to have the workers' CPUs and GPUs.",
+        within=Range(0, MAX_SECONDS, lo_open=True),
+    )
     rollout: Literal["colocated", "separate"] = opt(
         "colocated",
         "ray: colocated: the workers sample and train in turn; separate: rollout_workers inference-only actors sample "
         "while the num_workers trainers train, and get the new weights after each update (docs/distributed.md).",
     )
-    rollout_workers: int = opt(1, "separate: rollout actors (one device each); each samples 1/R of the batch.")
-    cpus_per_rollout_worker: float = opt(1.0, "separate: CPUs each rollout actor reserves.")
-    gpus_per_rollout_worker: float = opt(0.0, "separate: GPUs each rollout actor reserves (0 or 1).")
+    rollout_workers: int = opt(
+        1, "separate: rollout actors (one device each); each samples 1/R of the batch.", within=Range(1, 4096)
+    )
+    cpus_per_rollout_worker: float = opt(
+        1.0, "separate: CPUs each rollout actor reserves.", within=Range(0, 1024, lo_open=True)
+    )
+    gpus_per_rollout_worker: float = opt(
+        0.0, "separate: GPUs each rollout actor reserves (0 or 1).", within=Range(0, 1)
+    )
     rollout_dtype: Literal["fp32", "bf16", "fp16"] | None = opt(
         None, "separate: the rollout actors' model dtype (null = model.dtype); rollout correction covers the gap."
     )
@@ -63,34 +81,34 @@ class EngineConfig:
         "separate: how new weights reach the rollout actors: through Ray's object store, or a torch.distributed "
         "broadcast from trainer rank 0 (NCCL on GPUs, gloo on CPUs). LoRA: only the adapter moves.",
     )
-    sync_every: int = opt(1, "separate: push the weights to the rollout actors after every this many steps.")
+    sync_every: int = opt(
+        1, "separate: push the weights to the rollout actors after every this many steps.", within=Range(1, MAX_COUNT)
+    )
     max_staleness: int = opt(
         0,
         "separate: rollouts of up to this many later steps are sampled while an update runs (0 = synchronous). Stale "
         "rows go through algorithm.rollout_correction, which is then set to decoupled if it was bypass.",
+        within=Range(0, 1000),
     )
     max_failures: int = opt(
-        3, "ray: worker deaths survived per run (fresh actors, resume from the latest checkpoint); then the run stops."
+        3,
+        "ray: worker deaths survived per run (fresh actors, resume from the latest checkpoint); then the run stops.",
+        within=Range(0, 1000),
     )
     trainer_resources: dict[str, float] = opt(
-        dict, "ray: extra Ray resources each trainer reserves, e.g. {trainer_node: 1} to pin them.", factory=True
+        dict,
+        "ray: extra Ray resources each trainer reserves, e.g. {trainer_node: 1} to pin them.",
+        factory=True,
+        within=Range(0, 1_000_000),
     )
     rollout_resources: dict[str, float] = opt(
-        dict, "separate: extra Ray resources each rollout actor reserves, e.g. {rollout_node: 1}.", factory=True
+        dict,
+        "separate: extra Ray resources each rollout actor reserves, e.g. {rollout_node: 1}.",
+        factory=True,
+        within=Range(0, 1_000_000),
     )
 
     def __post_init__(self):
-        check(self.num_workers >= 1, f"engine.num_workers must be ≥ 1, got {self.num_workers}")
-        check(
-            self.rollout_workers >= 1 and self.cpus_per_rollout_worker > 0 and 0 <= self.gpus_per_rollout_worker <= 1,
-            "engine.rollout_workers must be ≥ 1, engine.cpus_per_rollout_worker > 0 and engine.gpus_per_rollout_worker "
-            f"in [0, 1]; got {self.rollout_workers}, {self.cpus_per_rollout_worker}, {self.gpus_per_rollout_worker}",
-        )
-        check(
-            self.sync_every >= 1 and self.max_staleness >= 0 and self.max_failures >= 0,
-            f"engine.sync_every must be ≥ 1 and engine.max_staleness, engine.max_failures ≥ 0; got {self.sync_every}, "
-            f"{self.max_staleness}, {self.max_failures}",
-        )
         check(
             self.rollout == "separate" or (self.max_staleness == 0 and self.sync_every == 1),
             "engine.max_staleness and engine.sync_every are for engine.rollout=separate (colocated workers always "
@@ -101,18 +119,9 @@ class EngineConfig:
             "engine.rollout=separate runs rollout actors beside the trainers: it needs engine.kind=ray",
         )
         check(
-            self.cpus_per_worker > 0 and self.gpus_per_worker >= 0,
-            f"engine.cpus_per_worker must be > 0 (a worker drives its device from a CPU) and engine.gpus_per_worker "
-            f"≥ 0; got {self.cpus_per_worker} and {self.gpus_per_worker}",
-        )
-        check(
             self.kind == "ray" or not self.fsdp_cpu_offload,
             "engine.fsdp_cpu_offload offloads the FSDP2 shards of the Ray engine's trainers: it needs engine.kind=ray "
             "(the local engine does not shard; model.offload_frozen offloads its text encoders and VAE)",
-        )
-        check(
-            self.collective_timeout_s > 0 and self.start_timeout_s > 0,
-            "engine.collective_timeout_s and engine.start_timeout_s must be > 0",
         )
         check(
             self.address is None or self.address == "auto" or self.address.startswith("ray://") or ":" in self.address,

@@ -8,18 +8,15 @@ from typing import Literal
 from diffusion_rl.errors import did_you_mean
 from diffusion_rl.models.attention import backend_names
 from diffusion_rl.models.registry import load_families
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import Range, check, opt
 
 
 @dataclass
 class LoraConfig:
     enabled: bool = opt(True, "Train a LoRA adapter (peft) instead of the full transformer.")
-    rank: int = opt(32, "LoRA rank r.")
-    alpha: int = opt(64, "LoRA alpha (scale = alpha / rank).")
+    rank: int = opt(32, "LoRA rank r.", within=Range(1, 4096))
+    alpha: int = opt(64, "LoRA alpha (scale = alpha / rank).", within=Range(1, 65536))
     target_modules: list[str] = opt(list, "Module names to adapt; empty = the family's preset.", factory=True)
-
-    def __post_init__(self):
-        check(self.rank >= 1, f"lora.rank must be ≥ 1, got {self.rank}")
 
 
 @dataclass
@@ -41,7 +38,9 @@ class ModelConfig:
         "to model.device only for its forward (a host-device copy of the transformer per reference forward). LoRA's "
         "reference is the base with the adapter disabled: no copy to offload.",
     )
-    max_sequence_length: int = opt(256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).")
+    max_sequence_length: int = opt(
+        256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).", within=Range(1, 8192)
+    )
     embedding_cache: str | None = opt(
         None,
         "Prompt-embedding cache: each distinct prompt and negative prompt of data.train/data.pairs and val.prompts "

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_FRAMES, MAX_GROUP, MAX_PIXELS, MAX_STEPS, Range, check, opt
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -20,11 +20,15 @@ class WindowConfig:
         "all: every step but the last is SDE (Flow-GRPO); random: a window of `size` steps at a seeded random "
         "start in [lo, hi − size] (Flow-GRPO-Fast); sliding: MixGRPO's window moving along the trajectory.",
     )
-    size: int = opt(2, "Window length in steps (random, sliding).")
-    lo: int = opt(0, "random: first step the window may start at.")
-    hi: int | None = opt(None, "random: the window ends by this step (exclusive); null = num_steps − 1.")
-    iters_per_window: int = opt(25, "sliding: training steps the window stays at one position.")
-    stride: int = opt(1, "sliding: how far the window moves each time.")
+    size: int = opt(2, "Window length in steps (random, sliding).", within=Range(1, MAX_STEPS))
+    lo: int = opt(0, "random: first step the window may start at.", within=Range(0, MAX_STEPS))
+    hi: int | None = opt(
+        None, "random: the window ends by this step (exclusive); null = num_steps − 1.", within=Range(0, MAX_STEPS)
+    )
+    iters_per_window: int = opt(
+        25, "sliding: training steps the window stays at one position.", within=Range(1, MAX_COUNT)
+    )
+    stride: int = opt(1, "sliding: how far the window moves each time.", within=Range(1, MAX_STEPS))
     strategy: Literal["progressive", "random"] = opt("progressive", "sliding: move along, or a random start each step.")
 
 
@@ -34,42 +38,52 @@ class TreePruneConfig:
         None,
         "Depth pruning: the depths whose steps train (1 = the steps into the first split's children, …, D = the "
         "leaves'); the others sample but get no gradient. null = every depth 1..D.",
+        within=Range(1, MAX_STEPS),
     )
     leaves: int | None = opt(
         None,
         "Width pruning: the leaf depth's steps train for only this many leaves per tree, the ⌈n/2⌉ highest and the "
         "⌊n/2⌋ lowest rewards; null = every leaf.",
+        within=Range(1, MAX_GROUP),
     )
 
 
 @dataclass
 class TreeConfig:
     branch_at: list[int] = opt(
-        list, "Steps at which every node splits (increasing; each an SDE step of sampling.window).", factory=True
+        list,
+        "Steps at which every node splits (increasing; each an SDE step of sampling.window).",
+        factory=True,
+        within=Range(0, MAX_STEPS),
     )
     branching: int | list[int] = opt(
-        2, "Children of each split: one number for every split, or one per branch_at step (their product = group)."
+        2,
+        "Children of each split: one number for every split, or one per branch_at step (their product = group).",
+        within=Range(2, MAX_GROUP),
     )
     prune: TreePruneConfig = opt(TreePruneConfig, "Which tree steps train (BranchGRPO's pruning).", factory=True)
 
 
 @dataclass
 class SamplingConfig:
-    num_steps: int = opt(10, "Denoising steps of a training rollout.")
+    num_steps: int = opt(10, "Denoising steps of a training rollout.", within=Range(2, MAX_STEPS))
     guidance: float = opt(
         4.5,
         "Classifier-free guidance scale (1 = no CFG: one forward per step); FLUX.1-dev: its distilled guidance "
         "embedding (always one forward).",
+        within=Range(1, 100),
     )
-    height: int = opt(64, "Image height in pixels.")
-    width: int = opt(64, "Image width in pixels.")
+    height: int = opt(64, "Image height in pixels.", within=Range(1, MAX_PIXELS))
+    width: int = opt(64, "Image width in pixels.", within=Range(1, MAX_PIXELS))
     num_frames: int = opt(
-        1, "Frames of each sample: 1 for images; a video family (wan) takes 4k + 1, e.g. 9, 33 or 81."
+        1,
+        "Frames of each sample: 1 for images; a video family (wan) takes 4k + 1, e.g. 9, 33 or 81.",
+        within=Range(1, MAX_FRAMES),
     )
     sde_type: Literal["sde", "cps", "dance_sde", "ode"] = opt(
         "sde", "Stochastic step inside the window; ode: deterministic sampling (direct_preference family only)."
     )
-    noise_level: float = opt(0.7, "SDE noise level a (η for dance_sde).")
+    noise_level: float = opt(0.7, "SDE noise level a (η for dance_sde).", within=Range(0, 10))
     ode_solver: Literal["euler", "dpm2", "ab2"] = opt(
         "euler",
         "Solver of the ODE steps outside the SDE window, one model call per step either way: euler (1st order); "
@@ -79,7 +93,9 @@ class SamplingConfig:
     window: WindowConfig = opt(WindowConfig, "Which steps are stochastic (and trained).", factory=True)
     share_initial_noise: bool = opt(False, "Same initial noise for every sample of a prompt's group.")
     score_chunks: int = opt(
-        1, "Sample the batch in this many chunks, scoring each in the background while the next samples."
+        1,
+        "Sample the batch in this many chunks, scoring each in the background while the next samples.",
+        within=Range(1, MAX_BATCH),
     )
     latents_dtype: Literal["fp32", "bf16", "fp16"] = opt(
         "fp32",
@@ -96,11 +112,6 @@ class SamplingConfig:
     def __post_init__(self):
         if self.tree is not None:
             self._check_tree()
-        check(self.num_steps >= 2, f"sampling.num_steps must be ≥ 2, got {self.num_steps}")
-        check(self.num_frames >= 1, f"sampling.num_frames must be ≥ 1 (1 = images), got {self.num_frames}")
-        check(self.noise_level >= 0, f"sampling.noise_level must be ≥ 0, got {self.noise_level}")
-        check(self.guidance >= 1, f"sampling.guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
-        check(self.score_chunks >= 1, f"sampling.score_chunks must be ≥ 1, got {self.score_chunks}")
 
     def _check_tree(self) -> None:
         t = self.tree

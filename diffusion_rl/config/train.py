@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from diffusion_rl.config.data import RewardSpec
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, Range, check, opt
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -29,63 +29,59 @@ class RunConfig:
 @dataclass
 class EmaConfig:
     enabled: bool = opt(False, "Keep an EMA of the trained weights and validate with it.")
-    decay: float = opt(0.9, "EMA decay per update.")
-    update_every: int = opt(1, "Update the EMA every N optimizer steps.")
+    decay: float = opt(0.9, "EMA decay per update.", within=Range(0, 1))
+    update_every: int = opt(1, "Update the EMA every N optimizer steps.", within=Range(1, MAX_COUNT))
 
 
 @dataclass
 class TrainConfig:
-    total_steps: int = opt(60, "Training steps (one rollout + update each).")
-    lr: float = opt(1e-3, "AdamW learning rate.")
-    betas: tuple[float, float] = opt((0.9, 0.999), "AdamW betas.")
-    weight_decay: float = opt(1e-4, "AdamW weight decay.")
-    adam_eps: float = opt(1e-8, "AdamW epsilon.")
-    grad_clip: float = opt(1.0, "Clip the gradient norm to this (0 = off).")
-    warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.")
-    micro_batch_size: int = opt(8, "Samples per forward/backward (gradient accumulation does the rest).")
-    num_minibatches: int = opt(1, "Optimizer steps per epoch over the rollout batch.")
-    ppo_epochs: int = opt(1, "Passes over the rollout batch per training step.")
+    total_steps: int = opt(60, "Training steps (one rollout + update each).", within=Range(0, MAX_COUNT))
+    lr: float = opt(1e-3, "AdamW learning rate.", within=Range(0, 1, lo_open=True))
+    betas: tuple[float, float] = opt((0.9, 0.999), "AdamW betas.", within=Range(0, 1))
+    weight_decay: float = opt(1e-4, "AdamW weight decay.", within=Range(0, 10))
+    adam_eps: float = opt(1e-8, "AdamW epsilon.", within=Range(0, 1, lo_open=True))
+    grad_clip: float = opt(1.0, "Clip the gradient norm to this (0 = off).", within=Range(0, 1e6))
+    warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.", within=Range(0, MAX_COUNT))
+    micro_batch_size: int = opt(
+        8, "Samples per forward/backward (gradient accumulation does the rest).", within=Range(1, MAX_BATCH)
+    )
+    num_minibatches: int = opt(1, "Optimizer steps per epoch over the rollout batch.", within=Range(1, MAX_BATCH))
+    ppo_epochs: int = opt(1, "Passes over the rollout batch per training step.", within=Range(1, 100))
     ema: EmaConfig = opt(EmaConfig, "EMA of the trained weights.", factory=True)
-    save_every: int = opt(20, "Checkpoint every N steps (and at the end); 0 = only at the end.")
-    keep_last: int = opt(2, "Checkpoints to keep (0 = all).")
-    max_consecutive_skips: int = opt(3, "Stop after this many consecutive non-finite updates.")
-
-    def __post_init__(self):
-        check(self.total_steps >= 0, "train.total_steps must be ≥ 0")
-        check(self.lr > 0, "train.lr must be > 0")
-        check(self.save_every >= 0, f"train.save_every must be ≥ 0 (0 = only at the end), got {self.save_every}")
-        check(
-            self.micro_batch_size >= 1 and self.num_minibatches >= 1 and self.ppo_epochs >= 1,
-            "train.micro_batch_size, train.num_minibatches and train.ppo_epochs must be ≥ 1",
-        )
+    save_every: int = opt(
+        20, "Checkpoint every N steps (and at the end); 0 = only at the end.", within=Range(0, MAX_COUNT)
+    )
+    keep_last: int = opt(2, "Checkpoints to keep (0 = all).", within=Range(0, 1_000_000))
+    max_consecutive_skips: int = opt(3, "Stop after this many consecutive non-finite updates.", within=Range(0, 1000))
 
 
 @dataclass
 class ValConfig:
     every: int = opt(
-        10, "Validate every N steps and after the last one (0 = never; val.before_train still validates step 0)."
+        10,
+        "Validate every N steps and after the last one (0 = never; val.before_train still validates step 0).",
+        within=Range(0, MAX_COUNT),
     )
     before_train: bool = opt(True, "Validate once before the first step.")
     prompts: str | None = opt("configs/prompts/val.txt", "Validation prompts file (null = no validation).")
-    n: int = opt(2, "Samples per validation prompt.")
-    num_steps: int = opt(20, "ODE steps for validation samples.")
+    n: int = opt(2, "Samples per validation prompt.", within=Range(1, MAX_GROUP))
+    num_steps: int = opt(20, "ODE steps for validation samples.", within=Range(1, MAX_STEPS))
     height: int | None = opt(
-        None, "Height of validation samples in pixels (null = sampling.height): train small, validate at full size."
+        None,
+        "Height of validation samples in pixels (null = sampling.height): train small, validate at full size.",
+        within=Range(1, MAX_PIXELS),
     )
-    width: int | None = opt(None, "Width of validation samples in pixels (null = sampling.width).")
+    width: int | None = opt(
+        None, "Width of validation samples in pixels (null = sampling.width).", within=Range(1, MAX_PIXELS)
+    )
     ode_solver: Literal["euler", "dpm2", "ab2"] | None = opt(
         None, "ODE solver of validation samples (null = sampling.ode_solver)."
     )
-    guidance: float | None = opt(None, "CFG for validation (null = sampling.guidance).")
+    guidance: float | None = opt(None, "CFG for validation (null = sampling.guidance).", within=Range(1, 100))
     seed: int = opt(1234, "Seed of the validation noise (fixed across the run).")
     rewards: list[RewardSpec] | None = opt(
         None, "Rewards that score validation, e.g. a held-out scorer the run does not optimise (null = `rewards`)."
     )
-
-    def __post_init__(self):
-        for key in ("height", "width"):
-            value = getattr(self, key)
-            check(value is None or value >= 1, f"val.{key} must be ≥ 1 pixel (null = sampling.{key}), got {value}")
 
     def size(self, sampling: SamplingConfig) -> tuple[int, int]:
         """(height, width) of validation samples: val's own, else the rollouts'."""

@@ -143,7 +143,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
         }
     for name, (f, tp) in fields.items():
         if name in data:
-            kwargs[name] = _convert(tp, data[name], join_key(path, name))
+            kwargs[name] = _in_range(f, _convert(tp, data[name], join_key(path, name)), join_key(path, name))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             help_text = f.metadata.get("help")
             hint = f" ({help_text})" if help_text else ""
@@ -153,6 +153,15 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
     except ValueError as e:
         where = f"in '{path}'" if path else "at top level"
         raise ConfigError(f"invalid config {where}: {e}", path) from e
+
+
+def _in_range(f: dataclasses.Field, value: Any, path: str) -> Any:
+    """``value`` when it lies in the field's range (metadata ``within``: any object with ``in`` and ``str``, e.g.
+    settings.Range); a ConfigError naming the key and the range otherwise."""
+    within = f.metadata.get("within")
+    if within is not None and value is not None and value not in within:
+        raise ConfigError(f"config key '{path}' must be in {within}, got {value!r}", path)
+    return value
 
 
 def _unknown_key(cls: type, key: str, path: str) -> ConfigError:

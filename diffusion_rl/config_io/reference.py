@@ -21,7 +21,7 @@ def describe(cls: type) -> str:
         if dataclasses.is_dataclass(tp):
             head = f"{key}: section {tp.__name__}"
         else:
-            head = f"{key}: {type_name(tp)} = {_default_text(f)}"
+            head = f"{key}: {_type_text(f, tp)} = {_default_text(f)}"
         lines.append(head)
         if f.metadata.get("help"):
             lines.append(f"    {f.metadata['help']}")
@@ -52,9 +52,15 @@ def describe_markdown(cls: type, title: str) -> str:
             out.extend([f"{'#' * (key.count('.') + 2)} `{key}`", "", f.metadata.get("help", ""), ""])
         else:
             meaning = cell(f.metadata.get("help", ""))
-            rows.append(f"| `{key}` | {cell(type_name(tp))} | `{cell(_default_text(f))}` | {meaning} |")
+            rows.append(f"| `{key}` | {cell(_type_text(f, tp))} | `{cell(_default_text(f))}` | {meaning} |")
     flush()
     return "\n".join(out)
+
+
+def _type_text(f: dataclasses.Field, tp) -> str:
+    """The field's type, with its allowed range when it has one ('int in [1, 8192]')."""
+    within = f.metadata.get("within")
+    return type_name(tp) if within is None else f"{type_name(tp)} in {within}"
 
 
 def _default_text(f: dataclasses.Field) -> str:
