@@ -54,6 +54,7 @@ def cmd_train(args) -> None:
     from diffusion_rl.trainer import make_trainer
 
     cfg = load(args.config, args.overrides)
+    refuse_what_cannot_fit(cfg)
     rows = make_trainer(cfg).train()
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     vals = [r["val/reward/mean"] for r in rows if r.get("val/reward/mean") is not None]
@@ -62,6 +63,52 @@ def cmd_train(args) -> None:
     if len(vals) >= 2:
         logger.info("val/reward/mean: before %.5g, after %.5g", vals[0], vals[-1])
     logger.info("run directory: %s", cfg.run.dir)
+
+
+def refuse_what_cannot_fit(cfg) -> None:
+    """Refuse, before anything is loaded, a config whose peak memory (estimate/estimator.py's count for one device,
+    the one `diffusion-rl estimate` prints) exceeds what this machine's device has: its GPU's memory, or the RAM
+    that the process (and a local Ray cluster's CPU workers, each with its own copy) share."""
+    import torch
+
+    from diffusion_rl.estimate.architectures import architecture_for
+    from diffusion_rl.estimate.devices import device_named
+    from diffusion_rl.estimate.estimator import GIB, estimate
+
+    e = cfg.engine
+    if e.kind == "ray" and e.address is not None:
+        return  # another machine's devices: `diffusion-rl estimate --gpu NAME` answers for them
+    ray = e.kind == "ray"
+    if ray:
+        cuda = e.gpus_per_worker > 0
+    else:
+        cuda = cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        index = torch.device(cfg.model.device).index if cfg.model.device.startswith("cuda:") else None
+        props = torch.cuda.get_device_properties(index or 0)
+        capacity, what, sharing = props.total_memory, f"the GPU ({props.name})", 1
+    else:
+        capacity, what = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's RAM"
+        sharing = e.num_workers if ray else 1
+    try:
+        arch = architecture_for(cfg.model)
+    except UserError:
+        return  # no model directory to count yet: loading it names what is missing
+    workers = e.num_workers if ray else 1
+    device = device_named("cpu").with_overrides(peak_tflops=1.0, bandwidth_gbs=1.0)  # the time is not used here
+    try:
+        result = estimate(cfg, arch, device, workers)
+    except ValueError:
+        return  # a size the model cannot make: the model's own size check names it, with one that works
+    need = result.peak_memory_gib_per_gpu * sharing
+    if need * GIB > capacity:
+        parts = sorted(result.memory_gib.items(), key=lambda kv: -kv[1])[:2]
+        largest = ", ".join(f"{k} {v * sharing:.3g} GiB" for k, v in parts)
+        raise UserError(
+            f"this config needs about {need:.3g} GiB at its peak ({largest}; `diffusion-rl estimate` lists it all), "
+            f"more than {what} has ({capacity / GIB:.3g} GiB): lower data.prompts_per_step × data.group_size, "
+            "sampling.height × sampling.width or train.micro_batch_size"
+        )
 
 
 def cmd_sample(args) -> None:

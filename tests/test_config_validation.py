@@ -131,3 +131,23 @@ def test_the_reference_shows_each_range():
 
     assert "sampling.height: int in [1, 8192] = 64" in describe(Config)
     assert "train.lr: float in (0, 1] = 0.001" in describe(Config)
+
+
+def test_a_config_that_needs_more_memory_than_the_machine_has_is_refused_before_anything_loads(tmp_path, capsys):
+    """4096 prompts × 1024 samples at 2048² on the tiny FLUX.1: petabytes of kept trajectories. `train` says so in one
+    line with the estimate's own peak (estimate/estimator.py), before it creates the model or the run directory."""
+    from diffusion_rl.estimate.architectures import architecture_for
+    from diffusion_rl.estimate.devices import device_named
+    from diffusion_rl.estimate.estimator import estimate
+
+    overrides = [f"model.path={tmp_path / 'tiny'}", "model.family=flux", f"run.dir={tmp_path / 'run'}",
+                 "sampling.height=2048", "sampling.width=2048", "data.prompts_per_step=4096", "data.group_size=1024",
+                 "train.micro_batch_size=4096"]  # fmt: skip
+    assert main(["train", QUICKSTART, *overrides]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("diffusion-rl")]
+    cfg = load(QUICKSTART, overrides)
+    device = device_named("cpu").with_overrides(peak_tflops=1.0, bandwidth_gbs=1.0)
+    need = estimate(cfg, architecture_for(cfg.model), device, 1).peak_memory_gib_per_gpu
+    assert len(err) == 1 and f"this config needs about {need:.3g} GiB at its peak (trajectories" in err[0], err
+    assert "more than this machine's RAM has" in err[0] and "data.prompts_per_step × data.group_size" in err[0]
+    assert not (tmp_path / "tiny").exists() and not (tmp_path / "run").exists()
