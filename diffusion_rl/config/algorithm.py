@@ -3,8 +3,9 @@ correction; and the checks of the selected loss and family on the rest of the co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from diffusion_rl.algorithms import LOSSES
 from diffusion_rl.algorithms.rollout_correction import RolloutCorrectionConfig
@@ -31,13 +32,18 @@ class AdvantageConfig:
     )
 
 
+def losses_with_key(key: str) -> list[str]:
+    """The registered losses whose settings section (algorithm.<loss>) has `key`."""
+    return [name for name, spec in LOSSES.items() if key in {f.name for f in dataclasses.fields(spec.settings)}]
+
+
 def _loss_sections() -> dict[str, type]:
     """Every registered loss's settings dataclass, by loss name: the sections algorithm.<loss>."""
     return {name: spec.settings for name, spec in LOSSES.items()}
 
 
-# keys that lived in `algorithm` before each loss got its own section
-_LOSS_SETTING_KEYS = ("clip_range", "adv_clip_max", "kl_beta", "kl_mask_threshold", "add_kl_coefficient", "dpo_beta",
+# keys that lived in `algorithm` before each loss got its own section (`checkpoint upgrade` moves them there)
+OLD_LOSS_KEYS = ("clip_range", "adv_clip_max", "kl_beta", "kl_mask_threshold", "add_kl_coefficient", "dpo_beta",
                       "nft_beta", "old_update_interval", "old_decay", "old_decay_value", "train_timesteps",
                       "weighting", "advantage_max", "ema_beta")  # fmt: skip
 
@@ -70,14 +76,18 @@ class AlgorithmConfig:
         },
     )
 
-    moved_keys: ClassVar[dict[str, str]] = {
-        "family": "is gone: the family follows from algorithm.loss (dpo, nft and awm are direct-preference losses)",
-        **{
-            key: f"moved into the loss's own section: algorithm.<loss>.{key} (e.g. algorithm.flow_grpo.{key}; "
-            "`diffusion-rl config reference` lists each loss's keys)"
-            for key in _LOSS_SETTING_KEYS
-        },
-    }
+    @staticmethod
+    def moved_key(key: str) -> str | None:
+        """Where a key of an earlier version of this section went (the loader's error says it); None: never was."""
+        owners = losses_with_key(key) if key in OLD_LOSS_KEYS else []
+        if key == "family" or (key in OLD_LOSS_KEYS and not owners):
+            return "is gone: the family follows from algorithm.loss (dpo, nft and awm are direct-preference losses)"
+        if not owners:
+            return None
+        return (
+            f"moved into the loss's own section, algorithm.<loss>.{key}, a key of {' and '.join(owners)} (e.g. "
+            f"algorithm.{owners[0]}.{key}); `diffusion-rl checkpoint upgrade DIR` converts a checkpoint's config.yaml"
+        )
 
     def __post_init__(self):
         check(
@@ -88,10 +98,6 @@ class AlgorithmConfig:
         # only the selected loss's section is kept (at its defaults when the config has none): the others were
         # checked, but a run never reads them, and a written config.yaml should not suggest it does
         self.losses = {self.loss: self.losses.get(self.loss) or LOSSES.get(self.loss).settings()}
-        check(
-            0 < self.timestep_fraction <= 1,
-            f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}",
-        )
 
     @property
     def settings(self):

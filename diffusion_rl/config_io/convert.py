@@ -165,7 +165,8 @@ def _in_range(f: dataclasses.Field, value: Any, path: str) -> Any:
 
 
 def _unknown_key(cls: type, key: str, path: str) -> ConfigError:
-    moved = getattr(cls, "moved_keys", {}).get(key)
+    moved_key = getattr(cls, "moved_key", None)  # a section may say where a key of its earlier versions went
+    moved = moved_key(key) if moved_key is not None else None
     if moved:
         return ConfigError(f"config key '{join_key(path, key)}' {moved}", join_key(path, key))
     names = _key_names(cls)
