@@ -113,19 +113,17 @@ def refuse_what_cannot_fit(cfg) -> None:
 
 def cmd_sample(args) -> None:
     from diffusion_rl.config.model import ModelConfig
-    from diffusion_rl.models.image_size import size_problem
+    from diffusion_rl.evaluation.evaluate import EvalSettings
+    from diffusion_rl.models.image_size import require_size
     from diffusion_rl.models.loader import load_model
-    from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
+    from diffusion_rl.sampling.rollout import sample_images
     from diffusion_rl.sampling.window import default_window
     from diffusion_rl.tracking.media import sample_sheet, save_sample
     from diffusion_rl.utils.seeding import seed_for
 
-    if args.steps < 2 and args.sde_type != "ode":
-        raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {args.steps}")
-    if args.n < 1:
-        raise UserError(f"--n must be ≥ 1, got {args.n}")
-    if args.noise_level < 0:
-        raise UserError(f"--noise-level must be ≥ 0, got {args.noise_level}")
+    flags = EvalSettings(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
+                         sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver,
+                         frames=args.frames)  # fmt: skip
     if args.max_sequence_length is not None and args.max_sequence_length < 1:
         raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
@@ -143,24 +141,9 @@ def cmd_sample(args) -> None:
         model = load_model(
             ModelConfig(path=args.model, device=args.device, lora=ModelConfig().lora.__class__(enabled=False), **length)
         )
-    problem = size_problem(model, args.height, args.width)  # a size the model cannot make is the user's to fix
-    if problem:
-        raise UserError(f"--height/--width: {problem}")
-    try:
-        model.latent_shape(args.height, args.width, args.frames)
-    except ValueError as e:
-        raise UserError(f"--frames: {e}") from None
+    require_size(model, args.height, args.width, args.frames)  # a size the model cannot make is the user's to fix
     prompts = [p for p in args.prompt for _ in range(args.n)]
-    settings = SamplerSettings(
-        args.steps,
-        args.guidance,
-        args.height,
-        args.width,
-        args.sde_type if args.sde_type != "ode" else "sde",
-        args.noise_level,
-        args.frames,
-        args.ode_solver,
-    )
+    settings = flags.sampler()
     window = None if args.sde_type == "ode" else default_window(args.steps)
     seeds = [seed_for(args.seed, i) for i in range(len(prompts))]
     sources = None
