@@ -36,7 +36,7 @@ class EmaConfig:
 @dataclass
 class TrainConfig:
     total_steps: int = opt(60, "Training steps (one rollout + update each).", within=Range(0, MAX_COUNT))
-    lr: float = opt(1e-3, "AdamW learning rate.", within=Range(0, 1, lo_open=True))
+    lr: float = opt(1e-3, "AdamW learning rate.", within=Range(0, 1e6, lo_open=True))
     betas: tuple[float, float] = opt((0.9, 0.999), "AdamW betas.", within=Range(0, 1))
     weight_decay: float = opt(1e-4, "AdamW weight decay.", within=Range(0, 10))
     adam_eps: float = opt(1e-8, "AdamW epsilon.", within=Range(0, 1, lo_open=True))
