@@ -60,7 +60,8 @@ def test_sample_rejects_n_below_one(tiny_model_dir, capsys):
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"), [(["--guidance", "0.5"], "--guidance must be ≥ 1"), (["--frames", "0"], "--frames must be ≥ 1")]
+    ("flags", "message"),
+    [(["--guidance", "0.5"], "--guidance must be ≥ 1"), (["--frames", "0"], "--frames must be ≥ 1")],
 )
 def test_sample_checks_its_flags_as_eval_does(tiny_model_dir, capsys, flags, message):
     """`sample` and `eval` share one check of the sampler flags (EvalSettings), before any model loads."""
