@@ -76,25 +76,24 @@ def refuse_what_cannot_fit(cfg) -> None:
     from diffusion_rl.estimate.estimator import GIB, estimate
 
     e = cfg.engine
-    if e.kind == "ray" and e.address is not None:
-        return  # another machine's devices: `diffusion-rl estimate --gpu NAME` answers for them
     ray = e.kind == "ray"
-    if ray:
-        cuda = e.gpus_per_worker > 0
-    else:
-        cuda = cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and torch.cuda.is_available())
+    if ray and (e.address is not None or e.gpus_per_worker > 0):
+        return  # the cluster's devices, not this process's (which must not open CUDA): `estimate --gpu NAME` says
+    cuda = not ray and (
+        cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and torch.cuda.is_available())
+    )
+    workers = e.num_workers if ray else 1  # a local Ray cluster's CPU workers share this machine's RAM
     if cuda:
         index = torch.device(cfg.model.device).index if cfg.model.device.startswith("cuda:") else None
         props = torch.cuda.get_device_properties(index or 0)
         capacity, what, sharing = props.total_memory, f"the GPU ({props.name})", 1
     else:
         capacity, what = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's RAM"
-        sharing = e.num_workers if ray else 1
+        sharing = workers
     try:
         arch = architecture_for(cfg.model)
     except UserError:
         return  # no model directory to count yet: loading it names what is missing
-    workers = e.num_workers if ray else 1
     device = device_named("cpu").with_overrides(peak_tflops=1.0, bandwidth_gbs=1.0)  # the time is not used here
     try:
         result = estimate(cfg, arch, device, workers)
