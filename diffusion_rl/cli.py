@@ -99,7 +99,8 @@ def refuse_what_cannot_fit(cfg) -> None:
         result = estimate(cfg, arch, device, workers)
     except ValueError:
         return  # a size the model cannot make: the model's own size check names it, with one that works
-    need = result.peak_memory_gib_per_gpu * sharing
+    context = 0.0 if cuda else result.memory_gib["context"]  # the CUDA context: a CPU run has none
+    need = (result.peak_memory_gib_per_gpu - context) * sharing
     if need * GIB > capacity:
         parts = sorted(result.memory_gib.items(), key=lambda kv: -kv[1])[:2]
         largest = ", ".join(f"{k} {v * sharing:.3g} GiB" for k, v in parts)

@@ -147,7 +147,8 @@ def test_a_config_that_needs_more_memory_than_the_machine_has_is_refused_before_
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("diffusion-rl")]
     cfg = load(QUICKSTART, overrides)
     device = device_named("cpu").with_overrides(peak_tflops=1.0, bandwidth_gbs=1.0)
-    need = estimate(cfg, architecture_for(cfg.model), device, 1).peak_memory_gib_per_gpu
+    result = estimate(cfg, architecture_for(cfg.model), device, 1)
+    need = result.peak_memory_gib_per_gpu - result.memory_gib["context"]  # no CUDA context on a CPU
     assert len(err) == 1 and f"this config needs about {need:.3g} GiB at its peak (trajectories" in err[0], err
     assert "more than this machine's RAM has" in err[0] and "data.prompts_per_step × data.group_size" in err[0]
     assert not (tmp_path / "tiny").exists() and not (tmp_path / "run").exists()
