@@ -28,7 +28,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from diffusion_rl.config import LoraConfig, ModelConfig  # noqa: E402
+from diffusion_rl.config.model import LoraConfig, ModelConfig  # noqa: E402
 from diffusion_rl.models.loader import load_model  # noqa: E402
 from diffusion_rl.models.tiny import save_tiny  # noqa: E402
 from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver  # noqa: E402

@@ -54,6 +54,7 @@ def cmd_train(args) -> None:
     from diffusion_rl.trainer import make_trainer
 
     cfg = load(args.config, args.overrides)
+    refuse_what_cannot_fit(cfg)
     rows = make_trainer(cfg).train()
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     vals = [r["val/reward/mean"] for r in rows if r.get("val/reward/mean") is not None]
@@ -64,21 +65,65 @@ def cmd_train(args) -> None:
     logger.info("run directory: %s", cfg.run.dir)
 
 
+def refuse_what_cannot_fit(cfg) -> None:
+    """Refuse, before anything is loaded, a config whose peak memory (estimate/estimator.py's count for one device,
+    the one `diffusion-rl estimate` prints) exceeds what this machine's device has: its GPU's memory, or the RAM
+    that the process (and a local Ray cluster's CPU workers, each with its own copy) share."""
+    import torch
+
+    from diffusion_rl.estimate.architectures import architecture_for
+    from diffusion_rl.estimate.devices import device_named
+    from diffusion_rl.estimate.estimator import GIB, estimate
+
+    e = cfg.engine
+    ray = e.kind == "ray"
+    if ray and (e.address is not None or e.gpus_per_worker > 0):
+        return  # the cluster's devices, not this process's (which must not open CUDA): `estimate --gpu NAME` says
+    cuda = not ray and (
+        cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and torch.cuda.is_available())
+    )
+    workers = e.num_workers if ray else 1  # a local Ray cluster's CPU workers share this machine's RAM
+    if cuda:
+        index = torch.device(cfg.model.device).index if cfg.model.device.startswith("cuda:") else None
+        props = torch.cuda.get_device_properties(index or 0)
+        capacity, what, sharing = props.total_memory, f"the GPU ({props.name})", 1
+    else:
+        capacity, what = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's RAM"
+        sharing = workers
+    try:
+        arch = architecture_for(cfg.model)
+    except UserError:
+        return  # no model directory to count yet: loading it names what is missing
+    device = device_named("cpu").with_overrides(peak_tflops=1.0, bandwidth_gbs=1.0)  # the time is not used here
+    try:
+        result = estimate(cfg, arch, device, workers)
+    except ValueError:
+        return  # a size the model cannot make: the model's own size check names it, with one that works
+    context = 0.0 if cuda else result.memory_gib["context"]  # the CUDA context: a CPU run has none
+    need = (result.peak_memory_gib_per_gpu - context) * sharing
+    if need * GIB > capacity:
+        parts = sorted(result.memory_gib.items(), key=lambda kv: -kv[1])[:2]
+        largest = ", ".join(f"{k} {v * sharing:.3g} GiB" for k, v in parts)
+        raise UserError(
+            f"this config needs about {need:.3g} GiB at its peak ({largest}; `diffusion-rl estimate` lists it all), "
+            f"more than {what} has ({capacity / GIB:.3g} GiB): lower data.prompts_per_step × data.group_size, "
+            "sampling.height × sampling.width or train.micro_batch_size"
+        )
+
+
 def cmd_sample(args) -> None:
-    from diffusion_rl.config import ModelConfig
-    from diffusion_rl.models.image_size import size_problem
+    from diffusion_rl.config.model import ModelConfig
+    from diffusion_rl.evaluation.evaluate import EvalSettings
+    from diffusion_rl.models.image_size import require_size
     from diffusion_rl.models.loader import load_model
-    from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
+    from diffusion_rl.sampling.rollout import sample_images
     from diffusion_rl.sampling.window import default_window
     from diffusion_rl.tracking.media import sample_sheet, save_sample
     from diffusion_rl.utils.seeding import seed_for
 
-    if args.steps < 2 and args.sde_type != "ode":
-        raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {args.steps}")
-    if args.n < 1:
-        raise UserError(f"--n must be ≥ 1, got {args.n}")
-    if args.noise_level < 0:
-        raise UserError(f"--noise-level must be ≥ 0, got {args.noise_level}")
+    flags = EvalSettings(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
+                         sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver,
+                         frames=args.frames)  # fmt: skip
     if args.max_sequence_length is not None and args.max_sequence_length < 1:
         raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
@@ -96,24 +141,9 @@ def cmd_sample(args) -> None:
         model = load_model(
             ModelConfig(path=args.model, device=args.device, lora=ModelConfig().lora.__class__(enabled=False), **length)
         )
-    problem = size_problem(model, args.height, args.width)  # a size the model cannot make is the user's to fix
-    if problem:
-        raise UserError(f"--height/--width: {problem}")
-    try:
-        model.latent_shape(args.height, args.width, args.frames)
-    except ValueError as e:
-        raise UserError(f"--frames: {e}") from None
+    require_size(model, args.height, args.width, args.frames)  # a size the model cannot make is the user's to fix
     prompts = [p for p in args.prompt for _ in range(args.n)]
-    settings = SamplerSettings(
-        args.steps,
-        args.guidance,
-        args.height,
-        args.width,
-        args.sde_type if args.sde_type != "ode" else "sde",
-        args.noise_level,
-        args.frames,
-        args.ode_solver,
-    )
+    settings = flags.sampler()
     window = None if args.sde_type == "ode" else default_window(args.steps)
     seeds = [seed_for(args.seed, i) for i in range(len(prompts))]
     sources = None
@@ -169,7 +199,9 @@ def cmd_prepare_shapes_edits(args) -> None:
 
 def cmd_config(args) -> None:
     from diffusion_rl.config import Config, load
-    from diffusion_rl.config_io import describe, describe_markdown, redact_secrets, to_yaml
+    from diffusion_rl.config_io.reference import describe, describe_markdown
+    from diffusion_rl.config_io.secrets import redact_secrets
+    from diffusion_rl.config_io.yaml_files import to_yaml
 
     if args.action == "show":  # secrets (an inline api_key) show as ***redacted***, as in a run's config.yaml
         print(to_yaml(redact_secrets(load(args.config, args.overrides))), end="")

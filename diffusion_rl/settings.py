@@ -1,20 +1,60 @@
 """What every settings dataclass is made of: fields with a one-line help text, and checks that name the key.
 
-A leaf module: the config tree (config.py) and the settings that live next to the code they configure (a loss's
-settings next to the loss) both build on it, so neither has to import the other.
+A leaf module: the config tree (diffusion_rl/config/) and the settings that live next to the code they configure (a
+loss's settings next to the loss) both build on it, so neither has to import the other.
 """
 
 from __future__ import annotations
 
-from dataclasses import field
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
+# the largest sizes and counts a config may ask for: far above any real run, low enough that a typo (an extra zero,
+# a value in the wrong key) is refused at load instead of allocating until the machine gives up
+MAX_PIXELS = 8192  # a side of an image
+MAX_FRAMES = 1025  # frames of a video sample
+MAX_STEPS = 1000  # denoising steps
+MAX_GROUP = 1024  # samples of one prompt
+MAX_BATCH = 4096  # prompts, rows or chunks of one step
+MAX_COUNT = 100_000_000  # training steps and intervals counted in them
+MAX_SECONDS = 10_000_000  # timeouts (~16 weeks)
 
-def opt(default: Any, help: str, *, factory: bool = False):
-    """A settings field with its help text (`factory` for mutable defaults)."""
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a size, count or rate may take: lo ≤ x ≤ hi (lo < x with `lo_open`), always finite. The loader
+    refuses any other value in one line naming the key and this range (config_io/convert.py); the reference shows it."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+
+    def __contains__(self, value: Any) -> bool:
+        if isinstance(value, dict):
+            return all(v in self for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return all(v in self for v in value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return True  # not a number (null, a name): the type check's business
+        if not math.isfinite(value):
+            return False
+        return (value > self.lo if self.lo_open else value >= self.lo) and value <= self.hi
+
+    def __str__(self) -> str:
+        return f"{'(' if self.lo_open else '['}{_number(self.lo)}, {_number(self.hi)}]"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:g}"
+
+
+def opt(default: Any, help: str, *, factory: bool = False, within: Range | None = None):
+    """A settings field with its help text (`factory` for mutable defaults) and, for a number, its allowed range."""
+    metadata = {"help": help} if within is None else {"help": help, "within": within}
     if factory:
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def check(condition: bool, message: str) -> None:

@@ -59,6 +59,16 @@ def test_sample_rejects_n_below_one(tiny_model_dir, capsys):
     assert "--n must be ≥ 1" in _one_error_line(capsys)
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--guidance", "0.5"], "--guidance must be ≥ 1"), (["--frames", "0"], "--frames must be ≥ 1")],
+)
+def test_sample_checks_its_flags_as_eval_does(tiny_model_dir, capsys, flags, message):
+    """`sample` and `eval` share one check of the sampler flags (EvalSettings), before any model loads."""
+    assert main(["sample", "--model", str(tiny_model_dir), "--prompt", "a", *flags]) == 2
+    assert message in _one_error_line(capsys)
+
+
 def test_sample_rejects_a_size_the_model_cannot_make(tiny_model_dir, capsys):
     argv = ["sample", "--model", str(tiny_model_dir), "--prompt", "a", *FAST_SAMPLE, "--height", "36"]
     assert main(argv) == 2
@@ -97,7 +107,7 @@ def test_config_reference_lists_every_key(capsys):
 def test_docs_config_md_is_the_current_markdown_reference(capsys):
     assert main(["config", "reference", "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert "| `train.lr` | float |" in out and "### `model.lora`" in out
+    assert "| `train.lr` | float in (0, 1000000] |" in out and "### `model.lora`" in out
     documented = (Path(__file__).resolve().parents[1] / "docs/config.md").read_text()
     assert documented == out, "docs/config.md is stale: diffusion-rl config reference --markdown > docs/config.md"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from diffusion_rl.config import load
-from diffusion_rl.config_io import to_yaml
+from diffusion_rl.config_io.yaml_files import to_yaml
 from diffusion_rl.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +103,20 @@ def test_offline_dpo_may_train_without_a_reward():
     overrides = ["algorithm.loss=dpo", "sampling.sde_type=ode", "data.sample_source=offline", "data.pairs=p.jsonl"]
     cfg = load(QUICKSTART, [*overrides, "rewards=[]"])
     assert cfg.rewards == []
+
+
+@pytest.mark.parametrize("key", ["dpo_beta", "nft_beta", "kl_mask_threshold", "clip_range", "weighting"])
+def test_the_hint_for_an_old_algorithm_key_names_a_section_that_has_it(key):
+    """An old top-level algorithm key points to where it lives now; the example it gives is a key that loads (the
+    hint once said algorithm.flow_grpo.dpo_beta, which does not exist)."""
+    import re
+
+    from diffusion_rl.config.algorithm import losses_with_key
+
+    with pytest.raises(UserError, match=rf"'algorithm.{key}' moved into the loss's own section") as error:
+        load(QUICKSTART, [f"algorithm.{key}=1"])
+    loss = re.search(rf"e\.g\. algorithm\.(\w+)\.{key}\)", str(error.value)).group(1)
+    assert loss in losses_with_key(key) and f"a key of {' and '.join(losses_with_key(key))}" in str(error.value)
+    ode = ["sampling.sde_type=ode"] if loss in ("dpo", "nft", "awm") else []
+    default = getattr(load(None, [f"algorithm.loss={loss}", *ode]).algorithm.settings, key)
+    load(None, [f"algorithm.loss={loss}", *ode, f"algorithm.{loss}.{key}={default}"])

@@ -9,15 +9,9 @@ from typing import Any, Literal
 import pytest
 import yaml
 
-from diffusion_rl.config_io import (
-    apply_overrides,
-    describe,
-    field_help,
-    from_dict,
-    load_config,
-    to_dict,
-    to_yaml,
-)
+from diffusion_rl.config_io.convert import from_dict, to_dict
+from diffusion_rl.config_io.reference import describe, field_help
+from diffusion_rl.config_io.yaml_files import apply_overrides, load_config, to_yaml
 from diffusion_rl.errors import UserError
 
 
@@ -335,7 +329,7 @@ def test_init_false_fields_are_not_config_keys():
 
 
 def test_a_config_file_extends_its_base_file(tmp_path):
-    from diffusion_rl.config_io import read_yaml_config
+    from diffusion_rl.config_io.yaml_files import read_yaml_config
 
     (tmp_path / "base.yaml").write_text("a: 1\nsection:\n  x: 1\n  y: 2\nitems: [1, 2]\n")
     (tmp_path / "sub").mkdir()
@@ -344,7 +338,7 @@ def test_a_config_file_extends_its_base_file(tmp_path):
 
 
 def test_a_cycle_of_base_files_is_an_error(tmp_path):
-    from diffusion_rl.config_io import read_yaml_config
+    from diffusion_rl.config_io.yaml_files import read_yaml_config
 
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
@@ -356,7 +350,7 @@ def test_a_cycle_of_base_files_is_an_error(tmp_path):
 
 
 def test_redact_secrets_replaces_secret_named_values_at_any_depth():
-    from diffusion_rl.config_io import REDACTED, redact_secrets, without_redacted
+    from diffusion_rl.config_io.secrets import REDACTED, redact_secrets, without_redacted
 
     kwargs = {
         "api_key": "sk-1",
@@ -393,7 +387,7 @@ def test_redact_secrets_replaces_secret_named_values_at_any_depth():
 
 def test_a_redacted_config_loads_back(tmp_path):
     from diffusion_rl.config import Config
-    from diffusion_rl.config_io import REDACTED, redact_secrets
+    from diffusion_rl.config_io.secrets import REDACTED, redact_secrets
 
     cfg = load_config(Config, None, ["rewards=[{name: vlm, kwargs: {base_url: 'http://x', api_key: sk-1}}]"])
     path = tmp_path / "config.yaml"

@@ -60,3 +60,20 @@ def test_a_layer_never_imports_the_layers_above_it(layer):
 def test_checkpoint_paths_is_a_leaf():
     imported = {m for _, m in _imports(PACKAGE / "checkpoint" / "paths.py")}
     assert imported <= {"diffusion_rl.errors", "diffusion_rl.errors.UserError"}, imported
+
+
+def test_no_file_in_the_package_is_over_600_lines():
+    """Small files with one job: a module past 600 lines is split by what it does (docs/architecture.md)."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > 600:
+            long.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines")
+    assert not long, "over 600 lines:\n" + "\n".join(long)
+
+
+def test_config_io_is_a_leaf():
+    """The loader works for any dataclass tree (the run config, pretraining's, a loss's settings): it imports only
+    itself and diffusion_rl.errors, so loading a config never pulls in the sections' dependencies."""
+    imported = {m for path in (PACKAGE / "config_io").rglob("*.py") for _, m in _imports(path)}
+    assert all(m.startswith(("diffusion_rl.config_io.", "diffusion_rl.errors")) for m in imported), imported

@@ -23,10 +23,13 @@ from tensordict import tensorclass
 
 from diffusion_rl.algorithms.advantages import AdvantageResult, group_advantages
 from diffusion_rl.registry import Registry
+from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
+    from diffusion_rl.config.algorithm import AlgorithmConfig
+    from diffusion_rl.config.sampling import SamplingConfig, TreePruneConfig
 
 DEFAULT_POLICY = "default"  # the trained policy's name among the model's named policies
 
@@ -71,8 +74,8 @@ class LossOutput:
 class LossSettings:
     """Base of every loss's settings dataclass (its `algorithm.<loss>` config section)."""
 
-    def check_config(self, config: Config) -> None:
-        """Refuse settings elsewhere in the config that this loss cannot work with (ValueError)."""
+    def check_config(self, algorithm: AlgorithmConfig, sampling: SamplingConfig) -> None:
+        """Refuse settings of the algorithm and sampling sections that this loss cannot work with (ValueError)."""
 
 
 def pad_units(units, size: int):
@@ -99,16 +102,28 @@ class Algorithm(ABC):
     family: ClassVar[str]  # "policy_gradient" or "direct_preference": docs and error messages only
     rollout_policy: ClassVar[str] = DEFAULT_POLICY  # the named policy that samples training rollouts
 
-    def __init__(self, config: Config, spec: LossSpec):
-        self.config = config
-        self.seed = config.run.seed
-        self.settings = config.algorithm.settings  # this loss's section
+    def __init__(self, section: AlgorithmConfig, spec: LossSpec, *, seed: int, sampler: SamplerSettings,
+                 reward_weights: dict[str, float], micro_batch_size: int, num_minibatches: int = 1,
+                 ppo_epochs: int = 1, tree_prune: TreePruneConfig | None = None):  # fmt: skip
+        """`section`: the config's `algorithm` section; the rest is what an algorithm needs from outside it: the
+        run seed, the training rollouts' sampler, the rewards' weights by metric name, the update's sizes and the
+        tree rollouts' pruning (`make_algorithm` reads them from the config)."""
+        self.section = section
+        self.settings = section.settings  # this loss's section, algorithm.<loss>
+        self.seed = seed
+        self.sampler = sampler
+        self.reward_weights = dict(reward_weights)
+        self.micro_batch_size = micro_batch_size
+        self.num_minibatches = num_minibatches
+        self.ppo_epochs = ppo_epochs
+        self.tree_prune = tree_prune
         self.loss_fn = spec.fn
         self.model = None
 
     @classmethod  # noqa: B027  (an optional hook: most families accept any config)
-    def check_config(cls, config: Config) -> None:
-        """Refuse config values this family cannot work with (ValueError naming the key)."""
+    def check_config(cls, algorithm: AlgorithmConfig, sampling: SamplingConfig, sample_source: str) -> None:
+        """Refuse values of the algorithm and sampling sections (and data.sample_source) this family cannot work
+        with (ValueError naming the key)."""
 
     # -- driver side ------------------------------------------------------------------------------------------
     def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
@@ -118,8 +133,7 @@ class Algorithm(ABC):
         return Targets(advantages=result.advantages, batch_size=[len(group_index)]), result.metrics
 
     def advantages(self, scored, group_index: torch.Tensor) -> AdvantageResult:
-        weights = {spec.metric_name: spec.weight for spec in self.config.rewards}
-        return group_advantages(scored, group_index, self.config.algorithm.advantage, weights)
+        return group_advantages(scored, group_index, self.section.advantage, self.reward_weights)
 
     # -- worker side ------------------------------------------------------------------------------------------
     def attach(self, model) -> None:
@@ -143,7 +157,7 @@ class Algorithm(ABC):
     @property
     def micro_size(self) -> int:
         """Units per forward/backward."""
-        return self.config.train.micro_batch_size
+        return self.micro_batch_size
 
     def chunks(self, units) -> int:
         """Backward passes per micro-batch (trained steps or timesteps, one at a time: flat activation memory)."""
@@ -192,6 +206,17 @@ def register_loss(name: str, *, settings: type, algorithm: type[Algorithm], sde_
 
 
 def make_algorithm(config: Config) -> Algorithm:
-    """The algorithm of `config.algorithm.loss` (not attached to a model yet)."""
-    spec = LOSSES.get(config.algorithm.loss)
-    return spec.algorithm(config, spec)
+    """The algorithm of `config.algorithm.loss` (not attached to a model yet), given its section and what it needs
+    from the others."""
+    spec, t = LOSSES.get(config.algorithm.loss), config.train
+    return spec.algorithm(
+        config.algorithm,
+        spec,
+        seed=config.run.seed,
+        sampler=SamplerSettings.of(config.sampling),
+        reward_weights={r.metric_name: r.weight for r in config.rewards},
+        micro_batch_size=t.micro_batch_size,
+        num_minibatches=t.num_minibatches,
+        ppo_epochs=t.ppo_epochs,
+        tree_prune=None if config.sampling.tree is None else config.sampling.tree.prune,
+    )

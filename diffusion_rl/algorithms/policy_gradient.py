@@ -25,7 +25,7 @@ from diffusion_rl.algorithms.base import Algorithm, LossOutput, Targets, TrainBa
 from diffusion_rl.algorithms.losses.base import PolicyLossInput
 from diffusion_rl.algorithms.rollout_correction import correction_weights
 from diffusion_rl.algorithms.tree_credit import tree_credit
-from diffusion_rl.sampling.rollout import SamplerSettings, recompute_step
+from diffusion_rl.sampling.rollout import recompute_step
 from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import check
 from diffusion_rl.utils.seeding import make_generator
@@ -67,22 +67,21 @@ class PolicyGradient(Algorithm):
     family = "policy_gradient"
 
     @classmethod
-    def check_config(cls, config) -> None:
+    def check_config(cls, algorithm, sampling, sample_source) -> None:
         check(
-            config.sampling.sde_type != "ode",
+            sampling.sde_type != "ode",
             "sampling.sde_type=ode has no per-step log-probs for a policy-gradient loss; use sde, cps or dance_sde "
             "(or a direct-preference loss: dpo, nft, awm)",
         )
         check(
-            config.data.sample_source == "online",
+            sample_source == "online",
             "data.sample_source=offline trains algorithm.loss=dpo only (offline pairs have no per-step log-probs)",
         )
 
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.sampler = SamplerSettings.of(config.sampling)
+    def __init__(self, section, spec, **context):
+        super().__init__(section, spec, **context)
         self.tree = self.sampler.tree
-        self.correction = config.algorithm.rollout_correction
+        self.correction = section.rollout_correction
         self.kl_beta = self.settings.kl_beta
 
     def attach(self, model) -> None:
@@ -95,7 +94,7 @@ class PolicyGradient(Algorithm):
         [B, D + 1] (algorithms/tree_credit.py)."""
         if self.tree is None:
             return super().prepare(scored, group_index)
-        a, prune = self.config.algorithm.advantage, self.config.sampling.tree.prune
+        a, prune = self.section.advantage, self.tree_prune
         credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, global_std=a.global_std,
                              std_ddof=a.std_ddof, eps=a.eps, normalize_by_std=a.normalize_by_std,
                              depths=prune.depths, leaves=prune.leaves)  # fmt: skip
@@ -104,7 +103,7 @@ class PolicyGradient(Algorithm):
         return targets, credit.metrics
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[PolicyGradientUnits, dict[str, float]]:
-        alg, traj = self.config.algorithm, batch.traj
+        alg, traj = self.section, batch.traj
         columns = trained_columns(
             traj.ids.sample_index, traj.window_size, alg.timestep_fraction, alg.timestep_selection, self.seed, step
         ).to(traj.device)

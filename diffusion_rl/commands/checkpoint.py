@@ -3,18 +3,21 @@
 Before the one format (checkpoint/state.py), the local engine wrote `policy_<name>.safetensors` and
 `trainer_state.pt` (optimizer, LR schedule, EMA, counters), the Ray engine `dcp/` (policies, optimizer, EMA,
 sharded) and a `trainer_state.pt` without the optimizer; both a `run_state.pt` (step, data order, RNG). Every file
-is read without running code from it (weights_only). The model is rebuilt from the checkpoint's config.yaml on the
-CPU (`--model` points at the base model when it has moved), the old state loaded into it and written anew; the
-directory is replaced only once the new one is complete.
+is read without running code from it (weights_only). The checkpoint's config.yaml is brought to today's keys first
+(the loss settings that sat in `algorithm` move into its section `algorithm.<loss>`; `algorithm.family` goes); the
+model is rebuilt from it on the CPU (`--model` points at the base model when it has moved), the old state loaded
+into it and written anew with the converted config; the directory is replaced only once the new one is complete.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -56,9 +59,50 @@ def _load_plain(path: Path) -> dict:
         raise UserError(f"{path}: cannot be read as plain data ({type(e).__name__}: {e})") from None
 
 
+def migrate_config(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A config of the earlier formats (as its config.yaml holds it) with today's keys, and what changed: each loss
+    setting that sat in `algorithm` moves into the selected loss's section when that loss has it (a setting of
+    another loss, never read by the run, and `algorithm.family`, which the loss now implies, are dropped)."""
+    from diffusion_rl.config.algorithm import OLD_LOSS_KEYS, losses_with_key
+
+    data = copy.deepcopy(data)
+    algorithm = data.get("algorithm")
+    if not isinstance(algorithm, dict):
+        return data, []
+    loss, changes = algorithm.get("loss", "flow_grpo"), []
+    if algorithm.pop("family", None) is not None:
+        changes.append("algorithm.family dropped (algorithm.loss implies it)")
+    for key in [k for k in OLD_LOSS_KEYS if k in algorithm]:
+        value = algorithm.pop(key)
+        if value is not None and loss in losses_with_key(key):  # null: the loss's default, which its section has
+            section = algorithm.setdefault(loss, {})
+            section.setdefault(key, value)
+            changes.append(f"algorithm.{key} → algorithm.{loss}.{key}")
+        else:
+            changes.append(f"algorithm.{key} dropped ({'null' if value is None else f'not a key of {loss}'})")
+    return data, changes
+
+
+def _upgraded_config(directory: Path):
+    """The checkpoint's config.yaml, migrated and built (a UserError naming the file when it does not load)."""
+    from diffusion_rl.config import Config
+    from diffusion_rl.config_io.convert import from_dict
+    from diffusion_rl.config_io.yaml_files import read_yaml_config
+
+    data, changes = migrate_config(read_yaml_config(directory / CONFIG_FILE))
+    try:
+        cfg = from_dict(Config, data)
+    except UserError as e:
+        raise UserError(f"{directory / CONFIG_FILE}: {e}") from None
+    for change in changes:
+        logger.info("%s: %s", directory / CONFIG_FILE, change)
+    return cfg
+
+
 def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) -> Path:
     """Rewrite the checkpoint `directory` (a step_NNNNNN folder) in the current format, in place."""
-    from diffusion_rl.checkpoint.weights import checkpoint_config
+    from diffusion_rl.config_io.secrets import redact_secrets
+    from diffusion_rl.config_io.yaml_files import to_yaml
     from diffusion_rl.engine.worker import PolicyWorker
 
     directory = Path(directory).resolve()
@@ -68,10 +112,10 @@ def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) ->
     missing = [n for n in (OLD_TRAINER_STATE, OLD_RUN_STATE, CONFIG_FILE) if not (directory / n).is_file()]
     if missing:
         raise UserError(f"{directory} is not a checkpoint of an earlier diffusion-rl format: no {', '.join(missing)}")
-    cfg = checkpoint_config(directory)
+    saved = _upgraded_config(directory)
     model = {"device": "cpu", "create_tiny_if_missing": None, **({"path": model_path} if model_path else {})}
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
-    cfg.engine.kind = "local"
+    cfg = dataclasses.replace(saved, model=dataclasses.replace(saved.model, **model), engine=copy.copy(saved.engine))
+    cfg.engine.kind = "local"  # the saved config keeps its own engine
     worker = PolicyWorker(cfg)
     trainer_state = _load_plain(directory / OLD_TRAINER_STATE)
     run_state = _load_plain(directory / OLD_RUN_STATE)
@@ -88,7 +132,7 @@ def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) ->
         engine_state = worker.save(tmp)
         state = {"step": run_state["step"], "sampler": run_state["sampler"], "rng": run_state["rng"]}
         write_state(tmp, {**state, "engine": engine_state})
-        shutil.copy2(directory / CONFIG_FILE, tmp / CONFIG_FILE)
+        (tmp / CONFIG_FILE).write_text(to_yaml(redact_secrets(saved)), encoding="utf-8")  # today's keys
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -66,10 +66,10 @@ def condition_sources(model, paths: list[str], height: int, width: int) -> list 
 def cmd_doctor(args) -> None:
     import torch
 
-    from diffusion_rl.config import LoraConfig, ModelConfig
+    from diffusion_rl.config.model import LoraConfig, ModelConfig
     from diffusion_rl.errors import UserError
     from diffusion_rl.models.doctor import dtype_of, estimate_memory, human_bytes, pipeline_components
-    from diffusion_rl.models.image_size import image_sizes, size_problem
+    from diffusion_rl.models.image_size import image_sizes, require_size
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
     from diffusion_rl.tracking.media import sample_sheet, save_sample
@@ -92,13 +92,7 @@ def cmd_doctor(args) -> None:
     native = image_sizes(model).native
     args.height = native if args.height is None else args.height
     args.width = native if args.width is None else args.width
-    problem = size_problem(model, args.height, args.width)
-    if problem:
-        raise UserError(f"--height/--width: {problem}")
-    try:
-        model.latent_shape(args.height, args.width, args.frames)
-    except ValueError as e:
-        raise UserError(f"--frames: {e}") from None
+    require_size(model, args.height, args.width, args.frames)
     sources = condition_sources(model, args.image, args.height, args.width)
     lines = [
         f"model      {args.model}",

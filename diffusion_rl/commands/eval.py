@@ -68,7 +68,7 @@ def register(subparsers) -> None:
 
 
 def _reward_choices(args: argparse.Namespace, first_config) -> list:
-    from diffusion_rl.config_io import without_redacted
+    from diffusion_rl.config_io.secrets import without_redacted
     from diffusion_rl.evaluation import RewardChoice
 
     if args.reward:
@@ -105,7 +105,7 @@ def _reward_choices(args: argparse.Namespace, first_config) -> list:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from diffusion_rl.checkpoint.weights import checkpoint_config
-    from diffusion_rl.config import LoraConfig, ModelConfig
+    from diffusion_rl.config.model import LoraConfig, ModelConfig
     from diffusion_rl.data.prompts import load_prompts
     from diffusion_rl.evaluation import EvalSettings, evaluate, resolve_targets
 

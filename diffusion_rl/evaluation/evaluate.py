@@ -38,12 +38,13 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.weights import checkpoint_config, load_trained_weights
-from diffusion_rl.config_io import redact_secrets
+from diffusion_rl.config_io.secrets import redact_secrets
 from diffusion_rl.data.condition_images import METADATA_KEY, fit_rows
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.errors import UserError
 from diffusion_rl.evaluation.summary import comparison_table, reward_stats
 from diffusion_rl.evaluation.targets import Target
+from diffusion_rl.models.image_size import require_size
 from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.rewards import RewardCombiner, RewardFailure, WeightedReward, make_reward
 from diffusion_rl.sampling.ode import ODE_SOLVERS
@@ -60,6 +61,9 @@ OUTPUT_FILES = ("metrics.json", "samples.jsonl", "compare.md", "compare.png", "c
 
 @dataclass(frozen=True)
 class EvalSettings:
+    """The sampling flags of `eval` (and `sample`, which checks its flags with it): one UserError naming the flag
+    for a value that cannot work."""
+
     n: int = 4  # samples per prompt (K)
     num_steps: int = 20
     guidance: float = 4.5
@@ -339,10 +343,7 @@ def evaluate(
     names = [r.metric_name for r in rewards]
     # base first, then checkpoints grouped by LoRA settings: the fewest model loads; the table keeps the given order
     order = sorted(targets, key=lambda t: (not t.is_base, str(slot_key_hint(t))))
-    try:
-        slot.get(order[0]).latent_shape(settings.height, settings.width, settings.frames)
-    except ValueError as e:  # a size the model cannot make is the user's to fix
-        raise UserError(f"--height/--width/--frames: {e}") from None
+    require_size(slot.get(order[0]), settings.height, settings.width, settings.frames)  # the user's to fix
     columns: dict[str, dict[str, Any]] = {}
     sheets: dict[str, np.ndarray] = {}
     all_scores: dict[str, dict[str, np.ndarray]] = {}

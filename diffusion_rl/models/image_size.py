@@ -85,3 +85,17 @@ def size_problem(model, height: int, width: int, keys: tuple[str, str] = ("--hei
             f"({sizes.why_largest}); {suggestion}"
         )
     return None
+
+
+def require_size(model, height: int, width: int, frames: int = 1) -> None:
+    """A UserError naming the command-line flags when `model` cannot sample height × width pixels (`size_problem`,
+    with a size that works) or `frames` frames (its family's own rule, e.g. Wan's 4k + 1)."""
+    from diffusion_rl.errors import UserError
+
+    problem = size_problem(model, height, width)
+    if problem:
+        raise UserError(f"--height/--width: {problem}")
+    try:
+        model.latent_shape(height, width, frames)
+    except ValueError as e:
+        raise UserError(f"--frames: {e}") from None

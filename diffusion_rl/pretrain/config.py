@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.config_io import load_config
+from diffusion_rl.config_io.yaml_files import load_config
 from diffusion_rl.settings import check, opt
 
 

@@ -22,10 +22,10 @@ def test_workers_must_split_the_batch_into_whole_minibatch_shards(make_config):
 def test_ray_engine_settings_are_checked(make_config):
     with pytest.raises(UserError, match="engine.address='localhost'"):
         make_config("engine.address=localhost")
-    with pytest.raises(UserError, match="engine.num_workers must be ≥ 1"):
+    with pytest.raises(UserError, match=r"'engine.num_workers' must be in \[1, 4096\], got 0"):
         make_config("engine.num_workers=0")
     assert make_config("engine.kind=ray", "algorithm.loss=dpo", "sampling.sde_type=ode").engine.kind == "ray"
-    with pytest.raises(UserError, match="actors must be ≥ 0"):
+    with pytest.raises(UserError, match=r"'rewards.0.actors' must be in \[0, 1024\], got -1"):
         make_config("rewards.0.actors=-1")
 
 
@@ -35,7 +35,7 @@ def test_separate_rollout_settings_are_checked_and_stale_rows_turn_on_decoupled_
         make_config("engine.rollout=separate")
     with pytest.raises(UserError, match="engine.max_staleness and engine.sync_every are for engine.rollout=separate"):
         make_config("engine.kind=ray", "engine.max_staleness=1")
-    with pytest.raises(UserError, match="engine.rollout_workers must be ≥ 1"):
+    with pytest.raises(UserError, match=r"'engine.rollout_workers' must be in \[1, 4096\], got 0"):
         make_config(*separate, "engine.rollout_workers=0")
     with pytest.raises(UserError, match="offline pairs .* train with engine.rollout=colocated"):
         make_config(*separate, "algorithm.loss=dpo", "data.sample_source=offline", "data.pairs=pairs.jsonl",

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.engine.parallel import Fsdp2Sharded
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.loader import load_model

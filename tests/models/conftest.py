@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.trainer.trainer import Trainer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusion_rl.config import ModelConfig
+from diffusion_rl.config.model import ModelConfig
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.attention import installed_backends
 from diffusion_rl.models.policies import REFERENCE

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.models.loader import load_model
 
 

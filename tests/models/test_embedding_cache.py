@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.errors import UserError
 from diffusion_rl.models import embedding_cache
 from diffusion_rl.models.embedding_cache import EmbeddingCache, cache_key, use_embedding_cache

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.models.base import images_to_uint8, uint8_to_images
 from diffusion_rl.models.loader import load_model
 

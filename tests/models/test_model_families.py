@@ -169,7 +169,7 @@ def test_each_distinct_prompt_is_encoded_once(family_dirs, load, name):
 
 @pytest.mark.parametrize("name", ["flux", "qwen_image"])
 def test_user_lora_targets_replace_the_preset(family_dirs, name):
-    from diffusion_rl.config import LoraConfig, ModelConfig
+    from diffusion_rl.config.model import LoraConfig, ModelConfig
     from diffusion_rl.errors import UserError
     from diffusion_rl.models.loader import load_model
 
@@ -195,7 +195,7 @@ def test_family_presets_cover_both_streams_and_their_mlps(family_dirs, load):
 
 
 def test_explicit_family_that_disagrees_with_model_index_is_an_error(flux_model_dir):
-    from diffusion_rl.config import ModelConfig
+    from diffusion_rl.config.model import ModelConfig
     from diffusion_rl.errors import UserError
     from diffusion_rl.models.loader import load_model
 

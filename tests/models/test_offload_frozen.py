@@ -104,7 +104,7 @@ def test_a_training_run_with_offload_gets_identical_rewards(make_config, tmp_pat
 
 
 def test_text_encoders_loaded_late_for_the_embedding_cache_also_live_on_the_cpu(tiny_model_dir, monkeypatch):
-    from diffusion_rl.config import ModelConfig
+    from diffusion_rl.config.model import ModelConfig
     from diffusion_rl.models.loader import load_model, load_text_encoders
 
     cfg = ModelConfig(path=str(tiny_model_dir), device=DEVICE, max_sequence_length=16, offload_frozen=True)

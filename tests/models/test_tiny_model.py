@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.tiny import build_tiny

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from diffusion_rl.cli import main
-from diffusion_rl.config import ModelConfig
+from diffusion_rl.config.model import ModelConfig
 from diffusion_rl.data.prompts import load_prompts
 from diffusion_rl.data.shapes import ShapesWorld
 from diffusion_rl.errors import UserError

@@ -178,7 +178,7 @@ def test_chunked_scoring_keeps_groups_whole(pixel_reward):
 
 
 def test_a_group_reward_in_ray_actors_is_refused_at_build_time():
-    from diffusion_rl.config import RewardSpec
+    from diffusion_rl.config.data import RewardSpec
     from diffusion_rl.errors import UserError
     from diffusion_rl.rewards.build import build_combiner
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.sampling.rollout import SamplerSettings, recompute_step, training_rollout
 from diffusion_rl.sampling.trajectory import SampleIds

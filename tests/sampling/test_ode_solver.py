@@ -11,7 +11,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.config import LoraConfig, ModelConfig, load
+from diffusion_rl.config import load
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.sampling.ode import OdeSolver

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, recompute_step, rollout
 from diffusion_rl.sampling.window import SdeWindow, default_window

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from diffusion_rl.cli import main
-from diffusion_rl.config_io import to_yaml
+from diffusion_rl.config_io.yaml_files import to_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusion_rl.config import LoraConfig, ModelConfig
+from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.models.loader import load_model
 
 BATCH = ("data.prompts_per_step=2", "data.group_size=4")  # a rollout of 8 rows

@@ -12,7 +12,7 @@ from diffusion_rl.algorithms import LOSSES, LossOutput, register_loss
 from diffusion_rl.algorithms.losses.base import PolicyLossInput, PolicyLossSettings
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.config import Config
-from diffusion_rl.config_io import field_help
+from diffusion_rl.config_io.reference import field_help
 from diffusion_rl.errors import UserError
 from diffusion_rl.settings import opt
 

@@ -76,12 +76,12 @@ class ClippedLossSettings(PolicyLossSettings):
         check(self.adv_clip_max > 0, f"adv_clip_max must be > 0, got {self.adv_clip_max}")
 
 
-def require_exact_anchor_means(config, loss: str, use: str) -> None:
+def require_exact_anchor_means(sampling, loss: str, use: str) -> None:
     """For a loss that reads the rollout's stored step means (`old_mean`) at the scale of the step's noise: bf16
     storage (sampling.latents_dtype) rounds them by ~2⁻⁹ of their size, which on-policy already moves `use` by
     about its threshold (measured on the tiny model); fp16's 2⁻¹² stays ~1 % of it."""
     check(
-        config.sampling.latents_dtype != "bf16",
+        sampling.latents_dtype != "bf16",
         f"algorithm.loss={loss} reads the rollout's stored step means ({use}): sampling.latents_dtype=bf16 rounds "
         "them enough to move it on-policy; use sampling.latents_dtype=fp16 (or fp32)",
     )

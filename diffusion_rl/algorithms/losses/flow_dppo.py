@@ -50,8 +50,8 @@ class FlowDppoSettings(PolicyLossSettings):
         super().__post_init__()
         check(self.kl_mask_threshold >= 0, f"kl_mask_threshold must be ≥ 0, got {self.kl_mask_threshold}")
 
-    def check_config(self, config) -> None:
-        require_exact_anchor_means(config, "flow_dppo", "its KL to the rollout step, against kl_mask_threshold")
+    def check_config(self, algorithm, sampling) -> None:
+        require_exact_anchor_means(sampling, "flow_dppo", "its KL to the rollout step, against kl_mask_threshold")
 
 
 @register_loss("flow_dppo", settings=FlowDppoSettings, algorithm=PolicyGradient, sde_only=True)

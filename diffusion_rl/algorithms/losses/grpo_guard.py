@@ -47,16 +47,16 @@ from diffusion_rl.settings import check, opt
 class GrpoGuardSettings(ClippedLossSettings):
     clip_range: float = opt(2e-6, "Clip range of the re-centred, rescaled ratio (GRPO-Guard's 2e-6).")
 
-    def check_config(self, config) -> None:
+    def check_config(self, algorithm, sampling) -> None:
         # s = mean(√dt)·mean(std) is over a micro-batch's rows; the update's k-th backward pass holds every row's
         # k-th trained step, which is one step for all rows only with `first`
         check(
-            config.algorithm.timestep_selection == "first",
+            algorithm.timestep_selection == "first",
             "algorithm.loss=grpo_guard needs algorithm.timestep_selection=first: its scale s = mean(√dt)·mean(std) "
             "over a micro-batch's rows assumes they are all at one step, and random trains a different subset of "
             "steps per sample",
         )
-        require_exact_anchor_means(config, "grpo_guard", "its drift term, against a clip range of 2e-6")
+        require_exact_anchor_means(sampling, "grpo_guard", "its drift term, against a clip range of 2e-6")
 
 
 @register_loss("grpo_guard", settings=GrpoGuardSettings, algorithm=PolicyGradient, sde_only=True)

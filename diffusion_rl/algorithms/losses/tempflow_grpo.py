@@ -59,10 +59,10 @@ class TempflowGrpoSettings(ClippedLossSettings):
         super().__post_init__()
         check(self.noise_weight_scale > 0, f"noise_weight_scale must be > 0, got {self.noise_weight_scale}")
 
-    def check_config(self, config) -> None:
+    def check_config(self, algorithm, sampling) -> None:
         if not self.require_branching:
             return
-        s = config.sampling
+        s = sampling
         why = " (or algorithm.tempflow_grpo.require_branching=false to train without branching)"
         check(
             s.share_initial_noise,

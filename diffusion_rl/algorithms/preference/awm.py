@@ -129,8 +129,8 @@ class AwmSettings(LossSettings):
         check(0 < self.timestep_fraction <= 1, f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         check(self.train_timesteps >= 1, f"train_timesteps must be ≥ 1, got {self.train_timesteps}")
 
-    def check_config(self, config) -> None:
-        candidates = int(config.sampling.num_steps * self.timestep_fraction) - 1
+    def check_config(self, algorithm, sampling) -> None:
+        candidates = int(sampling.num_steps * self.timestep_fraction) - 1
         check(
             self.train_timesteps <= candidates,
             f"algorithm.awm.train_timesteps={self.train_timesteps}: awm draws that many distinct steps from "
@@ -162,16 +162,16 @@ class Awm(ForwardProcess):
         return self.settings.train_timesteps
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[AwmUnits, dict[str, float]]:
-        t, s, traj = self.config.train, self.settings, batch.traj
-        B, M = traj.batch_size[0], t.num_minibatches
-        train_steps = int(self.config.sampling.num_steps * s.timestep_fraction)
+        s, traj = self.settings, batch.traj
+        B, M = traj.batch_size[0], self.num_minibatches
+        train_steps = int(self.sampler.num_steps * s.timestep_fraction)
         t_indices = torch.zeros(B, s.train_timesteps, dtype=torch.long)
         for m in range(M):
             generator = make_generator(self.seed, step, "awm_t", m)
             t_indices[minibatch_rows(B, M, m)] = awm_timestep_indices(s.train_timesteps, train_steps, generator)
         units = AwmUnits(traj=traj, advantages=batch.targets.advantages, t_indices=t_indices.to(traj.device),
                          weight=torch.ones(B, device=traj.device), batch_size=traj.batch_size)  # fmt: skip
-        if M * t.ppo_epochs > 1:  # later optimizer steps see changed weights: keep the sampling ones' log p̂
+        if M * self.ppo_epochs > 1:  # later optimizer steps see changed weights: keep the sampling ones' log p̂
             units.log_p_old = self._log_p_now(units, step)
         return units, {}
 
@@ -179,7 +179,7 @@ class Awm(ForwardProcess):
     def _log_p_now(self, units: AwmUnits, step: int) -> torch.Tensor:
         """[B, K] float64 log p̂ of every (row, chunk) under the current weights."""
         out = torch.zeros(units.batch_size[0], self.chunks(units), dtype=torch.float64)
-        M = self.config.train.num_minibatches
+        M = self.num_minibatches
         for m in range(M):
             for micro in minibatch_rows(units.batch_size[0], M, m).split(self.micro_size):
                 chunk = units[micro.to(units.device)]

@@ -81,27 +81,27 @@ class ForwardProcess(Algorithm):
     family = "direct_preference"
 
     @classmethod
-    def check_config(cls, config) -> None:
+    def check_config(cls, algorithm, sampling, sample_source) -> None:
         check(
-            config.sampling.window.kind == "all",
-            f"sampling.window.kind={config.sampling.window.kind} selects the steps a policy-gradient loss trains; "
-            f"algorithm.loss={config.algorithm.loss} trains on final latents: use window.kind=all "
+            sampling.window.kind == "all",
+            f"sampling.window.kind={sampling.window.kind} selects the steps a policy-gradient loss trains; "
+            f"algorithm.loss={algorithm.loss} trains on final latents: use window.kind=all "
             "(sde_type=ode for pure ODE sampling)",
         )
-        rc = config.algorithm.rollout_correction
+        rc = algorithm.rollout_correction
         check(
             rc.mode == "bypass" and rc.rs_stat is None,
             "algorithm.rollout_correction applies to the policy-gradient losses; leave it at its defaults",
         )
         check(
-            config.data.sample_source == "online" or config.algorithm.loss == "dpo",
-            f"data.sample_source=offline trains algorithm.loss=dpo only, got {config.algorithm.loss}",
+            sample_source == "online" or algorithm.loss == "dpo",
+            f"data.sample_source=offline trains algorithm.loss=dpo only, got {algorithm.loss}",
         )
 
     def attach(self, model) -> None:
         super().attach(model)
-        s = self.config.sampling
-        self.sigmas = model.sigma_schedule(s.num_steps, s.height, s.width, s.num_frames)  # [T + 1], σ_0 = 1, σ_T = 0
+        s = self.sampler
+        self.sigmas = model.sigma_schedule(s.num_steps, s.height, s.width, s.frames)  # [T + 1], σ_0 = 1, σ_T = 0
 
     def velocity(self, x_t: torch.Tensor, t_B: torch.Tensor, cond: TensorDict) -> torch.Tensor:
         return self.model.velocity(x_t, t_B, cond, 1.0)  # conditional prediction: guidance 1

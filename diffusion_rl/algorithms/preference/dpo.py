@@ -111,8 +111,8 @@ class Dpo(ForwardProcess):
     def attach(self, model) -> None:
         super().attach(model)
         model.policies.keep_reference()
-        s = self.config.sampling
-        self.sigmas_train = model.sigma_schedule(TRAIN_SCHEDULE_STEPS, s.height, s.width, s.num_frames)[:-1]  # [1000]
+        s = self.sampler
+        self.sigmas_train = model.sigma_schedule(TRAIN_SCHEDULE_STEPS, s.height, s.width, s.frames)[:-1]  # [1000]
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[PairUnits, dict[str, float]]:
         """The chosen rows whose rejected partner (same pair_id, role −1) is in this batch, each with its partner."""
@@ -138,7 +138,7 @@ class Dpo(ForwardProcess):
 
     @property
     def micro_size(self) -> int:
-        return max(1, self.config.train.micro_batch_size // 2)  # a pair is two forwards
+        return max(1, self.micro_batch_size // 2)  # a pair is two forwards
 
     def loss(self, units: PairUnits, k: int, at: UpdatePosition) -> LossOutput:
         chosen, rejected = units.chosen, units.rejected

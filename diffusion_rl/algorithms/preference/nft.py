@@ -162,7 +162,7 @@ class Nft(ForwardProcess):
             model.policies.keep_reference()
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[NftUnits, dict[str, float]]:
-        steps, fraction = self.config.sampling.num_steps, self.settings.timestep_fraction
+        steps, fraction = self.sampler.num_steps, self.settings.timestep_fraction
         traj = batch.traj
         indices = [
             nft_timestep_indices(steps, fraction, make_generator(self.seed, step, "nft_timesteps", int(i)))
@@ -175,7 +175,7 @@ class Nft(ForwardProcess):
         return units, {}
 
     def chunks(self, units: NftUnits) -> int:
-        return max(1, int(self.config.sampling.num_steps * self.settings.timestep_fraction))
+        return max(1, int(self.sampler.num_steps * self.settings.timestep_fraction))
 
     def loss(self, units: NftUnits, k: int, at: UpdatePosition) -> LossOutput:
         traj = units.traj

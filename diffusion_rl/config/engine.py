@@ -1,0 +1,169 @@
+"""The engine section: local or Ray, workers, FSDP2, separate rollout actors; and the checks that tie a Ray layout
+to the batch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from diffusion_rl.settings import MAX_COUNT, MAX_SECONDS, Range, check, opt
+
+if TYPE_CHECKING:
+    from diffusion_rl.config import Config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    kind: Literal["local", "ray"] = opt(
+        "local", "Where the work runs: local (this process) or ray (PolicyWorker actors, transformer FSDP2-sharded)."
+    )
+    num_threads: int | None = opt(
+        None,
+        "torch CPU threads of the trainer process (null = torch's default); Ray workers use cpus_per_worker.",
+        within=Range(1, 1024),
+    )
+    num_workers: int = opt(
+        2, "ray: PolicyWorker actors (one per GPU); each samples and trains on 1/N of the batch.", within=Range(1, 4096)
+    )
+    cpus_per_worker: float = opt(1.0, "ray: CPUs each worker reserves.", within=Range(0, 1024, lo_open=True))
+    gpus_per_worker: float = opt(
+        0.0, "ray: GPUs each worker reserves (1 on GPUs: NCCL; 0: CPU workers with gloo).", within=Range(0, 64)
+    )
+    address: str | None = opt(
+        None, "ray: null starts Ray here; auto joins this node's cluster (`ray start`); ray://host:10001 a remote one."
+    )
+    mixed_precision: Literal["none", "bf16"] = opt(
+        "none", "ray: FSDP2 mixed precision; bf16: bf16 compute and all-gathers, fp32 gradient reduction."
+    )
+    reshard_after_forward: bool = opt(
+        False,
+        "ray: FSDP2's ZeRO-3 schedule, the least memory: gather the weights for every forward and backward, reduce "
+        "gradients after every backward. false: gather once and reduce once per optimizer step (full weights and "
+        "gradients on each device during the update; far fewer collectives).",
+    )
+    fsdp_cpu_offload: bool = opt(
+        False,
+        "ray: memory saver: FSDP2's CPUOffloadPolicy; the transformer's shards, gradients and optimizer state live in "
+        "host memory and each block is copied to the device when gathered (slower steps, least device memory).",
+    )
+    collective_timeout_s: float = opt(
+        1800.0,
+        "ray: a collective waiting this long for a lost or hung worker fails (the run stops, no checkpoint).",
+        within=Range(0, MAX_SECONDS, lo_open=True),
+    )
+    start_timeout_s: float = opt(
+        300.0,
+        "ray: wait this long for the cluster to have the workers' CPUs and GPUs.",
+        within=Range(0, MAX_SECONDS, lo_open=True),
+    )
+    rollout: Literal["colocated", "separate"] = opt(
+        "colocated",
+        "ray: colocated: the workers sample and train in turn; separate: rollout_workers inference-only actors sample "
+        "while the num_workers trainers train, and get the new weights after each update (docs/distributed.md).",
+    )
+    rollout_workers: int = opt(
+        1, "separate: rollout actors (one device each); each samples 1/R of the batch.", within=Range(1, 4096)
+    )
+    cpus_per_rollout_worker: float = opt(
+        1.0, "separate: CPUs each rollout actor reserves.", within=Range(0, 1024, lo_open=True)
+    )
+    gpus_per_rollout_worker: float = opt(
+        0.0, "separate: GPUs each rollout actor reserves (0 or 1).", within=Range(0, 1)
+    )
+    rollout_dtype: Literal["fp32", "bf16", "fp16"] | None = opt(
+        None, "separate: the rollout actors' model dtype (null = model.dtype); rollout correction covers the gap."
+    )
+    weight_sync: Literal["object_store", "broadcast"] = opt(
+        "object_store",
+        "separate: how new weights reach the rollout actors: through Ray's object store, or a torch.distributed "
+        "broadcast from trainer rank 0 (NCCL on GPUs, gloo on CPUs). LoRA: only the adapter moves.",
+    )
+    sync_every: int = opt(
+        1, "separate: push the weights to the rollout actors after every this many steps.", within=Range(1, MAX_COUNT)
+    )
+    max_staleness: int = opt(
+        0,
+        "separate: rollouts of up to this many later steps are sampled while an update runs (0 = synchronous). Stale "
+        "rows go through algorithm.rollout_correction, which is then set to decoupled if it was bypass.",
+        within=Range(0, 1000),
+    )
+    max_failures: int = opt(
+        3,
+        "ray: worker deaths survived per run (fresh actors, resume from the latest checkpoint); then the run stops.",
+        within=Range(0, 1000),
+    )
+    trainer_resources: dict[str, float] = opt(
+        dict,
+        "ray: extra Ray resources each trainer reserves, e.g. {trainer_node: 1} to pin them.",
+        factory=True,
+        within=Range(0, 1_000_000),
+    )
+    rollout_resources: dict[str, float] = opt(
+        dict,
+        "separate: extra Ray resources each rollout actor reserves, e.g. {rollout_node: 1}.",
+        factory=True,
+        within=Range(0, 1_000_000),
+    )
+
+    def __post_init__(self):
+        check(
+            self.rollout == "separate" or (self.max_staleness == 0 and self.sync_every == 1),
+            "engine.max_staleness and engine.sync_every are for engine.rollout=separate (colocated workers always "
+            "sample with the newest weights)",
+        )
+        check(
+            self.rollout == "colocated" or self.kind == "ray",
+            "engine.rollout=separate runs rollout actors beside the trainers: it needs engine.kind=ray",
+        )
+        check(
+            self.kind == "ray" or not self.fsdp_cpu_offload,
+            "engine.fsdp_cpu_offload offloads the FSDP2 shards of the Ray engine's trainers: it needs engine.kind=ray "
+            "(the local engine does not shard; model.offload_frozen offloads its text encoders and VAE)",
+        )
+        check(
+            self.address is None or self.address == "auto" or self.address.startswith("ray://") or ":" in self.address,
+            f"engine.address={self.address!r}: use null (start Ray here), auto, ray://host:port or host:port",
+        )
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most updates a training row's sampling weights can be behind the trained ones (0: always on-policy)."""
+        return self.max_staleness + self.sync_every - 1 if self.rollout == "separate" else 0
+
+
+def check_engine(cfg: Config) -> None:
+    """engine.kind=ray splits the batch into equal contiguous shards whose mini-batches make up the global ones."""
+    e, batch, minibatches = cfg.engine, cfg.batch_size, cfg.train.num_minibatches
+    if e.kind != "ray":
+        return
+    check(
+        not cfg.model.offload_reference,
+        "model.offload_reference moves the local engine's reference copy; under engine.kind=ray that copy is "
+        "FSDP2-sharded: use engine.fsdp_cpu_offload=true to keep its shards (and the trained ones) on the CPU",
+    )
+    check(
+        e.rollout == "colocated" or cfg.data.sample_source == "online",
+        "engine.rollout=separate samples online rollouts; offline pairs (data.sample_source=offline) train with "
+        "engine.rollout=colocated",
+    )
+    rc = cfg.algorithm.rollout_correction
+    if e.staleness_bound > 0 and cfg.algorithm.spec.family == "policy_gradient" and rc.mode == "bypass":
+        # rows sampled by older weights: the PPO anchor is the current weights, the IS weight corrects the rest
+        logger.info(
+            "engine.max_staleness=%d, sync_every=%d: rows may be up to %d updates stale; "
+            "algorithm.rollout_correction.mode set to decoupled",
+            e.max_staleness,
+            e.sync_every,
+            e.staleness_bound,
+        )
+        rc.mode = "decoupled"
+    check(
+        batch % e.num_workers == 0 and (batch // e.num_workers) % minibatches == 0,
+        f"engine.num_workers={e.num_workers}: each worker trains on batch / num_workers rows, which must be a "
+        f"whole number divisible by train.num_minibatches={minibatches} (batch = data.prompts_per_step × "
+        f"data.group_size = {batch}, offline: 2 × data.prompts_per_step); pick num_workers dividing "
+        f"{batch // minibatches}",
+    )

@@ -1,0 +1,110 @@
+"""The model section: the weights to train, LoRA, precision, memory savers and kernels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from diffusion_rl.errors import did_you_mean
+from diffusion_rl.models.attention import backend_names
+from diffusion_rl.models.registry import load_families
+from diffusion_rl.settings import Range, check, opt
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = opt(True, "Train a LoRA adapter (peft) instead of the full transformer.")
+    rank: int = opt(32, "LoRA rank r.", within=Range(1, 4096))
+    alpha: int = opt(64, "LoRA alpha (scale = alpha / rank).", within=Range(1, 65536))
+    target_modules: list[str] = opt(list, "Module names to adapt; empty = the family's preset.", factory=True)
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt("models/tiny", "Local diffusers-format model directory.")
+    family: str = opt("auto", f"Model family ({', '.join(load_families().names())}); auto reads model_index.json.")
+    dtype: Literal["fp32", "bf16", "fp16"] = opt("fp32", "Weight dtype (SDE math is always fp32).")
+    device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
+    lora: LoraConfig = opt(LoraConfig, "LoRA settings.", factory=True)
+    gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    offload_frozen: bool = opt(
+        False,
+        "Memory saver: keep the frozen text encoders and VAE on the CPU, moving each to model.device only while it "
+        "encodes prompts or decodes/encodes images (a host-device copy per use; outputs unchanged).",
+    )
+    offload_reference: bool = opt(
+        False,
+        "Memory saver, full fine-tuning: keep the frozen reference copy (the KL term's, DPO's) on the CPU, moving it "
+        "to model.device only for its forward (a host-device copy of the transformer per reference forward). LoRA's "
+        "reference is the base with the adapter disabled: no copy to offload.",
+    )
+    max_sequence_length: int = opt(
+        256, "Text tokens per prompt (T5; Qwen-Image: the prompt after its template).", within=Range(1, 8192)
+    )
+    embedding_cache: str | None = opt(
+        None,
+        "Prompt-embedding cache: each distinct prompt and negative prompt of data.train/data.pairs and val.prompts "
+        "through the text encoders once, then the encoders are released (no device memory). null = off; auto = "
+        "<run.dir>/embedding_cache/; a folder: one file per model and text setting, filled on first use; a "
+        "*.safetensors file: read only, made by `diffusion-rl prepare embeddings` (docs/models.md).",
+    )
+    create_tiny_if_missing: str | None = opt(
+        None,
+        "Create the tiny model of this preset (base, small, …) at model.path when the directory does not exist; "
+        "of model.family (sd3 when auto).",
+    )
+    compile: bool = opt(
+        False,
+        "torch.compile the transformer for sampling (rollouts, validation; training passes stay eager): "
+        "minutes of compiling on first use, then faster steps (see benchmarks/RESULTS.md).",
+    )
+    compile_blocks: bool = opt(
+        False,
+        "Regional compilation: torch.compile each repeated transformer block in place, so training passes (recompute "
+        "forward and backward) and sampling both run compiled blocks; one block's compile time, not the network's "
+        "(replaces model.compile's whole-network compile; see benchmarks/RESULTS.md).",
+    )
+    attention_backend: str = opt(
+        "sdpa",
+        "Attention kernel of the transformer through diffusers' dispatcher: sdpa (as diffusers builds it), native, "
+        "_native_math, _native_flash, flash, _flash_3, sage, flex, xformers, … (`*_hub` ones are not offered); one "
+        "whose package is missing is refused at load, naming the installed ones (models/attention.py).",
+    )
+    autocast: Literal["none", "bf16"] = opt(
+        "none",
+        "Precision policy. bf16: the transformer forward runs under torch.autocast(bf16) while the weights, gradients "
+        "and optimizer state stay model.dtype (fp32 master weights); the SDE step and log-prob math stay fp32.",
+    )
+
+    def __post_init__(self):
+        check(
+            not (self.compile and self.compile_blocks),
+            "model.compile and model.compile_blocks are alternatives: compile_blocks already compiles sampling",
+        )
+        check(
+            self.autocast == "none" or self.dtype != "fp16",
+            f"model.autocast={self.autocast} with model.dtype=fp16 mixes two half types; use model.dtype fp32 "
+            "(fp32 master weights) or bf16",
+        )
+        check(
+            not (self.offload_reference and self.lora.enabled),
+            "model.offload_reference offloads full fine-tuning's reference copy; with model.lora.enabled the "
+            "reference is the base model with the adapter disabled, no copy: set model.offload_reference=false",
+        )
+        backends = backend_names()
+        check(
+            self.attention_backend in backends,
+            f"model.attention_backend '{self.attention_backend}' is not an attention backend"
+            f"{did_you_mean(self.attention_backend, backends)}; known: {', '.join(backends)}",
+        )
+        names = load_families().names()
+        check(
+            self.family == "auto" or self.family in names,
+            f"model.family '{self.family}' is not a model family{did_you_mean(self.family, names)}; known: auto, "
+            + ", ".join(names),
+        )
+
+    @property
+    def tiny_family(self) -> str:
+        """The family of the tiny model create_tiny_if_missing makes: model.family, or sd3 when auto."""
+        return "sd3" if self.family == "auto" else self.family

@@ -1,0 +1,95 @@
+"""The run, train and val sections: run identity and resume, optimisation, checkpoints, validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from diffusion_rl.config.data import RewardSpec
+from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, Range, check, opt
+
+if TYPE_CHECKING:
+    from diffusion_rl.config import Config
+    from diffusion_rl.config.sampling import SamplingConfig
+
+
+@dataclass
+class RunConfig:
+    dir: str = opt("runs/quickstart", "Run directory: checkpoints, metrics.jsonl, samples, TensorBoard logs.")
+    seed: int = opt(0, "Seed of every random draw (noise, data order, windows, timestep picks).")
+    resume: str = opt("auto", "auto (latest checkpoint in run.dir if any), never, or a checkpoint directory.")
+    name: str | None = opt(None, "Run name for trackers (default: the run directory's name).")
+    val_only: bool = opt(
+        False,
+        "Validate the resumed checkpoint (or the initial model) and exit without training: the grid and a JSON "
+        "of the numbers go to <run.dir>/samples/step_XXXXXX.{png,json}.",
+    )
+
+
+@dataclass
+class EmaConfig:
+    enabled: bool = opt(False, "Keep an EMA of the trained weights and validate with it.")
+    decay: float = opt(0.9, "EMA decay per update.", within=Range(0, 1))
+    update_every: int = opt(1, "Update the EMA every N optimizer steps.", within=Range(1, MAX_COUNT))
+
+
+@dataclass
+class TrainConfig:
+    total_steps: int = opt(60, "Training steps (one rollout + update each).", within=Range(0, MAX_COUNT))
+    lr: float = opt(1e-3, "AdamW learning rate.", within=Range(0, 1e6, lo_open=True))
+    betas: tuple[float, float] = opt((0.9, 0.999), "AdamW betas.", within=Range(0, 1))
+    weight_decay: float = opt(1e-4, "AdamW weight decay.", within=Range(0, 10))
+    adam_eps: float = opt(1e-8, "AdamW epsilon.", within=Range(0, 1, lo_open=True))
+    grad_clip: float = opt(1.0, "Clip the gradient norm to this (0 = off).", within=Range(0, 1e6))
+    warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.", within=Range(0, MAX_COUNT))
+    micro_batch_size: int = opt(
+        8, "Samples per forward/backward (gradient accumulation does the rest).", within=Range(1, MAX_BATCH)
+    )
+    num_minibatches: int = opt(1, "Optimizer steps per epoch over the rollout batch.", within=Range(1, MAX_BATCH))
+    ppo_epochs: int = opt(1, "Passes over the rollout batch per training step.", within=Range(1, 100))
+    ema: EmaConfig = opt(EmaConfig, "EMA of the trained weights.", factory=True)
+    save_every: int = opt(
+        20, "Checkpoint every N steps (and at the end); 0 = only at the end.", within=Range(0, MAX_COUNT)
+    )
+    keep_last: int = opt(2, "Checkpoints to keep (0 = all).", within=Range(0, 1_000_000))
+    max_consecutive_skips: int = opt(3, "Stop after this many consecutive non-finite updates.", within=Range(0, 1000))
+
+
+@dataclass
+class ValConfig:
+    every: int = opt(
+        10,
+        "Validate every N steps and after the last one (0 = never; val.before_train still validates step 0).",
+        within=Range(0, MAX_COUNT),
+    )
+    before_train: bool = opt(True, "Validate once before the first step.")
+    prompts: str | None = opt("configs/prompts/val.txt", "Validation prompts file (null = no validation).")
+    n: int = opt(2, "Samples per validation prompt.", within=Range(1, MAX_GROUP))
+    num_steps: int = opt(20, "ODE steps for validation samples.", within=Range(1, MAX_STEPS))
+    height: int | None = opt(
+        None,
+        "Height of validation samples in pixels (null = sampling.height): train small, validate at full size.",
+        within=Range(1, MAX_PIXELS),
+    )
+    width: int | None = opt(
+        None, "Width of validation samples in pixels (null = sampling.width).", within=Range(1, MAX_PIXELS)
+    )
+    ode_solver: Literal["euler", "dpm2", "ab2"] | None = opt(
+        None, "ODE solver of validation samples (null = sampling.ode_solver)."
+    )
+    guidance: float | None = opt(None, "CFG for validation (null = sampling.guidance).", within=Range(1, 100))
+    seed: int = opt(1234, "Seed of the validation noise (fixed across the run).")
+    rewards: list[RewardSpec] | None = opt(
+        None, "Rewards that score validation, e.g. a held-out scorer the run does not optimise (null = `rewards`)."
+    )
+
+    def size(self, sampling: SamplingConfig) -> tuple[int, int]:
+        """(height, width) of validation samples: val's own, else the rollouts'."""
+        return (self.height or sampling.height, self.width or sampling.width)
+
+
+def check_val(cfg: Config) -> None:
+    check(
+        not cfg.run.val_only or bool(cfg.val.prompts),
+        "run.val_only=true validates and exits, but val.prompts is null: set val.prompts to a prompt file",
+    )

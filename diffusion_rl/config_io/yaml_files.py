@@ -1,0 +1,190 @@
+"""YAML loading: config files (with their ``base`` files) and dotted command-line overrides → a dataclass tree.
+
+YAML is read with YAML 1.2 scalar rules rather than PyYAML's 1.1 defaults, because the 1.1 rules bite
+configs: ``1e-4`` would be a string, ``yes``/``no``/``on``/``off`` booleans, ``010`` octal, ``1:30`` an int
+and ``2024-01-01`` a date. Here those are a float and strings (``true``/``false`` are the booleans). Building and
+checking the tree is config_io/convert.py's.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import typing
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from diffusion_rl.config_io.convert import FLOAT_RE, INT_RE, ConfigError, T, from_dict, show, to_dict
+from diffusion_rl.errors import UserError
+
+# ---------------------------------------------------------------------------------------------------------------
+# YAML dialect
+
+_BOOL_RE = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_TAG = "tag:yaml.org,2002:"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 bool/int/float resolution and an error on duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == _TAG + "merge":  # '<<: *base' may legitimately repeat keys of the base
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_REPLACED_TAGS = tuple(_TAG + t for t in ("bool", "int", "float", "timestamp", "value"))
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _REPLACED_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_TAG + "bool", _BOOL_RE, list("tTfF"))
+_Loader.add_implicit_resolver(_TAG + "int", INT_RE, list("-+0123456789"))
+_Loader.add_implicit_resolver(_TAG + "float", FLOAT_RE, list("-+0123456789."))
+
+
+class _Dumper(yaml.SafeDumper):
+    """Quotes a string when either YAML 1.1 or 1.2 rules would read it as something else (e.g. 'yes', '1e-4')."""
+
+
+_Dumper.add_implicit_resolver(_TAG + "float", FLOAT_RE, list("-+0123456789."))
+_Dumper.add_representer(  # numbers on one line ('resolution: [512, 512]'), anything else one entry per line
+    list,
+    lambda dumper, data: dumper.represent_sequence(
+        _TAG + "seq", data, flow_style=all(isinstance(x, (int, float)) or x is None for x in data)
+    ),
+)
+
+
+def _yaml_load(text: str | typing.BinaryIO) -> Any:
+    return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Overrides and files
+
+_OVERRIDE_FORM = "expected dotted.key=value, e.g. train.lr=1e-4 or rewards.0.weight=2"
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``dotted.key=value`` set; values are parsed as YAML.
+
+    A key creates the sections it passes through when they are missing; a number addresses a list entry
+    (which must exist). A value replaces what was there, also for sections (``train={lr: 1}`` drops the rest).
+    Keys are not checked here: ``from_dict`` checks them against the schema afterwards.
+    """
+    result = copy.deepcopy(dict(data))
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise UserError(f"bad command-line override {override!r}: {_OVERRIDE_FORM}")
+        try:
+            value = _yaml_load(raw)
+        except yaml.YAMLError as e:
+            raise UserError(f"command-line override {override!r}: cannot parse the value as YAML ({e})") from None
+        node: Any = result
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            where = ".".join(parts[:depth]) or "top level"
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise UserError(
+                        f"command-line override {override!r}: '{where}' is a list of {len(node)} entries; "
+                        f"'{part}' is not a valid index (0..{len(node) - 1})"
+                    )
+                part = int(part)
+            elif not isinstance(node, dict):
+                raise UserError(
+                    f"command-line override {override!r}: '{where}' holds {show(node)}, not a section or list"
+                )
+            if last:
+                node[part] = value
+            else:
+                if isinstance(node, dict) and node.get(part) is None:
+                    node[part] = {}
+                node = node[part]
+    return result
+
+
+BASE_KEY = "base"  # a config file may start from another: `base: quickstart.yaml` (relative to the file)
+
+
+def read_yaml_config(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mapping in YAML file ``path``, merged over its ``base`` file (recursively; its keys win)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:  # bytes: PyYAML detects the encoding and reports bad bytes as YAMLError
+            data = _yaml_load(fh)
+    except FileNotFoundError:
+        raise UserError(f"config file not found: {path}") from None
+    except OSError as e:
+        raise UserError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise UserError(_yaml_error_message(path, e)) from None
+    if data is None:  # empty file
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level of a config file must be a mapping of keys, got {show(data)}")
+    base = data.pop(BASE_KEY, None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise UserError(f"{path}: '{BASE_KEY}' names another config file, got {show(base)}")
+    base_path = os.path.join(os.path.dirname(path), base)
+    if os.path.abspath(base_path) in _seen:
+        raise UserError(f"{path}: '{BASE_KEY}: {base}' makes a cycle of config files")
+    return _deep_merge(read_yaml_config(base_path, (*_seen, os.path.abspath(path))), data)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge key by key; anything else (lists too) replaces."""
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def load_config(cls: type[T], path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> T:
+    """Read YAML ``path`` (with its ``base`` files; nothing when None), apply ``overrides``, build ``cls``."""
+    data: Any = read_yaml_config(path) if path is not None else {}
+    data = apply_overrides(data, overrides)
+    try:
+        return from_dict(cls, data)
+    except ConfigError as e:
+        culprit = [o for o in overrides if _is_under(e.key, o.partition("=")[0].strip())]
+        if culprit:
+            raise UserError(f"command-line override {culprit[-1]!r}: {e}") from e
+        if path is not None:
+            raise UserError(f"{os.fspath(path)}: {e}") from e
+        raise
+
+
+def _is_under(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".")
+
+
+def _yaml_error_message(path: str, error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(error, "problem", None) or str(error)
+    context = getattr(error, "context", None)
+    detail = f"{problem} ({context})" if context else problem
+    return " ".join(f"YAML syntax error in {path}{where}: {detail}".split())  # one line: the CLI prints it as is
+
+
+def to_yaml(obj: Any) -> str:
+    """YAML text for a dataclass tree (or plain data), in field order, readable by ``load_config``."""
+    return yaml.dump(to_dict(obj), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
