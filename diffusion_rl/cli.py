@@ -261,7 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(_is_override(a) for a in extra):
+        args.overrides += extra  # dotted overrides after a command's flags: accepted anywhere
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging(args.verbose)
     try:
         args.fn(args)
@@ -279,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("the error in full:", exc_info=True)
         return 1
     return 0
+
+
+def _is_override(arg: str) -> bool:
+    return not arg.startswith("-") and "=" in arg
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from tensordict import tensorclass
 
-from diffusion_rl.algorithms.base import Algorithm, LossOutput, Targets, TrainBatch, UpdatePosition
+from diffusion_rl.algorithms.advantages import GroupNorm
+from diffusion_rl.algorithms.base import Algorithm, LossOutput, Targets, TrainBatch, UpdatePosition, loss_names
 from diffusion_rl.algorithms.losses.base import PolicyLossInput
 from diffusion_rl.algorithms.rollout_correction import correction_weights
 from diffusion_rl.algorithms.tree_credit import tree_credit
@@ -71,12 +72,20 @@ class PolicyGradient(Algorithm):
         check(
             config.sampling.sde_type != "ode",
             "sampling.sde_type=ode has no per-step log-probs for a policy-gradient loss; use sde, cps or dance_sde "
-            "(or a direct-preference loss: dpo, nft, awm)",
+            f"(or a direct-preference loss: {loss_names(family='direct_preference')})",
         )
         check(
             config.data.sample_source == "online",
-            "data.sample_source=offline trains algorithm.loss=dpo only (offline pairs have no per-step log-probs)",
+            f"data.sample_source=offline trains algorithm.loss={loss_names(offline=True)} only (offline pairs have no "
+            "per-step log-probs)",
         )
+
+    @classmethod
+    def trained_calls(cls, config) -> int:
+        """K = max(1, int(W · timestep_fraction)) of the window's W stochastic steps (module docstring)."""
+        w = config.sampling.window
+        window = config.sampling.num_steps - 1 if w.kind == "all" else w.size
+        return max(1, int(window * config.algorithm.timestep_fraction))
 
     def __init__(self, config, spec):
         super().__init__(config, spec)
@@ -95,10 +104,9 @@ class PolicyGradient(Algorithm):
         [B, D + 1] (algorithms/tree_credit.py)."""
         if self.tree is None:
             return super().prepare(scored, group_index)
-        a, prune = self.config.algorithm.advantage, self.config.sampling.tree.prune
-        credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, global_std=a.global_std,
-                             std_ddof=a.std_ddof, eps=a.eps, normalize_by_std=a.normalize_by_std,
-                             depths=prune.depths, leaves=prune.leaves)  # fmt: skip
+        norm, prune = GroupNorm.of(self.config.algorithm.advantage), self.config.sampling.tree.prune
+        credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, norm, depths=prune.depths,
+                             leaves=prune.leaves)  # fmt: skip
         targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights,
                           batch_size=[len(group_index)])  # fmt: skip
         return targets, credit.metrics
