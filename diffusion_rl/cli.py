@@ -218,10 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-ema", action="store_true", help="with --checkpoint: the trained weights even if an EMA exists")
     p.set_defaults(fn=cmd_sample)
 
+    from diffusion_rl.models.registry import FAMILIES
+
     p = sub.add_parser("init-tiny", help="write a tiny random-weight model of a model family to a directory")
-    p.add_argument(
-        "--family", default="sd3", help="the model family (sd3, flux, qwen_image, wan, qwen_image_edit, flux_kontext)"
-    )
+    p.add_argument("--family", default="sd3", help=f"the model family ({', '.join(FAMILIES.names())})")
     p.add_argument("dir")
     p.add_argument("--preset", default="base", help="the tiny model's size: base, small (each family's own list)")
     p.add_argument("--seed", type=int, default=0)

@@ -355,8 +355,8 @@ _LOSS_SETTING_KEYS = ("clip_range", "adv_clip_max", "kl_beta", "kl_mask_threshol
 class AlgorithmConfig:
     loss: str = opt(
         "flow_grpo",
-        "The algorithm, by its registered loss. Policy gradient on per-step SDE log-probs: flow_grpo, grpo_guard, "
-        "flow_dppo; direct preference on final latents: dpo, nft, awm. Its settings: the section algorithm.<loss>.",
+        "The algorithm, by its registered loss (policy gradient on per-step SDE log-probs, or direct preference on "
+        "final latents); every registered loss has its settings section algorithm.<loss>.",
     )
     timestep_fraction: float = opt(1.0, "Policy gradient: fraction of the window's steps trained per sample.")
     timestep_selection: Literal["first", "random"] = opt(
