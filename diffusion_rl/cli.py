@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.total_steps=10")
     p.set_defaults(fn=cmd_train)
 
+    from diffusion_rl.models.registry import FAMILIES
+    from diffusion_rl.sampling.ode import ODE_SOLVERS
+    from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
+
     p = sub.add_parser("sample", help="sample a labelled image grid")
     p.add_argument("--model", required=True, help="local diffusers model directory")
     p.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
@@ -203,9 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--image", action="append", default=[], help="condition image of an editing family (repeatable: several)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
+    p.add_argument("--sde-type", default="ode", choices=STEP_TYPE_NAMES)
     p.add_argument("--noise-level", type=float, default=0.7)
-    p.add_argument("--ode-solver", default="euler", choices=["euler", "dpm2", "ab2"], help="solver of the ODE steps")
+    p.add_argument("--ode-solver", default="euler", choices=list(ODE_SOLVERS), help="solver of the ODE steps")
     p.add_argument(
         "--max-sequence-length",
         type=int,
@@ -217,8 +221,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="apply a training checkpoint (step_NNNNNN or run directory)")
     p.add_argument("--no-ema", action="store_true", help="with --checkpoint: the trained weights even if an EMA exists")
     p.set_defaults(fn=cmd_sample)
-
-    from diffusion_rl.models.registry import FAMILIES
 
     p = sub.add_parser("init-tiny", help="write a tiny random-weight model of a model family to a directory")
     p.add_argument("--family", default="sd3", help=f"the model family ({', '.join(FAMILIES.names())})")

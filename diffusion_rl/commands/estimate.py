@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     p.add_argument("--gpus", type=int, default=None, help="devices (default: engine.num_workers for ray, else 1)")
     p.add_argument("--arch", default=None, help="a shipped architecture to use instead of the model directory")
     p.add_argument("--prompt-tokens", type=int, default=64,
-                   help="typical prompt length in tokens, for families that cut padding (Qwen-Image)")  # fmt: skip
+                   help="typical prompt length in tokens, for families that cut padding")  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak (cpu: needed)")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="override the device's memory bandwidth, GB/s")
     p.add_argument("--memory-gib", type=float, default=None, help="override the device's memory, GiB")
