@@ -78,18 +78,6 @@ def _error(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return row_mean((v.float() - target.float()).pow(2))
 
 
-# -- online pairs ----------------------------------------------------------------------------------------
-# Online preference pairs for Diffusion-DPO: one (best, worst) pair per group of samples of one prompt.
-#
-# Rules, per group (groups taken in order of first appearance in group_ids):
-# - failed samples (reward NaN or inf) are left out;
-# - chosen = the highest valid reward, the earliest index on ties; rejected = the lowest valid reward, the
-#   latest index on ties (so a group with distinct extremes never pairs a sample with itself);
-# - a group with fewer than 2 valid samples is skipped, and so is a group whose valid rewards are all equal.
-#   flow_grpo's and verl-omni's DPO scripts pair such all-tie groups too (argmax and argmin pick two samples of
-#   equal reward); we skip them: a pair with no preference only pushes the two samples' errors apart at random.
-
-
 @dataclass
 class PreferencePairs:
     chosen: torch.Tensor  # int64 [P]: batch index of each pair's chosen (higher-reward) sample
@@ -98,7 +86,14 @@ class PreferencePairs:
 
 
 def online_pairs(rewards: torch.Tensor, group_ids: torch.Tensor) -> PreferencePairs:
-    """Pairs from rewards [B] (NaN = failed) grouped by group_ids [B] (any integers, e.g. prompt indices).
+    """One (best, worst) pair per group of rewards [B] (NaN = failed) grouped by group_ids [B] (any integers, e.g.
+    prompt indices). Per group, in order of first appearance:
+    - failed samples (reward NaN or inf) are left out;
+    - chosen = the highest valid reward, the earliest index on ties; rejected = the lowest valid reward, the
+      latest index on ties (so a group with distinct extremes never pairs a sample with itself);
+    - a group with fewer than 2 valid samples is skipped, and so is a group whose valid rewards are all equal.
+      flow_grpo's and verl-omni's DPO scripts pair such all-tie groups too (argmax and argmin pick two samples of
+      equal reward); we skip them: a pair with no preference only pushes the two samples' errors apart at random.
 
     Metrics: pairs/count, pairs/groups, pairs/skipped_groups (= pairs/too_small_groups + pairs/tied_groups),
     pairs/failed_samples, pairs/reward_gap (mean chosen - rejected reward; 0 with no pair).
