@@ -141,8 +141,11 @@ class Algorithm(ABC):
 
     # -- worker side ------------------------------------------------------------------------------------------
     def attach(self, model) -> None:
-        """Take the model to train (before it is sharded): add the named policies this algorithm keeps."""
+        """Take the model to train (before it is sharded): add the named policies this algorithm keeps (the
+        frozen reference when `needs_reference`)."""
         self.model = model
+        if self.needs_reference(self.settings):
+            model.policies.keep_reference()
 
     @abstractmethod
     def begin(self, batch: TrainBatch, step: int) -> tuple[Any, dict[str, float]]:

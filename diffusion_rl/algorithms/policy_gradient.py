@@ -94,11 +94,6 @@ class PolicyGradient(Algorithm):
         self.correction = config.algorithm.rollout_correction
         self.kl_beta = self.settings.kl_beta
 
-    def attach(self, model) -> None:
-        super().attach(model)
-        if self.kl_beta > 0:
-            model.policies.keep_reference()
-
     def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
         """Flat rows: group-relative advantages [B]; tree rollouts: depth-wise advantages and step weights
         [B, D + 1] (algorithms/tree_credit.py)."""

@@ -196,8 +196,6 @@ class Awm(ForwardProcess):
 
     def attach(self, model) -> None:
         super().attach(model)
-        if self.settings.kl_beta > 0:
-            model.policies.keep_reference()
         if self.settings.ema_beta > 0:
             model.policies.add("ema")
 

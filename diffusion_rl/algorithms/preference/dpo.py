@@ -198,7 +198,6 @@ class Dpo(ForwardProcess):
 
     def attach(self, model) -> None:
         super().attach(model)
-        model.policies.keep_reference()
         s = self.config.sampling
         self.sigmas_train = model.sigma_schedule(TRAIN_SCHEDULE_STEPS, s.height, s.width, s.num_frames)[:-1]  # [1000]
 

@@ -207,8 +207,6 @@ class Nft(ForwardProcess):
     def attach(self, model) -> None:
         super().attach(model)
         model.policies.add("old")
-        if self.settings.kl_beta > 0:
-            model.policies.keep_reference()
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[NftUnits, dict[str, float]]:
         steps, fraction = self.config.sampling.num_steps, self.settings.timestep_fraction
