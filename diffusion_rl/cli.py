@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.total_steps=10")
     p.set_defaults(fn=cmd_train)
 
+    from diffusion_rl.models.registry import FAMILIES
+    from diffusion_rl.sampling.ode import ODE_SOLVERS
+    from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
+
     p = sub.add_parser("sample", help="sample a labelled image grid")
     p.add_argument("--model", required=True, help="local diffusers model directory")
     p.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
@@ -235,9 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--image", action="append", default=[], help="condition image of an editing family (repeatable: several)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
+    p.add_argument("--sde-type", default="ode", choices=STEP_TYPE_NAMES)
     p.add_argument("--noise-level", type=float, default=0.7)
-    p.add_argument("--ode-solver", default="euler", choices=["euler", "dpm2", "ab2"], help="solver of the ODE steps")
+    p.add_argument("--ode-solver", default="euler", choices=list(ODE_SOLVERS), help="solver of the ODE steps")
     p.add_argument(
         "--max-sequence-length",
         type=int,
@@ -251,9 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sample)
 
     p = sub.add_parser("init-tiny", help="write a tiny random-weight model of a model family to a directory")
-    p.add_argument(
-        "--family", default="sd3", help="the model family (sd3, flux, qwen_image, wan, qwen_image_edit, flux_kontext)"
-    )
+    p.add_argument("--family", default="sd3", help=f"the model family ({', '.join(FAMILIES.names())})")
     p.add_argument("dir")
     p.add_argument("--preset", default="base", help="the tiny model's size: base, small (each family's own list)")
     p.add_argument("--seed", type=int, default=0)
@@ -293,7 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(_is_override(a) for a in extra):
+        args.overrides += extra  # dotted overrides after a command's flags: accepted anywhere
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging(args.verbose)
     try:
         args.fn(args)
@@ -311,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("the error in full:", exc_info=True)
         return 1
     return 0
+
+
+def _is_override(arg: str) -> bool:
+    return not arg.startswith("-") and "=" in arg
 
 
 if __name__ == "__main__":

@@ -1,5 +1,13 @@
-"""Name → object registries. A name registers once; looking up an unknown name lists the known ones."""
+"""Name → object registries, and the one way plugins reach them.
 
+A plugin (a loss, a preference algorithm, a reward, a model family) is one module that registers itself when
+imported. A registry names the packages its plugins live in and imports every module of them (`load_plugins`) the
+first time it is looked up, so adding a plugin is adding its file: no list of modules is kept by hand. A name
+registers once; looking up an unknown name lists the known ones.
+"""
+
+import importlib
+import pkgutil
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -8,10 +16,19 @@ from diffusion_rl.errors import UserError, did_you_mean
 T = TypeVar("T")
 
 
+def load_plugins(package: str) -> None:
+    """Import every module of `package` (a dotted name; a subpackage is imported as one module, its __init__)."""
+    root = importlib.import_module(package)
+    for module in pkgutil.iter_modules(root.__path__):
+        importlib.import_module(f"{package}.{module.name}")
+
+
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, plugins: tuple[str, ...] = ()):
         self.kind = kind  # "loss", "reward", "step type": used in error messages
+        self.plugins = plugins  # packages whose modules register this registry's entries (imported on first use)
         self._items: dict[str, T] = {}
+        self._loaded = not plugins
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(item: T) -> T:
@@ -22,23 +39,34 @@ class Registry(Generic[T]):
 
         return add
 
+    def _entries(self) -> dict[str, T]:
+        if not self._loaded:
+            self._loaded = True  # before importing: a plugin module that looks something up does not recurse
+            try:
+                for package in self.plugins:
+                    load_plugins(package)
+            except BaseException:
+                self._loaded = False
+                raise
+        return self._items
+
     def get(self, name: str) -> T:
-        if name not in self._items:
+        items = self._entries()
+        if name not in items:
             raise UserError(
-                f"unknown {self.kind} '{name}'{did_you_mean(name, self._items)}; "
-                f"known: {', '.join(sorted(self._items))}"
+                f"unknown {self.kind} '{name}'{did_you_mean(name, items)}; known: {', '.join(sorted(items))}"
             )
-        return self._items[name]
+        return items[name]
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        return sorted(self._entries())
 
     def items(self) -> list[tuple[str, T]]:
-        return sorted(self._items.items())
+        return sorted(self._entries().items())
 
     def remove(self, name: str) -> None:
         """Unregister `name` (tests that register a temporary entry clean up with this)."""
         self._items.pop(name)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._items
+        return name in self._entries()

@@ -4,19 +4,28 @@ and the errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
 
+from diffusion_rl.algorithms.base import LOSSES, register_loss
+from diffusion_rl.algorithms.losses.base import PolicyLossSettings, kl_to_reference, policy_loss_output
+from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.cli import main
 from diffusion_rl.config import load
 from diffusion_rl.estimate.architectures import Architecture, TextEncoder, architecture_for, from_shipped, shipped
-from diffusion_rl.estimate.counting import Shapes, transformer_cost
+from diffusion_rl.estimate.counting import Shapes, transformer_cost, vae_decode_flops
 from diffusion_rl.estimate.devices import DEVICES, device_of_name, peak_flops_of
 from diffusion_rl.estimate.estimator import estimate, lora_params
 from diffusion_rl.models.doctor import count_saved_tensors
+from diffusion_rl.models.families.sd3 import SD3Model
+from diffusion_rl.models.registry import FAMILIES, ModelFamily, register_family
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")
@@ -320,3 +329,136 @@ def test_every_shipped_vae_decodes_on_meta():
     for name in shipped():
         arch = from_shipped(name)
         assert vae_decode_flops(arch, 4 * arch.vae_scale, 4 * arch.vae_scale, 1) > 0, name
+
+
+# -- what a loss's and a family's registration tell the estimate (the plugins own their facts) ---------------------
+@dataclass
+class ToyLossSettings(PolicyLossSettings):
+    pass
+
+
+def toy_loss(inp, settings):
+    """REINFORCE on the step's log-prob: −A · log π (with the shared KL term)."""
+    return policy_loss_output(inp, -inp.advantages * inp.log_prob, kl_to_reference(inp, settings.kl_beta),
+                              settings.kl_beta)  # fmt: skip
+
+
+@pytest.fixture
+def toy_pg_loss():
+    """A policy-gradient loss registered as its own file would register it, and nothing else edited."""
+    register_loss("toy_pg", settings=ToyLossSettings, algorithm=PolicyGradient)(toy_loss)
+    yield "toy_pg"
+    LOSSES.remove("toy_pg")
+
+
+def policy_gradient_update_by_hand(cfg, trained_steps: int) -> float:
+    """The update's FLOPs of a policy-gradient step on one device: every row trains `trained_steps` steps with the
+    guided velocity (true CFG: two transformer rows a call), micro-batch by micro-batch."""
+    arch = architecture_for(cfg.model)
+    rows, micro = cfg.data.prompts_per_step * cfg.data.group_size, cfg.train.micro_batch_size
+    text = 77 + cfg.model.max_sequence_length  # SD3: the CLIPs' 77 positions, then T5's tokens
+    shapes = Shapes(micro * 2, cfg.sampling.height, cfg.sampling.width, 1, text)
+    cost = transformer_cost(arch, shapes, full_finetune=not cfg.model.lora.enabled, dtype=torch.float32)
+    return math.ceil(rows * trained_steps * cfg.train.ppo_epochs / micro) * cost.train_flops
+
+
+def test_a_loss_registered_in_its_own_file_is_estimated_and_documented(toy_pg_loss, capsys):
+    # the override after the flags, as the docs write it
+    assert main(["estimate", QUICKSTART, "--gpu", "h100", "--json", f"algorithm.loss={toy_pg_loss}"]) == 0
+    toy = json.loads(capsys.readouterr().out)
+    cfg = load(QUICKSTART, [f"algorithm.loss={toy_pg_loss}"])
+    # the quickstart's window: all 9 SDE steps of 10, each trained (timestep_fraction 1)
+    assert toy["flops_update"] == pytest.approx(policy_gradient_update_by_hand(cfg, 9), rel=1e-9)
+    assert main(["config", "reference", "--markdown"]) == 0  # docs/config.md
+    assert f"### `algorithm.{toy_pg_loss}`" in capsys.readouterr().out
+
+
+def test_tempflow_grpo_is_costed_as_the_policy_gradient_step_it_is():
+    """TempFlow-GRPO trains its window's step with the guided velocity, like every policy-gradient loss (the
+    estimate once took it for a direct-preference loss: one call, no CFG — half the update)."""
+    cfg = load(str(ROOT / "configs/quickstart_tempflow.yaml"))
+    r = estimate(cfg, architecture_for(cfg.model), DEVICES["h100"], 1)
+    assert r.flops_update == pytest.approx(policy_gradient_update_by_hand(cfg, 1), rel=1e-9)  # window.size 1
+
+
+class ToySd3(SD3Model):
+    """An SD3-like family whose adapter reads 5 text tokens, and that records the inputs estimate asked it for."""
+
+    asked: ClassVar[list] = []
+
+    @classmethod
+    def text_tokens(cls, arch, max_sequence_length: int, prompt_tokens: int) -> int:
+        return 5
+
+    @classmethod
+    def meta_inputs(cls, config, batch, latent, text, dtype):
+        cls.asked.append((batch, latent, text))
+        return super().meta_inputs(config, batch, latent, text, dtype)
+
+
+@pytest.fixture
+def toy_family():
+    register_family(ModelFamily("toy_sd3", "ToySd3Pipeline", ToySd3, "diffusion_rl.models.tiny.sd3", ("to_q",)))
+    yield "toy_sd3"
+    FAMILIES.remove("toy_sd3")
+
+
+def test_a_familys_estimate_facts_come_from_its_adapter(toy_family):
+    arch = dataclasses.replace(small_sd3_arch(), family=toy_family)
+    cost = transformer_cost(arch, Shapes(batch=2, height=32, width=32, frames=1, text=10), full_finetune=True,
+                            dtype=torch.float32)  # fmt: skip
+    assert ToySd3.asked[-1] == (2, (1, 16, 16), 10)  # the adapter built the inputs: 2 rows, a 16 × 16 latent
+    assert cost.forward_flops == sd3_forward_flops_by_hand(2, 16, 16, 10)
+    cfg = load(QUICKSTART, ["sampling.height=32", "sampling.width=32", "train.micro_batch_size=1"])
+    r = estimate(cfg, arch, DEVICES["h100"], 1)
+    assert r.assumptions[0].startswith("text tokens per sample 5 ")  # the adapter's count, not SD3's 77 + 32
+    one_row = transformer_cost(arch, Shapes(1, 32, 32, 1, 5), full_finetune=True, dtype=torch.bfloat16)
+    rollout = 8 * 10 * 2 * one_row.forward_flops  # 8 images × 10 steps × CFG's two rows, at 5 text tokens
+    decode = 8 * vae_decode_flops(arch, 32, 32, 1)  # (no text encoder in this architecture)
+    assert r.flops_rollout == pytest.approx(rollout + decode, rel=1e-9)
+
+
+def test_estimate_takes_overrides_anywhere(capsys):
+    outputs = []
+    for argv in (
+        [QUICKSTART, "algorithm.loss=nft", "sampling.sde_type=ode", "--gpu", "h100", "--gpus", "8", "--json"],
+        [QUICKSTART, "--gpu", "h100", "--gpus", "8", "algorithm.loss=nft", "--json", "sampling.sde_type=ode"],
+    ):
+        assert main(["estimate", *argv]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1]
+    assert main(["estimate", QUICKSTART, "--gpu", "h100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["flops_update"] != outputs[0]["flops_update"] * 8  # nft was applied
+    with pytest.raises(SystemExit):  # anything else after the flags is still an error
+        main(["estimate", QUICKSTART, "--gpu", "h100", "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_a_tree_rollout_costs_its_evaluations_per_image():
+    """configs/quickstart_tree.yaml: splits in two at steps 2 and 5 of 10, so a tree of 4 leaves takes
+    3·1 + 3·2 + 4·4 = 25 evaluations, 6.25 per image instead of 10 (the update is the same)."""
+    tree_config = str(ROOT / "configs/quickstart_tree.yaml")
+    tree = load(tree_config)
+    flat = load(tree_config, ["sampling.tree=null"])
+    arch = architecture_for(tree.model)
+    r_tree, r_flat = (estimate(c, arch, DEVICES["h100"], 1) for c in (tree, flat))
+    one_row = transformer_cost(arch, Shapes(1, 64, 64, 1, 77 + 32), full_finetune=True, dtype=torch.float32)
+    saved = 8 * (10 - 6.25) * 2 * one_row.forward_flops  # 8 images, CFG's two rows
+    assert r_flat.flops_rollout - r_tree.flops_rollout == pytest.approx(saved, rel=1e-9)
+    assert r_tree.flops_update == r_flat.flops_update
+
+
+def test_capacity_is_shown_as_it_is_with_the_headroom_and_a_warning_when_tight(capsys):
+    assert main(["estimate", QUICKSTART, "--gpu", "h100", "--json"]) == 0
+    peak = json.loads(capsys.readouterr().out)["peak_memory_gib_per_gpu"]
+    outputs = {}
+    for name, capacity in (("over", peak - 0.004), ("tight", peak * 1.03), ("roomy", peak * 1.5)):
+        assert main(["estimate", QUICKSTART, "--gpu", "h100", "--memory-gib", str(capacity)]) == 0
+        outputs[name] = capsys.readouterr().out
+    # 0.004 GiB short: not rounded up into a capacity the peak fits
+    assert f"{peak:.2f} of {peak - 0.004:.2f} GiB: does NOT fit" in outputs["over"]
+    assert "headroom" not in outputs["over"]
+    assert f"{peak:.2f} of {peak * 1.03:.2f} GiB: fits" in outputs["tight"]
+    assert f"headroom           {peak * 0.03:8.2f} (2.9% of the device)" in outputs["tight"]
+    assert "WARNING       under 5% of the device's memory is left free" in outputs["tight"]
+    assert "(33.3% of the device)" in outputs["roomy"] and "WARNING" not in outputs["roomy"]

@@ -27,6 +27,29 @@ import torch
 _STAT_KEYS = ("mean", "std", "min", "max", "abs_mean")
 
 
+@dataclass(frozen=True)
+class GroupNorm:
+    """How a group's rewards become advantages (the config's algorithm.advantage section; module docstring)."""
+
+    global_std: bool = True
+    std_ddof: int = 0
+    eps: float = 1e-4
+    normalize_by_std: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.std_ddof, bool) or not isinstance(self.std_ddof, int) or self.std_ddof < 0:
+            raise ValueError(
+                f"std_ddof must be an integer >= 0 (0: population std, 1: sample std); got {self.std_ddof!r}"
+            )
+        if not math.isfinite(self.eps) or self.eps < 0:
+            raise ValueError(f"eps must be a finite number >= 0; got {self.eps}")
+
+    @classmethod
+    def of(cls, options) -> "GroupNorm":
+        """From any object with these four attributes (the config's algorithm.advantage)."""
+        return cls(options.global_std, options.std_ddof, options.eps, options.normalize_by_std)
+
+
 @dataclass
 class AdvantageResult:
     advantages: torch.Tensor  # float32 [B], on the rewards' device
@@ -44,13 +67,7 @@ class _Groups:
 
 
 def compute_group_advantages(
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    *,
-    global_std: bool = True,
-    std_ddof: int = 0,
-    eps: float = 1e-4,
-    normalize_by_std: bool = True,
+    rewards: torch.Tensor, group_ids: torch.Tensor, norm: GroupNorm = GroupNorm()
 ) -> AdvantageResult:
     """Advantages for rewards [B] (NaN = failed) grouped by group_ids [B] (any integers, e.g. prompt indices).
 
@@ -58,9 +75,8 @@ def compute_group_advantages(
     the loss sees), advantage/zero_std_group_fraction and advantage/singleton_group_fraction over the groups with
     at least one valid sample (a singleton group counts in both).
     """
-    _check_options(std_ddof, eps)
     group_B, num_groups = _dense_groups(rewards, group_ids)
-    groups = _group_advantages(rewards, group_B, num_groups, global_std, std_ddof, eps, normalize_by_std)
+    groups = _group_advantages(rewards, group_B, num_groups, norm)
     metrics = _batch_stats("advantage", groups.advantages_B)
     metrics.update(_group_fractions("advantage", groups.has_valid_G, groups.constant_G, groups.singleton_G))
     return AdvantageResult(advantages=groups.advantages_B.float(), metrics=metrics)
@@ -70,11 +86,7 @@ def combine_per_reward_advantages(
     per_reward: Mapping[str, torch.Tensor],
     weights: Mapping[str, float],
     group_ids: torch.Tensor,
-    *,
-    global_std: bool = True,
-    std_ddof: int = 0,
-    eps: float = 1e-4,
-    normalize_by_std: bool = True,
+    norm: GroupNorm = GroupNorm(),
 ) -> AdvantageResult:
     """MixGRPO's advantage aggregation: A = sum_k weights[k] * A_k, each A_k computed as above from per_reward[k].
 
@@ -95,7 +107,6 @@ def combine_per_reward_advantages(
     bad = {k: w for k, w in weights.items() if not math.isfinite(w)}
     if bad:
         raise ValueError(f"advantage weights must be finite; got {bad}")
-    _check_options(std_ddof, eps)
 
     first = next(iter(per_reward.values()))
     group_B, num_groups = _dense_groups(first, group_ids)
@@ -106,7 +117,7 @@ def combine_per_reward_advantages(
     metrics: dict[str, float] = {}
     for name, rewards in per_reward.items():
         _dense_groups(rewards, group_ids)  # shape and dtype checks for this reward
-        groups = _group_advantages(rewards, group_B, num_groups, global_std, std_ddof, eps, normalize_by_std)
+        groups = _group_advantages(rewards, group_B, num_groups, norm)
         total_B += weights[name] * groups.advantages_B
         # A group gives a signal for reward k unless it has no valid sample, one, or only equal rewards.
         no_signal_G &= groups.constant_G | ~groups.has_valid_G
@@ -117,13 +128,6 @@ def combine_per_reward_advantages(
     metrics.update(_batch_stats("advantage", total_B))
     metrics.update(_group_fractions("advantage", any_valid_G, no_signal_G & any_valid_G, all_singleton_G & any_valid_G))
     return AdvantageResult(advantages=total_B.float(), metrics=metrics)
-
-
-def _check_options(std_ddof: int, eps: float) -> None:
-    if isinstance(std_ddof, bool) or not isinstance(std_ddof, int) or std_ddof < 0:
-        raise ValueError(f"std_ddof must be an integer >= 0 (0: population std, 1: sample std); got {std_ddof!r}")
-    if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0; got {eps}")
 
 
 def _dense_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -144,10 +148,7 @@ def _group_advantages(
     rewards_B: torch.Tensor,
     group_B: torch.Tensor,
     num_groups: int,
-    global_std: bool,
-    std_ddof: int,
-    eps: float,
-    normalize_by_std: bool,
+    norm: GroupNorm,
 ) -> _Groups:
     # fp64: reward spreads can be ~1e-5 of their magnitude (JPEG sizes), below fp32's resolution of the mean
     r_B = rewards_B.detach().to(torch.float64)
@@ -167,8 +168,9 @@ def _group_advantages(
     dev_B = torch.where(constant_G[group_B], 0.0, dev_B)
 
     std_defined_B = torch.ones_like(valid_B)
-    if normalize_by_std:
-        if global_std:
+    std_ddof = norm.std_ddof
+    if norm.normalize_by_std:
+        if norm.global_std:
             n_valid = valid_B.sum().double()
             mean_all = r0_B.sum() / n_valid.clamp_min(1)
             sq_dev = torch.where(valid_B, (r0_B - mean_all) ** 2, 0.0).sum()
@@ -180,7 +182,7 @@ def _group_advantages(
             dof_G = count_G - std_ddof
             std_B = torch.sqrt(sq_dev_G / dof_G.clamp_min(1))[group_B]
             std_defined_B = (dof_G > 0)[group_B]
-        denom_B = std_B + eps
+        denom_B = std_B + norm.eps
         # denom is 0 only with eps=0 and std=0, where dev is 0 too (constant group or batch): advantage 0
         adv_B = dev_B / torch.where(denom_B > 0, denom_B, 1.0)
     else:
@@ -219,9 +221,8 @@ def group_advantages(scored, group_index: torch.Tensor, options, weights: Mappin
     (MixGRPO's advantage_aggr) normalises each reward within its groups, then sums with the weights, a failed
     sample (a required reward failed) being NaN in every reward, so that it gets advantage 0.
     """
-    kwargs = dict(global_std=options.global_std, std_ddof=options.std_ddof, eps=options.eps,
-                  normalize_by_std=options.normalize_by_std)  # fmt: skip
+    norm = GroupNorm.of(options)
     if options.combine == "sum_rewards":
-        return compute_group_advantages(torch.from_numpy(scored.total), group_index, **kwargs)
+        return compute_group_advantages(torch.from_numpy(scored.total), group_index, norm)
     per_reward = {name: torch.from_numpy(np.where(scored.failed, np.nan, s)) for name, s in scored.per_reward.items()}
-    return combine_per_reward_advantages(per_reward, dict(weights), group_index, **kwargs)
+    return combine_per_reward_advantages(per_reward, dict(weights), group_index, norm)

@@ -99,8 +99,26 @@ def minibatch_rows(units: int, minibatches: int, m: int) -> torch.Tensor:
 class Algorithm(ABC):
     """How one registered loss trains; see the module docstring. One instance per process that needs it."""
 
-    family: ClassVar[str]  # "policy_gradient" or "direct_preference": docs and error messages only
+    family: ClassVar[str]  # "policy_gradient" or "direct_preference"
     rollout_policy: ClassVar[str] = DEFAULT_POLICY  # the named policy that samples training rollouts
+    # What the rest of the code (the config checks, `estimate`) knows of an algorithm, set here and nowhere else:
+    guided: ClassVar[bool] = True  # trains the velocity as sampled (true CFG: two rows a call); False: guidance 1
+    offline: ClassVar[bool] = False  # trains on offline pairs too (data.sample_source=offline)
+
+    @classmethod
+    def needs_reference(cls, settings) -> bool:
+        """Whether the frozen reference policy is kept (and run): by default, for a KL term to it."""
+        return getattr(settings, "kl_beta", 0.0) > 0
+
+    @classmethod
+    def trained_calls(cls, algorithm: AlgorithmConfig, sampling: SamplingConfig) -> int:
+        """Transformer calls with gradient per sample and epoch of the update."""
+        return 1
+
+    @classmethod
+    def frozen_calls(cls, settings) -> int:
+        """Forwards without gradient (reference, old or EMA policies) per trained call."""
+        return int(cls.needs_reference(settings))
 
     def __init__(self, section: AlgorithmConfig, spec: LossSpec, *, seed: int, sampler: SamplerSettings,
                  reward_weights: dict[str, float], micro_batch_size: int, num_minibatches: int = 1,
@@ -137,8 +155,11 @@ class Algorithm(ABC):
 
     # -- worker side ------------------------------------------------------------------------------------------
     def attach(self, model) -> None:
-        """Take the model to train (before it is sharded): add the named policies this algorithm keeps."""
+        """Take the model to train (before it is sharded): add the named policies this algorithm keeps (the
+        frozen reference when `needs_reference`)."""
         self.model = model
+        if self.needs_reference(self.settings):
+            model.policies.keep_reference()
 
     @abstractmethod
     def begin(self, batch: TrainBatch, step: int) -> tuple[Any, dict[str, float]]:
@@ -190,7 +211,14 @@ class LossSpec:
         return self.fn(inp, cfg)
 
 
-LOSSES: Registry[LossSpec] = Registry("loss")
+def loss_names(**facts) -> str:
+    """The registered losses whose algorithm has these facts (e.g. offline=True), comma-separated (for messages)."""
+    return ", ".join(n for n, spec in LOSSES.items() if all(getattr(spec.algorithm, k) == v for k, v in facts.items()))
+
+
+LOSSES: Registry[LossSpec] = Registry(
+    "loss", plugins=("diffusion_rl.algorithms.losses", "diffusion_rl.algorithms.preference")
+)
 
 
 def register_loss(name: str, *, settings: type, algorithm: type[Algorithm], sde_only: bool = False):

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from tensordict import tensorclass
 
-from diffusion_rl.algorithms.base import Algorithm, LossOutput, Targets, TrainBatch, UpdatePosition
+from diffusion_rl.algorithms.advantages import GroupNorm
+from diffusion_rl.algorithms.base import Algorithm, LossOutput, Targets, TrainBatch, UpdatePosition, loss_names
 from diffusion_rl.algorithms.losses.base import PolicyLossInput
 from diffusion_rl.algorithms.rollout_correction import correction_weights
 from diffusion_rl.algorithms.tree_credit import tree_credit
@@ -71,12 +72,20 @@ class PolicyGradient(Algorithm):
         check(
             sampling.sde_type != "ode",
             "sampling.sde_type=ode has no per-step log-probs for a policy-gradient loss; use sde, cps or dance_sde "
-            "(or a direct-preference loss: dpo, nft, awm)",
+            f"(or a direct-preference loss: {loss_names(family='direct_preference')})",
         )
         check(
             sample_source == "online",
-            "data.sample_source=offline trains algorithm.loss=dpo only (offline pairs have no per-step log-probs)",
+            f"data.sample_source=offline trains algorithm.loss={loss_names(offline=True)} only (offline pairs have no "
+            "per-step log-probs)",
         )
+
+    @classmethod
+    def trained_calls(cls, algorithm, sampling) -> int:
+        """K = max(1, int(W · timestep_fraction)) of the window's W stochastic steps (module docstring)."""
+        w = sampling.window
+        window = sampling.num_steps - 1 if w.kind == "all" else w.size
+        return max(1, int(window * algorithm.timestep_fraction))
 
     def __init__(self, section, spec, **context):
         super().__init__(section, spec, **context)
@@ -84,20 +93,14 @@ class PolicyGradient(Algorithm):
         self.correction = section.rollout_correction
         self.kl_beta = self.settings.kl_beta
 
-    def attach(self, model) -> None:
-        super().attach(model)
-        if self.kl_beta > 0:
-            model.policies.keep_reference()
-
     def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
         """Flat rows: group-relative advantages [B]; tree rollouts: depth-wise advantages and step weights
         [B, D + 1] (algorithms/tree_credit.py)."""
         if self.tree is None:
             return super().prepare(scored, group_index)
-        a, prune = self.section.advantage, self.tree_prune
-        credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, global_std=a.global_std,
-                             std_ddof=a.std_ddof, eps=a.eps, normalize_by_std=a.normalize_by_std,
-                             depths=prune.depths, leaves=prune.leaves)  # fmt: skip
+        norm, prune = GroupNorm.of(self.section.advantage), self.tree_prune
+        credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, norm, depths=prune.depths,
+                             leaves=prune.leaves)  # fmt: skip
         targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights,
                           batch_size=[len(group_index)])  # fmt: skip
         return targets, credit.metrics

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffusion_rl.algorithms.advantages import _batch_stats, compute_group_advantages
+from diffusion_rl.algorithms.advantages import GroupNorm, _batch_stats, compute_group_advantages
 from diffusion_rl.sampling.tree import TreeSpec, leaf_positions
 
 
@@ -44,15 +44,13 @@ def tree_credit(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
     tree: TreeSpec,
+    norm: GroupNorm | None = None,
     *,
-    global_std: bool = True,
-    std_ddof: int = 0,
-    eps: float = 1e-4,
-    normalize_by_std: bool = True,
     depths: list[int] | None = None,
     leaves: int | None = None,
 ) -> TreeCredit:
-    """Targets of a step's rows: rewards [B] (NaN = failed), group_ids [B] in row order (row b is sample b)."""
+    """Targets of a step's rows: rewards [B] (NaN = failed), group_ids [B] in row order (row b is sample b), `norm`
+    the options of algorithm.advantage (default: Flow-GRPO's)."""
     B, N, D = rewards.shape[0], tree.leaves, tree.depth
     _, group_B, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     if bool((counts != N).any()):
@@ -64,7 +62,6 @@ def tree_credit(
     advantages = torch.zeros(B, D + 1, dtype=torch.float64, device=rewards.device)
     weights = torch.zeros(B, D + 1, dtype=torch.float32, device=rewards.device)
     metrics: dict[str, float] = {}
-    options = dict(global_std=global_std, std_ddof=std_ddof, eps=eps, normalize_by_std=normalize_by_std)
     for d in range(1, D + 1):
         n_d = tree.nodes_at(d)
         node_B = group_B * n_d + leaf_B // (N // n_d)  # the row's depth-d node, numbered across the batch
@@ -74,7 +71,7 @@ def tree_credit(
         count = zeros.index_add(0, node_B, valid_B.double())
         value = torch.where(count > 0, total / count.clamp_min(1), math.nan)  # reward fusion
         node_group = torch.arange(num_nodes, device=rewards.device) // n_d
-        result = compute_group_advantages(value, node_group, **options)
+        result = compute_group_advantages(value, node_group, norm or GroupNorm())
         advantages[:, d] = result.advantages.double()[node_B]
         weights[:, d] = n_d / N
         metrics[f"advantage/depth_{d}/abs_mean"] = float(advantages[:, d].abs().mean())

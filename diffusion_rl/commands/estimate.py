@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     p.add_argument("--gpus", type=int, default=None, help="devices (default: engine.num_workers for ray, else 1)")
     p.add_argument("--arch", default=None, help="a shipped architecture to use instead of the model directory")
     p.add_argument("--prompt-tokens", type=int, default=64,
-                   help="typical prompt length in tokens, for families that cut padding (Qwen-Image)")  # fmt: skip
+                   help="typical prompt length in tokens, for families that cut padding")  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak (cpu: needed)")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="override the device's memory bandwidth, GB/s")
     p.add_argument("--memory-gib", type=float, default=None, help="override the device's memory, GiB")
@@ -61,13 +61,23 @@ def cmd_estimate(args) -> None:
 
 
 def render(r) -> str:
+    from diffusion_rl.estimate.estimator import TIGHT
+
     def fits(flag):
         return "unknown" if flag is None else ("fits" if flag else "does NOT fit")
 
     def seconds(t):  # a tiny model's phases take milliseconds: keep 3 significant figures
         return f"{t:.1f} s" if t >= 10 else f"{t:.3g} s"
 
-    capacity = "" if r.gpu_memory_gib is None else f" of {r.gpu_memory_gib:.0f} GiB"
+    capacity = "" if r.gpu_memory_gib is None else f" of {r.gpu_memory_gib:.2f} GiB"
+    headroom = []
+    if r.fits:
+        share = r.headroom_gib / r.gpu_memory_gib
+        headroom = [f"  headroom           {r.headroom_gib:8.2f} ({share:.1%} of the device)"]
+        if share < TIGHT:
+            headroom.append(f"WARNING       under {TIGHT:.0%} of the device's memory is left free at the peak: "
+                            "fragmentation or a longer prompt can take it; leave more room (a memory saver, a "
+                            "smaller micro-batch)")  # fmt: skip
     lines = [
         f"config        {r.config} ({r.architecture}), {r.images_per_step} images per step on {r.gpus}× {r.gpu}",
         f"FLOPs/step    {r.flops_per_step:.3g} (rollout {r.flops_rollout:.3g}, update {r.flops_update:.3g})",
@@ -77,6 +87,7 @@ def render(r) -> str:
         f"(without gradient checkpointing {r.peak_memory_gib_per_gpu_unchecked:.2f}: "
         f"{fits(r.fits_without_checkpointing)}; with {r.peak_memory_gib_per_gpu_checkpointed:.2f}: "
         f"{fits(r.fits_with_checkpointing)})",
+        *headroom,
         f"time per step {seconds(r.step_seconds)} at {r.efficiency:.0%} of peak: "
         + ", ".join(f"{k} {seconds(v)}" for k, v in r.phase_seconds.items()),
         f"throughput    {r.images_per_second:.3g} images/s, {r.images_per_gpu_second:.3g} images/GPU/s",

@@ -57,7 +57,7 @@ def prepare_pairs(cfg, out: Path, n: int, limit: int | None = None) -> tuple[int
     import torch
     from PIL import Image
 
-    from diffusion_rl.algorithms.preference import online_pairs
+    from diffusion_rl.algorithms.preference.dpo import online_pairs
     from diffusion_rl.data.pairs import PreferencePair, write_pairs
     from diffusion_rl.data.prompts import load_prompts
     from diffusion_rl.models.loader import load_model

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,8 @@ import numpy as np
 
 from diffusion_rl.data.condition_images import MAX_UPSCALE, ConditionImage
 from diffusion_rl.data.images import letterbox
-from diffusion_rl.data.prompts import PromptRecord, write_prompts
-from diffusion_rl.errors import UserError, did_you_mean
+from diffusion_rl.data.prompts import PromptRecord, read_jsonl, write_prompts
+from diffusion_rl.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +49,7 @@ def read_edit_lines(directory: Path) -> list[tuple[dict, list[ConditionImage], s
         raise UserError(f"prepare edit: {directory} holds no .jsonl file of edits (one {{prompt, image}} per line)")
     out = []
     for file in files:
-        for line_no, line in enumerate(file.read_text(encoding="utf-8-sig").split("\n"), start=1):
-            if not line.strip():
-                continue
-            where = f"{file}, line {line_no}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise UserError(f'{where}: expected an object like {{"prompt": ..., "image": "a.png"}}')
-            for key in obj:
-                if key not in KEYS:
-                    raise UserError(f"{where}: unknown key '{key}'{did_you_mean(key, KEYS)}; known: {', '.join(KEYS)}")
+        for obj, where in read_jsonl(file, KEYS, '{"prompt": "make it red", "image": "a.png"}'):
             paths = [obj["image"]] if "image" in obj else obj.get("images")
             if "image" in obj and "images" in obj:
                 raise UserError(f"{where}: give 'image' or 'images', not both")

@@ -22,7 +22,7 @@ records.
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,12 +184,10 @@ def _read_text(path: Path) -> list[str]:
 # ---- readers ----
 
 
-def _load_txt(path: Path) -> list[PromptRecord]:
-    return [PromptRecord(prompt=line.strip()) for line in _read_text(path) if line.strip()]
-
-
-def _load_jsonl(path: Path) -> list[PromptRecord]:
-    records = []
+def read_jsonl(path: Path, keys: Sequence[str], example: str, hint: str = "") -> Iterator[tuple[dict, str]]:
+    """(object, "FILE, line N") for each non-blank line of a JSON-lines file, each checked to be an object whose keys
+    are among `keys`; a UserError naming the file and line otherwise (`example`: a valid line; `hint`: said after
+    the known keys)."""
     for line_no, line in enumerate(_read_text(path), start=1):
         if not line.strip():
             continue
@@ -198,17 +196,25 @@ def _load_jsonl(path: Path) -> list[PromptRecord]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(
-                f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected one object per line, e.g. "
-                f"{_EXAMPLE_LINE}"
+                f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected one object per line, e.g. {example}"
             ) from None
         if not isinstance(obj, dict):
-            raise UserError(f"{where}: expected a JSON object, got {_type_name(obj)}; e.g. {_EXAMPLE_LINE}")
+            raise UserError(f"{where}: expected a JSON object, got {_type_name(obj)}; e.g. {example}")
         for key in obj:
-            if key not in _JSONL_KEYS:
+            if key not in keys:
                 raise UserError(
-                    f"{where}: unknown key '{key}'{did_you_mean(key, _JSONL_KEYS)}; known keys: "
-                    f"{', '.join(_JSONL_KEYS)} (put anything else under 'metadata')"
+                    f"{where}: unknown key '{key}'{did_you_mean(key, keys)}; known keys: {', '.join(keys)}{hint}"
                 )
+        yield obj, where
+
+
+def _load_txt(path: Path) -> list[PromptRecord]:
+    return [PromptRecord(prompt=line.strip()) for line in _read_text(path) if line.strip()]
+
+
+def _load_jsonl(path: Path) -> list[PromptRecord]:
+    records = []
+    for obj, where in read_jsonl(path, _JSONL_KEYS, _EXAMPLE_LINE, " (put anything else under 'metadata')"):
         if "prompt" not in obj:
             raise UserError(f"{where}: missing 'prompt'; expected a non-empty string, e.g. {_EXAMPLE_LINE}")
         records.append(

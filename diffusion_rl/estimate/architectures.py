@@ -112,15 +112,6 @@ class Architecture:
         c = self.vae_config
         return 2 ** sum(bool(d) for d in c["temperal_downsample"]) if "temperal_downsample" in c else 1
 
-    def text_tokens(self, max_sequence_length: int, prompt_tokens: int) -> int:
-        """Text tokens the transformer reads per sample."""
-        if self.family in ("qwen_image", "qwen_image_edit"):  # the template is cut, padding columns are cut
-            return min(prompt_tokens, max_sequence_length)
-        if self.family == "sd3":  # the CLIPs' tokens (77; side by side in the channels), then T5's
-            clips = [enc.positions for enc in self.text_encoders if enc.kind == "clip"]
-            return (max(clips) if clips else CLIP_TOKENS) + max_sequence_length
-        return max_sequence_length
-
 
 def _class_name(config: dict, fallback: str) -> str:
     return config.get("_class_name") or fallback

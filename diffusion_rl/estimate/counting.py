@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from diffusion_rl.estimate.architectures import Architecture
 from diffusion_rl.models.doctor import count_saved_tensors
+from diffusion_rl.models.registry import family_named
 
 META = torch.device("meta")
 
@@ -31,51 +32,20 @@ def build_on_meta(class_name: str, config: dict) -> torch.nn.Module:
 @dataclass
 class Shapes:
     """One transformer call: `batch` rows (CFG's doubled batch included), an image of height × width pixels and
-    `frames` frames, `text` text tokens per row, `condition_images` an edit's source images of the same size."""
+    `frames` frames, `text` text tokens per row (an editing family adds its condition image itself)."""
 
     batch: int
     height: int
     width: int
     frames: int
     text: int
-    condition_images: int = 0
 
 
 def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dict:
-    """The keyword arguments our family adapters give the transformer for `s` (models/families/*.py)."""
-    c, B = arch.transformer_config, s.batch
-    h, w = s.height // arch.vae_scale, s.width // arch.vae_scale
-    t = torch.ones(B, device=META)
-
-    def meta(*shape):
-        return torch.empty(*shape, device=META, dtype=dtype)
-
-    if arch.family == "sd3":
-        return dict(hidden_states=meta(B, c["in_channels"], h, w), timestep=t * 1000,
-                    encoder_hidden_states=meta(B, s.text, c["joint_attention_dim"]),
-                    pooled_projections=meta(B, c["pooled_projection_dim"]), return_dict=False)  # fmt: skip
-    if arch.family in ("flux", "flux_kontext"):
-        tokens = (h // 2) * (w // 2) * (1 + s.condition_images)
-        inputs = dict(hidden_states=meta(B, tokens, c["in_channels"]), timestep=t,
-                      encoder_hidden_states=meta(B, s.text, c["joint_attention_dim"]),
-                      pooled_projections=meta(B, c["pooled_projection_dim"]),
-                      txt_ids=torch.zeros(s.text, 3, device=META), img_ids=torch.zeros(tokens, 3, device=META),
-                      return_dict=False)  # fmt: skip
-        if c.get("guidance_embeds"):
-            inputs["guidance"] = t
-        return inputs
-    if arch.family in ("qwen_image", "qwen_image_edit"):
-        grid = (1, h // 2, w // 2)
-        tokens = grid[1] * grid[2] * (1 + s.condition_images)
-        return dict(hidden_states=meta(B, tokens, c["in_channels"]), timestep=t,
-                    encoder_hidden_states=meta(B, s.text, c["joint_attention_dim"]),
-                    encoder_hidden_states_mask=torch.ones(B, s.text, dtype=torch.bool, device=META),
-                    img_shapes=[[grid] * (1 + s.condition_images)] * B, return_dict=False)  # fmt: skip
-    if arch.family == "wan":
-        f = (s.frames - 1) // arch.temporal_scale + 1
-        return dict(hidden_states=meta(B, c["in_channels"], f, h, w), timestep=t * 1000,
-                    encoder_hidden_states=meta(B, s.text, c["text_dim"]), return_dict=False)  # fmt: skip
-    raise ValueError(f"no transformer inputs for the family '{arch.family}'")
+    """The keyword arguments the family's adapter gives the transformer for `s`, as meta tensors (its meta_inputs)."""
+    latent = ((s.frames - 1) // arch.temporal_scale + 1, s.height // arch.vae_scale, s.width // arch.vae_scale)
+    adapter = family_named(arch.family).adapter
+    return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype)
 
 
 @dataclass

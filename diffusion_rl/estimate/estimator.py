@@ -33,6 +33,8 @@ import torch
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_flops
 from diffusion_rl.estimate.devices import Device
+from diffusion_rl.models.registry import family_named
+from diffusion_rl.sampling.tree import TreeSpec
 from diffusion_rl.utils.dtypes import DTYPES
 
 # Calibrated once by benchmarks/estimate_vs_published.py on verl-omni's Qwen-Image OCR LoRA recipe (4×H800, 420 s
@@ -40,7 +42,7 @@ from diffusion_rl.utils.dtypes import DTYPES
 EFFICIENCY = 0.157  # fitted 0.1566 with gradient checkpointing, as verl-omni runs; the full fine-tune check: +6.6 %
 CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: "typically 1–3 GB")
 GIB = 2**30
-POLICY_GRADIENT_LOSSES = ("flow_grpo", "grpo_guard", "flow_dppo")
+TIGHT = 0.05  # a fit with less free device memory than this share of it is reported with a warning
 CONDITION_SIZE = (384, 384)  # the size Qwen-Image-Edit's pipelines give the VL encoder's condition image (~384²)
 
 
@@ -61,6 +63,7 @@ class Estimate:
     peak_memory_gib_per_gpu_unchecked: float  # the same without gradient checkpointing
     peak_memory_gib_per_gpu_checkpointed: float  # ... and with it
     gpu_memory_gib: float | None
+    headroom_gib: float | None  # the device's memory left free at the peak (negative: does not fit)
     fits: bool | None  # the config as it is fits the device (None: no capacity known)
     fits_without_checkpointing: bool | None
     fits_with_checkpointing: bool | None
@@ -78,16 +81,6 @@ class Estimate:
         return asdict(self)
 
 
-def trained_calls_per_sample(cfg) -> int:
-    """Transformer calls with gradients per sample per epoch."""
-    a = cfg.algorithm
-    if a.loss in POLICY_GRADIENT_LOSSES:
-        w = cfg.sampling.window
-        window = cfg.sampling.num_steps - 1 if w.kind == "all" else w.size
-        return max(1, int(window * a.timestep_fraction))
-    return int(getattr(a.settings, "train_timesteps", 1))
-
-
 def lora_params(module: torch.nn.Module, targets: tuple[str, ...], rank: int) -> int:
     """Parameters of rank-`rank` LoRA adapters on the Linear layers whose names end with a target (peft's rule)."""
     total = 0
@@ -99,19 +92,21 @@ def lora_params(module: torch.nn.Module, targets: tuple[str, ...], rank: int) ->
 
 def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name: str = "", prompt_tokens: int = 64,
              efficiency: float = EFFICIENCY) -> Estimate:  # fmt: skip
-    """Estimate one training step of `cfg` on `gpus` devices of `device` (see the module docstring)."""
-    from diffusion_rl.models.registry import family_named
-
+    """Estimate one training step of `cfg` on `gpus` devices of `device` (see the module docstring). What the loss
+    and the model family imply comes from their registrations: the loss's algorithm (trained and frozen calls, CFG,
+    reference) and the family's adapter (transformer inputs, text tokens, condition images)."""
     s, t, m, e = cfg.sampling, cfg.train, cfg.model, cfg.engine
+    algorithm, settings = cfg.algorithm.spec.algorithm, cfg.algorithm.settings
+    family = family_named(arch.family)
     images = cfg.data.prompts_per_step * cfg.data.group_size
     rows = math.ceil(images / gpus)  # rows per GPU
     sharded = e.kind == "ray" and gpus > 1
     full = not m.lora.enabled
     # FLUX.1-dev: guidance is an embedding, one forward; the others run true CFG over a doubled batch
     cfg_factor = 2 if (s.guidance > 1 and not arch.transformer_config.get("guidance_embeds")) else 1
-    train_cfg = cfg_factor if cfg.algorithm.loss in POLICY_GRADIENT_LOSSES else 1  # direct preference: guidance 1
-    text = arch.text_tokens(m.max_sequence_length, prompt_tokens)
-    sources = 1 if arch.family in ("flux_kontext", "qwen_image_edit") else 0
+    train_cfg = cfg_factor if algorithm.guided else 1  # direct preference trains the conditional velocity
+    text = family.adapter.text_tokens(arch, m.max_sequence_length, prompt_tokens)
+    sources = int(family.adapter.edits)  # an edit's condition image
     vision = [enc for enc in arch.text_encoders if enc.vision]
     if sources and vision:  # Qwen-Image-Edit: the condition image's tokens are part of the prompt's embedding
         text = min(text + vision[0].vision_flops(*CONDITION_SIZE)[1], m.max_sequence_length)
@@ -119,11 +114,11 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     wbytes = dtype.itemsize
 
     micro = min(t.micro_batch_size, rows)
-    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text, sources)
+    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text)
     cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype)
     fwd_per_row = cost.forward_flops / shapes.batch  # one row of one call, guidance not applied
     module = build_on_meta(arch.transformer_class, arch.transformer_config)
-    targets = tuple(m.lora.target_modules) or family_named(arch.family).lora_targets
+    targets = tuple(m.lora.target_modules) or family.lora_targets
     trainable = cost.params if full else lora_params(module, targets, m.lora.rank)
     vae = build_on_meta(arch.vae_class, arch.vae_config)
     vae_params = sum(p.numel() for p in vae.parameters())
@@ -144,15 +139,17 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         text_flops += prompts * enc.forward_flops(tokens)
     text_bytes = sum(enc.weight_params for enc in arch.text_encoders) * wbytes
 
-    rollout_flops = rows * s.num_steps * cfg_factor * fwd_per_row
+    # transformer evaluations per image: T, or a tree's NFE_tree / N (its shared steps are taken once per node)
+    tree = TreeSpec.of(s.tree)
+    evaluations = s.num_steps if tree is None else tree.evaluations(s.num_steps) / tree.leaves
+    rollout_flops = rows * evaluations * cfg_factor * fwd_per_row
     rollout_bytes = s.num_steps * s.score_chunks * weights  # the weights stream once per call
     decode_flops = rows * decode
 
-    calls = rows * trained_calls_per_sample(cfg) * t.ppo_epochs  # rows × trained steps
+    calls = rows * algorithm.trained_calls(cfg.algorithm, cfg.sampling) * t.ppo_epochs  # rows × trained steps
     micro_batches = math.ceil(calls / micro)
     per_micro = cost.train_flops + (cost.forward_flops if m.gradient_checkpointing else 0)
-    kl = getattr(cfg.algorithm.settings, "kl_beta", 0.0) > 0 or cfg.algorithm.loss == "dpo"
-    update_flops = micro_batches * (per_micro + (cost.forward_flops if kl else 0))
+    update_flops = micro_batches * (per_micro + algorithm.frozen_calls(settings) * cost.forward_flops)
     update_bytes = micro_batches * 2 * weights
     optimizer_steps = t.num_minibatches * t.ppo_epochs
     master = 4 if (not full or e.mixed_precision == "bf16") else wbytes  # LoRA weights stay fp32
@@ -190,6 +187,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     else:  # fp32 adapters: weights, gradients, two moments
         train_state = 4 * trainable * 4 / shard
     # model.offload_reference: the copy is on the device only for its forward, which runs before the trained one
+    kl = algorithm.needs_reference(settings)
     reference = weights / shard if (full and kl and not (m.offload_reference or host)) else 0
     latent_numel = shapes_numel(arch, s)
     stochastic = (s.num_steps - 1) if s.window.kind == "all" else s.window.size
@@ -230,6 +228,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         peak_memory_gib_per_gpu_unchecked=peak_plain,
         peak_memory_gib_per_gpu_checkpointed=peak_ckpt,
         gpu_memory_gib=capacity,
+        headroom_gib=None if capacity is None else capacity - peak,
         fits=None if capacity is None else peak <= capacity,
         fits_without_checkpointing=None if capacity is None else peak_plain <= capacity,
         fits_with_checkpointing=None if capacity is None else peak_ckpt <= capacity,
@@ -243,6 +242,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         assumptions=[
             f"text tokens per sample {text} (prompt tokens {prompt_tokens} where the family cuts padding)",
             f"{'true CFG: doubled batch' if cfg_factor == 2 else 'one forward per step'}; micro-batch {micro}",
+            f"{evaluations:.3g} transformer evaluations per image in the rollout"
+            + ("" if tree is None else f" (a tree of {tree.leaves} leaves instead of {s.num_steps})"),
             f"trainable parameters {trainable / 1e6:.1f}M of {cost.params / 1e9:.2f}B",
             "rewards, FSDP collectives and the time of offloading's copies are not modelled: they are inside the "
             "efficiency factor",

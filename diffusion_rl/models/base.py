@@ -24,6 +24,19 @@ from diffusion_rl.models.policies import LoraSettings, PolicySet
 ConditionImages = Sequence[Sequence[np.ndarray]]
 
 
+def on_meta(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An empty tensor on the meta device: a shape and a dtype, no storage (`estimate`'s transformer inputs)."""
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def video_vae_stats(vae, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) [1, C, 1, 1, 1] of a video VAE's latents [B, C, T, H, W] (Wan's, Qwen-Image's), from its config."""
+    config, shape = vae.config, (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(config.latents_mean, dtype=dtype, device=vae.device).view(shape)
+    std = torch.tensor(config.latents_std, dtype=dtype, device=vae.device).view(shape)
+    return mean, std
+
+
 def freeze(*modules) -> None:
     """Text encoders and the VAE never train: no gradients, eval mode (no dropout)."""
     for module in modules:
@@ -70,6 +83,20 @@ class FlowModel(ABC):
     native_size: int | None = None  # pixels a side its pipeline samples by default, where its configs do not say
     caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
     embedding_cache = None  # an EmbeddingCache (models/embedding_cache.py) once attached: the encoders are gone
+
+    # -- what `estimate` counts (estimate/), from the architecture alone: the transformer is built on the meta device
+    @classmethod
+    def text_tokens(cls, arch, max_sequence_length: int, prompt_tokens: int) -> int:
+        """Text tokens the transformer reads per sample (`arch`: estimate's Architecture; `prompt_tokens`: a
+        typical prompt's length, for families that cut the padding)."""
+        return max_sequence_length
+
+    @classmethod
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+        """The transformer's keyword arguments as meta tensors (`on_meta`), as `velocity` gives them: `batch` rows,
+        latents of `latent` = (frames, height, width) cells, `text` tokens, an editing family's condition image
+        beside the latents; `config` is the transformer's config."""
+        raise NotImplementedError(f"the family '{cls.family}' gives estimate no transformer inputs (meta_inputs)")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

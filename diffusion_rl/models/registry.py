@@ -8,8 +8,6 @@ a family is its adapter file (with the registration) and its tiny-builder file; 
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ class ModelFamily:
     save: Callable[[object, Path], None] | None = None
 
 
-FAMILIES: Registry[ModelFamily] = Registry("model family")
+FAMILIES: Registry[ModelFamily] = Registry("model family", plugins=("diffusion_rl.models.families",))
 
 
 def register_family(family: ModelFamily) -> None:
@@ -43,11 +41,7 @@ def register_family(family: ModelFamily) -> None:
 
 
 def load_families() -> Registry[ModelFamily]:
-    """The registry with every family of models/families/ registered (importing a module registers it)."""
-    from diffusion_rl.models import families
-
-    for module in pkgutil.iter_modules(families.__path__):
-        importlib.import_module(f"{families.__name__}.{module.name}")
+    """The registry of families (every module of models/families/ is imported on its first look-up)."""
     return FAMILIES
 
 
@@ -66,7 +60,7 @@ def save_pipeline(family: str, pipeline, directory: Path) -> None:
 
 def family_of_pipeline(class_name: str, where: str) -> ModelFamily:
     """The family whose pipeline class is `class_name` (read from `where`, named in the error)."""
-    for _, family in load_families().items():
+    for _, family in FAMILIES.items():
         if family.pipeline == class_name:
             return family
     known = ", ".join(f"{f.pipeline} ({name})" for name, f in FAMILIES.items())

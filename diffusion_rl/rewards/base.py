@@ -38,7 +38,7 @@ from diffusion_rl.rewards.user_fn import is_user_function_spec, load_user_functi
 
 RewardFn = Callable[[np.ndarray, list[str], list[dict[str, Any]]], Any]
 
-REWARDS: Registry[Callable[..., RewardFn]] = Registry("reward")
+REWARDS: Registry[Callable[..., RewardFn]] = Registry("reward", plugins=("diffusion_rl.rewards",))
 
 
 def is_group_reward(fn: Any) -> bool:

@@ -121,6 +121,36 @@ def check_settings(dtype: str, batch_size: int, device: str | None, who: str):
     return getattr(torch, dtype), torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def checkpoint_file(path: Any, who: str, what: str, download: str) -> Path:
+    """The file `path` names, or a UserError saying how to get it (`download`: the command that fetches it)."""
+    file = Path(str(path)).expanduser()
+    if not file.is_file():
+        raise UserError(f"{who}: {what} {file} is not a file; download {download}")
+    return file
+
+
+def load_state(file: Path, who: str) -> dict[str, Any]:
+    """The state dict in a torch checkpoint file ({"state_dict": ...}, or the state dict itself), read as weights only
+    (no code runs)."""
+    import torch
+
+    try:
+        loaded = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle errors have no common base
+        raise UserError(f"{who}: cannot read {file} as a torch checkpoint ({type(e).__name__}: {e})") from None
+    return loaded.get("state_dict", loaded) if isinstance(loaded, dict) else loaded
+
+
+def load_weights(model, state: dict[str, Any], who: str, what: str) -> None:
+    """`state` into `model`; position_ids buffers are rebuilt by transformers, anything else missing or left over
+    means a wrong checkpoint (a UserError listing the first keys)."""
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("position_ids")]
+    if missing or result.unexpected_keys:
+        raise UserError(f"{who}: {what} does not fit the model: missing {missing[:8]}, "
+                        f"unexpected {result.unexpected_keys[:8]}")  # fmt: skip
+
+
 def _pooled(features: Any):
     """The projected embedding: transformers 5 returns an output object, older versions the tensor itself."""
     return features if hasattr(features, "dim") else features.pooler_output

@@ -38,14 +38,20 @@ from __future__ import annotations
 
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS
-from diffusion_rl.rewards.clip import ClipEncoder, _existing_dir, check_settings
+from diffusion_rl.rewards.clip import (
+    ClipEncoder,
+    _existing_dir,
+    check_settings,
+    checkpoint_file,
+    load_state,
+    load_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -148,23 +154,6 @@ def openclip_to_clip(state: dict[str, Any], vision_heads: int = 16, text_heads: 
     return config, converted
 
 
-def load_openclip_checkpoint(path: str) -> dict[str, Any]:
-    """The state dict in an HPSv2 checkpoint file ({"state_dict": ...}, or the state dict itself)."""
-    import torch
-
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise UserError(
-            f"hpsv2: checkpoint {file} is not a file; download HPS_v2.1_compressed.pt from the Hugging Face repo "
-            "xswu/HPSv2 (`huggingface-cli download xswu/HPSv2 HPS_v2.1_compressed.pt --local-dir DIR`)"
-        )
-    try:
-        loaded = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle errors have no common base
-        raise UserError(f"hpsv2: cannot read {file} as a torch checkpoint ({type(e).__name__}: {e})") from None
-    return loaded.get("state_dict", loaded) if isinstance(loaded, dict) else loaded
-
-
 class LetterboxProcessor:
     """HPSv2's preprocessing: longer side to `size` (PIL bicubic), centred on black, then CLIP normalisation."""
 
@@ -215,15 +204,16 @@ def hpsv2(
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     except (OSError, ValueError) as e:
         raise UserError(f"hpsv2: cannot load a CLIP tokenizer from {tokenizer_dir} ({e})") from None
-    config, state = openclip_to_clip(load_openclip_checkpoint(checkpoint), vision_heads, text_heads,
-                                     tokenizer.eos_token_id)  # fmt: skip
+    file = checkpoint_file(
+        checkpoint,
+        "hpsv2",
+        "checkpoint",
+        "HPS_v2.1_compressed.pt from the Hugging Face repo "
+        "xswu/HPSv2 (`huggingface-cli download xswu/HPSv2 HPS_v2.1_compressed.pt --local-dir DIR`)",
+    )
+    config, state = openclip_to_clip(load_state(file, "hpsv2"), vision_heads, text_heads, tokenizer.eos_token_id)
     model = CLIPModel(config)
-    result = model.load_state_dict(state, strict=False)
-    # position_ids buffers are rebuilt by transformers; anything else missing means a wrong checkpoint
-    missing = [k for k in result.missing_keys if not k.endswith("position_ids")]
-    if missing or result.unexpected_keys:
-        raise UserError(f"hpsv2: {checkpoint} does not fit CLIPModel: missing {missing[:8]}, "
-                        f"unexpected {result.unexpected_keys[:8]}")  # fmt: skip
+    load_weights(model, state, "hpsv2", str(file))
     processor = LetterboxProcessor(config.vision_config.image_size)
     encoder = ClipEncoder.from_parts(model, tokenizer, processor, torch_device, torch_dtype, batch_size)
 

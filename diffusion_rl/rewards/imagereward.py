@@ -33,14 +33,20 @@ from __future__ import annotations
 import json
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS
-from diffusion_rl.rewards.clip import _existing_dir, aesthetic_head, check_settings
+from diffusion_rl.rewards.clip import (
+    _existing_dir,
+    aesthetic_head,
+    check_settings,
+    checkpoint_file,
+    load_state,
+    load_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -148,11 +154,7 @@ def build_model(state: dict[str, Any], med_config: dict[str, Any], vision_heads:
 
     model = ImageRewardModel()
     mapped, unused = map_imagereward_state(state)
-    result = model.load_state_dict(mapped, strict=False)
-    missing = [k for k in result.missing_keys if not k.endswith("position_ids")]
-    if missing or result.unexpected_keys:
-        raise UserError(f"imagereward: the checkpoint does not fit the model: missing {missing[:8]}, "
-                        f"unexpected {result.unexpected_keys[:8]}")  # fmt: skip
+    load_weights(model, mapped, "imagereward", "the checkpoint")
     if unused:
         logger.info("imagereward: %d checkpoint keys unused (as in the authors' loader): %s", len(unused), unused[:6])
     return model.eval().requires_grad_(False)
@@ -178,25 +180,16 @@ class ImageReward:
         med_config: the BERT config JSON (null = med_config.json next to the checkpoint).
         vision_heads: the ViT's attention heads (null = width / 64: 16 for ViT-L).
         """
-        import torch
         from transformers import BertTokenizer, CLIPImageProcessorPil
 
         self.dtype, self.device = check_settings(dtype, batch_size, device, "imagereward")
         self.batch_size = batch_size
-        file = Path(checkpoint).expanduser()
-        config_file = Path(med_config).expanduser() if med_config else file.parent / "med_config.json"
-        for path, what in ((file, "checkpoint"), (config_file, "med_config")):
-            if not path.is_file():
-                raise UserError(
-                    f"imagereward: {what} {path} is not a file; download ImageReward.pt and med_config.json with "
-                    "`huggingface-cli download THUDM/ImageReward ImageReward.pt med_config.json --local-dir DIR`"
-                )
-        try:
-            state = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as e:  # pickle errors have no common base
-            raise UserError(f"imagereward: cannot read {file} ({type(e).__name__}: {e})") from None
-        if isinstance(state, dict) and "state_dict" in state:
-            state = state["state_dict"]
+        download = ("ImageReward.pt and med_config.json with `huggingface-cli download THUDM/ImageReward "
+                    "ImageReward.pt med_config.json --local-dir DIR`")  # fmt: skip
+        file = checkpoint_file(checkpoint, "imagereward", "checkpoint", download)
+        config_file = checkpoint_file(med_config or file.parent / "med_config.json", "imagereward", "med_config",
+                                      download)  # fmt: skip
+        state = load_state(file, "imagereward")
         self.model = build_model(state, json.loads(config_file.read_text()), vision_heads)
         self.model.to(device=self.device, dtype=self.dtype)
         try:

@@ -4,12 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference import (
-    PREFERENCE_LOSSES,
-    AwmInput,
-    awm_log_p,
-    awm_timestep_indices,
-)
+from diffusion_rl.algorithms.base import LOSSES
+from diffusion_rl.algorithms.preference.awm import AwmInput, awm_log_p, awm_timestep_indices
 
 CLIP = 0.2
 # row 0: mse = (1 + 0)/2 = 0.5 at t = 0.25; row 1: mse = (1 + 4)/2 = 2.5 at t = 0.8
@@ -70,7 +66,7 @@ def test_log_p_weightings_match_hand_computation():
 @pytest.mark.parametrize("weighting", ["uniform", "t", "ghuber"])
 def test_loss_with_one_clipped_and_one_unclipped_row(weighting):
     inp = _input(weighting)
-    out = PREFERENCE_LOSSES.get("awm")(inp, _cfg(weighting))
+    out = LOSSES.get("awm")(inp, _cfg(weighting))
     # row 0: -0.5 * e^0.1 (unclipped); row 1: max(-1 * e^0.5, -1 * 1.2) = -1.2
     expected = (-0.5 * math.exp(0.1) - 1.2) / 2
     assert out.loss.item() == pytest.approx(expected, rel=1e-6)
@@ -95,7 +91,7 @@ def test_negative_advantage_clips_below():
     inp = _input()
     inp.advantages = torch.tensor([-1.0, 1.0])
     inp.log_p_old = torch.tensor([_hand_log_p(m, 0.0, "uniform") + 0.5 for m in MSE], dtype=torch.float64)
-    out = PREFERENCE_LOSSES.get("awm")(inp, _cfg())
+    out = LOSSES.get("awm")(inp, _cfg())
     # both ratios e^-0.5 < 0.8: row 0 (A^ = -0.5) takes max(0.5 e^-0.5, 0.5 * 0.8) = 0.4 (clipped);
     # row 1 (A^ = 0.5) takes max(-0.5 e^-0.5, -0.4) = -0.5 e^-0.5 (unclipped: the pessimistic side)
     assert out.loss.item() == pytest.approx((0.4 - 0.5 * math.exp(-0.5)) / 2, rel=1e-6)
@@ -106,7 +102,7 @@ def test_on_policy_ratio_is_one():
     with torch.no_grad():
         mse = ((inp.v.double() - inp.target.double()) ** 2).mean(dim=1)
         inp.log_p_old = awm_log_p(mse, inp.t, "ghuber")
-    out = PREFERENCE_LOSSES.get("awm")(inp, _cfg("ghuber"))
+    out = LOSSES.get("awm")(inp, _cfg("ghuber"))
     assert out.metrics["awm/ratio_mean"].item() == 1.0
     assert out.loss.item() == pytest.approx(-(0.5 + 1.0) / 2)
 
@@ -115,7 +111,7 @@ def test_reference_and_ema_terms():
     v_ref = torch.tensor([[0.0, 0.0], [1.0, 1.0]])  # gaps (1 + 0)/2 = 0.5, (0 + 4)/2 = 2
     v_ema = torch.tensor([[1.0, 1.0], [0.0, -1.0]])  # gaps (0 + 1)/2 = 0.5, (1 + 0)/2 = 0.5
     inp = _input(v_ref=v_ref, v_ema=v_ema)
-    out = PREFERENCE_LOSSES.get("awm")(inp, _cfg(kl_beta=0.1, ema_beta=2.0))
+    out = LOSSES.get("awm")(inp, _cfg(kl_beta=0.1, ema_beta=2.0))
     policy = (-0.5 * math.exp(0.1) - 1.2) / 2
     assert out.loss.item() == pytest.approx(policy + 0.1 * 1.25 + 2.0 * 0.5, rel=1e-6)
     assert out.metrics["kl_ref"].item() == pytest.approx(1.25)
@@ -129,9 +125,9 @@ def test_reference_and_ema_terms():
 
 def test_missing_reference_or_ema_is_an_error():
     with pytest.raises(ValueError, match="v_ref"):
-        PREFERENCE_LOSSES.get("awm")(_input(), _cfg(kl_beta=0.1))
+        LOSSES.get("awm")(_input(), _cfg(kl_beta=0.1))
     with pytest.raises(ValueError, match="v_ema"):
-        PREFERENCE_LOSSES.get("awm")(_input(), _cfg(ema_beta=0.1))
+        LOSSES.get("awm")(_input(), _cfg(ema_beta=0.1))
 
 
 def test_shapes_are_checked():

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference import PREFERENCE_LOSSES, DpoInput, dpo_timesteps
+from diffusion_rl.algorithms.base import LOSSES
+from diffusion_rl.algorithms.preference.dpo import DpoInput, dpo_timesteps
 
 BETA = 2.0
 # Two pairs of 2-element "latents". Per-sample error = mean of squared (v - u):
@@ -50,7 +51,7 @@ def test_loss_and_metrics_match_hand_computation():
     rows = _hand()
     # inside = -beta/2 * [(0.5 - 0.25) - (0 - 1)] = -1.25  and  -beta/2 * [(1 - 0) - (2 - 0)] = 1
     assert [r[2] for r in rows] == pytest.approx([-1.25, 1.0])
-    out = PREFERENCE_LOSSES.get("dpo")(_input(), SimpleNamespace(dpo_beta=BETA))
+    out = LOSSES.get("dpo")(_input(), SimpleNamespace(dpo_beta=BETA))
     expected = (math.log(1 + math.exp(1.25)) + math.log(1 + math.exp(-1.0))) / 2
     assert out.loss.item() == pytest.approx(expected, rel=1e-6)
     assert out.metrics["dpo/implicit_acc"].item() == 0.5
@@ -62,7 +63,7 @@ def test_loss_and_metrics_match_hand_computation():
 
 def test_gradient_lowers_chosen_error_and_raises_rejected_error():
     inp = _input(ref_requires_grad=True)
-    PREFERENCE_LOSSES.get("dpo")(inp, SimpleNamespace(dpo_beta=BETA)).loss.backward()
+    LOSSES.get("dpo")(inp, SimpleNamespace(dpo_beta=BETA)).loss.backward()
     # d loss / d err_w = beta/2 * sigmoid(-inside) / P; d err / d v_j = 2 (v_j - u_j) / D
     # pair 0, chosen, element 0: (v - u) = 1, D = 2 -> beta/2 * sigmoid(1.25) / 2
     assert inp.v_chosen.grad[0, 0].item() == pytest.approx(0.5 * BETA * _sigmoid(1.25) / 2, rel=1e-6)
@@ -77,7 +78,7 @@ def test_gradient_lowers_chosen_error_and_raises_rejected_error():
 def test_equal_policy_and_reference_gives_log_2():
     inp = _input()
     inp.v_ref_chosen, inp.v_ref_rejected = inp.v_chosen.detach().clone(), inp.v_rejected.detach().clone()
-    out = PREFERENCE_LOSSES.get("dpo")(inp, SimpleNamespace(dpo_beta=BETA))
+    out = LOSSES.get("dpo")(inp, SimpleNamespace(dpo_beta=BETA))
     assert out.loss.item() == pytest.approx(math.log(2))
     assert out.metrics["dpo/implicit_acc"].item() == 0.0
 

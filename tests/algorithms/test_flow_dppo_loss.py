@@ -4,7 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.losses import LOSSES, PolicyLossInput
+from diffusion_rl.algorithms.base import LOSSES
+from diffusion_rl.algorithms.losses.base import PolicyLossInput
 from diffusion_rl.algorithms.losses.flow_dppo import FlowDppoSettings
 
 THRESHOLD = 1e-3

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.losses import LOSSES, PolicyLossInput
+from diffusion_rl.algorithms.base import LOSSES
+from diffusion_rl.algorithms.losses.base import PolicyLossInput
 
 CLIP = 0.2
 # Sample 0: ratio e^0.1 inside the clip range. Sample 1: ratio e^0.5 above it with A > 0 (clipped at 1.2).

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import combine_per_reward_advantages, compute_group_advantages
+from diffusion_rl.algorithms.advantages import GroupNorm, combine_per_reward_advantages, compute_group_advantages
 
 NAN = float("nan")
 EPS = 1e-4
@@ -44,7 +44,7 @@ def _hand(rewards, groups, global_std, ddof, normalize=True, eps=EPS):
 
 
 def _run(rewards=REWARDS, groups=GROUPS, **kwargs):
-    return compute_group_advantages(torch.tensor(rewards), torch.tensor(groups), **kwargs)
+    return compute_group_advantages(torch.tensor(rewards), torch.tensor(groups), GroupNorm(**kwargs))
 
 
 @pytest.mark.parametrize("ddof", [0, 1])
@@ -142,8 +142,7 @@ def test_per_reward_aggregation_is_weighted_sum_of_per_reward_advantages():
         {"a": torch.tensor(REWARDS), "b": torch.tensor(other)},
         weights,
         torch.tensor(GROUPS),
-        global_std=False,
-        std_ddof=0,
+        GroupNorm(global_std=False, std_ddof=0),
     )
     a = _hand(REWARDS, GROUPS, global_std=False, ddof=0)
     b = _hand(other, GROUPS, global_std=False, ddof=0)

@@ -3,7 +3,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference import PREFERENCE_LOSSES, NftInput, nft_timestep_indices, reward_probability
+from diffusion_rl.algorithms.base import LOSSES
+from diffusion_rl.algorithms.preference.nft import NftInput, nft_timestep_indices, reward_probability
 
 BETA, CLIP, KL = 0.5, 2.0, 0.1
 # sample 0: A = -c (r = 0); sample 1: A = 0 (r = 1/2)
@@ -60,7 +61,7 @@ def test_loss_and_metrics_match_hand_computation():
     # sample 1: x0+ = [0.75, -1.25], x0- = [1.25, -0.75]: both at |0.25| -> (0.5 * 0.25 + 0.5 * 0.25) / beta = 0.5
     assert terms == pytest.approx([1.5, 0.5])
     kl = [(1.0 + 0.0) / 2, (1.0 + 9.0) / 2]
-    out = PREFERENCE_LOSSES.get("nft")(_input(), _cfg())
+    out = LOSSES.get("nft")(_input(), _cfg())
     assert out.loss.item() == pytest.approx(CLIP * sum(terms) / 2 + KL * sum(kl) / 2, rel=1e-6)
     assert out.metrics["nft/policy_loss"].item() == pytest.approx(CLIP * 1.0)
     assert out.metrics["kl_ref"].item() == pytest.approx(2.75)
@@ -74,7 +75,7 @@ def test_adaptive_weight_is_floored():
     inp = _input(
         v=[[-2e-6, 2e-6]], v_old=[[-2e-6, 2e-6]], v_ref=None, x_t=[[0.0, 0.0]], x0=[[0.0, 0.0]], t=[1.0], adv=[0.0]
     )
-    out = PREFERENCE_LOSSES.get("nft")(inp, _cfg(kl_beta=0.0))
+    out = LOSSES.get("nft")(inp, _cfg(kl_beta=0.0))
     # r = 1/2; both terms 4e-12 / 1e-5 = 4e-7 (unfloored they would be 2e-6) -> c * 4e-7 / beta
     assert out.loss.item() == pytest.approx(CLIP * 4e-7 / BETA, rel=1e-3)
     assert out.metrics["kl_ref"].item() == 0.0
@@ -86,7 +87,7 @@ def test_gradient_step_moves_the_favoured_prediction_toward_x0(adv):
     # and with it pushes x0+ away
     v = [[0.3, -0.2, 0.5]]
     inp = _input(v=v, v_old=v, v_ref=None, x_t=[[0.4, 0.1, -0.3]], x0=[[0.0, 0.5, -1.0]], t=[0.7], adv=[adv])
-    PREFERENCE_LOSSES.get("nft")(inp, _cfg(kl_beta=0.0)).loss.backward()
+    LOSSES.get("nft")(inp, _cfg(kl_beta=0.0)).loss.backward()
     x_t, x0, t = inp.x_t[0].tolist(), inp.x0[0].tolist(), 0.7
     stepped = [a - 0.05 * g for a, g in zip(v[0], inp.v.grad[0].tolist())]
     before = sum((x - t * a - y) ** 2 for x, a, y in zip(x_t, v[0], x0))  # x0+ = x0- at v = v_old
@@ -107,12 +108,12 @@ def test_gradient_step_moves_the_favoured_prediction_toward_x0(adv):
 
 def test_kl_without_reference_is_an_error():
     with pytest.raises(ValueError, match="v_ref"):
-        PREFERENCE_LOSSES.get("nft")(_input(v_ref=None), _cfg(kl_beta=1e-4))
+        LOSSES.get("nft")(_input(v_ref=None), _cfg(kl_beta=1e-4))
 
 
 def test_non_positive_beta_is_an_error():
     with pytest.raises(ValueError, match="nft_beta"):
-        PREFERENCE_LOSSES.get("nft")(_input(), _cfg(nft_beta=0.0))
+        LOSSES.get("nft")(_input(), _cfg(nft_beta=0.0))
 
 
 def test_shapes_are_checked():

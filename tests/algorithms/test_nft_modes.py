@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference import PREFERENCE_LOSSES, NftInput, reward_probability
-from diffusion_rl.algorithms.preference.nft import NftSettings
+from diffusion_rl.algorithms.base import LOSSES
+from diffusion_rl.algorithms.preference.nft import NftInput, NftSettings, reward_probability
 from diffusion_rl.config import load
 from diffusion_rl.errors import UserError
 
@@ -79,7 +79,7 @@ def _hand(r, v=V, v_old=V_OLD, x_t=X_T, x0=X0, t=T, floor=1e-5):
 ])  # fmt: skip
 def test_loss_uses_the_mode_reward_probability(mode, adv, r):
     pos, neg, pol = _hand(r)
-    out = PREFERENCE_LOSSES.get("nft")(_input(adv), _cfg(mode))
+    out = LOSSES.get("nft")(_input(adv), _cfg(mode))
     assert out.loss.item() == pytest.approx(C * sum(pol) / 2, rel=1e-6)
     assert out.metrics["nft/r_mean"].item() == pytest.approx(sum(r) / 2)
     assert out.metrics["nft/positive_loss"].item() == pytest.approx(sum(pos) / 2, rel=1e-6)
@@ -92,7 +92,7 @@ def test_positive_and_negative_losses_by_hand():
     #                     v- = [-2.5, 1.5], x0- - x0 = [1.0, -0.2] → the same 0.8667
     pos, neg, _ = _hand([0.5, 0.5])
     assert pos == pytest.approx([0.25, 0.52 / 0.6]) and neg == pytest.approx([0.75, 0.52 / 0.6])
-    out = PREFERENCE_LOSSES.get("nft")(_input([0.0, 0.0]), _cfg())
+    out = LOSSES.get("nft")(_input([0.0, 0.0]), _cfg())
     assert out.metrics["nft/positive_loss"].item() == pytest.approx((0.25 + 0.52 / 0.6) / 2, rel=1e-6)
     assert out.metrics["nft/negative_loss"].item() == pytest.approx((0.75 + 0.52 / 0.6) / 2, rel=1e-6)
 
@@ -101,7 +101,7 @@ def test_metrics_leave_out_weight_zero_samples():
     inp = _input([1.0, -1.0])
     inp.weights = torch.tensor([1.0, 0.0])
     pos, neg, _ = _hand([0.75, 0.25])
-    out = PREFERENCE_LOSSES.get("nft")(inp, _cfg())
+    out = LOSSES.get("nft")(inp, _cfg())
     assert out.metrics["nft/positive_loss"].item() == pytest.approx(pos[0], rel=1e-6)
     assert out.metrics["nft/negative_loss"].item() == pytest.approx(neg[0], rel=1e-6)
 
@@ -111,12 +111,12 @@ def test_the_weight_floor_is_an_option():
     floor = 0.5
     pos, neg, pol = _hand([0.5, 0.5], floor=floor)
     assert pos[0] == pytest.approx(0.0625 / 0.5) and neg[0] == pytest.approx(0.75)
-    out = PREFERENCE_LOSSES.get("nft")(_input([0.0, 0.0]), _cfg(floor=floor))
+    out = LOSSES.get("nft")(_input([0.0, 0.0]), _cfg(floor=floor))
     assert out.loss.item() == pytest.approx(C * sum(pol) / 2, rel=1e-6)
-    default = PREFERENCE_LOSSES.get("nft")(_input([0.0, 0.0]), _cfg())
+    default = LOSSES.get("nft")(_input([0.0, 0.0]), _cfg())
     assert default.loss.item() > out.loss.item()  # dividing 0.0625 by 0.25 instead of 0.5
     with pytest.raises(ValueError, match="weight_floor"):
-        PREFERENCE_LOSSES.get("nft")(_input([0.0, 0.0]), _cfg(floor=0.0))
+        LOSSES.get("nft")(_input([0.0, 0.0]), _cfg(floor=0.0))
 
 
 def test_settings_defaults_and_checks():

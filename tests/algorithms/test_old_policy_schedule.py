@@ -1,6 +1,7 @@
 import pytest
 
-from diffusion_rl.algorithms.preference import ema_decay_awm, old_decay
+from diffusion_rl.algorithms.preference.awm import ema_decay_awm
+from diffusion_rl.algorithms.preference.nft import old_decay
 
 STEPS = [0, 1, 74, 75, 76, 100, 200]
 

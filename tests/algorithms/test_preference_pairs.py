@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference import online_pairs
+from diffusion_rl.algorithms.preference.dpo import online_pairs
 
 NAN = math.nan
 

@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference import AwmInput, DpoInput, NftInput, awm_loss, dpo_loss, nft_loss
+from diffusion_rl.algorithms.preference.awm import AwmInput, awm_loss
+from diffusion_rl.algorithms.preference.dpo import DpoInput, dpo_loss
+from diffusion_rl.algorithms.preference.nft import NftInput, nft_loss
 
 
 def _dpo(rows: slice = slice(None), weights=None) -> DpoInput:

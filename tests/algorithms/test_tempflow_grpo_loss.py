@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.losses import LOSSES, PolicyLossInput
+from diffusion_rl.algorithms.base import LOSSES
+from diffusion_rl.algorithms.losses.base import PolicyLossInput
 from diffusion_rl.algorithms.losses.tempflow_grpo import noise_aware_weight
 
 CLIP = 0.05

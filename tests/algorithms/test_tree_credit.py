@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import compute_group_advantages
+from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages
 from diffusion_rl.algorithms.tree_credit import tree_credit
 from diffusion_rl.sampling.tree import TreeSpec
 
@@ -19,7 +19,7 @@ GROUPS = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
 
 
 def test_depthwise_advantages_by_hand_with_each_trees_own_std():
-    credit = tree_credit(REWARDS, GROUPS, TREE, global_std=False, eps=0.0)
+    credit = tree_credit(REWARDS, GROUPS, TREE, GroupNorm(global_std=False, eps=0.0))
     # group 0, depth 1: V = mean(1, 3) = 2 and mean(6, 10) = 8; mean 5, std 3 → −1, +1
     # group 0, depth 2: mean 5, deviations −4 −2 1 5, std √(46/4) = √11.5
     s = math.sqrt(11.5)
@@ -37,7 +37,7 @@ def test_depthwise_advantages_by_hand_with_each_trees_own_std():
 
 
 def test_global_std_normalises_each_depth_over_the_batch_in_a_plain_loop():
-    credit = tree_credit(REWARDS, GROUPS, TREE, global_std=True, eps=1e-4)
+    credit = tree_credit(REWARDS, GROUPS, TREE, GroupNorm(global_std=True, eps=1e-4))
     r = REWARDS.tolist()
     for depth, size in ((1, 2), (2, 1)):  # leaves under a depth-d node
         nodes = {}  # (group, node) → valid rewards
@@ -94,7 +94,7 @@ def test_the_update_gives_each_trained_step_the_advantage_and_weight_of_its_dept
     cfg = load(root / "configs/quickstart_tree.yaml", ["sampling.num_steps=5", "sampling.window.kind=all",
                                                        "sampling.tree.branch_at=[1,3]"])  # fmt: skip
     algorithm = make_algorithm(cfg)
-    credit = tree_credit(REWARDS, GROUPS, TREE, global_std=False, eps=0.0)
+    credit = tree_credit(REWARDS, GROUPS, TREE, GroupNorm(global_std=False, eps=0.0))
     targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights, batch_size=[8])
     traj = SimpleNamespace(step_index=torch.arange(4).expand(8, 4))  # window: steps 0..3
     columns = torch.tensor([[0, 1, 2, 3]] * 4 + [[3, 2, 1, 0]] * 4)  # rows 4-7 in reverse (a random selection)

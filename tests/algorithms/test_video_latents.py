@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference import PREFERENCE_LOSSES, DpoInput
+from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.preference.base import forward_noise, row_mean
+from diffusion_rl.algorithms.preference.dpo import DpoInput
 
 
 def video(rows):
@@ -35,7 +36,7 @@ def test_dpo_loss_on_video_latents_by_hand():
         target_chosen=video([[0.0, 0.0]]),
         target_rejected=video([[0.0, 0.0]]),
     )
-    out = PREFERENCE_LOSSES.get("dpo")(inp, SimpleNamespace(dpo_beta=2.0))
+    out = LOSSES.get("dpo")(inp, SimpleNamespace(dpo_beta=2.0))
     assert out.loss.item() == pytest.approx(math.log(1 + math.exp(1.25)), rel=1e-6)
     out.loss.backward()
     assert inp.v_chosen.grad.shape == (1, 1, 2, 1, 1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference import ema_decay_awm
+from diffusion_rl.algorithms.preference.awm import ema_decay_awm
 from diffusion_rl.data.sampler import make_step_prompts
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.trainer import Trainer

@@ -4,6 +4,7 @@ logged FLOPs equal a count of the whole step taken around it, and counting that 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from diffusion_rl.estimate.architectures import architecture_for
 from diffusion_rl.estimate.devices import DEVICES
 from diffusion_rl.estimate.estimator import estimate
 from diffusion_rl.trainer.timing import perf_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_perf_metrics_by_hand():
@@ -118,3 +121,19 @@ def test_estimated_flops_agree_with_the_flops_a_tiny_run_counts(make_trainer):
     assert r.flops_rollout == pytest.approx(rollout, rel=0.01)
     assert r.flops_update == pytest.approx(update, rel=0.05)
     assert metrics["perf/flops_per_step"] == rollout + update
+
+
+def test_estimated_flops_of_a_tree_rollout_agree_with_the_flops_a_tiny_run_counts(make_trainer):
+    """A tree rollout (configs/quickstart_tree.yaml: splits at steps 2 and 5, 25 evaluations per tree of 4 instead of
+    40) costs NFE_tree / N evaluations per image: the estimate counts them, within 5 % of what the trainer counts."""
+    tree = ROOT / "configs/quickstart_tree.yaml"
+    trainer = make_trainer("log.flops=true", "sampling.num_steps=10", "data.group_size=4", "data.prompts_per_step=1",
+                           config=tree)  # fmt: skip
+    metrics = trainer.train_step(0)
+    counted = trainer.engine.worker.flops.cache
+    rollout = sum(v for k, v in counted.items() if k[0] == "generate")
+    r = estimate(trainer.cfg, architecture_for(trainer.cfg.model), DEVICES["h100"], 1)
+    print(f"tree rollout: estimated {r.flops_rollout:.4g}, counted {rollout:.4g}; step: estimated "
+          f"{r.flops_per_step:.4g}, counted {metrics['perf/flops_per_step']:.4g}")  # fmt: skip
+    assert r.flops_rollout == pytest.approx(rollout, rel=0.05)
+    assert r.flops_per_step == pytest.approx(metrics["perf/flops_per_step"], rel=0.05)

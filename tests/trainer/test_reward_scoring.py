@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import compute_group_advantages
+from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.timing import PhaseTimer
 
@@ -44,7 +44,7 @@ def test_sum_advantages_normalises_each_reward_then_weights(make_trainer, user_r
         group_mean = torch.stack([r[prompts.group_index == g].mean() for g in prompts.group_index.tolist()])
         expected += weight * ((r - group_mean) / (r.std(unbiased=False) + 1e-8)).float()
     assert torch.allclose(got, expected, atol=1e-5)
-    summed = compute_group_advantages(torch.from_numpy(scored.total), prompts.group_index, eps=1e-8)
+    summed = compute_group_advantages(torch.from_numpy(scored.total), prompts.group_index, GroupNorm(eps=1e-8))
     assert not torch.allclose(got, summed.advantages)
 
 

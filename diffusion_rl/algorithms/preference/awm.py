@@ -21,7 +21,7 @@ The KL terms are the plain velocity gaps ("Uniform" in AWM's reference), not div
 Metrics: awm/ratio_mean, awm/clip_fraction (|ratio - 1| > clip_range), awm/mse (mean mse_theta),
 awm/policy_loss, kl_ref (mean (v_theta - v_ref)^2, 0 without v_ref), awm/ema_gap (the same to v_ema).
 
-The update (`Awm`): K = train_timesteps stratified step indices per mini-batch (timesteps.awm_timestep_indices),
+The update (`Awm`): K = train_timesteps stratified step indices per mini-batch (`awm_timestep_indices`),
 one backward pass each; eps per (sample, index), the same in every epoch, so the ratio's log p_old (under the
 weights that sampled, computed before the first optimizer step when there are several) stays valid across the
 update's optimizer steps.
@@ -55,8 +55,6 @@ from diffusion_rl.algorithms.preference.base import (
     row_mean,
     weighted,
 )
-from diffusion_rl.algorithms.preference.schedules import ema_decay_awm
-from diffusion_rl.algorithms.preference.timesteps import awm_timestep_indices
 from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import check, opt
 from diffusion_rl.utils.seeding import make_generator
@@ -64,6 +62,8 @@ from diffusion_rl.utils.seeding import make_generator
 WEIGHTINGS = ("uniform", "t", "ghuber")
 GHUBER_POWER = 0.25
 GHUBER_EPS = 1e-10  # keeps the power's gradient finite at mse = 0
+AWM_EMA_RATE = 0.001
+AWM_EMA_CAP = 0.3
 
 
 @dataclass
@@ -104,6 +104,41 @@ def _gap(v: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
     if other is None:
         return torch.zeros(v.shape[0], device=v.device)
     return row_mean((v.float() - other.detach().float()).pow(2))
+
+
+def ema_decay_awm(step: int) -> float:
+    """AWM's decay of the EMA adapter its ema_beta term pulls toward: min(0.3, 0.001 * step)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return min(AWM_EMA_CAP, AWM_EMA_RATE * step)
+
+
+def awm_timestep_indices(num_timesteps: int, train_steps: int, generator: torch.Generator) -> torch.Tensor:
+    """LongTensor [K = num_timesteps]: one step index drawn uniformly in each of K strata of 1, ..., train_steps - 1.
+
+    train_steps = int(num_steps * timestep_fraction); the candidates are the M = train_steps - 1 indices
+    1, ..., train_steps - 1 (the half-open [1, train_steps), as AWM's reference does: index 0 is pure noise and
+    index train_steps is outside the trained fraction). Stratum k (k = 0, ..., K - 1) is the integers
+    [1 + floor(k * M / K), 1 + floor((k + 1) * M / K)); when K does not divide M the strata sizes differ by one,
+    the larger ones falling where the floors step twice (e.g. M = 9, K = 6: sizes 1, 2, 1, 2, 1, 2). Every stratum
+    holds at least one index, so the K indices are distinct and increasing; K > M is an error (the reference then
+    repeats indices silently).
+    """
+    k, m = num_timesteps, train_steps - 1
+    if k < 1:
+        raise ValueError(f"train_timesteps must be >= 1, got {k}")
+    if k > m:
+        raise ValueError(
+            f"AWM draws train_timesteps={k} distinct step indices from 1..{m} (= int(num_steps * timestep_fraction)"
+            f" - 1 = {train_steps} - 1): lower train_timesteps to <= {max(m, 0)} or raise num_steps or "
+            "timestep_fraction"
+        )
+    strata = torch.arange(k + 1, dtype=torch.long)
+    bounds = 1 + (strata * m) // k  # [K + 1] integer stratum edges
+    lo_K, size_K = bounds[:-1], bounds[1:] - bounds[:-1]
+    u_K = torch.rand(k, generator=generator, device=generator.device, dtype=torch.float64)
+    offset_K = (u_K * size_K.to(u_K.device)).floor().long()
+    return lo_K.to(u_K.device) + offset_K
 
 
 @dataclass
@@ -151,10 +186,16 @@ class AwmUnits:
 
 
 class Awm(ForwardProcess):
+    @classmethod
+    def trained_calls(cls, algorithm, sampling) -> int:
+        return algorithm.settings.train_timesteps
+
+    @classmethod
+    def frozen_calls(cls, settings) -> int:
+        return int(settings.ema_beta > 0) + super().frozen_calls(settings)  # the EMA's velocity, the reference's
+
     def attach(self, model) -> None:
         super().attach(model)
-        if self.settings.kl_beta > 0:
-            model.policies.keep_reference()
         if self.settings.ema_beta > 0:
             model.policies.add("ema")
 

@@ -14,10 +14,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.algorithms.base import LOSSES, Algorithm
+from diffusion_rl.algorithms.base import Algorithm, loss_names
 from diffusion_rl.settings import check
-
-PREFERENCE_LOSSES = LOSSES  # the one registry of every loss, under the name code looking up these losses used
 
 
 def row_mean(x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +77,7 @@ class ForwardProcess(Algorithm):
     """Base of the direct-preference algorithms: velocities of the named policies at re-noised final latents."""
 
     family = "direct_preference"
+    guided = False  # velocities are the model's conditional predictions
 
     @classmethod
     def check_config(cls, algorithm, sampling, sample_source) -> None:
@@ -94,8 +93,8 @@ class ForwardProcess(Algorithm):
             "algorithm.rollout_correction applies to the policy-gradient losses; leave it at its defaults",
         )
         check(
-            sample_source == "online" or algorithm.loss == "dpo",
-            f"data.sample_source=offline trains algorithm.loss=dpo only, got {algorithm.loss}",
+            sample_source == "online" or cls.offline,
+            f"data.sample_source=offline trains algorithm.loss={loss_names(offline=True)} only, got {algorithm.loss}",
         )
 
     def attach(self, model) -> None:

@@ -14,14 +14,15 @@ because per-sample error differences between policy and reference are small.
 Metrics: dpo/implicit_acc (fraction of pairs with inside > 0), dpo/reward_chosen = mean of
 -beta/2 * (err^theta_w - err^ref_w), dpo/reward_rejected (the same for l), dpo/margin = mean of inside.
 
-The update (`Dpo`): pairs come from `prepare` (one per group: best vs worst reward, algorithms/preference/pairs.py;
+The update (`Dpo`): pairs come from `prepare` (one per group: best vs worst reward, `online_pairs`;
 offline data gives them ready-made); each pair is one unit of the update, with one logit-normal t and one eps per
 pair and epoch, shared by its two members.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +41,6 @@ from diffusion_rl.algorithms.preference.base import (
     row_mean,
     weighted,
 )
-from diffusion_rl.algorithms.preference.pairs import online_pairs
-from diffusion_rl.algorithms.preference.timesteps import dpo_timesteps
 from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import check, opt
 from diffusion_rl.utils.seeding import make_generator
@@ -80,6 +79,89 @@ def _error(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class PreferencePairs:
+    chosen: torch.Tensor  # int64 [P]: batch index of each pair's chosen (higher-reward) sample
+    rejected: torch.Tensor  # int64 [P]: batch index of each pair's rejected sample
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def online_pairs(rewards: torch.Tensor, group_ids: torch.Tensor) -> PreferencePairs:
+    """One (best, worst) pair per group of rewards [B] (NaN = failed) grouped by group_ids [B] (any integers, e.g.
+    prompt indices). Per group, in order of first appearance:
+    - failed samples (reward NaN or inf) are left out;
+    - chosen = the highest valid reward, the earliest index on ties; rejected = the lowest valid reward, the
+      latest index on ties (so a group with distinct extremes never pairs a sample with itself);
+    - a group with fewer than 2 valid samples is skipped, and so is a group whose valid rewards are all equal.
+      flow_grpo's and verl-omni's DPO scripts pair such all-tie groups too (argmax and argmin pick two samples of
+      equal reward); we skip them: a pair with no preference only pushes the two samples' errors apart at random.
+
+    Metrics: pairs/count, pairs/groups, pairs/skipped_groups (= pairs/too_small_groups + pairs/tied_groups),
+    pairs/failed_samples, pairs/reward_gap (mean chosen - rejected reward; 0 with no pair).
+    """
+    if rewards.ndim != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must both be [B]; got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+        )
+    values = rewards.detach().double().cpu().tolist()
+    groups = group_ids.detach().cpu().tolist()
+    valid = [math.isfinite(r) for r in values]
+
+    members: dict[int, list[int]] = {}  # dicts keep insertion order: first-appearance order of the groups
+    for i, g in enumerate(groups):
+        members.setdefault(g, [])
+        if valid[i]:
+            members[g].append(i)
+
+    chosen, rejected = [], []
+    too_small = tied = 0
+    for indices in members.values():
+        if len(indices) < 2:
+            too_small += 1
+            continue
+        best = max(values[i] for i in indices)
+        worst = min(values[i] for i in indices)
+        if best == worst:
+            tied += 1
+            continue
+        chosen.append(min(i for i in indices if values[i] == best))
+        rejected.append(max(i for i in indices if values[i] == worst))
+
+    gaps = [values[c] - values[r] for c, r in zip(chosen, rejected)]
+    metrics = {
+        "pairs/count": float(len(chosen)),
+        "pairs/groups": float(len(members)),
+        "pairs/skipped_groups": float(too_small + tied),
+        "pairs/too_small_groups": float(too_small),
+        "pairs/tied_groups": float(tied),
+        "pairs/failed_samples": float(len(values) - sum(valid)),
+        "pairs/reward_gap": sum(gaps) / len(gaps) if gaps else 0.0,
+    }
+    device = rewards.device
+    return PreferencePairs(
+        chosen=torch.tensor(chosen, dtype=torch.long, device=device),
+        rejected=torch.tensor(rejected, dtype=torch.long, device=device),
+        metrics=metrics,
+    )
+
+
+def dpo_timesteps(num_pairs: int, generator: torch.Generator, sigmas_train: torch.Tensor) -> torch.Tensor:
+    """[P] sigmas: u = sigmoid(n), n ~ N(0, 1); t = sigmas_train[min(floor(N * u), N - 1)] with N = len(sigmas_train).
+
+    sigmas_train is the training schedule's [N] (N = 1000 for SD3-style models) shifted sigmas, in the
+    scheduler's order; logit-normal(0, 1) is symmetric about 1/2, so the order does not change the distribution.
+    The draw is on the generator's device; t comes back on sigmas_train's device.
+    """
+    if num_pairs < 0:
+        raise ValueError(f"num_pairs must be >= 0, got {num_pairs}")
+    if sigmas_train.ndim != 1 or sigmas_train.numel() == 0:
+        raise ValueError(f"sigmas_train must be a non-empty [N] tensor; got {tuple(sigmas_train.shape)}")
+    n = sigmas_train.numel()
+    u_P = torch.sigmoid(torch.randn(num_pairs, generator=generator, device=generator.device, dtype=torch.float64))
+    index_P = (u_P * n).floor().long().clamp(0, n - 1)
+    return sigmas_train[index_P.to(sigmas_train.device)]
+
+
+@dataclass
 class DpoSettings(LossSettings):
     dpo_beta: float = opt(2000.0, "β of Diffusion-DPO (flow models use ~100–5000).")
 
@@ -97,6 +179,12 @@ class PairUnits:
 
 
 class Dpo(ForwardProcess):
+    offline = True
+
+    @classmethod
+    def needs_reference(cls, settings) -> bool:
+        return True  # the loss is relative to the reference's errors
+
     def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
         """One pair per group (best vs worst valid reward), stored per row so that it survives splitting the batch."""
         pairs = online_pairs(torch.from_numpy(scored.total), group_index)
@@ -110,7 +198,6 @@ class Dpo(ForwardProcess):
 
     def attach(self, model) -> None:
         super().attach(model)
-        model.policies.keep_reference()
         s = self.sampler
         self.sigmas_train = model.sigma_schedule(TRAIN_SCHEDULE_STEPS, s.height, s.width, s.frames)[:-1]  # [1000]
 

@@ -20,7 +20,7 @@ reward_mode):
 
 means without an index run over the non-batch dims. c is a pure scale of the policy term; dividing by beta
 cancels the beta that v+- bring into the gradient (d x0+- / d v_theta = -+ t * beta), so a small beta does not
-shrink the update. v_old is the slowly-updated "old" adapter that sampled the rollouts (see schedules.old_decay);
+shrink the update. v_old is the slowly-updated "old" adapter that sampled the rollouts (see `old_decay`);
 v_ref is the frozen base model and is only needed when kl_beta > 0. The modes one_only and binary map the sign of
 the advantage to ±1 BEFORE dividing by 2c, as the reference code does, so their r moves only 1/(2c) from 1/2
 (0.1 at c = 5); a smaller adv_clip_max makes them stronger. The floor f (1e-5 in DiffusionNFT)
@@ -32,7 +32,7 @@ nft/old_gap (mean (v_theta - v_old)^2); means over the samples that carry weight
 
 The update (`Nft`): the `old` adapter samples the rollouts; each sample trains at a seeded subset of the rollout
 schedule's sigmas (timestep_fraction of them), one per backward pass; after every `old_update_interval` steps
-`old` moves toward the policy by the decay schedule (schedules.old_decay). Its advantages are the group advantages
+`old` moves toward the policy by the decay schedule (`old_decay`). Its advantages are the group advantages
 of algorithm.advantage (std with `std_ddof`, 0 by default as in DiffusionNFT's own code; verl-omni's is 1).
 """
 
@@ -57,8 +57,6 @@ from diffusion_rl.algorithms.preference.base import (
     row_mean,
     weighted,
 )
-from diffusion_rl.algorithms.preference.schedules import old_decay
-from diffusion_rl.algorithms.preference.timesteps import nft_timestep_indices
 from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import check, opt
 from diffusion_rl.utils.seeding import make_generator
@@ -102,6 +100,49 @@ def reward_probability(advantages: torch.Tensor, adv_clip_max: float, mode: str 
     elif mode != "continuous":
         raise ValueError(f"reward_mode must be one of {list(REWARD_MODES)}, got {mode!r}")
     return (a / (2 * c) + 0.5).clamp(0.0, 1.0)
+
+
+OLD_DECAY_KINDS: dict[str, tuple[int, float, float]] = {
+    # kind: (flat steps w, rate per step, cap); d(step) = 0 if step < w else min((step - w) * rate, cap)
+    "copy": (0, 0.0, 0.0),
+    "linear_to_0_5": (0, 0.001, 0.5),
+    "delayed_linear_to_0_999": (75, 0.0075, 0.999),
+}
+
+
+def old_decay(step: int, kind: str, fixed: float | None = None) -> float:
+    """DiffusionNFT's decay d of the "old" adapter after `step` completed trainer steps.
+
+    kind is one of OLD_DECAY_KINDS, or "fixed" with `fixed` the constant d in [0, 1]. DiffusionNFT's reference
+    recipes use "delayed_linear_to_0_999": the old adapter tracks the policy exactly for the first 75 steps,
+    then lags more and more (d = 0.1875 at step 100, 0.9375 at step 200, 0.999 from step 209 on).
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if kind == "fixed":
+        if fixed is None or not 0.0 <= fixed <= 1.0:
+            raise ValueError(f"old decay kind 'fixed' needs a constant decay in [0, 1]; got {fixed}")
+        return float(fixed)
+    if fixed is not None:
+        raise ValueError(f"a fixed old decay ({fixed}) only goes with kind 'fixed', not '{kind}'")
+    if kind not in OLD_DECAY_KINDS:
+        raise ValueError(f"unknown old decay kind '{kind}'; known: {', '.join([*OLD_DECAY_KINDS, 'fixed'])}")
+    flat, rate, cap = OLD_DECAY_KINDS[kind]
+    return 0.0 if step < flat else min((step - flat) * rate, cap)
+
+
+def nft_timestep_indices(num_steps: int, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """LongTensor [K]: the first K = max(1, int(num_steps * fraction)) entries of a permutation of range(num_steps).
+
+    The caller passes one generator per sample (seeded from (seed, step, sample index)) and trains at the rollout
+    schedule's sigmas at these indices.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"timestep fraction must be in (0, 1], got {fraction}")
+    k = max(1, int(num_steps * fraction))
+    return torch.randperm(num_steps, generator=generator, device=generator.device)[:k]
 
 
 @dataclass
@@ -155,11 +196,17 @@ class NftUnits:
 class Nft(ForwardProcess):
     rollout_policy = "old"
 
+    @classmethod
+    def trained_calls(cls, algorithm, sampling) -> int:
+        return max(1, int(sampling.num_steps * algorithm.settings.timestep_fraction))
+
+    @classmethod
+    def frozen_calls(cls, settings) -> int:
+        return 1 + super().frozen_calls(settings)  # the `old` adapter's velocity, and the reference's with a KL
+
     def attach(self, model) -> None:
         super().attach(model)
         model.policies.add("old")
-        if self.settings.kl_beta > 0:
-            model.policies.keep_reference()
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[NftUnits, dict[str, float]]:
         steps, fraction = self.sampler.num_steps, self.settings.timestep_fraction

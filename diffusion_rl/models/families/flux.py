@@ -19,6 +19,7 @@ from tensordict import TensorDict
 from diffusion_rl.models.base import (
     as_sigma_batch,
     images_to_uint8,
+    on_meta,
     refuse_condition_images,
     uint8_to_images,
 )
@@ -85,6 +86,19 @@ class FluxModel(PackedLatentModel):
         return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
 
     # -- the network ------------------------------------------------------------------------------------------
+    @classmethod
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+        _, h, w = latent
+        tokens = (h // 2) * (w // 2) * (1 + cls.edits)  # packed 2×2 patches; Kontext's source image beside them
+        t = torch.ones(batch, device="meta")
+        inputs = dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype), timestep=t,
+                      encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
+                      pooled_projections=on_meta(batch, config["pooled_projection_dim"], dtype=dtype),
+                      txt_ids=on_meta(text, 3), img_ids=on_meta(tokens, 3), return_dict=False)  # fmt: skip
+        if config.get("guidance_embeds"):
+            inputs["guidance"] = t
+        return inputs
+
     def forwards_per_evaluation(self, guidance: float) -> int:
         return 2 if not self.guidance_embeds and guidance > 1.0 else 1  # dev: guidance is an input, one forward
 

@@ -21,8 +21,10 @@ from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import (
     as_sigma_batch,
     images_to_uint8,
+    on_meta,
     refuse_condition_images,
     uint8_to_images,
+    video_vae_stats,
 )
 from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_of, unpack_latents
 from diffusion_rl.models.registry import ModelFamily, register_family
@@ -141,23 +143,31 @@ class QwenImageModel(PackedLatentModel):
             v = norm_rescaled_cfg(v_uncond, v_cond, guidance)
         return v.reshape(B, h, w, K)
 
-    # -- pixels ------------------------------------------------------------------------------------------------
-    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        config = self.vae.config
-        shape = (1, config.z_dim, 1, 1, 1)  # [B, C, T, H, W]: the VAE is a video VAE run on one frame
-        mean = torch.tensor(config.latents_mean, dtype=dtype, device=self.vae.device).view(shape)
-        std = torch.tensor(config.latents_std, dtype=dtype, device=self.vae.device).view(shape)
-        return mean, std
+    # -- what estimate counts ----------------------------------------------------------------------------------
+    @classmethod
+    def text_tokens(cls, arch, max_sequence_length: int, prompt_tokens: int) -> int:
+        return min(prompt_tokens, max_sequence_length)  # the template is cut, and so are the padding columns
 
+    @classmethod
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+        _, h, w = latent
+        grid, images = (1, h // 2, w // 2), 1 + cls.edits  # an edit's source image beside the latents
+        return dict(hidden_states=on_meta(batch, grid[1] * grid[2] * images, config["in_channels"], dtype=dtype),
+                    timestep=torch.ones(batch, device="meta"),
+                    encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
+                    encoder_hidden_states_mask=on_meta(batch, text, dtype=torch.bool),
+                    img_shapes=[[grid] * images] * batch, return_dict=False)  # fmt: skip
+
+    # -- pixels (the VAE is a video VAE run on one frame) --------------------------------------------------------
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        mean, std = self._latent_stats(self.vae.dtype)
+        mean, std = video_vae_stats(self.vae, self.vae.dtype)
         z = unpack_latents(latents).to(self.vae.device, self.vae.dtype)[:, :, None] * std + mean
         return images_to_uint8(self.vae.decode(z, return_dict=False)[0][:, :, 0])
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        mean, std = self._latent_stats(self.vae.dtype)
+        mean, std = video_vae_stats(self.vae, self.vae.dtype)
         pixels = uint8_to_images(images).to(self.vae.device, self.vae.dtype)[:, :, None]
         z = (self.vae.encode(pixels).latent_dist.mode() - mean) / std
         return pack_latents(z[:, :, 0]).float()

@@ -30,7 +30,6 @@ from diffusion_rl.errors import UserError
 from diffusion_rl.models.condition import condition_count, condition_latents, image_key
 from diffusion_rl.models.families.qwen_image import QWEN_IMAGE_LORA_TARGETS, QwenImageModel
 from diffusion_rl.models.registry import ModelFamily, register_family
-from diffusion_rl.models.vl_processor import load_image_text_processor
 
 
 class QwenImageEditModel(QwenImageModel):
@@ -97,6 +96,8 @@ def save_edit_pipeline(pipeline, directory: Path) -> None:
 
 def edit_components(path) -> dict:
     """The processor, built without torchvision (models/vl_processor.py)."""
+    from diffusion_rl.models.vl_processor import load_image_text_processor  # transformers' processors: when loading
+
     return {"processor": load_image_text_processor(path / "processor")}
 
 

@@ -9,6 +9,7 @@ from diffusion_rl.models.base import (
     FlowModel,
     as_sigma_batch,
     images_to_uint8,
+    on_meta,
     refuse_condition_images,
     single_frame,
     uint8_to_images,
@@ -72,6 +73,20 @@ class SD3Model(FlowModel):
             v_uncond, v_cond = v.chunk(2)
             v = v_uncond + guidance * (v_cond - v_uncond)
         return v
+
+    @classmethod
+    def text_tokens(cls, arch, max_sequence_length: int, prompt_tokens: int) -> int:
+        """The CLIPs' fixed positions (77 in the real ones; side by side in the channels), then T5's tokens."""
+        return max((e.positions for e in arch.text_encoders if e.kind == "clip"), default=77) + max_sequence_length
+
+    @classmethod
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+        _, h, w = latent
+        return dict(hidden_states=on_meta(batch, config["in_channels"], h, w, dtype=dtype),
+                    timestep=torch.ones(batch, device="meta") * 1000,
+                    encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
+                    pooled_projections=on_meta(batch, config["pooled_projection_dim"], dtype=dtype),
+                    return_dict=False)  # fmt: skip
 
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
         single_frame(self.family, frames)

@@ -27,7 +27,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.base import FlowModel, as_sigma_batch, refuse_condition_images
+from diffusion_rl.models.base import FlowModel, as_sigma_batch, on_meta, refuse_condition_images, video_vae_stats
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # attention of both kinds (self-attention over the video tokens, cross-attention to the text) and the feed-forward
@@ -138,23 +138,24 @@ class WanModel(FlowModel):
         self.latent_shape(height, width, frames)  # the size check; the shift is fixed
         return shifted_sigma_schedule(num_steps, self.shift, int(self.timestep_scale))
 
+    @classmethod
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+        return dict(hidden_states=on_meta(batch, config["in_channels"], *latent, dtype=dtype),
+                    timestep=torch.ones(batch, device="meta") * 1000,
+                    encoder_hidden_states=on_meta(batch, text, config["text_dim"], dtype=dtype),
+                    return_dict=False)  # fmt: skip
+
     # -- pixels ------------------------------------------------------------------------------------------------
-    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        config = self.vae.config
-        shape = (1, config.z_dim, 1, 1, 1)
-        mean = torch.tensor(config.latents_mean, dtype=dtype, device=self.vae.device).view(shape)
-        std = torch.tensor(config.latents_std, dtype=dtype, device=self.vae.device).view(shape)
-        return mean, std
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        mean, std = self._latent_stats(self.vae.dtype)
+        mean, std = video_vae_stats(self.vae, self.vae.dtype)
         z = latents.to(self.vae.device, self.vae.dtype) * std + mean
         return video_to_uint8(self.vae.decode(z, return_dict=False)[0])
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        mean, std = self._latent_stats(self.vae.dtype)
+        mean, std = video_vae_stats(self.vae, self.vae.dtype)
         pixels = uint8_to_video(images).to(self.vae.device, self.vae.dtype)
         return ((self.vae.encode(pixels).latent_dist.mode() - mean) / std).float()
 
