@@ -82,7 +82,8 @@ def test_a_crash_or_an_overrun_is_recorded_and_the_next_part_still_runs(tmp_path
     def skipped(ctx):
         raise gpu_check.Skipped("memory says no")
 
-    parts = {"boom": (boom, 30), "killed": (killed, 30), "skipped": (skipped, 30), "fine": (lambda ctx: {"answer": 42}, 30),
+    fine = lambda ctx: {"answer": 42}  # noqa: E731
+    parts = {"boom": (boom, 30), "killed": (killed, 30), "skipped": (skipped, 30), "fine": (fine, 30),
              "endless": (endless, 60), "late": (lambda ctx: {}, 30)}  # fmt: skip
     monkeypatch.setattr(gpu_check, "PARTS", parts)
     monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
