@@ -56,13 +56,21 @@ def run_part(name: str, ctx: Context, result_file: Path) -> None:
         record = {"status": "failed", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
     result_file.write_text(json.dumps(record, default=str))
     sys.stdout.flush()
-    os._exit(0)  # no atexit work in a forked child
+    os._exit(0)  # no atexit work in a child (a forked one shares the parent's)
 
 
-def supervise(name: str, ctx: Context, cap_s: float) -> dict:
-    """Run part `name` in a forked child for at most `cap_s` seconds; its record with the seconds it took."""
+def start_method() -> str:
+    """fork (the imports done once, here) unless something initialised CUDA in this process: a forked child could not
+    use it then, and each child imports everything again (spawn)."""
+    import torch
+
+    return "spawn" if torch.cuda.is_initialized() else "fork"
+
+
+def supervise(name: str, ctx: Context, cap_s: float, method: str = "fork") -> dict:
+    """Run part `name` in a child process for at most `cap_s` seconds; its record with the seconds it took."""
     result_file = ctx.work / f"{name}.json"
-    child = multiprocessing.get_context("fork").Process(target=run_part, args=(name, ctx, result_file), daemon=True)
+    child = multiprocessing.get_context(method).Process(target=run_part, args=(name, ctx, result_file), daemon=True)
     started = time.perf_counter()
     child.start()
     child.join(cap_s)
@@ -93,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(dry_run=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu_check_")))
     warm_imports()
+    method = start_method()
     record = {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "dry_run": args.dry_run,
         "argv": sys.argv if argv is None else argv,
         "budget_s": args.budget,
+        "start_method": method,
         "parts": {name: {"status": "not_run", "cap_s": PARTS[name][1]} for name in names},
     }
     start = time.perf_counter()
@@ -107,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         if left < MIN_PART_S:
             record["parts"][name]["reason"] = f"the check's budget of {args.budget:.0f} s was spent"
             continue
-        part = supervise(name, ctx, min(PARTS[name][1], left))
+        part = supervise(name, ctx, min(PARTS[name][1], left), method)
         record["parts"][name] = part
         note = part.get("error") or part.get("reason") or ""
         print(f"{name:<16} {part['status']:<8} {part['seconds']:6.1f} s  {note}", flush=True)

@@ -63,6 +63,7 @@ class ModelRun:
     family: str  # its family (the dry run's tiny architecture)
     overrides: tuple[str, ...] = ()
     dry: tuple[str, ...] = ()  # what else the dry run's toy sizes need
+    rows: int | None = None  # images per step (default: micro_batch_size × num_minibatches)
 
 
 RUNS = {
@@ -72,8 +73,14 @@ RUNS = {
     ),  # fmt: skip
     "flux_lora": ModelRun("flux_pickscore_lora.yaml", "FLUX.1-dev", "flux"),
     "qwen_image_lora": ModelRun("qwen_image_ocr_lora.yaml", "Qwen-Image", "qwen_image", dry=("sampling.window.hi=3",)),
+    # a short clip: 17 frames (5 latent frames) of the ready config's 33, two videos (one per optimizer step)
     "wan21_lora": ModelRun(
-        "wan21_t2v_1_3b_ocr_lora.yaml", "Wan2.1-T2V-1.3B-Diffusers", "wan", dry=("sampling.num_frames=5",)
+        "wan21_t2v_1_3b_ocr_lora.yaml",
+        "Wan2.1-T2V-1.3B-Diffusers",
+        "wan",
+        ("sampling.num_frames=17",),
+        dry=("sampling.num_frames=5",),
+        rows=2,
     ),  # fmt: skip
 }
 # the dry run: the same configs at toy sizes on the tiny presets' architectures
@@ -125,7 +132,7 @@ def run_config(ctx: Context, run: ModelRun, extra: list[str], rows: int | None =
     """The ready config with the check's overrides; `rows` per step (default micro_batch × num_minibatches)."""
     dry = [*DRY, *run.dry, f"log.peak_tflops={ctx.device_entry().peak_tflops}"] if ctx.dry_run else []
     base = load(ROOT / "configs" / run.config, [*run.overrides, *dry])
-    rows = rows or base.train.micro_batch_size * base.train.num_minibatches
+    rows = rows or run.rows or base.train.micro_batch_size * base.train.num_minibatches
     overrides = [
         *run.overrides, *dry,
         f"run.dir={tempfile.mkdtemp(dir=ctx.work)}", f"model.device={ctx.device_type}", "model.embedding_cache=null",

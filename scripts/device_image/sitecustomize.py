@@ -5,10 +5,11 @@ installed into). Every other installed package is as absent as it is there: `imp
 
 How: Python runs this file at start-up when its folder is on PYTHONPATH (site.py imports `sitecustomize`); it takes
 the site-packages folders off sys.path and puts a finder first on sys.meta_path that finds, in them, only the
-image's distributions and what they require (modules and metadata). Forked children inherit it. With $DEVICE_IMPORT_LOG set, each
-top-level import that does not come from the image is written there: "carried NAME PATH" (found in the folder
-$DEVICE_CARRIED_SITE), "absent NAME" (installed here, absent there: a failed import, or a library's probe for
-an optional package) or "required NAME" (not listed, but required by a listed package as installed here). Used by scripts/prove_device_wheels.sh.
+image's distributions and what they require (modules and metadata). Forked children inherit it. With
+$DEVICE_IMPORT_LOG set, each top-level import that does not come from the image is written there: "carried NAME
+PATH" (found in the folder $DEVICE_CARRIED_SITE), "absent NAME" (installed here, absent there: a failed import, or
+a library's probe for an optional package) or "required NAME" (not listed, but required by a listed package as
+installed here). Used by scripts/prove_device_wheels.sh.
 """
 
 import importlib.machinery
