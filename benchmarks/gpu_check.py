@@ -42,11 +42,12 @@ STATUSES = ("ok", "skipped", "failed", "timeout", "not_run")
 MIN_PART_S = 20  # a part is not started with less of the budget left
 
 
-def run_part(name: str, ctx: Context, result_file: Path) -> None:
+def run_part(name: str, ctx: Context, result_file: Path, cap_s: float) -> None:
     """In the child: run one part, write {"status", "result" | "error"} to `result_file`."""
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    ctx.deadline, ctx.partial_file = time.monotonic() + cap_s, result_file.with_suffix(".partial.json")
     function = PARTS[name][0]
     try:
         record = {"status": "ok", "result": function(ctx)}
@@ -70,7 +71,8 @@ def start_method() -> str:
 def supervise(name: str, ctx: Context, cap_s: float, method: str = "fork") -> dict:
     """Run part `name` in a child process for at most `cap_s` seconds; its record with the seconds it took."""
     result_file = ctx.work / f"{name}.json"
-    child = multiprocessing.get_context(method).Process(target=run_part, args=(name, ctx, result_file), daemon=True)
+    child = multiprocessing.get_context(method).Process(target=run_part, args=(name, ctx, result_file, cap_s),
+                                                        daemon=True)  # fmt: skip
     started = time.perf_counter()
     child.start()
     child.join(cap_s)
@@ -78,6 +80,9 @@ def supervise(name: str, ctx: Context, cap_s: float, method: str = "fork") -> di
         child.kill()
         child.join()
         record = {"status": "timeout", "error": f"killed after its cap of {cap_s:.0f} s"}
+        partial = result_file.with_suffix(".partial.json")
+        if partial.is_file():  # what a part of several runs had measured before
+            record["result"] = json.loads(partial.read_text())
     elif result_file.is_file():
         record = json.loads(result_file.read_text())
     else:  # died without a word: a signal (segfault, OOM kill) or os._exit elsewhere

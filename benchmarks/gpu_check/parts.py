@@ -10,6 +10,8 @@ micro_batch_size × num_minibatches rows (one micro-batch per optimizer step, bo
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import platform
 import subprocess
@@ -43,9 +45,19 @@ class Context:
     dry_run: bool
     work: Path  # a scratch folder of this check
     device_type: str = field(init=False)
+    deadline: float = float("inf")  # time.monotonic() by which the running part is killed (set in its process)
+    partial_file: Path | None = None  # where a part leaves what it has measured so far (set in its process)
 
     def __post_init__(self):
         self.device_type = "cpu" if self.dry_run else "cuda"
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def keep(self, result: dict) -> None:
+        """Leave what a part of several runs has measured so far: kept if the part is killed at its cap."""
+        if self.partial_file is not None:
+            self.partial_file.write_text(json.dumps(result, default=str))
 
     def device_entry(self) -> Device | None:
         """The peak table's entry for this device (estimate/devices.py); on the CPU one with a measured peak."""
@@ -145,7 +157,12 @@ def run_config(ctx: Context, run: ModelRun, extra: list[str], rows: int | None =
 
 
 def architecture(ctx: Context, run: ModelRun):
-    return from_tiny(run.family, TINY_PRESET) if ctx.dry_run else from_shipped(run.arch)
+    return _architecture(run.family, run.arch, ctx.dry_run)
+
+
+@functools.cache
+def _architecture(family: str, name: str, tiny: bool):
+    return from_tiny(family, TINY_PRESET) if tiny else from_shipped(name)
 
 
 def build(ctx: Context, name: str, extra: list[str] = (), rows: int | None = None, engine_factory=None):
@@ -170,11 +187,11 @@ def timed_steps(trainer, steps: int) -> list[dict]:
 
 
 def release() -> None:
-    """Free what the last trainer held (the caller drops its reference first)."""
+    """Give the device memory of the last trainer back (the caller drops its reference first)."""
     import gc
 
-    gc.collect()
-    if cuda_in_use():
+    if cuda_in_use():  # a CPU run needs none of this (a full collection costs a second there)
+        gc.collect()
         torch.cuda.empty_cache()
 
 
@@ -279,20 +296,21 @@ SMALL = ["sampling.num_steps=4", "train.micro_batch_size=2", "train.num_minibatc
 def replay_part(ctx: Context) -> dict:
     """train/logp_diff_max (the rollout's log-probs recomputed by the update's first forward) on SD3.5-Medium LoRA,
     for sde and cps under each precision: 0 on a CPU; what it is on CUDA kernels."""
-    out = {}
+    out = {"model": "stable-diffusion-3.5-medium LoRA, 2 images, 4 steps", "runs": {}}
     for precision, overrides in REPLAY_PRECISIONS.items():
         for sde in ("sde", "cps"):
             cfg, _, trainer = build(ctx, "sd35_lora", [*SMALL, *overrides, f"sampling.sde_type={sde}"], rows=2)
             metrics = timed_steps(trainer, 1)[0]
-            out[f"{precision}/{sde}"] = {
+            out["runs"][f"{precision}/{sde}"] = {
                 "logp_diff_max": metrics.get("train/logp_diff_max"),
                 "step_s": metrics["wall_s"],
                 "rollout_correction": {k: v for k, v in metrics.items() if "rollout_correction" in k or "/is_" in k},
             }
+            out["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32 if cuda_in_use() else None
+            ctx.keep(out)
             del trainer
             release()
-    tf32 = torch.backends.cuda.matmul.allow_tf32 if cuda_in_use() else None
-    return {"model": "stable-diffusion-3.5-medium LoRA, 2 images, 4 steps", "tf32_matmul": tf32, "runs": out}
+    return out
 
 
 def compile_part(ctx: Context) -> dict:
@@ -308,6 +326,7 @@ def compile_part(ctx: Context) -> dict:
         _, _, trainer = build(ctx, "sd35_lora", extra, rows=2)
         steps = timed_steps(trainer, 3 if compiled else 2)
         results["compiled" if compiled else "eager"] = [s["wall_s"] for s in steps]
+        ctx.keep({"step_times_s": results})
         del trainer
         release()
     eager, compiled = results["eager"][-1], min(results["compiled"][1:])
@@ -328,8 +347,15 @@ def attention_part(ctx: Context) -> dict:
     others = [n for n in names if n != DEFAULT_BACKEND]
     if ctx.dry_run:  # one other backend shows the plumbing
         others = ["native"] if "native" in others else others[:1]
-    runs = {}
+    # the fused kernels first; the reference and unfused ones (math, flex without compile) last: they may be slow
+    slow = ("_native_math", "flex")
+    others = sorted(others, key=lambda n: n in slow)
+    result = {"model": "Wan2.1-T2V-1.3B LoRA, 2 videos, 3 steps", "installed": names, "runs": {}}
+    runs = result["runs"]
     for backend in [DEFAULT_BACKEND, *others]:
+        if ctx.seconds_left() < 15:
+            runs[backend] = {"error": "not run: the part's time cap was near"}
+            continue
         try:
             extra = ["sampling.num_steps=3", "train.num_minibatches=1", "log.flops=false",
                      f"model.attention_backend={backend}"]  # fmt: skip
@@ -343,7 +369,8 @@ def attention_part(ctx: Context) -> dict:
         base = runs[DEFAULT_BACKEND].get("step_s")
         if base and "step_s" in runs[backend]:
             runs[backend]["vs_sdpa"] = runs[backend]["step_s"] / base
-    return {"model": "Wan2.1-T2V-1.3B LoRA, 2 videos, 3 steps", "installed": names, "runs": runs}
+        ctx.keep(result)
+    return result
 
 
 def fsdp2_part(ctx: Context) -> dict:

@@ -60,7 +60,7 @@ def markdown(record: dict) -> str:
                   "| precision / sde | logp_diff_max |", "|---|---|"]  # fmt: skip
         lines += [f"| {k} | {_f(v['logp_diff_max'], '.3g')} |" for k, v in replay["runs"].items()]
     comp = (parts.get("compile") or {}).get("result")
-    if comp:
+    if comp and "ratio" in comp:  # (a compile killed at its cap leaves only its step times)
         lines += ["", f"## model.compile_blocks ({comp['model']})", "",
                   f"eager {_f(comp['eager_step_s'])} s/step, compiled {_f(comp['compiled_step_s'])} s/step "
                   f"(× {_f(comp['ratio'])}); compile time {_f(comp['compile_s'], '.0f')} s."]  # fmt: skip

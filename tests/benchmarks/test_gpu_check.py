@@ -77,6 +77,7 @@ def test_a_crash_or_an_overrun_is_recorded_and_the_next_part_still_runs(tmp_path
         os.kill(os.getpid(), 9)  # as the kernel's out-of-memory killer would
 
     def endless(ctx):
+        ctx.keep({"first_of_several": 1.5})
         time.sleep(60)
 
     def skipped(ctx):
@@ -94,7 +95,8 @@ def test_a_crash_or_an_overrun_is_recorded_and_the_next_part_still_runs(tmp_path
     assert record["killed"]["status"] == "failed" and "exit code -9" in record["killed"]["error"]
     # the endless part gets what is left of the budget as its cap (less than its own 60 s), then it is killed
     assert record["endless"]["status"] == "timeout" and record["endless"]["cap_s"] < 6
-    assert record["endless"]["seconds"] < 10
+    assert record["endless"]["seconds"] < 10 and record["endless"]["result"] == {"first_of_several": 1.5}
+    assert all(part["status"] in gpu_check.STATUSES for part in record.values())
     assert record["skipped"] == {**record["skipped"], "status": "skipped", "reason": "memory says no"}
     assert record["fine"]["status"] == "ok" and record["fine"]["result"] == {"answer": 42}
     assert record["late"]["status"] == "not_run" and "budget" in record["late"]["reason"]
