@@ -73,7 +73,7 @@ def supervise(name: str, ctx: Context, cap_s: float, method: str = "fork") -> di
     result_file = ctx.work / f"{name}.json"
     child = multiprocessing.get_context(method).Process(target=run_part, args=(name, ctx, result_file, cap_s),
                                                         daemon=True)  # fmt: skip
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), os.times()
     child.start()
     child.join(cap_s)
     if child.is_alive():
@@ -87,7 +87,9 @@ def supervise(name: str, ctx: Context, cap_s: float, method: str = "fork") -> di
         record = json.loads(result_file.read_text())
     else:  # died without a word: a signal (segfault, OOM kill) or os._exit elsewhere
         record = {"status": "failed", "error": f"the part's process died (exit code {child.exitcode})"}
-    record.update(seconds=time.perf_counter() - started, cap_s=cap_s)
+    after = os.times()  # the child's CPU seconds: a loaded machine's wall-clock says little
+    cpu_s = after.children_user + after.children_system - cpu.children_user - cpu.children_system
+    record.update(seconds=time.perf_counter() - started, cpu_s=cpu_s, cap_s=cap_s)
     return record
 
 
