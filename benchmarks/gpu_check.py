@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="on the CPU with tiny shapes (a test runs this)")
     parser.add_argument("--only", default="", help=f"comma-separated parts (default all: {', '.join(PARTS)})")
     parser.add_argument("--budget", type=float, default=470.0, help="seconds for all parts together")
+    parser.add_argument("--start-method", choices=("auto", "fork", "spawn"), default="auto",
+                        help="how part processes start (auto: fork unless CUDA is initialised here)")  # fmt: skip
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(PARTS)
     unknown = [n for n in names if n not in PARTS]
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(dry_run=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu_check_")))
     warm_imports()
-    method = start_method()
+    method = start_method() if args.start_method == "auto" else args.start_method
     record = {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

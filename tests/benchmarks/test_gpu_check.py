@@ -1,14 +1,17 @@
 """benchmarks/gpu_check.py: its dry run (the same parts on the CPU at tiny sizes) measures every part and writes the
 record a GPU run writes, so the check a GPU session runs in one command cannot rot; a crash or an overrun in one
-part is recorded and the rest still run; the random text embeddings have the real encoders' shapes."""
+part is recorded and the rest still run; parts run in spawned processes too; the random text embeddings have the real
+encoders' shapes; the carried wheels are the versions the suite runs."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -121,3 +124,22 @@ def test_random_text_embeddings_have_the_shapes_the_real_encoders_give(family, g
     assert {k: (v.shape, v.dtype) for k, v in random.items()} == {k: (v.shape, v.dtype) for k, v in real.items()}
     again = RandomTexts(shapes, torch.float32, prompt_tokens=5).lookup(["a red cube"], torch.device("cpu"))
     assert all(torch.equal(again[k][0], random[k][0]) for k in shapes)  # a text gets the same embeddings every time
+
+
+def test_parts_also_run_in_spawned_processes(tmp_path):
+    """The fallback when CUDA was initialised before the parts start: each part's process imports everything anew."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(ROOT / "benchmarks/gpu_check.py"), "--out", str(tmp_path), "--dry-run", "--only",
+               "device", "--start-method", "spawn"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert record["start_method"] == "spawn" and record["parts"]["device"]["status"] == "ok"
+
+
+def test_the_carried_wheels_are_the_versions_this_environment_tests():
+    """scripts/device_wheels.sh pins what the GPU machine lacks to the versions installed here (the suite's)."""
+    script = (ROOT / "scripts/device_wheels.sh").read_text()
+    pins = dict(re.findall(r"([a-z]+)==([0-9.]+)", script.split("WHEELS=(")[1].split(")")[0]))
+    assert set(pins) == {"diffusers", "tensordict", "pyvers"}
+    assert pins == {name: metadata.version(name) for name in pins}
