@@ -101,6 +101,12 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     except Exception as e:  # a truncated file, a component without config.json: one line naming the file
         raise_if_damaged(path, e)
         raise
+    return model_of_pipeline(pipeline, family, cfg, device, dtype, str(path))
+
+
+def model_of_pipeline(pipeline, family, cfg, device: torch.device, dtype: torch.dtype, source: str) -> FlowModel:
+    """The FlowModel of a built diffusers `pipeline` of `family` as a `ModelConfig` asks (attention backend, device
+    placement, LoRA, checkpointing, compilation, autocast); `source` names where it came from in the log."""
     quiet_prompt_truncation(pipeline)
     # before the policies exist: full fine-tuning's copies inherit the backend
     set_attention_backend(pipeline.transformer, getattr(cfg, "attention_backend", DEFAULT_BACKEND), family.name)
@@ -139,7 +145,7 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     logger.info(
         "loaded %s model from %s (%s, %s): %.2fM trainable parameters",
         family.name,
-        path,
+        source,
         cfg.dtype,
         device,
         n_train / 1e6,

@@ -12,8 +12,6 @@ Used by the `ocr` reward (rapidocr) and the `vlm` judge in transcription mode. T
 
 import re
 
-from rapidfuzz.distance import Levenshtein
-
 from diffusion_rl.data.text_targets import quoted_text, target_text
 
 __all__ = ["levenshtein", "normalize_text", "quoted_text", "target_text", "text_match_score"]
@@ -28,6 +26,8 @@ def normalize_text(text: str) -> str:
 
 def levenshtein(a: str, b: str) -> int:
     """Edit distance (insertions, deletions, substitutions, each cost 1) between `a` and `b` (rapidfuzz's C++)."""
+    from rapidfuzz.distance import Levenshtein  # imported when an OCR score is computed: a GPU image may lack it
+
     return Levenshtein.distance(a, b)
 
 

@@ -1,0 +1,146 @@
+"""The GPU check: one command that measures the real-size paths on one GPU in under 8 minutes.
+
+    python benchmarks/gpu_check.py --out DIR [--dry-run] [--only sd35_lora,replay] [--budget 470]
+
+Writes DIR/gpu_check.json (after every part, so a killed run keeps what it measured) and DIR/gpu_check.md (a
+summary). The parts (benchmarks/gpu_check/parts.py), most important first: the device; one Flow-GRPO step of each
+ready config on a real-size random-weight model (SD3.5-Medium LoRA and full fine-tuning, FLUX.1-dev LoRA, Qwen-Image
+LoRA where the memory allows, Wan 2.1 1.3B LoRA) with `estimate`'s error against it; the rollout's log-prob replay
+(train/logp_diff_max) for sde and cps in bf16 and fp32; model.compile_blocks against eager; each installed
+model.attention_backend against sdpa; the Ray engine's FSDP2 worker at world size 1 without Ray.
+
+Each part runs in a child process forked from this one (imports done once, here): a crash (even a segfault or an
+out-of-memory kill) is recorded and the next part runs; a part past its time cap is killed and recorded as
+`timeout`. A part starts only while the whole check's budget has room for it, and then gets at most what is left.
+This process never touches CUDA (a forked child could not use it after that). `--dry-run` runs the same parts on the
+CPU with the tiny presets' architectures (tests/benchmarks/test_gpu_check.py), so the check cannot rot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without a CUDA context
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check.parts import PARTS, Context, Skipped, warm_imports  # noqa: E402
+from gpu_check.summary import markdown  # noqa: E402
+
+SCHEMA = 1
+STATUSES = ("ok", "skipped", "failed", "timeout", "not_run")
+MIN_PART_S = 20  # a part is not started with less of the budget left
+
+
+def run_part(name: str, ctx: Context, result_file: Path, cap_s: float) -> None:
+    """In the child: run one part, write {"status", "result" | "error"} to `result_file`."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    ctx.deadline, ctx.partial_file = time.monotonic() + cap_s, result_file.with_suffix(".partial.json")
+    function = PARTS[name][0]
+    try:
+        record = {"status": "ok", "result": function(ctx)}
+    except Skipped as e:
+        record = {"status": "skipped", "reason": str(e)}
+    except BaseException as e:  # noqa: BLE001 — every failure is recorded, the next part still runs
+        record = {"status": "failed", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+    result_file.write_text(json.dumps(record, default=str))
+    sys.stdout.flush()
+    os._exit(0)  # no atexit work in a child (a forked one shares the parent's)
+
+
+def start_method() -> str:
+    """fork (the imports done once, here) unless something initialised CUDA in this process: a forked child could not
+    use it then, and each child imports everything again (spawn)."""
+    import torch
+
+    return "spawn" if torch.cuda.is_initialized() else "fork"
+
+
+def supervise(name: str, ctx: Context, cap_s: float, method: str = "fork") -> dict:
+    """Run part `name` in a child process for at most `cap_s` seconds; its record with the seconds it took."""
+    result_file = ctx.work / f"{name}.json"
+    child = multiprocessing.get_context(method).Process(target=run_part, args=(name, ctx, result_file, cap_s),
+                                                        daemon=True)  # fmt: skip
+    started, cpu = time.perf_counter(), os.times()
+    child.start()
+    child.join(cap_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        record = {"status": "timeout", "error": f"killed after its cap of {cap_s:.0f} s"}
+        partial = result_file.with_suffix(".partial.json")
+        if partial.is_file():  # what a part of several runs had measured before
+            record["result"] = json.loads(partial.read_text())
+    elif result_file.is_file():
+        record = json.loads(result_file.read_text())
+    else:  # died without a word: a signal (segfault, OOM kill) or os._exit elsewhere
+        record = {"status": "failed", "error": f"the part's process died (exit code {child.exitcode})"}
+    after = os.times()  # the child's CPU seconds: a loaded machine's wall-clock says little
+    cpu_s = after.children_user + after.children_system - cpu.children_user - cpu.children_system
+    record.update(seconds=time.perf_counter() - started, cpu_s=cpu_s, cap_s=cap_s)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
+    parser.add_argument("--dry-run", action="store_true", help="on the CPU with tiny shapes (a test runs this)")
+    parser.add_argument("--only", default="", help=f"comma-separated parts (default all: {', '.join(PARTS)})")
+    parser.add_argument("--budget", type=float, default=470.0, help="seconds for all parts together")
+    parser.add_argument("--start-method", choices=("auto", "fork", "spawn"), default="auto",
+                        help="how part processes start (auto: fork unless CUDA is initialised here)")  # fmt: skip
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(PARTS)
+    unknown = [n for n in names if n not in PARTS]
+    if unknown:
+        parser.error(f"unknown parts {unknown}; known: {', '.join(PARTS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = Context(dry_run=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu_check_")))
+    warm_imports()
+    method = start_method() if args.start_method == "auto" else args.start_method
+    record = {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "dry_run": args.dry_run,
+        "argv": sys.argv if argv is None else argv,
+        "budget_s": args.budget,
+        "start_method": method,
+        "parts": {name: {"status": "not_run", "cap_s": PARTS[name][1]} for name in names},
+    }
+    start = time.perf_counter()
+    for name in names:
+        left = args.budget - (time.perf_counter() - start)
+        if left < MIN_PART_S:
+            record["parts"][name]["reason"] = f"the check's budget of {args.budget:.0f} s was spent"
+            continue
+        part = supervise(name, ctx, min(PARTS[name][1], left), method)
+        record["parts"][name] = part
+        note = part.get("error") or part.get("reason") or ""
+        print(f"{name:<16} {part['status']:<8} {part['seconds']:6.1f} s  {note}", flush=True)
+        write(out, record)
+    record["total_s"] = time.perf_counter() - start
+    write(out, record)
+    print(f"wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}")
+    return 0
+
+
+def write(out: Path, record: dict) -> None:
+    (out / "gpu_check.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    (out / "gpu_check.md").write_text(markdown(record))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""benchmarks/gpu_check.py: its dry run (the same parts on the CPU at tiny sizes) measures every part and writes the
+record a GPU run writes, so the check a GPU session runs in one command cannot rot; a crash or an overrun in one
+part is recorded and the rest still run; parts run in spawned processes too; the random text embeddings have the real
+encoders' shapes; the carried wheels are the versions the suite runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+NUMBER = (int, float)
+MODEL_KEYS = {"config", "architecture", "images_per_step", "transformer_params", "trainable_params", "build_s",
+              "warmup_step_s", "step_s", "rollout_s", "update_s", "images_per_s", "mfu", "flops_per_step",
+              "peak_allocated_gib", "peak_reserved_gib", "logp_diff_max", "estimate", "estimate_memory_rel_error",
+              "estimate_time_rel_error", "efficiency_fit"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gpu_check(load_benchmark):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    return load_benchmark("gpu_check")
+
+
+def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_check):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_check.py"), "--out", str(tmp_path), "--dry-run"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert record["schema"] == gpu_check.SCHEMA and record["dry_run"] is True
+    assert {"created", "argv", "budget_s", "total_s"} <= record.keys()
+    parts = record["parts"]
+    assert list(parts) == list(gpu_check.PARTS)
+    failed = {name: part.get("error") or part.get("reason") for name, part in parts.items() if part["status"] != "ok"}
+    assert not failed
+    for part in parts.values():
+        assert isinstance(part["seconds"], NUMBER) and part["seconds"] <= part["cap_s"] + 5
+    assert parts["device"]["result"]["packages"]["torch"] == torch.__version__
+    for name in ("sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora"):
+        result = parts[name]["result"]
+        assert result.keys() >= MODEL_KEYS, name
+        assert result["step_s"] > 0 and result["rollout_s"] > 0 and result["update_s"] > 0
+        assert result["images_per_s"] > 0 and 0 < result["mfu"] < 1 and result["flops_per_step"] > 0
+        assert result["estimate"]["step_s"] > 0 and isinstance(result["estimate_time_rel_error"], float)
+        assert result["logp_diff_max"] == 0.0  # the CPU replays the rollout exactly
+    assert parts["sd35_full"]["result"]["trainable_params"] == parts["sd35_full"]["result"]["transformer_params"]
+    lora = parts["sd35_lora"]["result"]
+    assert 0 < lora["trainable_params"] < lora["transformer_params"]
+    replay = parts["replay"]["result"]["runs"]
+    assert set(replay) == {f"{p}/{s}" for p in ("bf16_weights", "fp32_autocast_bf16", "fp32") for s in ("sde", "cps")}
+    assert all(run["logp_diff_max"] == 0.0 for run in replay.values())
+    compiled = parts["compile"]["result"]
+    assert compiled["eager_step_s"] > 0 and compiled["compiled_step_s"] > 0 and len(compiled["step_times_s"]) == 2
+    attention = parts["attention"]["result"]["runs"]
+    assert "sdpa" in attention and len(attention) == 2 and all("step_s" in run for run in attention.values())
+    fsdp = parts["fsdp2"]["result"]
+    assert fsdp["backend"] == "gloo" and fsdp["world_size"] == 1 and fsdp["step_s"] > 0
+    summary = (tmp_path / "gpu_check.md").read_text()
+    headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
+                "## model.attention_backend", "## FSDP2 worker")  # fmt: skip
+    for heading in headings:
+        assert heading in summary
+
+
+def test_a_crash_or_an_overrun_is_recorded_and_the_next_part_still_runs(tmp_path, gpu_check, monkeypatch):
+    def boom(ctx):
+        raise RuntimeError("no kernel for this")
+
+    def killed(ctx):
+        os.kill(os.getpid(), 9)  # as the kernel's out-of-memory killer would
+
+    def endless(ctx):
+        ctx.keep({"first_of_several": 1.5})
+        time.sleep(60)
+
+    def skipped(ctx):
+        raise gpu_check.Skipped("memory says no")
+
+    fine = lambda ctx: {"answer": 42}  # noqa: E731
+    parts = {"boom": (boom, 30), "killed": (killed, 30), "skipped": (skipped, 30), "fine": (fine, 30),
+             "endless": (endless, 60), "late": (lambda ctx: {}, 30)}  # fmt: skip
+    monkeypatch.setattr(gpu_check, "PARTS", parts)
+    monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
+    monkeypatch.setattr(gpu_check, "MIN_PART_S", 1.0)
+    gpu_check.main(["--out", str(tmp_path), "--dry-run", "--budget", "6"])
+    record = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]
+    assert record["boom"]["status"] == "failed" and "RuntimeError: no kernel for this" in record["boom"]["error"]
+    assert record["killed"]["status"] == "failed" and "exit code -9" in record["killed"]["error"]
+    # the endless part gets what is left of the budget as its cap (less than its own 60 s), then it is killed
+    assert record["endless"]["status"] == "timeout" and record["endless"]["cap_s"] < 6
+    assert record["endless"]["seconds"] < 10 and record["endless"]["result"] == {"first_of_several": 1.5}
+    assert all(part["status"] in gpu_check.STATUSES for part in record.values())
+    assert record["skipped"] == {**record["skipped"], "status": "skipped", "reason": "memory says no"}
+    assert record["fine"]["status"] == "ok" and record["fine"]["result"] == {"answer": 42}
+    assert record["late"]["status"] == "not_run" and "budget" in record["late"]["reason"]
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux", "qwen_image", "wan"])
+def test_random_text_embeddings_have_the_shapes_the_real_encoders_give(family, gpu_check):
+    from gpu_check.models import TINY_PRESET, RandomTexts, text_shapes
+
+    from diffusion_rl.config import ModelConfig
+    from diffusion_rl.estimate.architectures import from_tiny
+    from diffusion_rl.models.loader import model_of_pipeline
+    from diffusion_rl.models.registry import family_named
+    from diffusion_rl.models.tiny import build_tiny
+
+    cfg = ModelConfig(path="unused", device="cpu", max_sequence_length=24)
+    model = model_of_pipeline(build_tiny(family, TINY_PRESET), family_named(family), cfg, torch.device("cpu"),
+                              torch.float32, "tiny")  # fmt: skip
+    real = model.encode_texts(["a red cube", ""])
+    shapes = text_shapes(from_tiny(family, TINY_PRESET), 24, prompt_tokens=5)
+    random = RandomTexts(shapes, torch.float32, prompt_tokens=5).lookup(["a red cube", ""], torch.device("cpu"))
+    assert {k: (v.shape, v.dtype) for k, v in random.items()} == {k: (v.shape, v.dtype) for k, v in real.items()}
+    again = RandomTexts(shapes, torch.float32, prompt_tokens=5).lookup(["a red cube"], torch.device("cpu"))
+    assert all(torch.equal(again[k][0], random[k][0]) for k in shapes)  # a text gets the same embeddings every time
+
+
+def test_parts_also_run_in_spawned_processes(tmp_path):
+    """The fallback when CUDA was initialised before the parts start: each part's process imports everything anew."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(ROOT / "benchmarks/gpu_check.py"), "--out", str(tmp_path), "--dry-run", "--only",
+               "device", "--start-method", "spawn"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert record["start_method"] == "spawn" and record["parts"]["device"]["status"] == "ok"
+
+
+def test_the_carried_wheels_are_the_versions_this_environment_tests():
+    """scripts/device_wheels.sh pins what the GPU machine lacks to the versions installed here (the suite's)."""
+    script = (ROOT / "scripts/device_wheels.sh").read_text()
+    pins = dict(re.findall(r"([a-z]+)==([0-9.]+)", script.split("WHEELS=(")[1].split(")")[0]))
+    assert set(pins) == {"diffusers", "tensordict", "pyvers"}
+    assert pins == {name: metadata.version(name) for name in pins}
