@@ -159,6 +159,7 @@ def test_a_checkpoint_samples_as_the_trainer_that_saved_it(variant, trained_run,
 
 def test_eval_errors_name_the_bad_argument(trained_run, tiny_model_dir, tmp_path, capsys):
     run = trained_run().run_dir
+    capsys.readouterr()  # the training run's own warnings
     out = tmp_path / "eval"
     assert main(eval_argv(tiny_model_dir, out, tmp_path / "nowhere")) == 2
     assert "--checkpoint" in one_error_line(capsys)
