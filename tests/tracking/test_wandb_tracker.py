@@ -48,6 +48,7 @@ def test_the_command_line_handed_to_wandb_hides_secret_overrides():
     args = ["configs/q.yaml", "rewards.0.kwargs.api_key=sk-1", "rewards.0.kwargs={api_key: sk-2, max_tokens: 7}",
             "log.wandb.tags=[a, b]", "train.lr=1e-3", "rewards.0.kwargs.api_key_env=KEY", "--verbose"]  # fmt: skip
     assert redact_overrides(args) == [
-        "configs/q.yaml", f"rewards.0.kwargs.api_key={REDACTED}", f"rewards.0.kwargs={{api_key: '{REDACTED}', max_tokens: 7}}",
+        "configs/q.yaml", f"rewards.0.kwargs.api_key={REDACTED}",
+        f"rewards.0.kwargs={{api_key: '{REDACTED}', max_tokens: 7}}",
         "log.wandb.tags=[a, b]", "train.lr=1e-3", "rewards.0.kwargs.api_key_env=KEY", "--verbose",
     ]  # fmt: skip
