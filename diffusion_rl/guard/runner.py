@@ -28,6 +28,7 @@ import torch
 from diffusion_rl.guard.config import GuardConfig
 from diffusion_rl.guard.detector import NOISE_FLOOR, Alert, Detector
 from diffusion_rl.guard.stats import ROLLOUT_STATS, rollout_stats, shrink, val_drift
+from diffusion_rl.utils.files import naming
 
 logger = logging.getLogger(__name__)
 
@@ -151,11 +152,12 @@ class RunGuard:
         alerts = self.dir / ALERTS_FILE
         if alerts.is_file():
             kept = [x for x in alerts.read_text().splitlines() if x and json.loads(x)["step"] <= self._resumed_at]
-            alerts.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+            with naming(alerts):
+                alerts.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
     def _append(self, alert: Alert) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ALERTS_FILE, "a", encoding="utf-8") as file:
+        with naming(self.dir / ALERTS_FILE), open(self.dir / ALERTS_FILE, "a", encoding="utf-8") as file:
             file.write(json.dumps(alert.to_dict(), allow_nan=False) + "\n")
 
     def summary(self) -> dict[str, Any]:
@@ -180,7 +182,8 @@ class RunGuard:
 
     def _write_summary(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / SUMMARY_FILE).write_text(json.dumps(self.summary(), indent=2) + "\n", encoding="utf-8")
+        with naming(self.dir / SUMMARY_FILE):
+            (self.dir / SUMMARY_FILE).write_text(json.dumps(self.summary(), indent=2) + "\n", encoding="utf-8")
 
     def state_dict(self) -> dict[str, Any]:
         return {

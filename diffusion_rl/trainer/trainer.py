@@ -54,6 +54,7 @@ from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, wri
 from diffusion_rl.trainer.profiling import StepProfiler
 from diffusion_rl.trainer.sources import Collected, OfflinePairs, OnlineRollouts, RolloutDiverged
 from diffusion_rl.trainer.timing import PhaseTimer, perf_metrics
+from diffusion_rl.utils.files import naming
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
 
@@ -126,7 +127,8 @@ class Trainer:
         if cfg.run.val_only:
             return self.validate_only(resume_from)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / CONFIG_FILE).write_text(to_yaml(redact_secrets(cfg)))  # no inline api_key on disk
+        with naming(self.run_dir / CONFIG_FILE):
+            (self.run_dir / CONFIG_FILE).write_text(to_yaml(redact_secrets(cfg)))  # no inline api_key on disk
         self.trackers = make_trackers(
             self.run_dir,
             jsonl=cfg.log.jsonl,
@@ -310,7 +312,8 @@ class Trainer:
         metrics = self.validate()
         path = self.run_dir / "samples" / f"{step_dir_name(self.step)}.json"
         record = {"step": self.step, "checkpoint": str(checkpoint) if checkpoint else None, **metrics}
-        path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        with naming(path):
+            path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
         shown = ", ".join(f"{k} {metrics[k]:.5g}" for k in ("val/reward/mean", "val/reward/best@n") if k in metrics)
         logger.info("validation of step %d: %s (%s)", self.step, shown, path)
         return [{"step": self.step, **metrics}]
@@ -360,7 +363,8 @@ class Trainer:
         def write(directory: Path) -> None:
             engine_state = self.engine.save(directory)
             write_state(directory, {**self._plain_state(), "engine": engine_state})
-            (directory / CONFIG_FILE).write_text(to_yaml(redact_secrets(self.cfg)))
+            with naming(directory / CONFIG_FILE):
+                (directory / CONFIG_FILE).write_text(to_yaml(redact_secrets(self.cfg)))
 
         return self.checkpoints.save(self.step, write)
 
