@@ -86,12 +86,14 @@ class JsonlTracker:
         pass
 
     def resume_from(self, step: int) -> None:
-        """Drops the rows a crashed run logged after `step` (the resumed checkpoint), so no step appears twice."""
+        """Drops the rows a crashed run logged after `step` (the resumed checkpoint; -1: a start from scratch, which
+        logs step 0 again), so no step appears twice."""
         self._file.close()
         rows = _parse_lines(self.path, self.path.read_text(encoding="utf-8"))
         kept = [row for row in rows if row["step"] <= step]
         if len(kept) < len(rows):
-            logger.info("%s: dropping %d rows after resumed step %d", self.path, len(rows) - len(kept), step)
+            where = f"after resumed step {step}" if step >= 0 else "of an earlier run (this one starts from scratch)"
+            logger.info("%s: dropping %d rows %s", self.path, len(rows) - len(kept), where)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         with naming(self.path), open(tmp, "w", encoding="utf-8") as out:
             out.writelines(json.dumps(row, allow_nan=False) + "\n" for row in kept)

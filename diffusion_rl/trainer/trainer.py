@@ -138,7 +138,8 @@ class Trainer:
             wandb=self._wandb_settings(),
             config=redact_secrets(cfg),
         )
-        self.trackers.resume_from(self.step)
+        # a resume keeps the rows up to its checkpoint; a start from scratch (-1) none of an earlier run's here
+        self.trackers.resume_from(self.step if resume_from is not None else -1)
         try:
             with logging_redirect_tqdm():
                 self._loop()
