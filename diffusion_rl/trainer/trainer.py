@@ -40,7 +40,7 @@ from diffusion_rl.engine.local import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
 from diffusion_rl.errors import RunStopped
-from diffusion_rl.guard import RunGuard
+from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.rewards import RewardCombiner
@@ -99,7 +99,7 @@ class Trainer:
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
-        self.guard = RunGuard(cfg.guard, self.run_dir)
+        self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
         ensure_model(cfg)
         self.engine = make_engine(cfg)
