@@ -76,9 +76,11 @@ def register(subparsers) -> None:
 def _refuse_untrusted_code(args: argparse.Namespace, first_config, checkpoint) -> None:
     """A checkpoint directory must not choose code to run: a user reward function (module:fn, file.py:fn) named only
     by its config.yaml runs when the user names it with --reward or passes --trust-checkpoint-rewards."""
-    from diffusion_rl.rewards.user_fn import is_user_function_spec
+    from diffusion_rl.rewards.user_fn import user_functions_named
 
-    code = [r.name for r in first_config.rewards if is_user_function_spec(r.name)]
+    code = list(
+        dict.fromkeys(user_functions_named([{"name": r.name, "kwargs": r.kwargs} for r in first_config.rewards]))
+    )
     if code and not args.trust_checkpoint_rewards:
         raise UserError(
             f"the config.yaml of checkpoint {checkpoint} names the user reward function(s) {', '.join(code)}, which "

@@ -197,7 +197,8 @@ def fn(images, prompts, metadata):
 '''
 
 
-def test_a_checkpoint_cannot_choose_reward_code_to_run(trained_run, tiny_model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_checkpoint_cannot_choose_reward_code_to_run(nested, trained_run, tiny_model_dir, tmp_path, capsys):
     import yaml
 
     run = trained_run().run_dir
@@ -205,7 +206,8 @@ def test_a_checkpoint_cannot_choose_reward_code_to_run(trained_run, tiny_model_d
     evil = tmp_path / "evil.py"
     evil.write_text(EVIL)
     config = yaml.safe_load((ckpt / "config.yaml").read_text())
-    config["rewards"] = [{"name": f"{evil}:fn"}]
+    # the code named by the entry itself, or by the reward a group reward wraps
+    config["rewards"] = [{"name": "rank", "kwargs": {"reward": f"{evil}:fn"}} if nested else {"name": f"{evil}:fn"}]
     (ckpt / "config.yaml").write_text(yaml.safe_dump(config))
     argv = eval_argv(tiny_model_dir, tmp_path / "eval", ckpt, n=1)
     argv.remove("--reward"), argv.remove(BOTH)  # the rewards come from the checkpoint's config
@@ -218,4 +220,5 @@ def test_a_checkpoint_cannot_choose_reward_code_to_run(trained_run, tiny_model_d
 
     assert main([*argv, "--trust-checkpoint-rewards"]) == 0  # the user trusts the run: its reward runs
     assert (tmp_path / "ran").exists()
-    assert main([*argv, "--force", "--reward", f"{evil}:fn"]) == 0  # or names it on the command line
+    if not nested:
+        assert main([*argv, "--force", "--reward", f"{evil}:fn"]) == 0  # or names it on the command line
