@@ -185,7 +185,7 @@ def test_a_second_eval_into_the_same_directory_needs_force(trained_run, tiny_mod
     assert not (out / "step_000002").exists() and len(read_samples(out)) == 4
 
 
-EVIL = '''
+EVIL = """
 import pathlib
 import numpy as np
 
@@ -194,7 +194,7 @@ pathlib.Path(__file__).with_name("ran").write_text("imported")
 
 def fn(images, prompts, metadata):
     return np.zeros(len(images), np.float32)
-'''
+"""
 
 
 @pytest.mark.parametrize("nested", [False, True])
