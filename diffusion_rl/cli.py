@@ -1,7 +1,9 @@
 """`diffusion-rl` command line: train, sample, init-tiny, config show|reference, and the commands/ modules.
 
 User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback; an OSError
-(read-only directory, full disk) prints its path and cause in one line and exits with status 1.
+(read-only directory, full disk) prints its path and cause in one line and exits with status 1, as does a run that
+stopped itself (divergence, every sample failing); a run the reward-hacking guard ended (guard.action stop or
+rollback) prints that outcome last and exits with status 3.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvision notices of image processors
 
-from diffusion_rl.errors import RunStopped, UserError  # noqa: E402
+from diffusion_rl.errors import GuardStopped, RunStopped, UserError  # noqa: E402
 
 logger = logging.getLogger("diffusion_rl")
 
@@ -55,7 +57,8 @@ def cmd_train(args) -> None:
 
     cfg = load(args.config, args.overrides)
     refuse_what_cannot_fit(cfg)
-    rows = make_trainer(cfg).train()
+    trainer = make_trainer(cfg)
+    rows = trainer.train()
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     vals = [r["val/reward/mean"] for r in rows if r.get("val/reward/mean") is not None]
     if rewards:
@@ -63,6 +66,9 @@ def cmd_train(args) -> None:
     if len(vals) >= 2:
         logger.info("val/reward/mean: before %.5g, after %.5g", vals[0], vals[-1])
     logger.info("run directory: %s", cfg.run.dir)
+    ended = trainer.guard.ending()  # last: what the guard did, and how to go on
+    if ended:
+        raise GuardStopped(ended)
 
 
 def refuse_what_cannot_fit(cfg) -> None:
@@ -310,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as e:  # divergence, every sample failing: why, and the last good checkpoint
         print(f"diffusion-rl: stopped: {e}", file=sys.stderr)
         logger.debug("the error in full:", exc_info=True)
-        return 1
+        return e.exit_code
     except OSError as e:  # read-only run dir, full disk, …: the path and the cause (-v: the traceback too)
         cause = e.cause if isinstance(getattr(e, "cause", None), OSError) else e  # Ray wraps a worker's error
         where = f"{cause.filename}: " if cause.filename is not None else ""

@@ -12,6 +12,14 @@ class RunStopped(RuntimeError):
     """A run stopped itself on a condition it checks (the model diverged, every sample failed its rewards); the
     message says why and which checkpoint is the last good one."""
 
+    exit_code = 1  # the CLI's exit status
+
+
+class GuardStopped(RunStopped):
+    """The reward-hacking guard ended the run (guard.action stop or rollback); the message says how to go on."""
+
+    exit_code = 3
+
 
 def did_you_mean(name: str, options: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the closest option, or '' when nothing is close."""

@@ -93,7 +93,15 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's planner, reading non-tensor entries (optimizer hyper-parameters) with torch's weights_only loader."""
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
+        fqn = read_item.dest_index.fqn
+        try:
+            obj = torch.load(value, weights_only=True)
+        except (pickle.UnpicklingError, EOFError, RuntimeError) as e:  # torch's own line saying what it refused
+            said = next((line.strip() for line in str(e).splitlines() if "WeightsUnpickler error" in line), None)
+            said = said and said.split(". ")[0]  # not its advice to allow-list the global
+            raise ValueError(f"{fqn}: an entry that is not plain data ({said or _first_line(e)})") from None
+        if isinstance(self.state_dict.get(fqn), torch.Tensor) and not isinstance(obj, torch.Tensor):
+            raise ValueError(f"{fqn}: a {type(obj).__name__} where a tensor belongs")
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
@@ -130,10 +138,21 @@ def save_tensors(tensors: dict, directory: Path) -> None:
 
 def load_tensors(tensors: dict, directory: Path) -> None:
     """Fill `tensors` (nested dicts shaped like the saved ones, in this run's sharding) from directory/dcp."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     check_format(directory)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.load(tensors, storage_reader=SafeReader(directory / DCP_DIR), planner=SafeLoadPlanner())
+        try:
+            dcp.load(tensors, storage_reader=SafeReader(directory / DCP_DIR), planner=SafeLoadPlanner())
+        except CheckpointException as e:  # each rank's exception with its traceback: the first one's reason is enough
+            reason = next((_first_line(exc) for exc, _ in e.failures.values()), "unknown failure")
+            raise UserError(f"checkpoint {directory} is damaged or not ours: {reason}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
 
 
 def write_state(directory: Path, state: dict) -> None:

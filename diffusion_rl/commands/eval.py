@@ -39,6 +39,12 @@ def register(subparsers) -> None:
         "default: the first checkpoint's training rewards",
     )
     p.add_argument(
+        "--trust-checkpoint-rewards",
+        action="store_true",
+        help="run the user reward functions (module:fn, file.py:fn) that the checkpoint's config.yaml names; "
+        "without it a checkpoint's config cannot choose code to run: name such a reward with --reward instead",
+    )
+    p.add_argument(
         "--reward-kwargs",
         default=None,
         help="JSON object: reward name (a training reward's label when it has one) → kwargs, e.g. '{\"ocr\": {}}'",
@@ -67,7 +73,23 @@ def register(subparsers) -> None:
     p.set_defaults(fn=cmd_eval)
 
 
-def _reward_choices(args: argparse.Namespace, first_config) -> list:
+def _refuse_untrusted_code(args: argparse.Namespace, first_config, checkpoint) -> None:
+    """A checkpoint directory must not choose code to run: a user reward function (module:fn, file.py:fn) named only
+    by its config.yaml runs when the user names it with --reward or passes --trust-checkpoint-rewards."""
+    from diffusion_rl.rewards.user_fn import user_functions_named
+
+    code = list(
+        dict.fromkeys(user_functions_named([{"name": r.name, "kwargs": r.kwargs} for r in first_config.rewards]))
+    )
+    if code and not args.trust_checkpoint_rewards:
+        raise UserError(
+            f"the config.yaml of checkpoint {checkpoint} names the user reward function(s) {', '.join(code)}, which "
+            f"would run as code; a checkpoint cannot choose code to run: name it with --reward {','.join(code)}, "
+            f"or pass --trust-checkpoint-rewards if you trust this run"
+        )
+
+
+def _reward_choices(args: argparse.Namespace, first_config, checkpoint=None) -> list:
     from diffusion_rl.config_io.secrets import without_redacted
     from diffusion_rl.evaluation import RewardChoice
 
@@ -77,6 +99,7 @@ def _reward_choices(args: argparse.Namespace, first_config) -> list:
             raise UserError(f"--reward {args.reward!r} has an empty name; use NAME[,NAME...]")
         choices = {n: RewardChoice(n) for n in names}
     elif first_config is not None:  # keyed by label (else name), as the run logged them
+        _refuse_untrusted_code(args, first_config, checkpoint)
         choices = {}
         for i, r in enumerate(first_config.rewards):
             kwargs, redacted = without_redacted(r.kwargs)  # an inline api_key is not in a written config
@@ -110,7 +133,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from diffusion_rl.evaluation import EvalSettings, evaluate, resolve_targets
 
     targets = resolve_targets(args.checkpoint)
-    first = next((checkpoint_config(t.checkpoint) for t in targets if not t.is_base), None)
+    first_checkpoint = next((t.checkpoint for t in targets if not t.is_base), None)
+    first = None if first_checkpoint is None else checkpoint_config(first_checkpoint)
     defaults = dict(FALLBACK)
     if first is not None:  # sample as the run validated, unless told otherwise
         guidance = first.val.guidance if first.val.guidance is not None else first.sampling.guidance
@@ -153,7 +177,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         max_sequence_length=pick("max_sequence_length"),
         lora=LoraConfig(enabled=False),
     )
-    rewards = _reward_choices(args, first)
+    rewards = _reward_choices(args, first, first_checkpoint)
     records = load_prompts(args.prompts)
     logger.info(
         "eval: %s on %d prompts × %d, %d %s steps, guidance %g, %d×%d, seed %d, rewards %s",

@@ -91,3 +91,31 @@ class OptimizerStepper:
     def load_counters_state(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps, self.skipped, self.consecutive_skips = state["counters"]
+
+
+def apply_train_hyperparameters(optimizer: torch.optim.Optimizer, scheduler, train, log: bool = True) -> None:
+    """Give a restored optimizer and LR schedule the config's lr, betas, weight decay, eps and warm-up.
+
+    Loading a checkpoint restores the saved param groups and the schedule's base lr; a resume must instead use
+    the settings it was started with (lowering train.lr is how a diverged run goes on), keeping Adam's moments and
+    the step count. `log`: say once (on one worker) what changed from the checkpoint's settings.
+    """
+    wanted = {"lr": train.lr, "betas": tuple(train.betas), "weight_decay": train.weight_decay, "eps": train.adam_eps}
+    group = optimizer.param_groups[0]
+    saved = {"lr": scheduler.base_lrs[0], **{k: group[k] for k in ("betas", "weight_decay", "eps")}}
+    changed = [f"{k} {saved[k]} → {v}" for k, v in wanted.items() if _differs(saved[k], v)]
+    scheduler.base_lrs = [train.lr] * len(optimizer.param_groups)
+    for group, lr_lambda in zip(optimizer.param_groups, scheduler.lr_lambdas):  # the warm-up of this config
+        group.update(
+            initial_lr=train.lr, betas=wanted["betas"], weight_decay=wanted["weight_decay"], eps=train.adam_eps
+        )
+        group["lr"] = train.lr * lr_lambda(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() (metric `lr`) reports
+    if changed and log:
+        logger.info("resumed with this config's optimizer settings, not the checkpoint's: %s", ", ".join(changed))
+
+
+def _differs(saved, wanted) -> bool:
+    if isinstance(wanted, tuple):
+        return any(_differs(a, b) for a, b in zip(saved, wanted))
+    return not math.isclose(float(saved), float(wanted), rel_tol=1e-12, abs_tol=0.0)

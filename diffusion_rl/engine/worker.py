@@ -23,7 +23,7 @@ from diffusion_rl.data.condition_images import ConditionImage, fit_rows
 from diffusion_rl.engine.embeddings import attach_embedding_cache
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
 from diffusion_rl.engine.kept import KeptRollouts
-from diffusion_rl.engine.optimizer import OptimizerStepper
+from diffusion_rl.engine.optimizer import OptimizerStepper, apply_train_hyperparameters
 from diffusion_rl.engine.parallel import SingleDevice
 from diffusion_rl.engine.update_loop import run_update
 from diffusion_rl.errors import UserError
@@ -257,3 +257,6 @@ class PolicyWorker:
         if "ema" in tensors:
             self.optimizer.ema.load_shadow(list(tensors["ema"].values()))
         self.optimizer.load_counters_state(state)
+        apply_train_hyperparameters(
+            self.optimizer.optimizer, self.optimizer.scheduler, self.cfg.train, self.parallel.rank == 0
+        )

@@ -51,6 +51,7 @@ from diffusion_rl.sampling.ode import ODE_SOLVERS
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.sampling.window import default_window
 from diffusion_rl.tracking.media import sample_sheet, save_sample
+from diffusion_rl.utils.files import naming
 from diffusion_rl.utils.seeding import seed_for
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ def _file_sha256(path: Path) -> str:
 
 def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    with naming(path):
+        tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -348,7 +350,7 @@ def evaluate(
     sheets: dict[str, np.ndarray] = {}
     all_scores: dict[str, dict[str, np.ndarray]] = {}
     sources = [r.data_source for r in records]
-    with open(out / "samples.jsonl", "w", encoding="utf-8") as samples_file:
+    with naming(out / "samples.jsonl"), open(out / "samples.jsonl", "w", encoding="utf-8") as samples_file:
         for target in order:
             start = time.perf_counter()
             model = slot.get(target)
@@ -386,7 +388,8 @@ def evaluate(
         "columns": ordered,
     }
     table = comparison_table(ordered, settings.n)
-    (out / "compare.md").write_text(_compare_markdown(result, table), encoding="utf-8")
+    with naming(out / "compare.md"):
+        (out / "compare.md").write_text(_compare_markdown(result, table), encoding="utf-8")
     if len(targets) > 1:
         save_sample(compare_sheet(targets, sheets, all_scores, records, settings), out / "compare")
     _write_json(out / "metrics.json", result)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from diffusion_rl.tracking.val_images import read_validation_images
+from diffusion_rl.utils.files import naming
 
 MAX_ROLLOUT_DUMPS = 3  # the latest dumps shown (a sheet of 16 images each); the others are named
 MAX_VAL_STEPS = 12  # validation columns shown per prompt (spread over the run, first and last always)
@@ -324,7 +325,8 @@ def write_html(data: ReportData, out_html: str | os.PathLike[str]) -> Path:
         f"<nav>{nav}</nav><main>{body}</main></body></html>\n"
     )
     path = Path(out_html)
-    path.write_text(page, encoding="utf-8")
+    with naming(path):
+        path.write_text(page, encoding="utf-8")
     return path
 
 

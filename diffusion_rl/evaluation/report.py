@@ -29,6 +29,7 @@ from diffusion_rl.evaluation.summary import markdown_table
 from diffusion_rl.guard.plots import plot_guard
 from diffusion_rl.tracking import plot_metrics, read_metrics
 from diffusion_rl.tracking.plots import metric_series, plan_panels
+from diffusion_rl.utils.files import naming
 
 REPORT_DIR = "report"
 POLICY_KEYS = ("approx_kl", "kl_ref", "kl", "clip_fraction", "grad_norm", "loss")
@@ -93,7 +94,8 @@ def plot_timing(rows: Sequence[Mapping[str, Any]], out_png: Path) -> Path | None
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
+    with naming(out_png):
+        fig.savefig(out_png, dpi=100)
     return out_png
 
 
@@ -193,7 +195,8 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
         lines += [f"Not drawn (0 at every step): {', '.join(omitted)}.", ""]
     lines += ["The same on one page, with validation images and rollouts: report.html.", ""]
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with naming(path):
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     data = ReportData(
         run_dir=run_dir,

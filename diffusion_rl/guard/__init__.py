@@ -9,7 +9,7 @@ asked, stops the run or rolls it back to the last checkpoint whose images were i
 
 from diffusion_rl.guard.config import GuardConfig
 from diffusion_rl.guard.detector import Alert, Detector
-from diffusion_rl.guard.runner import ALERTS_FILE, GUARD_DIR, SUMMARY_FILE, RunGuard
+from diffusion_rl.guard.runner import ALERTS_FILE, GUARD_DIR, SUMMARY_FILE, RunGuard, repeat_key
 from diffusion_rl.guard.stats import ALL_STATS, ROLLOUT_STATS, rollout_stats
 
 __all__ = [
@@ -22,5 +22,6 @@ __all__ = [
     "ROLLOUT_STATS",
     "RunGuard",
     "SUMMARY_FILE",
+    "repeat_key",
     "rollout_stats",
 ]

@@ -9,6 +9,7 @@ from typing import Any
 
 from diffusion_rl.guard.stats import ALL_STATS
 from diffusion_rl.tracking.plots import metric_series
+from diffusion_rl.utils.files import naming
 
 LABELS = {
     "brightness": "brightness (mean luma / 255)",
@@ -67,5 +68,6 @@ def plot_guard(
     fig.tight_layout()
     path = Path(out_png)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    with naming(path):
+        fig.savefig(path, dpi=100)
     return path

@@ -5,7 +5,14 @@ Files under <run.dir>/guard/:
     reference_val.npz   the reference validation images (shrunk) and their step: val_drift's reference. Also kept
                    on disk because the validation of a checkpoint's step runs after that checkpoint is written
     summary.json   the statistics watched, their baselines, noise floors and allowed changes, the action, and
-                   what the action did (stopped / rolled back to which checkpoint)
+                   what the action did (stopped / rolled back to which checkpoint); `ended`: the step a guard
+                   stop or rollback ended the run at and a digest of the settings it ran with (`repeat_key`)
+
+A run the guard ended is not run again with the same settings: every random draw is seeded by (seed, step), so it
+would take the same steps to the same end. A rerun in that folder whose settings (the config but for run.resume,
+run.val_only, train.total_steps and log) are the ones that ended is refused in one line, before anything is loaded
+or written, saying how to go on: resume at a lower train.lr, or start a new run with another run.seed (a resume
+keeps the seed: the prompt order depends on it), or change the guard's settings.
 
 A video is watched through its middle frame (`still_of`): the statistics are those of single images.
 
@@ -16,6 +23,7 @@ checkpoint older than the first policy of the alert's streak.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -25,9 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from diffusion_rl.errors import UserError
 from diffusion_rl.guard.config import GuardConfig
 from diffusion_rl.guard.detector import NOISE_FLOOR, Alert, Detector
 from diffusion_rl.guard.stats import ROLLOUT_STATS, rollout_stats, shrink, val_drift
+from diffusion_rl.utils.files import naming
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +45,26 @@ GUARD_DIR = "guard"
 ALERTS_FILE = "alerts.jsonl"
 SUMMARY_FILE = "summary.json"
 REFERENCE_FILE = "reference_val.npz"
+
+
+GO_ON = (
+    "to go on, resume with a lower train.lr (the same settings take the same steps to the same end), start a new "
+    "run (another run.dir) with another run.seed, or change the guard's settings"
+)
+
+
+def repeat_key(cfg) -> str | None:
+    """A digest of what a run's steps depend on: the config but for run.resume, run.val_only, train.total_steps and
+    log (None for a validation-only run, which trains nothing)."""
+    from diffusion_rl.config_io.secrets import redact_secrets
+
+    if cfg.run.val_only:
+        return None
+    settings = redact_secrets(cfg)
+    settings.pop("log", None)
+    for section, key in (("run", "resume"), ("run", "val_only"), ("train", "total_steps")):
+        settings[section].pop(key, None)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def still_of(images: np.ndarray) -> np.ndarray:
@@ -45,9 +75,12 @@ def still_of(images: np.ndarray) -> np.ndarray:
 class RunGuard:
     """Holds the guard's state over a run. Every method is a no-op returning {} / False when disabled."""
 
-    def __init__(self, cfg: GuardConfig, run_dir: str | Path):
+    def __init__(self, cfg: GuardConfig, run_dir: str | Path, repeat: str | None = None):
+        """`repeat`: the run's `repeat_key`; a run the guard ended with the same key is refused (None: no check)."""
         self.cfg = cfg
         self.dir = Path(run_dir) / GUARD_DIR
+        self.repeat = repeat
+        self.ended = self._earlier_end()  # {"step", "outcome", "repeat"} of the last run here the guard ended
         self.detector = Detector(cfg)
         self.reference_val: np.ndarray | None = None  # the first validation's images (shrunk), for val_drift
         self.reference_step: int | None = None
@@ -111,8 +144,29 @@ class RunGuard:
             logger.error("%s; stopping the run at step %d", alert.message, step)
         else:
             self.outcome = self._rollback(step, alert, checkpoints, load_checkpoint)
+        self.ended = {"step": step, "outcome": self.outcome, "repeat": self.repeat}
         self._write_summary()
         return True
+
+    def ending(self) -> str | None:
+        """What the guard did to this run and how to go on (the CLI's last line), or None when it let it run."""
+        if self.outcome is None:
+            return None
+        return f"guard: {self.outcome} (guard/summary.json); {GO_ON}"
+
+    def _earlier_end(self) -> dict | None:
+        """The end an earlier run in this folder was given by the guard; a UserError when this run would repeat it."""
+        file = self.dir / SUMMARY_FILE
+        try:
+            ended = json.loads(file.read_text(encoding="utf-8")).get("ended") if file.is_file() else None
+        except (ValueError, AttributeError):  # not ours, or cut short: nothing to compare with
+            return None
+        if ended and self.repeat is not None and ended.get("repeat") == self.repeat:
+            raise UserError(
+                f"the guard ended this run at step {ended['step']} ({ended['outcome']}), and these settings would "
+                f"take the same steps to the same end; {GO_ON} (or delete {file} to repeat it anyway)"
+            )
+        return ended
 
     def _rollback(self, step: int, alert: Alert, checkpoints: Any, load_checkpoint: Callable[[Path], None]) -> str:
         good = [(s, path) for s, path in checkpoints.list() if s < self.bad_policy]
@@ -151,11 +205,12 @@ class RunGuard:
         alerts = self.dir / ALERTS_FILE
         if alerts.is_file():
             kept = [x for x in alerts.read_text().splitlines() if x and json.loads(x)["step"] <= self._resumed_at]
-            alerts.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+            with naming(alerts):
+                alerts.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
     def _append(self, alert: Alert) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ALERTS_FILE, "a", encoding="utf-8") as file:
+        with naming(self.dir / ALERTS_FILE), open(self.dir / ALERTS_FILE, "a", encoding="utf-8") as file:
             file.write(json.dumps(alert.to_dict(), allow_nan=False) + "\n")
 
     def summary(self) -> dict[str, Any]:
@@ -176,11 +231,13 @@ class RunGuard:
             "reference_validation_step": self.reference_step,
             "stats": stats,
             "outcome": self.outcome,
+            "ended": self.ended,
         }
 
     def _write_summary(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / SUMMARY_FILE).write_text(json.dumps(self.summary(), indent=2) + "\n", encoding="utf-8")
+        with naming(self.dir / SUMMARY_FILE):
+            (self.dir / SUMMARY_FILE).write_text(json.dumps(self.summary(), indent=2) + "\n", encoding="utf-8")
 
     def state_dict(self) -> dict[str, Any]:
         return {

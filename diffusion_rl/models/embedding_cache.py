@@ -7,9 +7,13 @@ Qwen-Image and Wan share this one mechanism. Qwen-Image-Edit's text embeddings d
 has no per-text encoding and refuses a cache.
 
 On disk: one safetensors file per key (`<family>-<digest>.safetensors`); tensor `<i>/<name>` is text i's `name`,
-the texts and the key are in the header's metadata. The key names everything the embeddings depend on: the family,
-the text encoders' and tokenizers' files (names, sizes, contents; large weight files by their first and last MiB),
-max_sequence_length and the dtype; a file whose key differs is refused, never used. Files are written to a temp name
+the texts, the key and, per text, its tensors' names, dtypes and shapes and a sha256 of the text with its tensors
+are in the header's metadata. Each text is checked when first read (its tensors as the header lists them, finite,
+and matching its digest: a swapped or altered entry is refused, one line naming the file and the text).
+
+The key names everything the embeddings depend on: the family, the text encoders' and tokenizers' files (names,
+sizes, contents; large weight files by their first and last MiB), max_sequence_length and the dtype; a file whose
+key differs is refused, never used. Files are written to a temp name
 and renamed, so a reader sees a whole file or none (Ray workers may share one).
 
 Once the cache holds every text a run will encode (train and validation prompts, negatives), the text encoders are
@@ -33,7 +37,7 @@ from diffusion_rl.models.loader import load_text_encoders, text_encoder_names
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what is stored changes meaning
+FORMAT = 2  # bump when what is stored changes meaning (2: per-text layouts and digests)
 SUFFIX = ".safetensors"
 ENCODE_CHUNK = 16  # texts through the encoders at once when filling the cache
 WHOLE_FILE_BYTES = 1 << 20  # files up to this size are hashed whole; larger ones by their first and last MiB
@@ -92,6 +96,9 @@ class EmbeddingCache:
         self.path, self.key = path, key
         self._reader = None  # the open file, once there is one
         self._stored: dict[str, dict[str, str]] = {}  # text → its names → tensor names in the file
+        self._layouts: dict[str, dict[str, list]] = {}  # text → its names → [dtype, shape] as written
+        self._digests: dict[str, str] = {}  # text → text_digest as written
+        self._checked: set[str] = set()  # texts of the file read and found as written
         self._added: dict[str, dict[str, torch.Tensor]] = {}  # encoded here and not written yet
 
     @classmethod
@@ -126,11 +133,16 @@ class EmbeddingCache:
         reader = safe_open(str(self.path), framework="pt")
         meta = reader.metadata() or {}
         stored_key, texts = json.loads(meta["key"]), json.loads(meta["texts"])
+        layouts, digests = json.loads(meta["layouts"]), json.loads(meta["digests"])
+        if not len(texts) == len(layouts) == len(digests):
+            raise ValueError(f"{len(texts)} texts, {len(layouts)} layouts and {len(digests)} digests")
         stored: dict[str, dict[str, str]] = {text: {} for text in texts}
         for tensor_name in reader.keys():  # noqa: SIM118 (safe_open is not iterable)
             index, name = tensor_name.split("/", 1)
             stored[texts[int(index)]][name] = tensor_name
         self._reader, self._stored = reader, stored
+        self._layouts, self._digests = dict(zip(texts, layouts)), dict(zip(texts, digests))
+        self._checked = set()
         return stored_key
 
     def __len__(self) -> int:
@@ -140,10 +152,19 @@ class EmbeddingCache:
         return text in self._added or text in self._stored
 
     def get(self, text: str) -> dict[str, torch.Tensor]:
-        """One text's tensors (it must be cached)."""
+        """One text's tensors (it must be cached); a text of the file is checked when first read."""
         if text in self._added:
             return self._added[text]
-        return {name: self._reader.get_tensor(tensor_name) for name, tensor_name in self._stored[text].items()}
+        tensors = {name: self._reader.get_tensor(tensor_name) for name, tensor_name in self._stored[text].items()}
+        if text not in self._checked:
+            problem = _problem(text, tensors, self._layouts[text], self._digests[text])
+            if problem:
+                raise UserError(
+                    f"{CONFIG_KEY}: the prompt-embedding cache {self.path} is damaged at the text {text!r:.80}: "
+                    f"{problem}; delete it and run `diffusion-rl prepare embeddings CONFIG` again"
+                )
+            self._checked.add(text)
+        return tensors
 
     def missing(self, texts: list[str]) -> list[str]:
         return [t for t in dict.fromkeys(texts) if t not in self]
@@ -164,8 +185,14 @@ class EmbeddingCache:
         from safetensors.torch import save_file
 
         texts = [*self._stored, *(t for t in self._added if t not in self._stored)]
-        tensors = {f"{i}/{name}": t.contiguous() for i, text in enumerate(texts) for name, t in self.get(text).items()}
-        metadata = {"key": json.dumps(self.key, sort_keys=True), "texts": json.dumps(texts)}
+        rows = [self.get(text) for text in texts]
+        tensors = {f"{i}/{name}": t.contiguous() for i, row in enumerate(rows) for name, t in row.items()}
+        metadata = {
+            "key": json.dumps(self.key, sort_keys=True),
+            "texts": json.dumps(texts),
+            "layouts": json.dumps([_layout(row) for row in rows]),
+            "digests": json.dumps([text_digest(text, row) for text, row in zip(texts, rows)]),
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         save_file(tensors, str(tmp), metadata=metadata)
@@ -184,6 +211,35 @@ class EmbeddingCache:
             )
         rows = [self.get(t) for t in texts]
         return {name: torch.stack([row[name] for row in rows]).to(device) for name in rows[0]}
+
+
+def text_digest(text: str, tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of a text with its tensors (names, dtypes, shapes, bytes): binds each entry of the file to its text."""
+    from diffusion_rl.checkpoint.weights import weights_digest
+
+    return hashlib.sha256(f"{text}\0{weights_digest(tensors)}".encode()).hexdigest()
+
+
+def _layout(tensors: dict[str, torch.Tensor]) -> dict[str, list]:
+    return {name: [str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in sorted(tensors.items())}
+
+
+def _problem(text: str, tensors: dict[str, torch.Tensor], layout: dict[str, list], digest: str) -> str | None:
+    """What is wrong with a text's tensors as read, against what the header says was written; None if nothing."""
+    if layout.keys() - tensors.keys():
+        return f"it lacks the tensor {min(layout.keys() - tensors.keys())!r}"
+    if tensors.keys() - layout.keys():
+        return f"it has a tensor {min(tensors.keys() - layout.keys())!r} the header does not list"
+    found = _layout(tensors)
+    for name, (dtype, shape) in layout.items():
+        if found[name] != [dtype, shape]:
+            return f"{name!r} is {found[name][0]} of shape {found[name][1]}, the header says {dtype} of shape {shape}"
+    for name, t in tensors.items():
+        if not bool(torch.isfinite(t).all()):
+            return f"{name!r} holds NaN/inf"
+    if text_digest(text, tensors) != digest:
+        return "its tensors do not match their digest (an entry swapped with another text's, or altered)"
+    return None
 
 
 def cache_file(location: str | Path, key: dict[str, str]) -> tuple[Path, bool]:

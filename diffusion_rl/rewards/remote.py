@@ -25,7 +25,9 @@ Failure rules (shared with the `vlm` judge through `http_json` and `call_with_re
 
 Auth: when the server has a token, the reward sends it as "Authorization: Bearer <token>": `token`, else the
 environment variable named by `token_env` (default DIFFUSION_RL_REWARD_TOKEN, the one `serve-reward` reads too).
-A 401 is not retried.
+A 401 is not retried. When the reward is created it asks {url}/metrics, which needs the token as /score does, so a
+missing or wrong token is a UserError naming the 401 at start-up, not failed samples after the model has loaded; a
+401 later (the server restarted with another token) raises RemoteRewardError at once.
 """
 
 import base64
@@ -205,7 +207,8 @@ class RemoteReward:
         chunk_size: images per request; a batch is sent in chunks of at most this many.
         max_failed_batches: raise RemoteRewardError after this many failed requests (of up to chunk_size images
             each, counted across calls) in a row; null = never. (The name is kept for existing configs.)
-        check_health: ask {url}/health when created, so a wrong URL fails at start, not at the first batch.
+        check_health: ask {url}/health (and /metrics, for the token) when created, so a wrong URL or token fails at
+            start, not at the first batch.
         token: the server's bearer token; prefer token_env, which keeps it out of configs.
         token_env: the environment variable holding the token when `token` is not given (unset: no token sent).
         video: send whole videos (the server's reward scores videos, e.g. `serve-reward --reward
@@ -241,6 +244,25 @@ class RemoteReward:
                     "with `diffusion-rl serve-reward --reward NAME --port N` or fix the url"
                 ) from None
             logger.info("remote: reward server at %s is up (%s)", self.url, info)
+            self._check_token(token_env if token is None else None)
+
+    def _check_token(self, token_env: str | None) -> None:
+        """A UserError naming the 401 when the server refuses our token (or its absence) on /metrics, whose auth is
+        /score's; any other answer (a server without /metrics, our Prometheus text that is not JSON) says nothing."""
+        try:
+            http_json(f"{self.url}/metrics", timeout=min(self.timeout, 10.0), headers=self._headers)
+        except HttpError as e:
+            if e.status in (401, 403):
+                raise UserError(self._refused_message(e, token_env)) from None
+
+    def _refused_message(self, error: HttpError, token_env: str | None = None) -> str:
+        if not self._headers:
+            sent = f"no token was sent (give the server's token in ${token_env or TOKEN_ENV}, or token_env)"
+        elif token_env:
+            sent = f"the token from ${token_env} is not the server's"
+        else:
+            sent = "the token given is not the server's (prefer token_env to a token in the config)"
+        return f"remote: the reward server at {self.url} refused the request: {error}; {sent}"
 
     def _health(self, timeout: float | None = None) -> Any:
         return http_json(f"{self.url}/health", timeout=timeout or self.timeout, headers=self._headers)
@@ -253,6 +275,8 @@ class RemoteReward:
             try:
                 scores[chunk] = self._score_chunk(images[chunk], prompts[chunk], metadata[chunk])
             except HttpError as e:
+                if e.status in (401, 403):  # every later request would be refused too
+                    raise RemoteRewardError(self._refused_message(e)) from None
                 self._count_failure(len(images[chunk]), e)
             else:
                 self._failures_in_a_row = 0

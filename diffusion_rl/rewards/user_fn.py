@@ -4,6 +4,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,23 @@ from diffusion_rl.errors import UserError, did_you_mean
 def is_user_function_spec(name: str) -> bool:
     """True for "module:function" or "file.py:function"; registered reward names never contain ':'."""
     return ":" in name
+
+
+# a whole string naming code: "package.module:function" or "path/to/file.py:function" (not a URL, not host:port)
+_CODE_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*|\S*\.py:[A-Za-z_]\w*")
+
+
+def user_functions_named(value: Any, is_name: bool = False) -> list[str]:
+    """Every user-function spec in a config value: reward entries' names (with ':', as make_reward reads them) and,
+    at any depth of their kwargs, nested entries (a group reward's `reward: {name: file.py:fn}`) and strings of the
+    spec's form (`reward: file.py:fn`): the code that building the rewards would import."""
+    if isinstance(value, str):
+        return [value] if (is_user_function_spec(value) if is_name else _CODE_SPEC.fullmatch(value)) else []
+    if isinstance(value, dict):
+        return [spec for k, v in value.items() for spec in user_functions_named(v, k == "name")]
+    if isinstance(value, (list, tuple)):
+        return [spec for v in value for spec in user_functions_named(v)]
+    return []
 
 
 def load_user_function(spec: str) -> Callable[..., Any]:

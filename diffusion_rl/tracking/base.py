@@ -19,8 +19,9 @@ logger = logging.getLogger(__name__)
 class Tracker(Protocol):
     """Where metrics and sample images go. Steps are optimizer steps; a step may be logged by several calls.
 
-    A tracker may also define `resume_from(step: int)`, called once before logging on a resumed run so it can
-    drop what was logged after that step by the crashed run (MultiTracker forwards it to those that have it).
+    A tracker may also define `resume_from(step: int)`, called once before logging so it can drop what an earlier
+    run in the folder logged after that step (the resumed checkpoint's; -1 for a start from scratch: everything),
+    and again after a recovery (MultiTracker forwards it to those that have it).
     """
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from diffusion_rl.utils.files import naming
+
 MIN_TILE_WIDTH = 128  # narrower tiles are upscaled (NEAREST, integer factor) so a caption line holds a few words
 GAP = 2  # white pixels between cells
 MAX_AUTO_LINES = 4  # caption lines when caption_height is not given; longer captions end in "..."
@@ -147,5 +149,6 @@ def save_png(array: np.ndarray, path: str | os.PathLike[str]) -> Path:
         raise ValueError(f"save_png needs a uint8 [H, W, 3] or [H, W] array, got {array.dtype} {list(array.shape)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(array).save(path, format="PNG")
+    with naming(path):
+        Image.fromarray(array).save(path, format="PNG")
     return path

@@ -18,6 +18,7 @@ import numpy as np
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.tracking.base import is_finite, to_scalar
+from diffusion_rl.utils.files import naming
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +74,10 @@ class JsonlTracker:
         for name, value in metrics.items():
             scalar = to_scalar(name, value)
             row[name] = scalar if is_finite(scalar) else None
-        self._file.write(json.dumps(row, allow_nan=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        with naming(self.path):
+            self._file.write(json.dumps(row, allow_nan=False) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
     def log_images(self, tag: str, image: np.ndarray, step: int, caption: str = "") -> None:
         pass
@@ -84,14 +86,16 @@ class JsonlTracker:
         pass
 
     def resume_from(self, step: int) -> None:
-        """Drops the rows a crashed run logged after `step` (the resumed checkpoint), so no step appears twice."""
+        """Drops the rows a crashed run logged after `step` (the resumed checkpoint; -1: a start from scratch, which
+        logs step 0 again), so no step appears twice."""
         self._file.close()
         rows = _parse_lines(self.path, self.path.read_text(encoding="utf-8"))
         kept = [row for row in rows if row["step"] <= step]
         if len(kept) < len(rows):
-            logger.info("%s: dropping %d rows after resumed step %d", self.path, len(rows) - len(kept), step)
+            where = f"after resumed step {step}" if step >= 0 else "of an earlier run (this one starts from scratch)"
+            logger.info("%s: dropping %d rows %s", self.path, len(rows) - len(kept), where)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as out:
+        with naming(self.path), open(tmp, "w", encoding="utf-8") as out:
             out.writelines(json.dumps(row, allow_nan=False) + "\n" for row in kept)
             out.flush()
             os.fsync(out.fileno())

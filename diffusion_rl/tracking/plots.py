@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from diffusion_rl.utils.files import naming
+
 
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     """Trailing mean over up to `window` points (fewer at the start), same length as `values`."""
@@ -100,5 +102,6 @@ def plot_metrics(
     fig.tight_layout()
     path = Path(out_png)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    with naming(path):
+        fig.savefig(path, dpi=100)
     return path

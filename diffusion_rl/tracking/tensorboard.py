@@ -56,7 +56,8 @@ class TensorBoardTracker:
         writer.flush()
 
     def resume_from(self, step: int) -> None:
-        """Hides events after `step` left by a crashed run (TensorBoard's purge_step), so curves do not fold back."""
+        """Hides events after `step` left by a crashed run (TensorBoard's purge_step; -1: all of them), so curves do
+        not fold back."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None

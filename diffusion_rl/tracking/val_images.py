@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from diffusion_rl.tracking.media import save_sample
+from diffusion_rl.utils.files import naming
 
 INDEX_FILE = "index.json"
 
@@ -44,7 +45,8 @@ def write_validation_images(
         name = save_sample(image, tmp / f"p{p:03d}_s{k}").name
         value = float(reward) if math.isfinite(float(reward)) else None
         rows.append({"prompt_index": p, "prompt": prompt, "sample": k, "reward": value, "file": name})
-    (tmp / INDEX_FILE).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    with naming(tmp / INDEX_FILE):
+        (tmp / INDEX_FILE).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)

@@ -16,6 +16,7 @@ from PIL import Image
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.tracking.images import image_grid
+from diffusion_rl.utils.files import naming
 
 DEFAULT_FPS = 8
 ANIMATED_FORMATS = {".webp": "WEBP", ".gif": "GIF"}  # written by PIL; .mp4 needs imageio-ffmpeg
@@ -47,12 +48,13 @@ def save_video(video_FHW3: np.ndarray, path: str | os.PathLike[str], fps: float 
     suffix = path.suffix.lower()
     check_video(str(path), video_FHW3)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix in ANIMATED_FORMATS:
-        path.write_bytes(encode_animation(video_FHW3, ANIMATED_FORMATS[suffix], fps))
-    elif suffix == ".mp4":
-        _write_mp4(video_FHW3, path, fps)
-    else:
+    if suffix not in (*ANIMATED_FORMATS, ".mp4"):
         raise UserError(f"{path}: cannot write a video as '{path.suffix}'; use .webp, .gif or .mp4")
+    with naming(path):
+        if suffix == ".mp4":
+            _write_mp4(video_FHW3, path, fps)
+        else:
+            path.write_bytes(encode_animation(video_FHW3, ANIMATED_FORMATS[suffix], fps))
     return path
 
 

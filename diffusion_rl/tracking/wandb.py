@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from diffusion_rl.config_io.secrets import redact_secrets
 from diffusion_rl.errors import UserError
 from diffusion_rl.tracking.base import check_image, to_scalar
 from diffusion_rl.tracking.video import check_video, save_video
@@ -47,16 +50,17 @@ class WandbTracker:
         self._wandb = import_wandb()
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._run = self._wandb.init(
-            project=project,
-            name=name,
-            dir=str(run_dir),
-            config=dict(config) if config is not None else None,
-            mode=mode,
-            tags=([tags] if isinstance(tags, str) else list(tags)) or None,
-            # our runs are independent objects; never hand back or silently finish another tracker's run
-            reinit="create_new",
-        )
+        with _redacted_argv():  # W&B records the command line, where a secret may be a dotted override
+            self._run = self._wandb.init(
+                project=project,
+                name=name,
+                dir=str(run_dir),
+                config=redact_secrets(dict(config)) if config is not None else None,  # secrets never leave
+                mode=mode,
+                tags=([tags] if isinstance(tags, str) else list(tags)) or None,
+                # our runs are independent objects; never hand back or silently finish another tracker's run
+                reinit="create_new",
+            )
 
     @property
     def run(self) -> Any:
@@ -81,3 +85,36 @@ class WandbTracker:
         if self._run is not None:
             self._run.finish()
             self._run = None
+
+
+def redact_overrides(args: Sequence[str]) -> list[str]:
+    """Command-line arguments with the value of every secret-named dotted override hidden (`….api_key=X`, and
+    secret-named keys inside a YAML value such as `rewards.0.kwargs={api_key: X}`), as config.yaml hides them."""
+    import yaml
+
+    from diffusion_rl.config_io.secrets import REDACTED, is_secret_key
+
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and is_secret_key(key.rsplit(".", 1)[-1]):
+            arg = f"{key}={REDACTED}"
+        elif sep and value.lstrip().startswith(("{", "[")):
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                parsed = None
+            if parsed is not None and redact_secrets(parsed) != parsed:
+                arg = f"{key}={yaml.safe_dump(redact_secrets(parsed), default_flow_style=True, width=1 << 30).strip()}"
+        out.append(arg)
+    return out
+
+
+@contextlib.contextmanager
+def _redacted_argv() -> Iterator[None]:
+    saved = sys.argv
+    sys.argv = [*saved[:1], *redact_overrides(saved[1:])]
+    try:
+        yield
+    finally:
+        sys.argv = saved

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from diffusion_rl.tracking.media import sample_sheet, save_sample
+from diffusion_rl.utils.files import naming
 
 ROLLOUTS_DIR = "rollouts"
 
@@ -82,7 +83,7 @@ def write_rollout_dump(
                 "image": image,
             }
         )
-    with open(tmp / "rollout.jsonl", "w", encoding="utf-8") as file:
+    with naming(tmp / "rollout.jsonl"), open(tmp / "rollout.jsonl", "w", encoding="utf-8") as file:
         file.writelines(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n" for row in rows)
     sheet = None
     if kept:

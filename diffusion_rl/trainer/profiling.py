@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from diffusion_rl.utils.files import naming
+
 logger = logging.getLogger(__name__)
 
 PROFILE_DIR = "profile"
@@ -64,5 +66,6 @@ class StepProfiler:
         prof.export_chrome_trace(str(trace))
         sort = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=TOP_OPERATORS)
-        (self.dir / f"{name}.top_ops.txt").write_text(table, encoding="utf-8")
+        with naming(self.dir / f"{name}.top_ops.txt"):
+            (self.dir / f"{name}.top_ops.txt").write_text(table, encoding="utf-8")
         logger.info("profile: trace of step %d → %s; top operators by self time:\n%s", step, trace, table)

@@ -41,7 +41,7 @@ from diffusion_rl.engine.local import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
 from diffusion_rl.errors import RunStopped
-from diffusion_rl.guard import RunGuard
+from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.rewards import RewardCombiner
@@ -55,6 +55,7 @@ from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, wri
 from diffusion_rl.trainer.profiling import StepProfiler
 from diffusion_rl.trainer.sources import Collected, OfflinePairs, OnlineRollouts, RolloutDiverged
 from diffusion_rl.trainer.timing import PhaseTimer, perf_metrics
+from diffusion_rl.utils.files import naming
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
 
@@ -99,7 +100,7 @@ class Trainer:
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
-        self.guard = RunGuard(cfg.guard, self.run_dir)
+        self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
         ensure_model(cfg)
         self.engine = make_engine(cfg)
@@ -127,7 +128,8 @@ class Trainer:
         if cfg.run.val_only:
             return self.validate_only(resume_from)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / CONFIG_FILE).write_text(to_yaml(redact_secrets(cfg)))  # no inline api_key on disk
+        with naming(self.run_dir / CONFIG_FILE):
+            (self.run_dir / CONFIG_FILE).write_text(to_yaml(redact_secrets(cfg)))  # no inline api_key on disk
         self.trackers = make_trackers(
             self.run_dir,
             jsonl=cfg.log.jsonl,
@@ -137,7 +139,8 @@ class Trainer:
             wandb=self._wandb_settings(),
             config=redact_secrets(cfg),
         )
-        self.trackers.resume_from(self.step)
+        # a resume keeps the rows up to its checkpoint; a start from scratch (-1) none of an earlier run's here
+        self.trackers.resume_from(self.step if resume_from is not None else -1)
         try:
             with logging_redirect_tqdm():
                 self._loop()
@@ -311,7 +314,8 @@ class Trainer:
         metrics = self.validate()
         path = self.run_dir / "samples" / f"{step_dir_name(self.step)}.json"
         record = {"step": self.step, "checkpoint": str(checkpoint) if checkpoint else None, **metrics}
-        path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        with naming(path):
+            path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
         shown = ", ".join(f"{k} {metrics[k]:.5g}" for k in ("val/reward/mean", "val/reward/best@n") if k in metrics)
         logger.info("validation of step %d: %s (%s)", self.step, shown, path)
         return [{"step": self.step, **metrics}]
@@ -361,7 +365,8 @@ class Trainer:
         def write(directory: Path) -> None:
             engine_state = self.engine.save(directory)
             write_state(directory, {**self._plain_state(), "engine": engine_state})
-            (directory / CONFIG_FILE).write_text(to_yaml(redact_secrets(self.cfg)))
+            with naming(directory / CONFIG_FILE):
+                (directory / CONFIG_FILE).write_text(to_yaml(redact_secrets(self.cfg)))
 
         return self.checkpoints.save(self.step, write)
 

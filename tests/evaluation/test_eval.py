@@ -159,6 +159,7 @@ def test_a_checkpoint_samples_as_the_trainer_that_saved_it(variant, trained_run,
 
 def test_eval_errors_name_the_bad_argument(trained_run, tiny_model_dir, tmp_path, capsys):
     run = trained_run().run_dir
+    capsys.readouterr()  # the training run's own warnings
     out = tmp_path / "eval"
     assert main(eval_argv(tiny_model_dir, out, tmp_path / "nowhere")) == 2
     assert "--checkpoint" in one_error_line(capsys)
@@ -182,3 +183,42 @@ def test_a_second_eval_into_the_same_directory_needs_force(trained_run, tiny_mod
     assert main(eval_argv(tiny_model_dir, out, n=1, reward="jpeg_compressibility") + ["--force"]) == 0
     assert [c["name"] for c in json.loads((out / "metrics.json").read_text())["columns"]] == ["base"]
     assert not (out / "step_000002").exists() and len(read_samples(out)) == 4
+
+
+EVIL = """
+import pathlib
+import numpy as np
+
+pathlib.Path(__file__).with_name("ran").write_text("imported")
+
+
+def fn(images, prompts, metadata):
+    return np.zeros(len(images), np.float32)
+"""
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_checkpoint_cannot_choose_reward_code_to_run(nested, trained_run, tiny_model_dir, tmp_path, capsys):
+    import yaml
+
+    run = trained_run().run_dir
+    ckpt = run / "checkpoints" / "step_000002"
+    evil = tmp_path / "evil.py"
+    evil.write_text(EVIL)
+    config = yaml.safe_load((ckpt / "config.yaml").read_text())
+    # the code named by the entry itself, or by the reward a group reward wraps
+    config["rewards"] = [{"name": "rank", "kwargs": {"reward": f"{evil}:fn"}} if nested else {"name": f"{evil}:fn"}]
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(config))
+    argv = eval_argv(tiny_model_dir, tmp_path / "eval", ckpt, n=1)
+    argv.remove("--reward"), argv.remove(BOTH)  # the rewards come from the checkpoint's config
+    capsys.readouterr()
+
+    assert main(argv) == 2
+    line = one_error_line(capsys)
+    assert f"{evil}:fn" in line and "--trust-checkpoint-rewards" in line and "--reward" in line
+    assert not (tmp_path / "ran").exists()  # nothing of the file ran
+
+    assert main([*argv, "--trust-checkpoint-rewards"]) == 0  # the user trusts the run: its reward runs
+    assert (tmp_path / "ran").exists()
+    if not nested:
+        assert main([*argv, "--force", "--reward", f"{evil}:fn"]) == 0  # or names it on the command line

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diffusion_rl.errors import UserError
 from diffusion_rl.guard import Detector, GuardConfig, RunGuard
 
 
@@ -146,3 +147,16 @@ def test_a_reference_taken_after_the_checkpoint_is_found_on_disk(tmp_path):
     stale = RunGuard(GuardConfig(), tmp_path)
     stale.load_state_dict(state, 1)  # a reference from after the checkpoint's step is not this run's past
     assert stale.reference_val is None
+
+
+def test_a_run_the_guard_stopped_is_not_run_again_with_the_same_settings(tmp_path):
+    guard = RunGuard(GuardConfig(action="stop", baseline_steps=1, stats=["brightness"]), tmp_path, repeat="k1")
+    guard.on_rollout(1, _dark_images(128), [0, 0, 0, 0])
+    guard.on_rollout(2, _dark_images(10), [0, 0, 0, 0])
+    assert guard.should_stop(2, FakeCheckpoints([]), [].append)
+    assert guard.ending().startswith("guard: Stopped at step 2 (brightness) (guard/summary.json); to go on")
+    with pytest.raises(UserError, match=r"the guard ended this run at step 2 \(Stopped at step 2 \(brightness\)\)"):
+        RunGuard(GuardConfig(action="stop"), tmp_path, repeat="k1")
+    again = RunGuard(GuardConfig(action="stop"), tmp_path, repeat="k2")  # other settings: it goes on
+    assert again.ended["step"] == 2 and again.ending() is None
+    assert RunGuard(GuardConfig(), tmp_path).ended is not None  # no key (validation only): no check

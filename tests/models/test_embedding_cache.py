@@ -130,3 +130,55 @@ def test_flux_kontext_caches_its_text_and_still_encodes_each_condition_image(flu
     got = cached.encode_prompts(PROMPTS, NEGATIVE, images)
     assert "image_latents" in got.keys() and sorted(got.keys()) == sorted(expected.keys())  # noqa: SIM118
     assert all(torch.equal(got[name], expected[name]) for name in expected.keys())  # noqa: SIM118
+
+
+def _tamper(path, change) -> None:
+    """Rewrite the cache file at `path` after change(tensors, texts) edits its tensors and texts in place."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+    texts = json.loads(meta["texts"])
+    change(tensors, texts)
+    save_file(tensors, str(path), metadata={**meta, "texts": json.dumps(texts)})
+
+
+def _swap_texts(tensors, texts):
+    texts[0], texts[1] = texts[1], texts[0]
+
+
+def _nan(tensors, texts):
+    name = sorted(tensors)[0]
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+
+
+def _drop(tensors, texts):
+    del tensors[sorted(tensors)[0]]
+
+
+def _reshape(tensors, texts):
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].flatten()[:-1].clone()
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [(_swap_texts, "do not match their digest"), (_nan, "NaN/inf"), (_drop, "lacks the tensor"),
+     (_reshape, "shape")],
+)  # fmt: skip
+def test_a_tampered_cache_is_refused_in_one_line_naming_the_file_and_the_text(change, says, tiny_model_dir, tmp_path):
+    cache = use_embedding_cache(_load(tiny_model_dir), tiny_model_dir, tmp_path / "cache", TEXTS)
+    healthy = cache.lookup(TEXTS, torch.device("cpu"))
+    _tamper(cache.path, change)
+    cache = use_embedding_cache(_load(tiny_model_dir), tiny_model_dir, cache.path, TEXTS)  # a given file: read only
+    with pytest.raises(UserError) as error:
+        cache.lookup(TEXTS, torch.device("cpu"))
+    message = str(error.value)
+    assert "\n" not in message and str(cache.path) in message and says in message, message
+    assert repr(TEXTS[0])[:40] in message or repr(TEXTS[1])[:40] in message, message
+    # an untouched text of the same file still reads as written
+    assert torch.equal(cache.lookup(TEXTS[2:], torch.device("cpu"))["prompt_embeds"], healthy["prompt_embeds"][2:])

@@ -126,7 +126,7 @@ def test_eval_takes_a_checkpoint_configs_rewards_by_label(tmp_path, scaled_brigh
         f'- {{name: "{scaled_brightness}", label: judge_a}}\n'
         f'- {{name: "{scaled_brightness}", label: judge_b, kwargs: {{scale: 2.0}}}}',
     )
-    args = argparse.Namespace(reward=None, reward_kwargs='{"judge_b": {"scale": 3.0}}')
+    args = argparse.Namespace(reward=None, reward_kwargs='{"judge_b": {"scale": 3.0}}', trust_checkpoint_rewards=True)
     choices = _reward_choices(args, load(path))
     assert [(c.name, c.label, c.kwargs) for c in choices] == [
         (scaled_brightness, "judge_a", {}),

@@ -288,3 +288,38 @@ def test_concurrent_requests_are_scored_in_one_batch():
 def test_main_rejects_bad_kwargs(capsys):
     assert main(["--reward", "jpeg_incompressibility", "--kwargs", "[1, 2]", "--port", "0"]) == 2
     assert "--kwargs must be a JSON object" in capsys.readouterr().err
+
+
+def test_a_missing_or_wrong_token_is_a_start_up_error_naming_the_401(local_server, monkeypatch):
+    url = local_server(_mean_brightness, token="s3cret")
+    monkeypatch.delenv("DIFFUSION_RL_REWARD_TOKEN", raising=False)
+    with pytest.raises(UserError) as missing:
+        make_reward("remote", url=url, retries=0)
+    monkeypatch.setenv("DIFFUSION_RL_REWARD_TOKEN", "wrong")
+    with pytest.raises(UserError) as wrong:
+        make_reward("remote", url=url, retries=0)
+    for error, says in ((missing, "no token was sent"), (wrong, "the token from $DIFFUSION_RL_REWARD_TOKEN is not")):
+        message = str(error.value)
+        assert "\n" not in message and f"reward server at {url} refused" in message and "HTTP 401" in message
+        assert says in message and "wrong" not in message.replace("missing or wrong bearer token", ""), message
+    monkeypatch.setenv("DIFFUSION_RL_REWARD_TOKEN", "s3cret")
+    assert make_reward("remote", url=url, retries=0)(_images(1), ["p"], [{}]).shape == (1,)
+
+
+def test_a_401_after_start_up_stops_the_reward_at_once_naming_it(fake_server):
+    def respond(method, path, body):  # a server restarted with another token: health answers, /score refuses
+        return (200, {"status": "ok"}) if method == "GET" else (401, {"error": "missing or wrong bearer token"})
+
+    remote = _client(fake_server(respond).url, retries=3, max_failed_batches=None)
+    with pytest.raises(RemoteRewardError, match=r"refused the request: HTTP 401 .*missing or wrong bearer token"):
+        remote(_images(2), ["p", "q"], [{}, {}])
+
+
+def test_training_with_a_wrong_remote_token_stops_at_start_in_one_line(local_server, train_argv, monkeypatch, capsys):
+    from diffusion_rl.cli import main as cli_main
+
+    url = local_server(_mean_brightness, token="s3cret")
+    monkeypatch.setenv("DIFFUSION_RL_REWARD_TOKEN", "wrong")
+    assert cli_main(train_argv("rewards.0.name=remote", f"rewards.0.kwargs={{url: '{url}', retries: 0}}")) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"diffusion-rl: error: remote: the reward server at {url} refused the request: HTTP 401")

@@ -296,5 +296,5 @@ def test_a_token_guards_score_and_metrics_and_the_remote_reward_sends_it(serve, 
     monkeypatch.setenv("DIFFUSION_RL_REWARD_TOKEN", "s3cret")  # the default token_env
     assert make_reward("remote", url=url, retries=0)(images, ["a", "b"], [{}, {}]).tolist() == [100] * 2
     monkeypatch.delenv("DIFFUSION_RL_REWARD_TOKEN")
-    unauthorised = make_reward("remote", url=url, retries=0, max_failed_batches=None)
-    assert np.isnan(unauthorised(images, ["a", "b"], [{}, {}])).all()  # 401: failed, not retried
+    with pytest.raises(UserError, match="refused the request: HTTP 401"):  # checked at start-up
+        make_reward("remote", url=url, retries=0, max_failed_batches=None)

@@ -39,3 +39,16 @@ def test_make_trackers_rejects_unknown_wandb_option_with_a_suggestion(tmp_path):
         make_trackers(tmp_path, wandb={"projct": "p"})
     with pytest.raises(UserError, match="project"):
         make_trackers(tmp_path, wandb={"mode": "offline"})
+
+
+def test_the_command_line_handed_to_wandb_hides_secret_overrides():
+    from diffusion_rl.config_io.secrets import REDACTED
+    from diffusion_rl.tracking.wandb import redact_overrides
+
+    args = ["configs/q.yaml", "rewards.0.kwargs.api_key=sk-1", "rewards.0.kwargs={api_key: sk-2, max_tokens: 7}",
+            "log.wandb.tags=[a, b]", "train.lr=1e-3", "rewards.0.kwargs.api_key_env=KEY", "--verbose"]  # fmt: skip
+    assert redact_overrides(args) == [
+        "configs/q.yaml", f"rewards.0.kwargs.api_key={REDACTED}",
+        f"rewards.0.kwargs={{api_key: '{REDACTED}', max_tokens: 7}}",
+        "log.wandb.tags=[a, b]", "train.lr=1e-3", "rewards.0.kwargs.api_key_env=KEY", "--verbose",
+    ]  # fmt: skip

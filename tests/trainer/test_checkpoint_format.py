@@ -114,3 +114,37 @@ def test_saved_weights_read_without_a_model_equal_the_trained_ones(make_trainer,
     path = _checkpoint(trainer)
     saved, now = read_saved_tensors(path, "policies.default."), weights(trainer)
     assert saved.keys() == now.keys() and all(torch.equal(saved[k], now[k]) for k in now)
+
+
+def _rewrite_dcp(path: Path, change) -> None:
+    """Read every entry of path/dcp, change(entries) in place, and write them back as a DCP checkpoint."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = path.parent / "whole.pt"
+    dcp_to_torch_save(path / "dcp", whole)
+    entries = torch.load(whole, weights_only=False)  # our own test file
+    change(entries)
+    for file in (path / "dcp").iterdir():
+        file.unlink()
+    torch.distributed.checkpoint.save(entries, checkpoint_id=path / "dcp")
+
+
+def _code_in_optimizer(entries):
+    entries["optimizer"]["param_groups"][0]["lr"] = _Payload()  # a non-tensor entry: pickled bytes
+
+
+def _object_for_weight(entries):
+    weights = entries["policies"]["default"]
+    weights[next(iter(weights))] = "not a tensor"
+
+
+@pytest.mark.parametrize("change", [_code_in_optimizer, _object_for_weight])
+def test_a_crafted_non_tensor_dcp_entry_is_one_line_on_resume(change, train_argv, tmp_path, capsys):
+    assert main(train_argv("train.total_steps=1", "train.save_every=1")) == 0
+    path = CheckpointManager(tmp_path / "run").latest()
+    _rewrite_dcp(path, change)
+    capsys.readouterr()
+    assert main(train_argv("train.total_steps=2", "train.save_every=1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"diffusion-rl: error: checkpoint {path} is damaged or not ours: "), err
+    assert RAN == []

@@ -53,3 +53,22 @@ def test_a_hacking_run_is_stopped_by_the_guard_naming_statistic_and_step(make_tr
     assert f"first: {first['stat']} at step {stopped_at}" in html and summary["outcome"] in html
     md = (trainer.run_dir / "report" / "report.md").read_text()
     assert "## Guard alerts" in md and f"| {stopped_at}" in md and first["stat"] in md
+
+
+def test_a_guard_rollback_exits_3_says_so_last_and_is_not_repeated(train_argv, tmp_path, capsys):
+    # validation drift past a tiny limit: the validation at step 2 fires, blaming checkpoint 2; 1 is the one before
+    argv = train_argv("guard.stats=[val_drift]", "guard.max_val_drift=1e-9", "guard.action=rollback", "train.lr=1e-2",
+                      "val.before_train=true", "val.every=2", "train.save_every=1", "train.total_steps=4")  # fmt: skip
+    assert main(argv) == 3
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("diffusion-rl: stopped: guard: Rolled back at step 2 (val_drift) to checkpoint step 1")
+    assert "resume with a lower train.lr" in last and "another run.seed" in last
+    assert CheckpointManager(tmp_path / "run").latest().name == "step_000001"
+
+    assert main(argv) == 2  # the same settings again would take the same steps to the same rollback
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("diffusion-rl: error: the guard ended this run at step 2") and "train.lr" in line
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2]  # nothing of the run was touched
+
+    assert main([*argv, "train.lr=5e-3"]) == 3  # a lower lr goes on from checkpoint 1 (and drifts again)
+    assert "Rolled back at step 2 (val_drift)" in capsys.readouterr().err.strip().splitlines()[-1]

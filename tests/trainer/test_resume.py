@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
+from diffusion_rl.checkpoint.paths import step_of
 from diffusion_rl.checkpoint.state import read_saved_tensors
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.errors import UserError
+from diffusion_rl.tracking.jsonl import read_metrics
 
 # a random SDE window, EMA validation, LR warm-up, checkpoints and validation every 2 steps: all saved state matters
 RESUMABLE = (
@@ -83,3 +87,29 @@ def test_resume_never_starts_fresh_next_to_checkpoints(make_trainer, weights):
     now = weights(fresh)
     assert all(torch.equal(after_one_step[k], now[k]) for k in now)  # one step from the base weights
     assert checkpoints.latest().name == "step_000001"
+
+
+def test_a_diverged_run_resumed_at_a_lower_lr_finishes_at_that_lr(train_argv, tmp_path, capsys, caplog):
+    import yaml
+
+    from diffusion_rl.cli import main
+
+    def said() -> list[str]:  # what the resumes logged about their optimizer settings
+        return [r.getMessage() for r in caplog.records if "optimizer settings" in r.getMessage()]
+
+    argv = train_argv("train.save_every=1", "train.max_consecutive_skips=2")
+    caplog.set_level(logging.INFO, logger="diffusion_rl")
+    assert main([*argv, "train.lr=1e-3", "train.total_steps=2"]) == 0  # a healthy start
+    argv.append("train.total_steps=6")
+    assert main([*argv, "train.lr=1e6"]) == 1  # goes on at an lr that diverges: stopped, latest is healthy
+    assert "latest checkpoint" in capsys.readouterr().err
+    assert said() == ["resumed with this config's optimizer settings, not the checkpoint's: lr 0.001 → 1000000.0"]
+    resumed_at = step_of(CheckpointManager(tmp_path / "run").latest())
+
+    caplog.clear()
+    assert main([*argv, "train.lr=1e-4"]) == 0  # "lower train.lr and resume", as the stop message says
+    assert said() == ["resumed with this config's optimizer settings, not the checkpoint's: lr 0.001 → 0.0001"]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert all(r["lr"] == pytest.approx(1e-4, rel=1e-12) for r in rows[resumed_at:])  # the lr actually used
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["lr"] == 1e-4

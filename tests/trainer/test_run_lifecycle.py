@@ -65,3 +65,24 @@ def test_the_checkpoint_time_is_logged_with_the_next_step(make_trainer):
     trainer.train()
     rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert ["timing/checkpoint" in r for r in rows] == [False, True, True]
+
+
+def test_rerunning_a_folder_left_without_a_checkpoint_logs_each_step_once(make_trainer, tmp_path):
+    overrides = ("val.before_train=true", "train.total_steps=2", "train.save_every=0", "log.tensorboard=true")
+    crashing = make_trainer(*overrides)
+    real_step = crashing.train_step
+
+    def crash_at_the_second_step(step):
+        if step == 1:
+            raise RuntimeError("killed")
+        return real_step(step)
+
+    crashing.train_step = crash_at_the_second_step
+    with pytest.raises(RuntimeError, match="killed"):
+        crashing.train()
+    run = tmp_path / "run"
+    assert CheckpointManager(run).latest() is None
+    assert [r["step"] for r in read_metrics(run)] == [0, 1]  # validation before training, then step 1
+
+    make_trainer(*overrides).train()  # starts over: the earlier rows are its own again, not kept beside them
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]

@@ -68,7 +68,7 @@ def test_an_inline_api_key_is_redacted_in_everything_the_run_writes(make_trainer
     out = tmp_path / "eval"
     argv = ["eval", "--model", str(tiny_model_dir), "--checkpoint", str(checkpoint), "--out", str(out), "--prompts",
             str(ROOT / "configs/prompts/val.txt"), "--n", "1", "--steps", "2", "--height", "32", "--width", "32",
-            "--reward-kwargs", json.dumps({"judge": {"api_key": SECRET}})]  # fmt: skip
+            "--reward-kwargs", json.dumps({"judge": {"api_key": SECRET}}), "--trust-checkpoint-rewards"]  # fmt: skip
     with caplog.at_level(logging.WARNING):
         assert main(argv) == 0
     assert "rewards.0.kwargs api_key, headers.Authorization redacted" in caplog.text
@@ -76,3 +76,42 @@ def test_an_inline_api_key_is_redacted_in_everything_the_run_writes(make_trainer
     assert SECRET not in metrics
     (column,) = json.loads(metrics)["columns"]
     assert column["rewards"]["judge"]["failed"] == 0
+
+
+def _files_holding(folder: Path, secret: str) -> list[str]:
+    return [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+@pytest.mark.parametrize("given_as", ["override", "yaml"])
+def test_a_secret_is_in_no_file_the_run_writes_nor_in_its_wandb_run_or_console(
+    given_as, train_argv, tmp_path, monkeypatch, capsys, caplog
+):
+    import sys
+
+    import yaml
+
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    judge = tmp_path / "judge.py"
+    judge.write_text(JUDGE)
+    reward = {"name": f"{judge}:reward", "kwargs": {"api_key": SECRET}}
+    argv = train_argv("train.total_steps=1", "train.save_every=1", "log.wandb.enabled=true", "log.tensorboard=true")
+    if given_as == "override":
+        argv += [f"rewards.0.name={reward['name']}", f"rewards.0.kwargs.api_key={SECRET}"]
+    else:
+        config = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+        config["rewards"] = [reward]
+        argv[1] = str(tmp_path / "with_key.yaml")
+        Path(argv[1]).write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(sys, "argv", ["diffusion-rl", *argv])  # the command line W&B records
+    with caplog.at_level(logging.DEBUG, logger="diffusion_rl"):
+        assert main(argv) == 0
+    run = tmp_path / "run"
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["reward/failed_fraction"] == 0  # key used
+    assert list((run / "wandb").glob("offline-run-*/*.wandb")) and list((run / "tensorboard").iterdir())
+    assert _files_holding(run, SECRET) == []
+    printed = capsys.readouterr()
+    assert SECRET not in printed.out + printed.err + caplog.text
+    if given_as == "override":  # W&B recorded the command line, with the key's value hidden
+        (data,) = (run / "wandb").glob("offline-run-*/*.wandb")
+        assert f"rewards.0.kwargs.api_key={REDACTED}".encode() in data.read_bytes()
