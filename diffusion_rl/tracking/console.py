@@ -2,7 +2,8 @@
 
 Each line shows what a person can read off a run: the reward, the validation reward when there is one, the clip
 fraction and KL to the reference only when they are not zero (on-policy Flow-GRPO clips nothing, and the policy
-loss itself is ~0 by construction: ratio 1 times zero-mean advantages), seconds per step and the time left.
+loss itself is ~0 by construction: ratio 1 times zero-mean advantages), the guard's alerts so far when there are
+any, seconds per step and the time left.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ DEFAULT_FIELDS: tuple[tuple[str, str, str, bool], ...] = (
     ("reward/failed_fraction", "failed", "{:.2%}", False),
     ("clip_fraction", "clipped", "{:.2%}", False),
     ("kl_ref", "kl_ref", "{:.3g}", False),
+    ("guard/alerts_total", "guard_alerts", "{:.0f}", False),  # the guard warns once per excursion: the count goes on
     ("timing/step", "s/step", "{:.2f}", True),
 )
 

@@ -170,6 +170,7 @@ class Trainer:
             if stop:
                 break
         bar.close()
+        self.guard.log_summary()
 
     def _iteration(self, bar) -> bool:
         """One step, then its validation, metrics row, guard check and checkpoint; True when the guard stops."""
