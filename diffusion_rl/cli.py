@@ -64,6 +64,9 @@ def cmd_train(args) -> None:
     logger.info("run directory: %s", cfg.run.dir)
 
 
+SAMPLE_DEFAULTS = {"steps": 20, "guidance": 4.5, "height": 64, "width": 64, "frames": 1}  # without --checkpoint
+
+
 def cmd_sample(args) -> None:
     from diffusion_rl.config import ModelConfig
     from diffusion_rl.models.image_size import size_problem
@@ -73,8 +76,6 @@ def cmd_sample(args) -> None:
     from diffusion_rl.tracking.media import sample_sheet, save_sample
     from diffusion_rl.utils.seeding import seed_for
 
-    if args.steps < 2 and args.sde_type != "ode":
-        raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {args.steps}")
     if args.n < 1:
         raise UserError(f"--n must be ≥ 1, got {args.n}")
     if args.noise_level < 0:
@@ -82,20 +83,27 @@ def cmd_sample(args) -> None:
     if args.max_sequence_length is not None and args.max_sequence_length < 1:
         raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
-        from diffusion_rl.checkpoint.weights import load_checkpoint_model
+        from diffusion_rl.checkpoint.weights import checkpoint_config, load_checkpoint_model, validation_sampling
 
-        model, _, _ = load_checkpoint_model(
+        model, directory, _ = load_checkpoint_model(
             args.checkpoint,
             args.model,
             device=args.device,
             max_sequence_length=args.max_sequence_length,
             use_ema=not args.no_ema,
         )
+        defaults = validation_sampling(checkpoint_config(directory))  # sample as the run validated
     else:
+        defaults = SAMPLE_DEFAULTS
         length = {} if args.max_sequence_length is None else {"max_sequence_length": args.max_sequence_length}
         model = load_model(
             ModelConfig(path=args.model, device=args.device, lora=ModelConfig().lora.__class__(enabled=False), **length)
         )
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.steps < 2 and args.sde_type != "ode":
+        raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {args.steps}")
     problem = size_problem(model, args.height, args.width)  # a size the model cannot make is the user's to fix
     if problem:
         raise UserError(f"--height/--width: {problem}")
@@ -194,11 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
     p.add_argument("--negative-prompt", default="")
     p.add_argument("--n", type=int, default=1, help="images per prompt")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--guidance", type=float, default=4.5)
-    p.add_argument("--height", type=int, default=64)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--frames", type=int, default=1, help="video frames per sample (a video family: 4k + 1)")
+    run_or = "default: with --checkpoint the run's validation setting, else"
+    p.add_argument("--steps", type=int, default=None, help=f"sampling steps ({run_or} 20)")
+    p.add_argument("--guidance", type=float, default=None, help=f"{run_or} 4.5")
+    p.add_argument("--height", type=int, default=None, help=f"{run_or} 64")
+    p.add_argument("--width", type=int, default=None, help=f"{run_or} 64")
+    p.add_argument("--frames", type=int, default=None, help=f"video frames per sample, 4k + 1 ({run_or} 1)")
     p.add_argument(
         "--image", action="append", default=[], help="condition image of an editing family (repeatable: several)"
     )
