@@ -44,7 +44,7 @@ from diffusion_rl.guard import RunGuard
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.rewards import RewardCombiner
-from diffusion_rl.rewards.build import build_combiner
+from diffusion_rl.rewards.build import build_combiner, console_rewards
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.tracking import make_trackers, plot_metrics, read_metrics
@@ -135,6 +135,7 @@ class Trainer:
             total_steps=cfg.train.total_steps,
             wandb=self._wandb_settings(),
             config=redact_secrets(cfg),
+            console_rewards=console_rewards(cfg.rewards),  # a win rate's mean is always ½: show a readable one
         )
         self.trackers.resume_from(self.step)
         try:
