@@ -270,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before torch loads OpenMP (build_parser imports it): idle OpenMP threads sleep instead of spinning, so two
+    # torch processes on the same cores do not spin-wait each other into 10–50× slowdowns (docs/distributed.md).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
     try:

@@ -301,7 +301,8 @@ class Trainer:
                              fit_rows(condition, height, width))  # fmt: skip
         save_sample(sheet, self.run_dir / "samples" / step_dir_name(self.step))
         prompts = [r.prompt for r in records]  # per-image files, for the HTML report (tracking/val_images.py):
-        write_validation_images(self.run_dir / "samples", self.step, images, prompts, val.n, result.total)
+        write_validation_images(self.run_dir / "samples", self.step, images, prompts, val.n, result.total,
+                                fit_rows(condition, height, width))  # fmt: skip
         if self.trackers is not None:  # None when called outside train(), e.g. to evaluate a loaded checkpoint
             caption = validation_caption(self.step, [r.prompt for r in self.val_records], per_prompt)
             log_sheet(self.trackers, "val/samples", sheet, self.step, caption)
