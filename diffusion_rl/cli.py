@@ -117,6 +117,9 @@ def refuse_what_cannot_fit(cfg) -> None:
         )
 
 
+SAMPLE_DEFAULTS = {"steps": 20, "guidance": 4.5, "height": 64, "width": 64, "frames": 1}  # without --checkpoint
+
+
 def cmd_sample(args) -> None:
     from diffusion_rl.config.model import ModelConfig
     from diffusion_rl.evaluation.evaluate import EvalSettings
@@ -127,26 +130,31 @@ def cmd_sample(args) -> None:
     from diffusion_rl.tracking.media import sample_sheet, save_sample
     from diffusion_rl.utils.seeding import seed_for
 
-    flags = EvalSettings(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
-                         sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver,
-                         frames=args.frames)  # fmt: skip
     if args.max_sequence_length is not None and args.max_sequence_length < 1:
         raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
-        from diffusion_rl.checkpoint.weights import load_checkpoint_model
+        from diffusion_rl.checkpoint.weights import checkpoint_config, load_checkpoint_model, validation_sampling
 
-        model, _, _ = load_checkpoint_model(
+        model, directory, _ = load_checkpoint_model(
             args.checkpoint,
             args.model,
             device=args.device,
             max_sequence_length=args.max_sequence_length,
             use_ema=not args.no_ema,
         )
+        defaults = validation_sampling(checkpoint_config(directory))  # sample as the run validated
     else:
+        defaults = SAMPLE_DEFAULTS
         length = {} if args.max_sequence_length is None else {"max_sequence_length": args.max_sequence_length}
         model = load_model(
             ModelConfig(path=args.model, device=args.device, lora=ModelConfig().lora.__class__(enabled=False), **length)
         )
+    for key, value in defaults.items():  # flags the user left out: as the run validated, or SAMPLE_DEFAULTS
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    flags = EvalSettings(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
+                         sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver,
+                         frames=args.frames)  # fmt: skip
     require_size(model, args.height, args.width, args.frames)  # a size the model cannot make is the user's to fix
     prompts = [p for p in args.prompt for _ in range(args.n)]
     settings = flags.sampler()
@@ -236,11 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
     p.add_argument("--negative-prompt", default="")
     p.add_argument("--n", type=int, default=1, help="images per prompt")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--guidance", type=float, default=4.5)
-    p.add_argument("--height", type=int, default=64)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--frames", type=int, default=1, help="video frames per sample (a video family: 4k + 1)")
+    run_or = "default: with --checkpoint the run's validation setting, else"
+    p.add_argument("--steps", type=int, default=None, help=f"sampling steps ({run_or} 20)")
+    p.add_argument("--guidance", type=float, default=None, help=f"{run_or} 4.5")
+    p.add_argument("--height", type=int, default=None, help=f"{run_or} 64")
+    p.add_argument("--width", type=int, default=None, help=f"{run_or} 64")
+    p.add_argument("--frames", type=int, default=None, help=f"video frames per sample, 4k + 1 ({run_or} 1)")
     p.add_argument(
         "--image", action="append", default=[], help="condition image of an editing family (repeatable: several)"
     )
@@ -301,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before torch loads OpenMP (build_parser imports it): idle OpenMP threads sleep instead of spinning, so two
+    # torch processes on the same cores do not spin-wait each other into 10–50× slowdowns (docs/distributed.md).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and isinstance(getattr(args, "overrides", None), list) and all(_is_override(a) for a in extra):

@@ -31,6 +31,15 @@ def checkpoint_config(checkpoint_dir: str | Path):
     return load(str(path))
 
 
+def validation_sampling(cfg) -> dict:
+    """How a run (its `Config`) sampled its validation images — steps, guidance, height, width, frames: what
+    `sample --checkpoint` and `eval` use unless told otherwise."""
+    height, width = cfg.val.size(cfg.sampling)
+    guidance = cfg.val.guidance if cfg.val.guidance is not None else cfg.sampling.guidance
+    return {"steps": cfg.val.num_steps, "guidance": guidance, "height": height, "width": width,
+            "frames": cfg.sampling.num_frames}  # fmt: skip
+
+
 def checkpoint_model_config(checkpoint_dir: str | Path, **overrides):
     """The `ModelConfig` the checkpoint was trained with (LoRA settings included), with `overrides` applied."""
     return dataclasses.replace(checkpoint_config(checkpoint_dir).model, **overrides)

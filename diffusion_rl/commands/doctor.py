@@ -16,7 +16,7 @@ def register(subparsers) -> None:
         description="The first thing to run on a new checkpoint: loads it as training would, prints its family, "
         "the parameters and dtype of each component, the trainable parameters (LoRA preset or full), an "
         "estimate of the device memory a training run holds for the given batch and resolution, and samples one "
-        "image to --out.",
+        "image (timed; saved with --out).",
     )
     p.add_argument("--model", required=True, help="local diffusers model directory")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="weights dtype")
@@ -40,7 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-activations", action="store_true", help="skip measuring activations (a forward pass)")
     p.add_argument("--prompt", default="a photograph of a red apple on a wooden table")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="doctor.png", help="where the sample goes (a video: the same name, .webp)")
+    p.add_argument(
+        "--out", default=None, help="save the sample there (a video: the same name, .webp); without it none is written"
+    )
     p.set_defaults(fn=cmd_doctor)
 
 
@@ -137,7 +139,12 @@ def cmd_doctor(args) -> None:
     rows = [sources] if sources else None
     images = sample_images(model, [args.prompt], [""], settings, init_seeds=[args.seed], images=rows)
     seconds = time.perf_counter() - start
-    out = Path(args.out)
-    path = save_sample(sample_sheet(images.numpy(), [args.prompt], 1, rows), out.with_suffix("").as_posix())
-    lines.append(f"sample     {path} ({args.steps} ODE steps in {seconds:.2f} s, {seconds / args.steps:.3f} s/step)")
+    timing = f"{args.steps} ODE steps in {seconds:.2f} s, {seconds / args.steps:.3f} s/step"
+    if args.out is None:
+        lines.append(f"sample     {timing} (not saved: --out FILE.png keeps it)")
+    else:
+        path = save_sample(
+            sample_sheet(images.numpy(), [args.prompt], 1, rows), Path(args.out).with_suffix("").as_posix()
+        )
+        lines.append(f"sample     {path} ({timing})")
     print("\n".join(lines))

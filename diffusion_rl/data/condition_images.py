@@ -11,24 +11,34 @@ line up pixel by pixel. A model gets them at that size (and resizes further wher
 shows its text encoder a smaller copy); rewards get them too (metadata["condition_images"]).
 
 Checked when a dataset is loaded for a run (`check_condition_images`, reading only the headers): a missing file,
-an unreadable image, an image smaller than a quarter of the output on a side (it would be upscaled more than 4×),
-or rows with different numbers of images (a batch of them must line up) is an error naming the file and the line or
-row.
+an unreadable image, an image over MAX_PIXELS (refused from its header, before any pixel is decoded: a 12000² photo
+takes 1.2 GB to fit; a bomb more), an image smaller than a quarter of the output on a side (it would be upscaled
+more than 4×), or rows with different numbers of images (a batch of them must line up) is an error naming the file
+and the line or row.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import re
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from diffusion_rl.data.images import cover_and_crop
 from diffusion_rl.errors import UserError
 
+if TYPE_CHECKING:
+    from PIL import Image
+
 MAX_UPSCALE = 4  # a condition image needs at least 1/MAX_UPSCALE of the output's height and width
+MAX_SIDE = 8192
+MAX_PIXELS = MAX_SIDE * MAX_SIDE  # 67 MP, 201 MB decoded as RGB: larger is a photo to shrink first, or a bomb
+T = TypeVar("T")
 METADATA_KEY = "condition_images"  # where a reward finds a sample's condition images (rewards/base.py)
 
 
@@ -50,9 +60,36 @@ class ConditionImage:
         if isinstance(self.source, str) and not Path(self.source).is_file():
             raise UserError(f"{self.where}: the image file {self.source} does not exist")
         try:
-            return Image.open(self.source if isinstance(self.source, str) else io.BytesIO(self.source))
+            with warnings.catch_warnings():  # PIL warns from 89 MP on; MAX_PIXELS refuses those below
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(self.source if isinstance(self.source, str) else io.BytesIO(self.source))
+        except Image.DecompressionBombError as e:  # over 179 MP: PIL refuses before giving the sides
+            count = re.search(r"\((\d+) pixels\)", str(e))
+            what = f"has {count[1]} pixels" if count else f"over PIL's decompression-bomb limit ({e})"
+            raise UserError(f"{self.where}: {self._too_large(what)}") from None
         except (OSError, ValueError) as e:
             raise UserError(f"{self.where}: cannot read the image ({e})") from None
+        if image.width * image.height > MAX_PIXELS:
+            image.close()
+            raise UserError(f"{self.where}: {self._too_large(f'is {image.width}×{image.height}')}")
+        return image
+
+    @staticmethod
+    def _too_large(what: str) -> str:
+        return (
+            f"the image {what}, more than {MAX_SIDE}×{MAX_SIDE} pixels; shrink it first (a condition image is fitted "
+            "to the output size anyway)"
+        )
+
+    def decode(self, fit: Callable[[Image.Image], T]) -> T:
+        """fit(the opened image), a UserError naming the image when its pixels do not decode (a truncated file)."""
+        try:
+            with self.open() as image:
+                return fit(image)
+        except UserError:
+            raise
+        except (OSError, ValueError) as e:  # a header that reads but pixels that do not
+            raise UserError(f"{self.where}: cannot decode the image ({e})") from None
 
     def size(self) -> tuple[int, int]:
         """(width, height) from the image's header (the pixels are not decoded)."""
@@ -61,13 +98,7 @@ class ConditionImage:
 
     def load(self, height: int, width: int) -> np.ndarray:
         """uint8 [height, width, 3]: the image fitted to the output size (cover_and_crop)."""
-        try:
-            with self.open() as image:
-                return cover_and_crop(image, height, width)
-        except UserError:
-            raise
-        except (OSError, ValueError) as e:  # a header that reads but pixels that do not (a truncated file)
-            raise UserError(f"{self.where}: cannot decode the image ({e})") from None
+        return self.decode(lambda image: cover_and_crop(image, height, width))
 
     def file_bytes(self) -> bytes:
         """The encoded image file (for writing parquet rows)."""

@@ -10,8 +10,9 @@ with paths relative to the .jsonl file, and optionally "negative_prompt", "data_
 "metadata". Each image is letterboxed to --size × --size (scaled to fit, centred on black; data/images.py) and
 stored as PNG bytes. OUT is a folder: train.parquet, and val.parquet with --val-fraction of the edits (a seeded
 draw). Rows are verl's layout (data/prompts.py): the prompt as chat messages "<image>…<image>{instruction}" (one
-placeholder per image), `images: [{"bytes": …}]`, `ability: "edit"`. A missing or unreadable image, or one smaller
-than --size / 4 on a side, is an error naming the file and the line.
+placeholder per image), `images: [{"bytes": …}]`, `ability: "edit"`. A missing, unreadable or truncated image, one
+smaller than --size / 4 on a side, or one over 8192×8192 pixels (data/condition_images.py) is an error naming the
+file and the line; --size is at most 4096.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 KEYS = ("prompt", "image", "images", "negative_prompt", "data_source", "ground_truth", "metadata")
 ABILITY = "edit"
+MIN_SIZE, MAX_SIZE = 16, 4096  # --size; a 4096² PNG is up to 50 MB per image in the parquet file
 
 
 @dataclass(frozen=True)
@@ -68,16 +70,15 @@ def letterboxed_png(image: ConditionImage, size: int) -> bytes:
             f"{image.where}: the image is {width}×{height}, too small for --size {size} (it would be upscaled "
             f"more than {MAX_UPSCALE}×)"
         )
-    with image.open() as picture:
-        boxed = letterbox(picture, size)
+    boxed = image.decode(lambda picture: letterbox(picture, size))
     buffer = io.BytesIO()
     boxed.save(buffer, format="PNG")
     return buffer.getvalue()
 
 
 def prepare_edit(input_dir: str | Path, out: str | Path, size: int, val_fraction: float, seed: int) -> PreparedEdits:
-    if size < 16:
-        raise UserError(f"prepare edit: --size must be ≥ 16 px, got {size}")
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        raise UserError(f"prepare edit: --size must be in [{MIN_SIZE}, {MAX_SIZE}] px, got {size}")
     if not 0 <= val_fraction < 1:
         raise UserError(f"prepare edit: --val-fraction must be in [0, 1), got {val_fraction}")
     records = []

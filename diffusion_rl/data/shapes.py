@@ -53,6 +53,7 @@ REGION = 0.35  # an object in a region has its centre within this fraction of th
 MIN_SEPARATION = 0.3  # centres of related objects are at least this fraction of the size apart along the axis
 RADIUS = (0.09, 0.13)  # object half-size as a fraction of the image size
 SUPERSAMPLE = 4
+MIN_SIZE, MAX_SIZE = 16, 1024  # image side in px; 1024 is drawn on a 4096² canvas
 
 
 @dataclass(frozen=True)
@@ -268,10 +269,15 @@ def draw_scene(spec: SceneSpec, size: int, rng: np.random.Generator) -> np.ndarr
     return draw_objects([(group.color, group.shape, cx, cy, r) for group, cx, cy, r in layout(spec, rng)], size)
 
 
+def check_size(size: int) -> None:
+    """ShapesWorld images are MIN_SIZE…MAX_SIZE px a side (drawn SUPERSAMPLE× larger first)."""
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        raise UserError(f"ShapesWorld images need a size in [{MIN_SIZE}, {MAX_SIZE}] px, got {size}")
+
+
 def draw_objects(objects: Sequence[tuple[str, str, float, float, float]], size: int) -> np.ndarray:
     """uint8 [size, size, 3]: objects (colour, shape, cx, cy, r; fractions of the size) on a black background."""
-    if size < 16:
-        raise UserError(f"ShapesWorld images need size ≥ 16 px, got {size}")
+    check_size(size)
     big = size * SUPERSAMPLE
     canvas = Image.new("RGB", (big, big), BACKGROUND)
     draw = ImageDraw.Draw(canvas)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from diffusion_rl.data.shapes import COLORS, RADIUS, SHAPES, draw_objects
+from diffusion_rl.data.shapes import COLORS, RADIUS, SHAPES, check_size, draw_objects
 from diffusion_rl.errors import UserError
 
 EDIT_KINDS = ("recolor", "remove", "move")
@@ -162,6 +162,7 @@ def write_edit_files(directory: str | Path, size: int = 32, train: int = 48, val
 
     if train < 1 or val < 0:
         raise UserError(f"write_edit_files: need train ≥ 1 and val ≥ 0, got {train} and {val}")
+    check_size(size)  # before any file is written
     directory = Path(directory)
     (directory / "images").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

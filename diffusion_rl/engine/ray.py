@@ -41,7 +41,7 @@ from diffusion_rl.algorithms.base import Targets, make_algorithm
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.local import health_problem, sample_ids
-from diffusion_rl.engine.placement import place_units
+from diffusion_rl.engine.placement import check_layout_fits, place_units
 from diffusion_rl.engine.ray_cluster import ActorGroup, DriverTraffic, WorkerDied, bundles, ensure_ray
 from diffusion_rl.engine.rollout_worker import IO_GROUP, RolloutWorker
 from diffusion_rl.engine.sharded_worker import ShardedWorker
@@ -74,6 +74,7 @@ class RayEngine:
         e = cfg.engine
         start = time.perf_counter()
         ensure_ray(e)
+        check_layout_fits(e)  # a layout the cluster can never hold fails now, not after start_timeout_s
         self.algorithm = make_algorithm(cfg)  # its unit_rows: how an update's rows go together (DPO: pairs)
         self.traffic = DriverTraffic()
         self._lock = threading.Lock()

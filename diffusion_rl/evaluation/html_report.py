@@ -215,9 +215,17 @@ def _validation(d: ReportData) -> str:
         "training). The seeds are fixed: the k-th image of a cell is the same sample in every column. Under each "
         f"image: its validation reward.{shown}</p>"
     )
+    sources: dict[int, list[Path]] = {}  # an edit's source images, the same at every step: the first written
+    for rows in by_step.values():
+        for row in rows:
+            if row["source_paths"]:
+                sources.setdefault(row["prompt_index"], row["source_paths"])
     body = []
     for p, prompt in sorted(prompts.items()):
         cells = [f'<td class="prompt">{_esc(prompt)}</td>']
+        if sources:
+            tiles = "".join(_img(path, f"source {j}", "tile") for j, path in enumerate(sources.get(p, [])))
+            cells.append(f'<td class="cell">{tiles}</td>')
         for step in steps:
             images = sorted((r for r in by_step[step] if r["prompt_index"] == p), key=lambda r: r["sample"])
             tiles = "".join(
@@ -227,7 +235,7 @@ def _validation(d: ReportData) -> str:
             )
             cells.append(f'<td class="cell">{tiles}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")
-    header = "<th>prompt</th>" + "".join(f"<th>step {s}</th>" for s in steps)
+    header = "<th>prompt</th>" + ("<th>source</th>" if sources else "") + "".join(f"<th>step {s}</th>" for s in steps)
     table = f'<div class="strip"><table><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
     return _section("validation", "Validation images", note + table)
 

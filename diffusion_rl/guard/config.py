@@ -34,6 +34,9 @@ class GuardConfig:
         None, "Out of range when val_drift (mean |pixel change| / 255 from the reference validation) exceeds this."
     )
     patience: int = opt(1, "Consecutive out-of-range checks of one statistic before `action` is taken.")
+    remind_every: int = opt(
+        25, "While a statistic stays out of range, its warning is repeated every N steps (every alert is counted)."
+    )
     max_side: int = opt(256, "Images are shrunk to this longer side before the statistics (bounded cost).")
 
     def __post_init__(self):
@@ -53,6 +56,8 @@ class GuardConfig:
                 "guard: need baseline_steps ≥ 1, window ≥ 3, patience ≥ 1 and max_side ≥ 8; got "
                 f"{self.baseline_steps}, {self.window}, {self.patience}, {self.max_side}"
             )
+        if self.remind_every < 1:
+            raise ValueError(f"guard.remind_every must be ≥ 1 step, got {self.remind_every}")
 
     @property
     def watched(self) -> tuple[str, ...]:

@@ -14,6 +14,10 @@ run.val_only, train.total_steps and log) are the ones that ended is refused in o
 or written, saying how to go on: resume at a lower train.lr, or start a new run with another run.seed (a resume
 keeps the seed: the prompt order depends on it), or change the guard's settings.
 
+Warnings: a statistic that leaves its range is warned about once, then reminded of every `remind_every` steps
+while it stays out, and said to be back when it returns; every alert still goes to alerts.jsonl, the console line
+counts them (`guard/alerts_total`), and `log_summary` sums them up at the end of the run.
+
 A video is watched through its middle frame (`still_of`): the statistics are those of single images.
 
 Which policy an alert blames: the rollout logged at step t was sampled by the policy after t − 1 updates, and the
@@ -88,6 +92,10 @@ class RunGuard:
         self.bad_policy: int | None = None  # first policy (updates done) of the streak that acted
         self.outcome: str | None = None
         self._resumed_at: int | None = None  # the checkpoint step load_state_dict restored, if any
+        self.alert_counts: dict[str, int] = {}  # stat -> alerts so far (a resumed run's kept ones included)
+        self.first_alert: dict[str, int] = {}  # stat -> step of its first alert
+        self.out_since: dict[str, int] = {}  # stat -> step it left its range, while it stays out
+        self.warned_at: dict[str, int] = {}  # stat -> step of its last logged warning, while it stays out
         self._files_ready = False
 
     # -- measuring -------------------------------------------------------------------------------------------
@@ -119,8 +127,8 @@ class RunGuard:
     def _record(self, step: int, values: dict[str, float], policy: int, alerts_key: str = "guard/alerts") -> dict:
         alerts = self.detector.update(step, values)
         for alert in alerts:
-            logger.warning("%s", alert.message)
             self._append(alert)
+        self._warn(step, values, alerts)
         acting = [a for a in alerts if a.act]
         if acting and self.cfg.action != "warn" and self.pending is None:
             self.pending = acting[0]
@@ -130,7 +138,40 @@ class RunGuard:
             self._write_summary()  # a baseline was just established
         metrics = {f"guard/{k}": v for k, v in values.items()}
         metrics[alerts_key] = float(len(alerts))
+        metrics["guard/alerts_total"] = float(sum(self.alert_counts.values()))
         return metrics
+
+    # -- warning -----------------------------------------------------------------------------------------------
+    def _warn(self, step: int, values: dict[str, float], alerts: list[Alert]) -> None:
+        """Log when a statistic leaves its range, a reminder every remind_every steps while it stays out, and when it
+        is back; count every alert."""
+        by_stat = {a.stat: a for a in alerts}
+        for stat in values:
+            alert = by_stat.get(stat)
+            if alert is None:
+                if stat in self.out_since:
+                    logger.info("guard: %s is back in range at step %d (out since step %d)", stat, step,
+                                self.out_since.pop(stat))  # fmt: skip
+                    self.warned_at.pop(stat)
+                continue
+            self.alert_counts[stat] = self.alert_counts.get(stat, 0) + 1
+            self.first_alert.setdefault(stat, step)
+            if stat not in self.out_since:
+                self.out_since[stat] = self.warned_at[stat] = step
+                logger.warning("%s; warned once while it stays out (a reminder every %d steps; every alert is in %s)",
+                               alert.message, self.cfg.remind_every, self.dir / ALERTS_FILE)  # fmt: skip
+            elif step - self.warned_at[stat] >= self.cfg.remind_every:
+                self.warned_at[stat] = step
+                logger.warning("guard: %s still out of range at step %d (since step %d, %d alerts in all): %s", stat,
+                               step, self.out_since[stat], self.alert_counts[stat], alert.message)  # fmt: skip
+
+    def log_summary(self) -> None:
+        """At the end of a run: the alerts per statistic, once (nothing when there were none)."""
+        if not self.alert_counts:
+            return
+        parts = [f"{stat} {n} (first at step {self.first_alert[stat]})" for stat, n in self.alert_counts.items()]
+        logger.warning("guard: %d alerts in this run: %s; see %s and docs/guard.md",
+                       sum(self.alert_counts.values()), ", ".join(parts), self.dir / ALERTS_FILE)  # fmt: skip
 
     # -- acting ----------------------------------------------------------------------------------------------
     def should_stop(self, step: int, checkpoints: Any, load_checkpoint: Callable[[Path], None]) -> bool:
@@ -207,6 +248,9 @@ class RunGuard:
             kept = [x for x in alerts.read_text().splitlines() if x and json.loads(x)["step"] <= self._resumed_at]
             with naming(alerts):
                 alerts.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+            for row in map(json.loads, kept):  # the count goes on from the resumed step
+                self.alert_counts[row["stat"]] = self.alert_counts.get(row["stat"], 0) + 1
+                self.first_alert.setdefault(row["stat"], row["step"])
 
     def _append(self, alert: Alert) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.errors import UserError
+from diffusion_rl.errors import UserError, did_you_mean
 from diffusion_rl.registry import Registry
 from diffusion_rl.rewards.user_fn import is_user_function_spec, load_user_function
 
@@ -71,13 +71,24 @@ def _check_kwargs(name: str, factory: Callable[..., RewardFn], kwargs: dict[str,
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # builtins without a signature: let the call itself complain
         return
+    params = signature.parameters.values()
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    accepted = ", ".join(p.name for p in named) or "none"
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    unknown = [] if takes_any else sorted(set(kwargs) - {p.name for p in named})
+    if unknown:
+        hints = "".join(did_you_mean(k, [p.name for p in named]) for k in unknown[:1])
+        raise UserError(f"reward '{name}': unknown kwargs {', '.join(unknown)}{hints}; accepted: {accepted}")
+    missing = [p.name for p in named if p.default is p.empty and p.name not in kwargs]
+    if missing:
+        raise UserError(
+            f"reward '{name}' needs kwargs {', '.join(missing)} (in the config: kwargs: {{{missing[0]}: ...}}); "
+            f"accepted: {accepted}"
+        )
     try:
         signature.bind(**kwargs)
-    except TypeError as e:
-        accepted = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
-        raise UserError(
-            f"reward '{name}': bad kwargs {sorted(kwargs)} ({e}); accepted: {', '.join(accepted) or 'none'}"
-        ) from None
+    except TypeError as e:  # anything the two checks above do not catch
+        raise UserError(f"reward '{name}': kwargs {sorted(kwargs)} do not fit ({e}); accepted: {accepted}") from None
 
 
 def check_reward_output(name: str, scores: Any, batch_size: int) -> np.ndarray:

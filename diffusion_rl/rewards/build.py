@@ -11,6 +11,20 @@ from diffusion_rl.rewards.combine import RewardCombiner, WeightedReward
 from diffusion_rl.rewards.user_fn import is_user_function_spec
 
 
+def console_rewards(specs: Sequence[Any]) -> list[tuple[str, str]]:
+    """(metric key, label) of the training rewards a console line shows: the weighted total — unless every weighted
+    reward is relative to its group (a rank or a win rate averages the same every step), then the rewards of weight 0
+    scored beside it (e.g. the absolute score a judge stands in for), or none."""
+
+    def relative(spec) -> bool:
+        return not is_user_function_spec(spec.name) and getattr(REWARDS.get(spec.name), "relative", False)
+
+    weighted = [s for s in specs if s.weight > 0]
+    if weighted and all(relative(s) for s in weighted):
+        return [(f"reward/{s.metric_name}/mean", s.metric_name) for s in specs if s.weight == 0 and not relative(s)]
+    return [("reward/mean", "reward")]
+
+
 def build_combiner(specs: Sequence[Any], make_fn: Callable[[Any], RewardFn], where: str = "rewards") -> RewardCombiner:
     """A RewardCombiner of the entries (config RewardSpecs), each keyed by its label (else its name) and built by
     `make_fn(spec)` (in this process, or in Ray actors); an image reward scores videos frame by frame, its frame

@@ -30,6 +30,9 @@ from diffusion_rl.rewards.base import REWARDS
 logger = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16", "float16")
+CLIP_L14 = "openai/clip-vit-large-patch14"  # the CLIP of CLIPScore and of the LAION aesthetic predictor
+CLIP_H14 = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"  # PickScore's and HPS v2's processor and tokenizer
+PICKSCORE = "yuvalkirstain/PickScore_v1"
 
 
 class ClipEncoder:
@@ -42,12 +45,18 @@ class ClipEncoder:
         batch_size: int = 32,
         dtype: str = "float32",
         processor_path: str | None = None,
+        *,
+        repo: str = CLIP_L14,
+        processor_repo: str | None = None,
     ):
+        """repo, processor_repo (default: repo): where the model and the processor come from (named in messages)."""
         from transformers import AutoTokenizer, CLIPModel
 
         torch_dtype, torch_device = check_settings(dtype, batch_size, device, "CLIP reward")
-        model_dir = _existing_dir(path, "path")
-        processor_dir = _existing_dir(processor_path, "processor_path") if processor_path else model_dir
+        model_dir = _existing_dir(path, "path", repo)
+        processor_dir = model_dir
+        if processor_path:
+            processor_dir = _existing_dir(processor_path, "processor_path", processor_repo or repo)
         try:
             model = CLIPModel.from_pretrained(model_dir, dtype=torch_dtype)
             tokenizer = AutoTokenizer.from_pretrained(processor_dir)
@@ -156,14 +165,15 @@ def _pooled(features: Any):
     return features if hasattr(features, "dim") else features.pooler_output
 
 
-def _existing_dir(path: Any, name: str) -> Path:
+def _existing_dir(path: Any, name: str, repo: str, who: str = "CLIP reward") -> Path:
+    """`path` as a directory, or a UserError with the command that downloads `repo` (a Hugging Face id) there."""
     if not isinstance(path, str) or not path:
-        raise UserError(f"CLIP reward: {name} must be a local model directory, got {path!r}")
+        raise UserError(f"{who}: {name} must be a local model directory (a download of {repo}), got {path!r}")
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise UserError(
-            f"CLIP reward: {name} {directory} is not a directory; download the model first (e.g. "
-            "`huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR"
+            f"{who}: {name} {directory} is not a directory; download the model first: "
+            f"`huggingface-cli download {repo} --local-dir {directory}`"
         )
     return directory
 
@@ -208,7 +218,7 @@ def pickscore(
     processor_path: str | None = None,
 ):
     """Reward = exp(logit_scale) · cos(image, prompt) (about 20–23 for PickScore_v1 on typical images)."""
-    encoder = ClipEncoder(path, device, batch_size, dtype, processor_path)
+    encoder = ClipEncoder(path, device, batch_size, dtype, processor_path, repo=PICKSCORE, processor_repo=CLIP_H14)
     logit_scale = float(encoder.model.logit_scale.exp())
 
     def reward(images: np.ndarray, prompts: list[str], metadata: list[dict]) -> np.ndarray:

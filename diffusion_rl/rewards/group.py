@@ -110,6 +110,7 @@ class RankReward:
     """Normalised rank within the group of a per-sample reward's score, in [0, 1] (1 = best of its group)."""
 
     group = True
+    relative = True  # a batch's mean is the same every step: says nothing about progress (tracking/console.py)
 
     def __init__(self, reward: Any):
         """reward: the per-sample reward to rank, {name: NAME, kwargs: {...}} (or just its name)."""
@@ -125,6 +126,7 @@ class PairwiseWinRate:
     """Share of its group that each sample beats, from a pairwise preference or a per-sample reward, in [0, 1]."""
 
     group = True
+    relative = True  # a group's win rates average ½ every step
 
     def __init__(self, preference: Any = None, reward: Any = None, both_orders: bool = False):
         """

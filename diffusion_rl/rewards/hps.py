@@ -45,6 +45,7 @@ import numpy as np
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS
 from diffusion_rl.rewards.clip import (
+    CLIP_H14,
     ClipEncoder,
     _existing_dir,
     check_settings,
@@ -199,7 +200,7 @@ def hpsv2(
     from transformers import AutoTokenizer, CLIPModel
 
     torch_dtype, torch_device = check_settings(dtype, batch_size, device, "hpsv2")
-    tokenizer_dir = _existing_dir(tokenizer_path, "tokenizer_path")
+    tokenizer_dir = _existing_dir(tokenizer_path, "tokenizer_path", CLIP_H14, "hpsv2")
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     except (OSError, ValueError) as e:

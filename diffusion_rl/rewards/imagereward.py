@@ -193,7 +193,9 @@ class ImageReward:
         self.model = build_model(state, json.loads(config_file.read_text()), vision_heads)
         self.model.to(device=self.device, dtype=self.dtype)
         try:
-            self.tokenizer = BertTokenizer.from_pretrained(_existing_dir(tokenizer_path, "tokenizer_path"))
+            self.tokenizer = BertTokenizer.from_pretrained(
+                _existing_dir(tokenizer_path, "tokenizer_path", "google-bert/bert-base-uncased", "imagereward")
+            )
         except (OSError, ValueError) as e:
             raise UserError(f"imagereward: cannot load a BERT tokenizer from {tokenizer_path} ({e})") from None
         size = self.model.vision.config.image_size

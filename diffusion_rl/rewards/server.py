@@ -121,7 +121,15 @@ def add_serve_reward_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help=f"bearer token required on /score and /metrics (or {TOKEN_ENV})")
     parser.add_argument("--allow-no-token", action="store_true", help="listen off loopback without a token")
     parser.add_argument("--max-queue", type=int, default=64, help="requests waiting to be scored; 503 beyond")
-    parser.add_argument("--max-connections", type=int, default=128, help="connections served at once; 503 beyond")
+    parser.add_argument(
+        "--max-connections", type=int, default=128, help="authenticated requests read or scored at once; 503 beyond"
+    )
+    parser.add_argument(
+        "--max-open-connections",
+        type=int,
+        default=1024,
+        help="open connections; beyond, the oldest with no request in progress (idle, unauthenticated) is closed",
+    )
     parser.add_argument("--read-timeout-s", type=float, default=30.0, help="a request must arrive within this")
     parser.add_argument("--request-timeout-s", type=float, default=600.0, help="504 when scoring takes longer")
     parser.add_argument("--reward-timeout-s", type=float, default=None, help="deadline of one reward call")
@@ -151,6 +159,7 @@ def server_from_args(args: argparse.Namespace):
         "--request-timeout-s": args.request_timeout_s,
         "--max-body-mb": args.max_body_mb,
         "--max-connections": args.max_connections,
+        "--max-open-connections": args.max_open_connections,
         "--max-image-pixels": args.max_image_pixels,
         "--max-request-pixels": args.max_request_pixels,
         "--reward-timeout-s": 1 if args.reward_timeout_s is None else args.reward_timeout_s,
@@ -160,7 +169,7 @@ def server_from_args(args: argparse.Namespace):
         raise UserError(f"serve-reward: these must be > 0: {', '.join(bad)}")
     limits = Limits(int(args.max_body_mb * 1024 * 1024), args.max_image_pixels, args.max_request_pixels)
     settings = ServerSettings(limits, args.token or os.environ.get(TOKEN_ENV) or None, args.read_timeout_s,
-                              args.request_timeout_s, args.max_connections)  # fmt: skip
+                              args.request_timeout_s, args.max_connections, args.max_open_connections)  # fmt: skip
     reward_fn = framewise(make_reward(args.reward, **kwargs), args.frames, args.reward)  # videos, frame by frame
     return make_server(reward_fn, args.host, args.port, args.max_batch, args.max_wait_ms, args.reward,
                        allow_no_token=args.allow_no_token, max_queue=args.max_queue,

@@ -11,13 +11,16 @@ mean of:
 - purity: the share of coloured pixels that have a colour of that scene.
 A drawn target scores about 1 (≥ 0.97 at 32 px); the unedited source at most 2/3, a black image at most 1/3 (it
 does remove what must go). The spec comes from metadata["shapes_edit"] (the dataset row's).
+
+`edit_region` is the part of the image the edit may change; `source_preservation` with `outside: shapes_edit`
+(rewards/edit.py) scores only the rest, so that it never pulls the edited object back to the source.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from diffusion_rl.data.shapes import COLORS
+from diffusion_rl.data.shapes import COLORS, draw_objects
 from diffusion_rl.data.shapes_edits import EditSpec, PlacedShape
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS, RewardFn
@@ -54,6 +57,25 @@ def edit_score(spec: EditSpec, reading: ImageReading, pixels: int) -> float:
     wanted = sum(reading.area[index[o.color]] for o in scene)
     terms.append(float(wanted / coloured) if coloured > 0 else 0.0)
     return float(np.mean(terms))
+
+
+def edit_region(spec: EditSpec, height: int, width: int) -> np.ndarray:
+    """bool [height, width]: the pixels the edit may change — the named object where it is and where it goes (its
+    drawn footprints, widened by 1/16 of the size for the anti-aliased edges). Everything else must stay."""
+    if height != width:
+        raise ValueError(f"ShapesWorld images are square, got {height}×{width}")
+    named = [spec.objects[spec.target]]
+    if spec.kind == "move":
+        named.append(named[0].moved(spec.direction))
+    drawn = draw_objects([(o.color, o.shape, o.x, o.y, o.r) for o in named], height).max(axis=-1) > 0
+    reach = max(1, height // 16)
+    region = drawn.copy()
+    for dy in range(-reach, reach + 1):  # a square dilation: every pixel within `reach` of a drawn one
+        for dx in range(-reach, reach + 1):
+            region[max(dy, 0) : height + min(dy, 0), max(dx, 0) : width + min(dx, 0)] |= drawn[
+                max(-dy, 0) : height + min(-dy, 0), max(-dx, 0) : width + min(-dx, 0)
+            ]
+    return region
 
 
 def spec_of(metadata: dict) -> EditSpec:

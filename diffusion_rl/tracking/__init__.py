@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ def make_trackers(
     console_every: int = 1,
     total_steps: int | None = None,
     config: Mapping[str, Any] | None = None,
+    console_rewards: Sequence[tuple[str, str]] | None = None,
 ) -> MultiTracker:
     """The run's trackers, all writing inside `run_dir`.
 
@@ -49,6 +50,7 @@ def make_trackers(
     run directory's name), `mode` ("online" | "offline" | "disabled", default "online"), `tags`.
     console_every: log a console line every N steps (and at the first and the last, `total_steps`); 0 = none.
     config: the run's resolved config, recorded with the W&B run.
+    console_rewards: (metric key, label) of the rewards the console line shows (default: the total, `reward/mean`).
     """
     if console_every < 0:
         raise UserError(f"console_every={console_every}: use N >= 1 to log every N steps, or 0 for no console line")
@@ -59,7 +61,7 @@ def make_trackers(
     if tensorboard:
         trackers.append(TensorBoardTracker(run_dir))
     if console_every > 0:
-        trackers.append(ConsoleTracker(every=console_every, total_steps=total_steps))
+        trackers.append(ConsoleTracker(every=console_every, total_steps=total_steps, rewards=console_rewards))
     if wandb is not None:
         unknown = [key for key in wandb if key not in WANDB_KEYS]
         if unknown:

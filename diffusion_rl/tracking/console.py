@@ -2,7 +2,8 @@
 
 Each line shows what a person can read off a run: the reward, the validation reward when there is one, the clip
 fraction and KL to the reference only when they are not zero (on-policy Flow-GRPO clips nothing, and the policy
-loss itself is ~0 by construction: ratio 1 times zero-mean advantages), seconds per step and the time left.
+loss itself is ~0 by construction: ratio 1 times zero-mean advantages), the guard's alerts so far when there are
+any, seconds per step and the time left.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from diffusion_rl.tracking.base import to_scalar
 logger = logging.getLogger(__name__)
 
 # (metric key, label in the line, format, shown when zero). Keys absent from a call are left out of its line.
+REWARD_FIELD = ("reward/mean", "reward", "{:.5g}", True)  # replaced by `rewards` (ConsoleTracker)
 DEFAULT_FIELDS: tuple[tuple[str, str, str, bool], ...] = (
-    ("reward/mean", "reward", "{:.5g}", True),
+    REWARD_FIELD,
     ("val/reward/mean", "val_reward", "{:.5g}", True),
     ("reward/failed_fraction", "failed", "{:.2%}", False),
     ("clip_fraction", "clipped", "{:.2%}", False),
     ("kl_ref", "kl_ref", "{:.3g}", False),
+    ("guard/alerts_total", "guard_alerts", "{:.0f}", False),  # the guard warns once per excursion: the count goes on
     ("timing/step", "s/step", "{:.2f}", True),
 )
 
@@ -47,10 +50,15 @@ class ConsoleTracker:
         every: int = 1,
         total_steps: int | None = None,
         fields: Sequence[tuple[str, str, str, bool]] = DEFAULT_FIELDS,
+        rewards: Sequence[tuple[str, str]] | None = None,
     ) -> None:
+        """rewards: (metric key, label) to show in place of the reward total (rewards/build.py console_rewards)."""
         if every < 1:
             raise ValueError(f"ConsoleTracker(every={every}): log every N >= 1 steps (leave it out to disable)")
         self.every, self.total_steps = every, total_steps
+        if rewards is not None:
+            shown = [(key, label, "{:.5g}", True) for key, label in rewards]
+            fields = [f for field in fields for f in (shown if field == REWARD_FIELD else [field])]
         self.fields = tuple(fields)
         self.first_step: int | None = None
         self.start = time.perf_counter()

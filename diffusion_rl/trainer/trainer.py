@@ -45,7 +45,7 @@ from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.rewards import RewardCombiner
-from diffusion_rl.rewards.build import build_combiner
+from diffusion_rl.rewards.build import build_combiner, console_rewards
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.tracking import make_trackers, plot_metrics, read_metrics
@@ -138,6 +138,7 @@ class Trainer:
             total_steps=cfg.train.total_steps,
             wandb=self._wandb_settings(),
             config=redact_secrets(cfg),
+            console_rewards=console_rewards(cfg.rewards),  # a win rate's mean is always ½: show a readable one
         )
         # a resume keeps the rows up to its checkpoint; a start from scratch (-1) none of an earlier run's here
         self.trackers.resume_from(self.step if resume_from is not None else -1)
@@ -174,6 +175,7 @@ class Trainer:
             if stop:
                 break
         bar.close()
+        self.guard.log_summary()
 
     def _iteration(self, bar) -> bool:
         """One step, then its validation, metrics row, guard check and checkpoint; True when the guard stops."""
@@ -303,7 +305,8 @@ class Trainer:
                              fit_rows(condition, height, width))  # fmt: skip
         save_sample(sheet, self.run_dir / "samples" / step_dir_name(self.step))
         prompts = [r.prompt for r in records]  # per-image files, for the HTML report (tracking/val_images.py):
-        write_validation_images(self.run_dir / "samples", self.step, images, prompts, val.n, result.total)
+        write_validation_images(self.run_dir / "samples", self.step, images, prompts, val.n, result.total,
+                                fit_rows(condition, height, width))  # fmt: skip
         if self.trackers is not None:  # None when called outside train(), e.g. to evaluate a loaded checkpoint
             caption = validation_caption(self.step, [r.prompt for r in self.val_records], per_prompt)
             log_sheet(self.trackers, "val/samples", sheet, self.step, caption)

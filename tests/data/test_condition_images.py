@@ -133,3 +133,53 @@ def test_the_committed_shapes_edit_files_are_what_prepare_writes(tmp_path):
     records = load_prompts(committed / "train.jsonl")
     assert {r.prompt.split()[0] for r in records} == {"make", "remove", "move"}
     assert check_condition_images(records, 32, 32, "shapes edits") == 1
+
+
+def png_header_claiming(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header claims width × height (its pixels are a 1×1 image's): what a decompression bomb looks like
+    to a reader that checks the header first, built without allocating the pixels."""
+    import struct
+    import zlib
+
+    data = bytearray(png_bytes(1, 1))
+    ihdr = data[12:29]  # b"IHDR" + 13 bytes of fields; the CRC follows
+    ihdr[4:12] = struct.pack(">II", width, height)
+    data[12:29] = ihdr
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(ihdr)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("side", [12000, 20000])  # 144 MP: PIL only warns; 400 MP: PIL's DecompressionBombError
+def test_huge_condition_images_are_refused_from_the_header_naming_file_and_line(tmp_path, side):
+    png(tmp_path / "in" / "ok.png", 32, 32)
+    png_header_claiming(tmp_path / "in" / "huge.png", side, side)
+    lines = [{"prompt": "a", "images": ["ok.png"]}, {"prompt": "b", "images": ["huge.png"]}]
+    (tmp_path / "in" / "edits.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    # PIL refuses 400 MP before giving the size, so that message gives the pixel count
+    size = rf"(is {side}×{side}|has {side * side} pixels)"
+    message = rf"edits.jsonl, line 2 \(huge.png\): the image {size}, more than 8192×8192"
+    with pytest.raises(UserError, match=message):
+        prepare_edit(tmp_path / "in", tmp_path / "out", 32, 0.0, 0)
+    records = load_prompts(tmp_path / "in" / "edits.jsonl")  # what `train` checks before a run
+    with pytest.raises(UserError, match=message.replace(r" \(huge", r", images\[0\] \(huge")):
+        check_condition_images(records, 32, 32, "edits")
+
+
+def test_a_truncated_image_in_prepare_edit_names_the_file_and_line(tmp_path, capsys):
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "full.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "full.png").read_bytes()[:3000])  # header intact, pixels cut
+    (tmp_path / "edits.jsonl").write_text(json.dumps({"prompt": "x", "image": "cut.png"}) + "\n")
+    assert main(["prepare", "edit", str(tmp_path), str(tmp_path / "out"), "--size", "32"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "edits.jsonl, line 1 (cut.png): cannot decode the image" in err[0], err
+
+
+def test_absurd_image_sizes_are_refused_before_any_work(tmp_path):
+    with pytest.raises(UserError, match=r"--size must be in \[16, 4096\] px, got 100000"):
+        prepare_edit(tmp_path, tmp_path / "out", 100000, 0.0, 0)
+    with pytest.raises(UserError, match=r"ShapesWorld images need a size in \[16, 1024\] px, got 100000"):
+        write_edit_files(tmp_path / "shapes", size=100000, train=1, val=0)
+    assert not (tmp_path / "shapes").exists()

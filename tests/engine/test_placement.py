@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from diffusion_rl.engine.placement import place_units
+from pathlib import Path
+
+import pytest
+
+from diffusion_rl.engine.placement import check_layout_fits, place_units
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_rows_stay_where_they_were_sampled_when_the_shares_are_even():
@@ -48,3 +54,48 @@ def test_rows_of_rollout_actors_all_move_to_the_trainers_in_even_shares():
     assert shares[0].local == [] and shares[0].imported == {2: [0, 1], 3: [4, 5]}
     assert shares[0].rows == [0, 1, 4, 5]  # by source, then in unit order: the targets follow this order
     assert shares[1].imported == {2: [2], 3: [6]} and shares[1].rows == [2, 6]
+
+
+def test_a_layout_the_cluster_cannot_hold_is_refused_in_one_line_before_any_wait():
+    from diffusion_rl.config import EngineConfig
+    from diffusion_rl.errors import UserError
+
+    separate = EngineConfig(kind="ray", num_workers=2, rollout="separate")  # the documented 2-CPU machine: 3 CPUs
+    with pytest.raises(UserError) as error:
+        check_layout_fits(separate, {"CPU": 2.0, "memory": 1e9})
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(
+        "engine: the Ray layout needs 3 CPU (2 trainers × 1 + 1 rollout actor × 1) but the cluster has 2: lower "
+        "engine.cpus_per_worker / cpus_per_rollout_worker"
+    )
+    check_layout_fits(separate, {"CPU": 3.0})  # fits: no error
+    half = EngineConfig(kind="ray", num_workers=2, rollout="separate", cpus_per_worker=0.5, cpus_per_rollout_worker=1)
+    check_layout_fits(half, {"CPU": 2.0})
+    gpus = EngineConfig(kind="ray", num_workers=2, gpus_per_worker=1, trainer_resources={"trainer_node": 1})
+    with pytest.raises(
+        UserError, match=r"needs 2 GPU \(2 trainers × 1\) but the cluster has 0: .*; and 2 trainer_node"
+    ):
+        check_layout_fits(gpus, {"CPU": 16.0})
+
+
+def test_the_ray_engine_checks_the_layout_before_starting_actors(monkeypatch):
+    from diffusion_rl.config import load
+    from diffusion_rl.engine import ray as ray_engine
+    from diffusion_rl.engine import ray_cluster
+    from diffusion_rl.errors import UserError
+
+    class FakeRay:
+        @staticmethod
+        def cluster_resources():
+            return {"CPU": 2.0}
+
+    started = []
+    monkeypatch.setattr(ray_engine, "ensure_ray", lambda e: None)
+    monkeypatch.setattr(ray_cluster, "import_ray", lambda local=False: FakeRay)
+    monkeypatch.setattr(ray_engine.RayEngine, "_start_trainers", lambda self: started.append(1))
+    cfg = load(
+        str(ROOT / "configs/quickstart.yaml"), ["engine.kind=ray", "engine.num_workers=2", "engine.rollout=separate"]
+    )
+    with pytest.raises(UserError, match="needs 3 CPU"):
+        ray_engine.RayEngine(cfg)
+    assert not started

@@ -100,6 +100,32 @@ def test_runner_acts_after_the_alert_and_writes_files(tmp_path, action, caplog):
         assert summary["outcome"] == "Rolled back at step 6 (brightness) to checkpoint step 4"
 
 
+def test_a_statistic_out_of_range_is_warned_once_then_reminded_and_summed_up(tmp_path, caplog):
+    guard = RunGuard(GuardConfig(baseline_steps=2, stats=["brightness"], remind_every=10), tmp_path)
+    # in range at 1–3, out at 4–40, back at 41–43, out again at 44–45
+    series = [128] * 3 + [20] * 37 + [128] * 3 + [20] * 2
+    with caplog.at_level(logging.INFO, logger="diffusion_rl.guard.runner"):
+        for step, value in enumerate(series, start=1):
+            metrics = guard.on_rollout(step, _dark_images(value), [0, 0, 1, 1])
+        guard.log_summary()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING"] * 4 + ["INFO", "WARNING", "WARNING"], lines
+    assert lines[0][1].startswith("guard: brightness at step 4 is 0.07843") and "warned once" in lines[0][1]
+    assert [m.split(" (")[0] for _, m in lines[1:4]] == [
+        f"guard: brightness still out of range at step {s}" for s in (14, 24, 34)
+    ]
+    assert "(since step 4, 11 alerts in all)" in lines[1][1]
+    assert lines[4][1] == "guard: brightness is back in range at step 41 (out since step 4)"
+    assert lines[5][1].startswith("guard: brightness at step 44 is")
+    assert lines[6][1].startswith("guard: 39 alerts in this run: brightness 39 (first at step 4); see ")
+    assert metrics["guard/alerts_total"] == 39.0  # what the console line shows
+    rows = (tmp_path / "guard/alerts.jsonl").read_text().splitlines()
+    assert len(rows) == 39  # every alert is still written
+    resumed = RunGuard(GuardConfig(baseline_steps=2, stats=["brightness"], remind_every=10), tmp_path)
+    resumed.load_state_dict(guard.state_dict(), 42)  # the count goes on from the alerts up to the resumed step
+    assert resumed.on_rollout(43, _dark_images(20), [0, 0, 1, 1])["guard/alerts_total"] == 38.0
+
+
 def test_rollback_without_an_older_checkpoint_stops(tmp_path):
     guard = RunGuard(GuardConfig(action="rollback", baseline_steps=1, stats=["brightness"]), tmp_path)
     guard.on_rollout(1, _dark_images(128), [0, 0, 0, 0])

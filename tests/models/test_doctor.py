@@ -73,6 +73,15 @@ def test_doctor_reports_the_model_and_samples_one_image(family_dirs, tmp_path, c
     assert out.is_file() and out.stat().st_size > 0
 
 
+def test_doctor_writes_no_file_unless_asked(family_dirs, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["doctor", "--model", str(family_dirs["sd3"]), "--dtype", "fp32", "--device", "cpu", "--height", "32"]
+    argv += ["--width", "32", "--steps", "2", "--micro-batch", "1", "--max-sequence-length", "16", "--no-activations"]
+    assert main(argv) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert "(not saved: --out FILE.png keeps it)" in capsys.readouterr().out
+
+
 def test_doctor_on_a_directory_that_is_not_a_model_says_what_it_found(tmp_path, capsys):
     (tmp_path / "weights.bin").write_bytes(b"")
     assert main(["doctor", "--model", str(tmp_path), "--device", "cpu"]) == 2

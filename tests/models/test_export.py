@@ -127,3 +127,20 @@ def test_sample_with_a_checkpoint_reads_the_runs_text_length(tiny_model_dir, tra
     assert main(argv) == 0
     assert main([*argv, "--max-sequence-length", "8"]) == 0  # an explicit flag still wins
     assert lengths == [12, 8]
+
+
+def test_sample_with_a_checkpoint_samples_as_the_run_validated(tiny_model_dir, train_model, tmp_path, monkeypatch):
+    from diffusion_rl.sampling import rollout
+
+    trainer = train_model(tiny_model_dir, f"run.dir={tmp_path / 'run'}", "train.total_steps=1", "sampling.height=32",
+                          "sampling.width=32", "sampling.guidance=2.5", "val.num_steps=3")  # fmt: skip
+    trainer.train()
+    used = []
+    original = rollout.sample_images
+    monkeypatch.setattr(rollout, "sample_images", lambda m, p, n, settings, **k: used.append(settings) or original(
+        m, p, n, settings, **k))  # fmt: skip
+    argv = ["sample", "--model", str(tiny_model_dir), "--checkpoint", str(tmp_path / "run"), "--prompt", "a cat"]
+    argv += ["--device", "cpu", "--out", str(tmp_path / "grid.png")]
+    assert main(argv) == 0  # a 32-px run samples at 32 px (it sampled the default 64 px)
+    assert main([*argv, "--height", "48", "--steps", "2"]) == 0  # flags still win
+    assert [(s.height, s.width, s.num_steps, s.guidance) for s in used] == [(32, 32, 3, 2.5), (48, 32, 2, 2.5)]

@@ -185,3 +185,17 @@ def test_a_group_reward_in_ray_actors_is_refused_at_build_time():
     spec = RewardSpec(name="rank", kwargs={"reward": "jpeg_incompressibility"}, actors=2)
     with pytest.raises(UserError, match="rewards.0: 'rank' is a group reward and runs in the trainer process"):
         build_combiner([spec], lambda s: pytest.fail("must not be built"))
+
+
+def test_the_console_shows_the_total_unless_every_weighted_reward_is_relative_to_its_group():
+    from diffusion_rl.config import RewardSpec
+    from diffusion_rl.rewards.build import console_rewards
+
+    pairwise = RewardSpec(name="pairwise_win_rate", kwargs={"reward": "jpeg_compressibility"})
+    monitor = RewardSpec(name="jpeg_compressibility", weight=0.0, label="jpeg")
+    rank = RewardSpec(name="rank", weight=0.0, kwargs={"reward": "jpeg_compressibility"})
+    assert console_rewards([pairwise, monitor, rank]) == [("reward/jpeg/mean", "jpeg")]
+    assert console_rewards([pairwise]) == []  # nothing readable: no training reward in the line (val_reward is)
+    assert console_rewards([pairwise, RewardSpec(name="jpeg_compressibility", weight=0.5)]) == [
+        ("reward/mean", "reward")
+    ]

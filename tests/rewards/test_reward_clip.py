@@ -145,6 +145,19 @@ def test_resizing_matches_the_transformers_processor(clip_dir):
 def test_missing_model_directory_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="is not a directory"):
         make_reward("clip_score", path=str(tmp_path / "nope"))
+    with pytest.raises(UserError) as pick:
+        make_reward("pickscore", path=str(tmp_path / "pick"))
+    assert str(pick.value).endswith(
+        f"`huggingface-cli download yuvalkirstain/PickScore_v1 --local-dir {tmp_path}/pick`"
+    )
+    with pytest.raises(UserError) as processor:
+        make_reward("pickscore", path=str(tmp_path), processor_path=str(tmp_path / "proc"))
+    hint = f"`huggingface-cli download laion/CLIP-ViT-H-14-laion2B-s32B-b79K --local-dir {tmp_path}/proc`"
+    assert str(processor.value).endswith(hint)
+    for name, kwargs in (("clip_score", {}), ("aesthetic", {"head_path": "h.pth"})):
+        with pytest.raises(UserError) as clip:
+            make_reward(name, path=str(tmp_path / "clip"), **kwargs)
+        assert f"download openai/clip-vit-large-patch14 --local-dir {tmp_path}/clip" in str(clip.value)
     with pytest.raises(UserError, match="unknown dtype"):
         make_reward("clip_score", path=str(tmp_path), dtype="fp8")
 

@@ -78,3 +78,14 @@ def test_unknown_registered_name_lists_known_rewards():
 def test_unexpected_kwarg_for_builtin_is_user_error():
     with pytest.raises(UserError, match="jpeg_incompressibility.*quality"):
         make_reward("jpeg_incompressibility", quality=80)
+
+
+def test_a_missing_or_unknown_reward_kwarg_is_named_as_such():
+    with pytest.raises(UserError) as missing:
+        make_reward("clip_score")  # `path` is required
+    assert str(missing.value).startswith("reward 'clip_score' needs kwargs path (in the config: kwargs: {path: ...})")
+    with pytest.raises(UserError) as unknown:
+        make_reward("clip_score", pth="models/clip")
+    assert str(unknown.value).startswith("reward 'clip_score': unknown kwargs pth (did you mean 'path'?); accepted: ")
+    with pytest.raises(UserError, match=r"^reward 'jpeg_compressibility': unknown kwargs quality, scale; accepted: "):
+        make_reward("jpeg_compressibility", scale=2, quality=1)

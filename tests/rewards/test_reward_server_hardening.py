@@ -298,3 +298,60 @@ def test_a_token_guards_score_and_metrics_and_the_remote_reward_sends_it(serve, 
     monkeypatch.delenv("DIFFUSION_RL_REWARD_TOKEN")
     with pytest.raises(UserError, match="refused the request: HTTP 401"):  # checked at start-up
         make_reward("remote", url=url, retries=0, max_failed_batches=None)
+
+
+# ---- idle floods and large bodies (the second audit) ------------------------------------------------------------
+
+
+def test_unfinished_unauthenticated_connections_take_no_slot_of_authenticated_work(serve):
+    """The audit's case: 130 connections that never finish their headers made an authenticated /score answer 503
+    for 30 s (uvicorn's connection limit counted them). Here 60 against 8 work slots and 40 open connections."""
+    server, url = serve(token="t", settings=ServerSettings(max_connections=8, max_open_connections=40))
+    port = int(url.rsplit(":", 1)[1])
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) for _ in range(60)]
+    try:
+        for s in sockets:
+            s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nAuthoriza")  # headers cut off: never authenticated
+        status, answer, _ = _request(url + "/score", _score_body([_image()]), {"Authorization": "Bearer t"})
+        assert status == 200 and answer["scores"] == [100.0]
+        status, metrics, _ = _request(url + "/metrics", headers={"Authorization": "Bearer t"})
+        evicted = int(metrics.split("\nreward_server_evicted_connections_total ")[1].split()[0])
+        assert evicted >= 21  # 60 idle + the client's 2 connections, at most 40 open: the oldest idle ones closed
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_a_large_body_is_held_once_and_its_memory_returned_in_a_real_server_process():
+    """The audit's case: a 200 MB body peaked at 1.6 GB and left the server at 1.25 GB. Here ~53 MB of base64 that
+    only looks like PNGs (refused at the first decode): peak under 3× the body over the idle server, and afterwards
+    within half the body of it (before: +5.1× at the peak, +4.1× after)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "diffusion_rl.rewards.server", "--reward", "jpeg_incompressibility", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+    def memory_mb() -> dict[str, float]:
+        lines = Path(f"/proc/{process.pid}/status").read_text().splitlines()
+        return {x.split(":")[0]: int(x.split()[1]) / 1024 for x in lines if x.startswith(("VmRSS", "VmHWM"))}
+
+    try:
+        url = process.stdout.readline().strip().rsplit(" ", 1)[-1]
+        assert _request(url + "/health")[0] == 200
+        header = base64.b64decode(_image())[:33]  # a PNG signature and IHDR: passes the header check
+        rng = np.random.default_rng(0)
+        fakes = [base64.b64encode(header + rng.bytes(1 << 20)).decode() for _ in range(40)]
+        body = _score_body(fakes)
+        del fakes
+        idle = memory_mb()
+        status, answer, _ = _request(url + "/score", body)
+        assert status == 400 and "images[0] is not a valid PNG" in answer["error"]
+        after, size_mb = memory_mb(), len(body) / 2**20
+        assert after["VmHWM"] - idle["VmRSS"] < 3 * size_mb, (idle, after, size_mb)
+        assert after["VmRSS"] - idle["VmRSS"] < 0.5 * size_mb, (idle, after, size_mb)
+    finally:
+        process.kill()
+        process.wait(timeout=WAIT_S)
+        process.stdout.close()

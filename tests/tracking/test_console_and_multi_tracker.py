@@ -53,6 +53,21 @@ def test_console_shows_clip_fraction_and_kl_only_when_they_are_not_zero(caplog):
     assert caplog.records[-1].getMessage() == "step 1/1 | reward 1 | clipped 12.50% | kl_ref 0.002"
 
 
+def test_console_counts_the_guard_alerts_when_there_are_any(caplog):
+    tracker = ConsoleTracker(every=1, total_steps=3)
+    with caplog.at_level(logging.INFO, logger="diffusion_rl.tracking.console"):
+        tracker.log_metrics({"reward/mean": 1.0, "guard/alerts": 0.0, "guard/alerts_total": 0.0}, step=3)
+        tracker.log_metrics({"reward/mean": 1.0, "guard/alerts": 1.0, "guard/alerts_total": 17.0}, step=3)
+    assert [r.getMessage() for r in caplog.records] == ["step 3/3 | reward 1", "step 3/3 | reward 1 | guard_alerts 17"]
+
+
+def test_console_shows_the_given_rewards_in_place_of_the_total(caplog):
+    tracker = ConsoleTracker(every=1, total_steps=1, rewards=[("reward/jpeg/mean", "jpeg")])
+    with caplog.at_level(logging.INFO, logger="diffusion_rl.tracking.console"):
+        tracker.log_metrics({"reward/mean": 0.5, "reward/jpeg/mean": -0.0072, "timing/step": 1.0}, step=1)
+    assert caplog.records[-1].getMessage() == "step 1/1 | jpeg -0.0072 | s/step 1.00"
+
+
 def test_console_every_must_be_positive():
     with pytest.raises(ValueError, match="every"):
         ConsoleTracker(every=0)

@@ -12,6 +12,7 @@ then give win rates close to ½ whose differences the advantage normalisation bl
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -94,6 +95,15 @@ def test_the_pairwise_quickstart_trains_with_every_algorithm_family(make_trainer
     assert rows[-1]["val/reward/mean"] < 0  # −kB/500
     after = weights(trainer)
     assert any(not np.array_equal(before[k].numpy(), after[k].numpy()) for k in before), f"{family} trained nothing"
+
+
+def test_the_pairwise_console_line_shows_a_readable_reward_not_the_win_rate(make_trainer, caplog):
+    trainer = make_trainer(PREFERENCE, "train.total_steps=1", "val.every=0", config=CONFIG)
+    with caplog.at_level(logging.INFO, logger="diffusion_rl.tracking.console"):
+        (row,) = trainer.train()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "diffusion_rl.tracking.console"]
+    assert line.startswith(f"step 1/1 | jpeg_compressibility {row['reward/jpeg_compressibility/mean']:.5g} | ")
+    assert "reward 0.5" not in line and row["reward/mean"] == pytest.approx(0.5, abs=1e-6)  # the win rates' mean
 
 
 def test_the_reduced_pairwise_quickstart_learns_to_compress(make_trainer, tmp_path):

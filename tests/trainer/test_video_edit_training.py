@@ -83,3 +83,16 @@ def test_an_edit_run_shows_source_then_result_and_scores_with_the_sources(make_t
         width = sheet.width
     # 2 tiles a row (group 2), each source | result: 2 × 32 px + a 2 px bar, upscaled 2× to stay legible (128 px)
     assert width == 2 * (2 * (2 * 32 + 2)) + 2
+    # the validation images of the report come with their sources, and the report shows them in their own column
+    from diffusion_rl.cli import main
+    from diffusion_rl.tracking.val_images import read_validation_images
+
+    rows_at = next(iter(read_validation_images(trainer.run_dir / "samples").values()))
+    first = rows_at[0]
+    assert first["sources"] == ["p000_c0.png"] and first["source_paths"][0].is_file()
+    with Image.open(first["source_paths"][0]) as source:
+        expected = trainer.val_records[0].images[0].load(32, 32)
+        assert np.array_equal(np.asarray(source.convert("RGB")), expected)
+    assert main(["report", str(trainer.run_dir)]) == 0
+    page = (trainer.run_dir / "report" / "report.html").read_text()
+    assert "<th>source</th>" in page and 'alt="source 0"' in page

@@ -42,7 +42,7 @@ class Limits:
     max_images: int = 1024
 
 
-def parse_json(body: bytes) -> Any:
+def parse_json(body: bytes | str) -> Any:
     """The body as JSON, or BadRequest for anything that is not (bad UTF-8, bad syntax, nesting too deep)."""
     try:
         return json.loads(body)
@@ -85,7 +85,9 @@ def decode_png(text: str, name: str, size: tuple[int, int]) -> np.ndarray:
         raise BadRequest(f"{name} is not a valid PNG ({type(e).__name__}: {e})") from None
 
 
-def parse_score_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndarray, list[str], list[dict[str, Any]]]:
+def parse_score_request(
+    body: bytes | str, limits: Limits = Limits()
+) -> tuple[np.ndarray, list[str], list[dict[str, Any]]]:
     """(images uint8 [n, H, W, 3] or videos [n, F, H, W, 3], prompts, metadata with any "condition_images" decoded)
     from a /score body, or BadRequest / TooLarge saying why not.
 

@@ -13,4 +13,5 @@ class ServerSettings:
     token: str | None = None  # bearer token required on /score and /metrics; None = no auth
     read_timeout_s: float = 30.0  # a connection's whole request must arrive within this
     request_timeout_s: float = 600.0  # 504 when scoring takes longer
-    max_connections: int = 128  # uvicorn's limit_concurrency: 503 beyond
+    max_connections: int = 128  # authenticated /score requests read or scored at once: 503 beyond
+    max_open_connections: int = 1024  # open sockets; beyond, the oldest with no request in progress is closed
