@@ -101,7 +101,7 @@ def test_counting_leaves_the_step_bit_identical(make_trainer):
     counted, plain = make_trainer("log.flops=true"), make_trainer("log.flops=false")
     for step in range(2):
         assert comparable(counted.train_step(step)) == comparable(plain.train_step(step))
-    weights = [t.engine.worker.model.trainable_parameters() for t in (counted, plain)]
+    weights = [t.engine.model.trainable_parameters() for t in (counted, plain)]
     assert all(torch.equal(a, b) for a, b in zip(*weights))
 
 
@@ -111,7 +111,7 @@ def test_estimated_flops_agree_with_the_flops_a_tiny_run_counts(make_trainer):
     is four products; the fused kernel's formula counts five)."""
     trainer = make_trainer("log.flops=true")
     metrics = trainer.train_step(0)
-    counted = trainer.engine.worker.flops.cache
+    counted = trainer.engine.flops.cache
     (rollout,) = [v for k, v in counted.items() if k[0] == "generate"]
     (update,) = [v for k, v in counted.items() if k[0] == "update"]
     r = estimate(trainer.cfg, architecture_for(trainer.cfg.model), DEVICES["h100"], 1)
