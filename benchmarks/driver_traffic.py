@@ -56,7 +56,7 @@ def quickstart_shape(workdir: Path) -> dict:
               "data.prompts_per_step=4", "data.group_size=4", "train.total_steps=2"]  # fmt: skip
     local = Trainer(load(str(ROOT / "configs/quickstart.yaml"), [*common, f"run.dir={workdir / 'local'}"]))
     local.source.collect(0, window_for_step(local.cfg.sampling, local.cfg.run.seed, 0), PhaseTimer())
-    trajectory = payload_bytes(local.engine.worker.kept.rows(0))  # the step's rows, kept for the update
+    trajectory = payload_bytes(local.engine.kept.rows(0))  # the step's rows, kept for the update
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         cfg = load(str(ROOT / "configs/quickstart.yaml"),

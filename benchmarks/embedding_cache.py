@@ -85,7 +85,7 @@ def main() -> None:
         started = time.perf_counter()
         trainers[arm] = make_trainer(cfg)
         start_s[arm] = time.perf_counter() - started
-        pipeline = trainers[arm].engine.worker.model.pipeline
+        pipeline = trainers[arm].engine.model.pipeline
         released[arm] = [
             n for n in ("text_encoder", "text_encoder_2", "text_encoder_3") if getattr(pipeline, n) is None
         ]

@@ -24,7 +24,6 @@ sys.path.insert(0, str(ROOT))
 from diffusion_rl.config import load  # noqa: E402
 from diffusion_rl.data.prompts import load_prompts  # noqa: E402
 from diffusion_rl.data.sampler import PromptSampler, make_step_prompts  # noqa: E402
-from diffusion_rl.engine.local import sample_ids  # noqa: E402
 from diffusion_rl.models.loader import load_model  # noqa: E402
 from diffusion_rl.sampling.rollout import SamplerSettings, training_rollout  # noqa: E402
 from diffusion_rl.sampling.window import window_for_step  # noqa: E402
@@ -45,7 +44,7 @@ def main() -> None:
     records = load_prompts(cfg.data.train)
     prompts = make_step_prompts(records, PromptSampler(len(records), cfg.data.prompts_per_step, 0), 0,
                                 cfg.data.group_size)  # fmt: skip
-    ids = sample_ids(prompts, range(len(prompts)))
+    ids = prompts.sample_ids(range(len(prompts)))
     window = window_for_step(cfg.sampling, cfg.run.seed, 0)
     tree = SamplerSettings.of(cfg.sampling)
     flat = dataclasses.replace(tree, tree=None)

@@ -77,3 +77,53 @@ def test_config_io_is_a_leaf():
     itself and diffusion_rl.errors, so loading a config never pulls in the sections' dependencies."""
     imported = {m for path in (PACKAGE / "config_io").rglob("*.py") for _, m in _imports(path)}
     assert all(m.startswith(("diffusion_rl.config_io.", "diffusion_rl.errors")) for m in imported), imported
+
+
+def _module_of(name: str) -> str | None:
+    """The diffusion_rl module (file or package) an imported name lives in: the longest prefix that is one."""
+    parts = name.split(".")
+    for end in range(len(parts), 1, -1):
+        base = PACKAGE.parent.joinpath(*parts[:end])
+        if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+            return ".".join(parts[:end])
+    return None
+
+
+def test_no_import_circle_between_modules():
+    """No module reaches itself through imports, function-level ones included (a lazy import hides a circle, it does
+    not remove it); `if TYPE_CHECKING:` imports are hints, not dependencies."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        targets = {_module_of(name) for _, name in _imports(path)}
+        graph[module] = {t for t in targets if t is not None and t != module}
+    # Tarjan's strongly connected components: a component of more than one module is a circle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)

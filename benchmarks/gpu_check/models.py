@@ -141,38 +141,29 @@ def replaced(original, replacement) -> Iterator[None]:
 def trainer_with(cfg, model: FlowModel, engine_factory=None):
     """The trainer a user's `diffusion-rl train` builds for `cfg` (engine, algorithm, rewards, data), whose worker
     takes `model` instead of loading one from model.path; `engine_factory(cfg)`: another engine (FSDP2 part)."""
-    from diffusion_rl.engine import local
+    import diffusion_rl.engine as engine
     from diffusion_rl.models import loader
     from diffusion_rl.trainer import make_trainer
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(replaced(loader.load_model, lambda *args, **kwargs: model))
         if engine_factory is not None:
-            stack.enter_context(replaced(local.make_engine, engine_factory))
+            stack.enter_context(replaced(engine.make_engine, engine_factory))
         return make_trainer(cfg)
 
 
 def one_rank_engine(cfg, init_method: str):
-    """The Ray engine's worker (engine/sharded_worker.py: `ShardedWorker.setup` joins the process group and shards
-    the transformer with FSDP2) at world size 1 in this process, driven as the local engine drives its worker:
-    sampling inside `gathered()`, the update inside `training()`, as `ShardedWorker.generate`/`update` do (its
-    `update` first resolves Ray object references, which a world of one without Ray has none of)."""
-    from diffusion_rl.engine.local import LocalEngine
+    """The Ray engine's trainer (engine/sharded_worker.py: `ShardedWorker.setup` joins the process group and makes
+    the PolicyWorker with its transformer sharded by FSDP2) at world size 1 in this process, without Ray: the
+    worker is the engine, as on the local engine; its `update` skips the Ray object references a world of one has
+    none of."""
     from diffusion_rl.engine.sharded_worker import ShardedWorker
+    from diffusion_rl.engine.worker import PolicyWorker
 
-    rank = ShardedWorker(0, 1, torch.get_num_threads())
+    class OneRank(ShardedWorker):
+        def update(self, targets, step, plan=None):
+            return PolicyWorker.update(self, targets, step, plan)
+
+    rank = OneRank(0, 1, torch.get_num_threads())
     rank.setup(cfg, init_method)
-
-    class OneRank(LocalEngine):
-        def __init__(self):
-            self.worker, self.parallel = rank.worker, rank.parallel
-
-        def generate(self, prompts, step, window, rows=None):
-            with self.parallel.gathered(self.worker.algorithm.rollout_policy):
-                return super().generate(prompts, step, window, rows)
-
-        def update(self, targets, step):
-            with self.parallel.training():
-                return super().update(targets, step)
-
-    return OneRank()
+    return rank

@@ -6,10 +6,12 @@ start the next, and when P > num_prompts one step spans several epochs.
 """
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tensordict import tensorclass
 
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.prompts import PromptRecord
@@ -96,6 +98,18 @@ class PromptSampler:
             )
 
 
+@tensorclass
+class SampleIds:
+    """Who each row is within its training step (`StepPrompts.sample_ids`); it travels with the row's trajectory."""
+
+    sample_index: torch.Tensor  # [B] long: position in the step's batch; seeds the row's noise and timestep draws
+    group_index: torch.Tensor  # [B] long: the step's prompt the row belongs to (its advantage group)
+    prompt: list  # [B] str: the prompt text (for logs and dumps; the model reads `Trajectory.cond`)
+    # [B] long: the version of the weights that sampled the row (the training steps they had taken), stamped by the
+    # worker that samples; the update's step minus it is the row's staleness (0 unless rollouts run ahead)
+    policy_version: torch.Tensor
+
+
 @dataclass
 class StepPrompts:
     """The prompt instances of one step: P prompts, each repeated group_size times consecutively (B = P·G)."""
@@ -106,15 +120,43 @@ class StepPrompts:
     prompt_index: list[int]  # [B] index of each instance's prompt in the dataset
     step: int
     group_size: int
+    positions: list[int] | None = None  # [B] each instance's position in the step's batch (None: 0..B−1; `select`)
 
     def __post_init__(self):
         b = len(self.records)
         lengths = {"uids": len(self.uids), "group_index": len(self.group_index), "prompt_index": len(self.prompt_index)}
+        if self.positions is not None:
+            lengths["positions"] = len(self.positions)
         if any(n != b for n in lengths.values()):
             raise ValueError(f"StepPrompts fields must all have {b} entries (one per record), got {lengths}")
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def select(self, rows: Sequence[int]) -> "StepPrompts":
+        """Some rows of the step's prompts, which keep their positions in the step (what one Ray actor is sent)."""
+        rows = [int(i) for i in rows]
+        return StepPrompts(
+            records=[self.records[i] for i in rows],
+            uids=[self.uids[i] for i in rows],
+            group_index=self.group_index[rows].clone(),
+            prompt_index=[self.prompt_index[i] for i in rows],
+            step=self.step,
+            group_size=self.group_size,
+            positions=[self.positions[i] if self.positions is not None else i for i in rows],
+        )
+
+    def sample_ids(self, rows: Sequence[int]) -> SampleIds:
+        """The ids of `rows`: their positions in the step's batch (which seed their noise), groups and prompts."""
+        rows = [int(i) for i in rows]
+        positions = rows if self.positions is None else [self.positions[i] for i in rows]
+        return SampleIds(
+            sample_index=torch.tensor(positions, dtype=torch.long),
+            group_index=self.group_index[rows].clone(),
+            prompt=[self.records[i].prompt for i in rows],
+            policy_version=torch.full((len(rows),), self.step, dtype=torch.long),  # the sampler stamps its own
+            batch_size=[len(rows)],
+        )
 
     @property
     def num_groups(self) -> int:

@@ -40,32 +40,18 @@ import torch
 from diffusion_rl.algorithms.base import Targets, make_algorithm
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
-from diffusion_rl.engine.local import health_problem, sample_ids
 from diffusion_rl.engine.placement import check_layout_fits, place_units
 from diffusion_rl.engine.ray_cluster import ActorGroup, DriverTraffic, WorkerDied, bundles, ensure_ray
 from diffusion_rl.engine.rollout_worker import IO_GROUP, RolloutWorker
 from diffusion_rl.engine.sharded_worker import ShardedWorker
-from diffusion_rl.engine.worker import UpdatePlan
+from diffusion_rl.engine.update_loop import reduce_metrics
+from diffusion_rl.engine.worker import UpdatePlan, health_problem
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Generated
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
-
-
-def combine_worker_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
-    """One metrics dict from the workers' update metrics: `*_max` the max, `*_min` the min, the rest the mean, each
-    over the workers that report the key (a worker whose units only pad reports no loss). Every worker has as many
-    rows and micro-batches, so the mean of their means is the global mean; the mean of their maxima would not be
-    the global maximum."""
-    reduce = {"_max": max, "_min": min}
-    combined = {}
-    for name in dict.fromkeys(key for r in results for key in r):
-        values = [r[name] for r in results if name in r]
-        combine = reduce.get(name[-4:])
-        combined[name] = combine(values) if combine else sum(values) / len(values)
-    return combined
 
 
 class RayEngine:
@@ -148,7 +134,6 @@ class RayEngine:
         """Rollouts of the step's prompt instances (or of `rows` of them), each sampled by the actor owning it;
         the actors keep the trajectories, the driver gets the images (in the order of `rows`)."""
         rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
-        texts, negative, images = prompts.prompts, prompts.negative_prompts, prompts.condition_images
         if self.rollouts is None:
             group, offset = self.trainers, 0
         else:
@@ -158,8 +143,7 @@ class RayEngine:
         shares = [[i for i in rows if i in mine] for mine in owned]
         # colocated, every trainer joins the all-gather, with rows or without; a rollout actor only when it has rows
         ranks = [r for r in range(len(group)) if shares[r] or self.rollouts is None]
-        per_rank = [([texts[i] for i in shares[r]], [negative[i] for i in shares[r]], sample_ids(prompts, shares[r]),
-                     step, window, [images[i] for i in shares[r]]) for r in ranks]  # fmt: skip
+        per_rank = [(prompts.select(shares[r]), step, window) for r in ranks]
         generated = group.call("generate", per_rank=per_rank, ranks=ranks)
         with self._lock:
             held = self.held.setdefault(step, [[] for _ in range(self.world_size + len(self.rollouts or []))])
@@ -169,11 +153,7 @@ class RayEngine:
 
     def keep_offline(self, prompts: StepPrompts, latents: torch.Tensor, step: int) -> None:
         shares = split_evenly(list(range(len(prompts))), self.world_size)
-        negative = prompts.negative_prompts
-        per_rank = [
-            ([prompts.prompts[i] for i in s], [negative[i] for i in s], sample_ids(prompts, s), latents[s], step)
-            for s in shares
-        ]
+        per_rank = [(prompts.select(s), latents[s], step) for s in shares]
         self.trainers.call("keep_offline", per_rank=per_rank)
         with self._lock:
             self.held[step] = [list(s) for s in shares]
@@ -204,7 +184,7 @@ class RayEngine:
             imported = [exports[source, w] for source in sorted(share.imported)]
             plan = UpdatePlan(keep=keep, imported=imported, pad_to=pad_to, padding_only=share.padding_only)
             per_rank.append((targets[torch.tensor(share.rows, dtype=torch.long)], step, plan))
-        metrics = combine_worker_metrics(self.trainers.call("update", per_rank=per_rank))
+        metrics = reduce_metrics(self.trainers.call("update", per_rank=per_rank))
         if self.rollouts is not None:
             self.rollouts.call("release", step, concurrency_group=IO_GROUP)
             if (step + 1) % self.cfg.engine.sync_every == 0:
@@ -273,16 +253,15 @@ class RayEngine:
     def save(self, directory: Path) -> dict:
         """Every worker writes its shards into `directory` (the trainer's temp dir, published when all returned);
         returns the plain state (LR schedule, counters: the same on every worker) for the trainer's state.pt."""
-        return self.trainers.call("save", str(Path(directory).resolve()))[0]
+        return self.trainers.call("save", Path(directory).resolve())[0]
 
     def load(self, directory: Path, state: dict) -> None:
-        self.trainers.call("load", str(Path(directory).resolve()), state)
+        self.trainers.call("load", Path(directory).resolve(), state)
         with self._lock:
             self.weights_version = None  # the rollout actors get the loaded weights before they next sample
 
     def health_problem(self) -> str | None:
-        reports = self.trainers.call("health")  # (consecutive skips, this rank's shards finite) per worker
-        return health_problem(reports[0][0], all(finite for _, finite in reports))
+        return health_problem(self.trainers.call("health"))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained policy's full weights on the driver (names as PolicySet.trainable_state_dict)."""

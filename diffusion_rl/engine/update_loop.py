@@ -11,37 +11,48 @@ number of workers. Only the last backward before an optimizer step reduces gradi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from diffusion_rl.algorithms.base import Algorithm, TrainBatch, UpdatePosition, minibatch_rows, pad_units
 
 
+def reduce_metrics(reports: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict from several reports of the same metrics (an update's passes; the Ray engine's workers):
+    `*_max` the max, `*_min` the min, the rest the mean, each over the reports that have the key (a worker whose
+    units only pad reports no loss). Every pass and worker has as many rows, so the mean of their means is the whole
+    mean; the mean of their maxima would not be the whole maximum."""
+    out = {}
+    for name in dict.fromkeys(key for report in reports for key in report):
+        values = [float(report[name]) for report in reports if name in report]
+        if name.endswith("_max"):
+            out[name] = max(values)
+        else:
+            out[name] = min(values) if name.endswith("_min") else sum(values) / len(values)
+    return out
+
+
 class _Means:
-    """Sums of per-pass metrics and of per-entry metrics (weighted by rows), reported as their means; a per-pass
-    metric named `*_max` is the maximum over the passes and `*_min` the minimum (as the Ray driver reduces workers)."""
+    """Per-pass metrics reduced by `reduce_metrics`, and per-entry metrics (weighted by rows) as their means."""
 
     def __init__(self):
-        self.sums: dict[str, float] = {}
-        self.extremes: dict[str, float] = {}
+        self.reports: list[dict] = []
         self.entry_sums: dict[str, float] = {}
-        self.passes = 0
         self.entries = 0
 
+    @property
+    def passes(self) -> int:
+        return len(self.reports)
+
     def add(self, metrics: dict, entry_metrics: dict, rows: int) -> None:
-        for name, value in metrics.items():
-            if name.endswith(("_max", "_min")):
-                pick = max if name.endswith("_max") else min
-                self.extremes[name] = pick(self.extremes.get(name, float(value)), float(value))
-                continue
-            self.sums[name] = self.sums.get(name, 0.0) + float(value)
+        self.reports.append(metrics)
         for name, value in entry_metrics.items():
             self.entry_sums[name] = self.entry_sums.get(name, 0.0) + float(value) * rows
-        self.passes += 1
         self.entries += rows
 
     def result(self) -> dict[str, float]:
-        out = {name: value / self.passes for name, value in self.sums.items()}
-        out.update(self.extremes)
+        out = reduce_metrics(self.reports)
         out.update({name: value / self.entries for name, value in self.entry_sums.items()})
         return out
 

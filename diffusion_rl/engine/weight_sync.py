@@ -12,13 +12,21 @@ Two paths (engine.weight_sync):
   broadcasts each tensor in name order into buffers the actors allocated from the shapes and dtypes agreed at
   setup. NCCL between GPUs, gloo between CPUs. Both sides take part in every push, so a push waits for rollout
   actors that are busy sampling.
+
+`WeightSender` (the trainers' side) and `WeightReceiver` (a rollout actor's) are the actors' methods for it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from datetime import timedelta
 
 import torch
+
+from diffusion_rl.models.policies import DEFAULT
+
+logger = logging.getLogger(__name__)
 
 WEIGHTS_PREFIX = "weights/"  # the channel's keys in its store
 
@@ -77,3 +85,66 @@ class BroadcastChannel:
             self._broadcast(buffer)
             received[name] = buffer
         return received
+
+
+class WeightSender:
+    """A trainer's side (mixed into the Ray engine's ShardedWorker, a PolicyWorker): every rank gathers the sampling
+    policy's weights, rank 0 sends them."""
+
+    def _rollout_policy_weights(self) -> dict[str, torch.Tensor]:
+        """The sampling policy's whole weights on rank 0 (empty elsewhere): a collective over the ranks."""
+        tensors = self.model.policies.state_dict_of(self.rollout_policy)
+        return self.parallel.full_tensors(tensors, keep=self.rank == 0)
+
+    def put_rollout_weights(self) -> list | None:
+        """Rank 0: [a reference to the sampling policy's weights in the object store, their bytes] (a list, so that
+        the driver receives the reference, not the tensors); None on the other ranks."""
+        import ray
+
+        weights = self._rollout_policy_weights()
+        if self.rank != 0:
+            return None
+        return [ray.put(weights), sum(t.numel() * t.element_size() for t in weights.values())]
+
+    def join_channel(self, address: str, world_size: int, backend: str, timeout_s: float) -> dict:
+        """Rank 0 only: join the broadcast group as its sender; returns the layout (name → shape, dtype) a push
+        sends, which the rollout actors allocate."""
+        tensors = self.model.policies.state_dict_of(self.rollout_policy)
+        self.channel = BroadcastChannel(address, 0, world_size, backend, self.parallel.device, timeout_s)
+        return weight_layout(tensors)  # a DTensor's shape is the whole tensor's
+
+    def broadcast_rollout_weights(self) -> int:
+        """Every rank gathers the sampling policy's weights; rank 0 broadcasts them. Returns the bytes sent."""
+        weights = self._rollout_policy_weights()
+        return self.channel.send(weights) if self.rank == 0 else 0
+
+
+class WeightReceiver:
+    """A rollout actor's side (mixed into its PolicyWorker that does not train): the pushed weights go into its
+    `default` policy, in its own dtype, as the version (training steps taken) the driver names."""
+
+    def load_weights(self, refs: list, version: int) -> None:
+        """The rollout policy's weights from the object store (`refs`: one reference, in a list so Ray passes it
+        unresolved), as version `version`."""
+        import ray
+
+        self._take(ray.get(refs[0]), version)
+
+    def join_channel(self, address: str, world_size: int, backend: str, timeout_s: float) -> None:
+        """Join the broadcast group of trainer rank 0 (rank 0) and the rollout actors (ranks 1..R)."""
+        if address.startswith("file://"):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        self.channel = BroadcastChannel(address, self.rank + 1, world_size, backend, self.model.device, timeout_s)
+
+    def expect_weights(self, layout: dict) -> None:
+        """The names, shapes and dtypes every broadcast push sends (what trainer rank 0 said when it joined)."""
+        self.layout = layout
+
+    def receive_weights(self, version: int) -> None:
+        """The rollout policy's weights broadcast by trainer rank 0, as version `version`."""
+        self._take(self.channel.receive(self.layout), version)
+
+    def _take(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        self.model.policies.load_state_dict_of(DEFAULT, tensors)
+        self.version = version
+        logger.info("weights of version %d loaded", version)

@@ -1,15 +1,18 @@
 """PolicyWorker: one device's model, algorithm and optimizer; samples rollouts, keeps them, updates on them.
 
-The local engine holds one; the Ray engine one per device (engine/sharded_worker.py). A training step's
-trajectories stay here between `generate` (which returns only the images, for scoring) and `update` (which
-receives only the algorithm's targets: advantages or pairs). With separate rollout actors (engine/rollout_worker.py)
-the rows come from them instead, worker to worker (`UpdatePlan.imported`). The trainer never calls a worker
-directly.
+Every engine runs this one class (engine/__init__.py): the local engine is one PolicyWorker; the Ray engine's
+trainer actors are PolicyWorkers whose transformer is FSDP2-sharded over them (engine/sharded_worker.py: only the
+`parallel` differs, engine/parallel.py); its rollout actors are PolicyWorkers that do not train (`trains=False`:
+no optimizer, the model in engine.rollout_dtype, weights received from the trainers, engine/weight_sync.py). A
+training step's trajectories stay here between `generate` (which returns only the images, for scoring) and `update`
+(which receives only the algorithm's targets: advantages or pairs). With separate rollout actors the rows come from
+them instead, worker to worker (`UpdatePlan.imported`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +23,7 @@ import torch
 from diffusion_rl.algorithms.base import Targets, TrainBatch, make_algorithm
 from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage, fit_rows
+from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.embeddings import attach_embedding_cache
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
 from diffusion_rl.engine.kept import KeptRollouts
@@ -33,7 +37,7 @@ from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images, training_rollout
-from diffusion_rl.sampling.trajectory import Generated, SampleIds, Trajectory
+from diffusion_rl.sampling.trajectory import Generated, Trajectory
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.seeding import seed_for
 
@@ -62,18 +66,35 @@ def staleness_metrics(step: int, policy_version: torch.Tensor, bound: int) -> di
     return metrics
 
 
+def health_problem(reports: Sequence[tuple[int, bool]]) -> str | None:
+    """Why a model should not be checkpointed, from each worker's `health()`: its last updates were skipped, or its
+    weights (any worker's shards) are not finite."""
+    if not all(finite for _, finite in reports):
+        return "the trained weights are not finite"
+    if skips := reports[0][0]:
+        return f"the last {skips} update(s) were skipped for a non-finite gradient"
+    return None
+
+
 class PolicyWorker:
-    def __init__(self, cfg, parallel: SingleDevice | None = None):
-        """`parallel`: how the network is spread over devices (engine/parallel.py); None = this one device."""
-        self.cfg = cfg
+    def __init__(self, cfg, parallel: SingleDevice | None = None, trains: bool = True):
+        """`parallel`: how the network is spread over devices (engine/parallel.py); None = this one device.
+        `trains` False: a rollout actor's worker, which only samples with the weights it is sent."""
+        self.cfg, self.trains = cfg, trains
+        model_cfg = cfg.model  # a rollout actor's in engine.rollout_dtype
+        if not trains:
+            model_cfg = dataclasses.replace(cfg.model, dtype=cfg.engine.rollout_dtype or cfg.model.dtype)
         # peft draws LoRA's initial A from the global CPU generator: seed it from run.seed (and put it back after),
         # so the starting adapter does not depend on what the process drew before.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed_for(cfg.run.seed, "model_init"))
-            self.model: FlowModel = load_model(cfg.model, text_encoders=cfg.model.embedding_cache is None)
-        attach_embedding_cache(self.model, cfg)  # model.embedding_cache: the run's texts cached, encoders released
-        self.algorithm = make_algorithm(cfg)
-        self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)
+            self.model: FlowModel = load_model(model_cfg, text_encoders=model_cfg.embedding_cache is None)
+        # model.embedding_cache: the run's texts cached (in the model's dtype), encoders released
+        attach_embedding_cache(self.model, cfg if trains else dataclasses.replace(cfg, model=model_cfg))
+        self.algorithm = make_algorithm(cfg) if trains else None
+        self.rollout_policy = self.algorithm.rollout_policy if trains else DEFAULT  # the policy that samples
+        if trains:
+            self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)
         self.settings = SamplerSettings.of(cfg.sampling)
         try:  # a size or frame count the model cannot make: say so before any work
             self.model.latent_shape(self.settings.height, self.settings.width, self.settings.frames)
@@ -84,12 +105,15 @@ class PolicyWorker:
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
         self.parallel = parallel if parallel is not None else SingleDevice()
         self.parallel.prepare(self.model)
-        params = self.model.trainable_parameters()
-        if not params:
-            raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
-        self.optimizer = OptimizerStepper(params, cfg.train, self.parallel)
+        self.optimizer: OptimizerStepper | None = None
+        if trains:
+            params = self.model.trainable_parameters()
+            if not params:
+                raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
+            self.optimizer = OptimizerStepper(params, cfg.train, self.parallel)
+        self.version: int | None = None  # a rollout actor's: the steps its received weights had taken (None: none)
         self.kept = KeptRollouts()
-        self.flops = FlopTally(cfg.log.flops)
+        self.flops = FlopTally(cfg.log.flops and trains)
         self.peak_flops = device_peak_flops(self.model.device, cfg.log.peak_tflops)
 
     def _check_val_size(self) -> None:
@@ -105,46 +129,54 @@ class PolicyWorker:
 
     # -- sampling -------------------------------------------------------------------------------------------
     def generate(
-        self,
-        prompts: Sequence[str],
-        negative: Sequence[str | None],
-        ids: SampleIds,
-        step: int,
-        window: SdeWindow | None,
-        images: Sequence[Sequence[ConditionImage]] | None = None,
+        self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
     ) -> Generated:
-        """Roll out rows of a training step with the weights of that step (sampling.rollout.training_rollout),
-        keep their trajectory for `update`, return their images (uint8 [B, H, W, 3], a video family's
-        [B, F, H, W, 3]; CPU) and which are finite. `images`: each row's condition images (editing families)."""
+        """Roll out `rows` of a training step's prompts (all of them when None) with the weights of that step
+        (sampling.rollout.training_rollout), each row the same sample whichever worker draws it; keep their
+        trajectory for `update`, return their images (uint8 [n, H, W, 3], a video family's [n, F, H, W, 3]; CPU)
+        and which are finite. A sharded worker joins the weights' all-gather even with no rows."""
+        rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
+        if not self.trains and self.version is None:
+            raise RuntimeError("no weights were pushed to this rollout actor yet")
         s = self.cfg.sampling
-        shape = ("generate", len(prompts), window.size if window is not None else 0, bool(images and any(images)))
-        with self.model.using(self.algorithm.rollout_policy), self.flops.count(shape):  # sampling policy (NFT: old)
-            traj = training_rollout(self.model, self.settings, prompts, negative, ids, step, window,
-                                    fit_rows(images, s.height, s.width),
-                                    seed=self.cfg.run.seed, share_initial_noise=s.share_initial_noise)  # fmt: skip
+        with self.parallel.gathered(self.rollout_policy):
+            if not rows:
+                return Generated.empty(s.height, s.width, s.frames if self.model.video else None)
+            texts, negative = [prompts.prompts[i] for i in rows], [prompts.negative_prompts[i] for i in rows]
+            images = [prompts.condition_images[i] for i in rows]
+            shape = ("generate", len(rows), window.size if window is not None else 0, any(images))
+            with self.model.using(self.rollout_policy), self.flops.count(shape):  # the sampling policy (NFT: old)
+                traj = training_rollout(self.model, self.settings, texts, negative, prompts.sample_ids(rows), step,
+                                        window, fit_rows(images, s.height, s.width),
+                                        seed=self.cfg.run.seed, share_initial_noise=s.share_initial_noise)  # fmt: skip
         self._keep(traj, step)
         return traj.generated()
 
-    def keep_offline(
-        self, prompts: Sequence[str], negative: Sequence[str | None], ids: SampleIds, latents: torch.Tensor, step: int
-    ) -> None:
+    def keep_offline(self, prompts: StepPrompts, latents: torch.Tensor, step: int) -> None:
         """Keep given clean latents [B, …] (an offline dataset) as this step's batch instead of a rollout's."""
         device = self.model.device
+        rows = range(len(prompts))
         traj = Trajectory(
             final_latents=latents.to(device, torch.float32),
-            cond=self.model.encode_prompts(list(prompts), [n or "" for n in negative]),
-            ids=ids.to(device),
+            cond=self.model.encode_prompts(prompts.prompts, [n or "" for n in prompts.negative_prompts]),
+            ids=prompts.sample_ids(rows).to(device),
             batch_size=[len(prompts)],
             device=device,
         )
         self._keep(traj, step)
 
     def _keep(self, traj: Trajectory, step: int) -> None:
-        """Keep a training step's rows, sampled with this step's weights (version `step`); drop what an interrupted
-        earlier step left."""
-        self.kept.keep_only([s for s in self.kept.steps if s >= step])
-        traj.ids.policy_version.fill_(step)
+        """Keep a training step's rows, stamped with the version of the weights that sampled them: a trainer's are
+        this step's (version `step`), and what an interrupted earlier step left goes; a rollout actor's are the
+        version it received, and it keeps every step until the trainers have fetched its rows (`release`)."""
+        if self.trains:
+            self.kept.keep_only([s for s in self.kept.steps if s >= step])
+        traj.ids.policy_version.fill_(step if self.trains else self.version)
         self.kept.add(step, traj)
+
+    def release(self, step: int) -> None:
+        """Forget step `step`'s kept rows (a rollout actor's, once the trainers have them)."""
+        self.kept.release(step)
 
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
@@ -162,9 +194,10 @@ class PolicyWorker:
         images: Sequence[Sequence[ConditionImage]] | None = None,
     ) -> torch.Tensor:
         """ODE samples (validation): uint8 [B, H, W, 3] (videos [B, F, H, W, 3]), each from its own seed, with its
-        row's condition images (editing families), in micro-batch-sized chunks."""
-        ema = self.optimizer.ema
-        with ema.swapped_in() if (use_ema and ema is not None) else contextlib.nullcontext():
+        row's condition images (editing families), in micro-batch-sized chunks; with the EMA weights if `use_ema`
+        (swapped into the shards before they are gathered: the gathered copy is what the sampler runs)."""
+        ema = self.optimizer.ema if (use_ema and self.optimizer is not None) else None
+        with ema.swapped_in() if ema is not None else contextlib.nullcontext(), self.parallel.gathered():
             return sample_images(
                 self.model,
                 prompts,
@@ -193,7 +226,7 @@ class PolicyWorker:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(device), batch_size=traj.batch_size)
         metrics = staleness_metrics(step, traj.ids.policy_version, self.cfg.engine.staleness_bound)
-        with self.flops.count(("update", traj.batch_size[0], plan.pad_to, plan.padding_only)):
+        with self.parallel.training(), self.flops.count(("update", traj.batch_size[0], plan.pad_to, plan.padding_only)):
             metrics.update(run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer,
                                       plan.pad_to, plan.padding_only))  # fmt: skip
         if self.flops.enabled:  # this device's FLOPs of the step: its rollouts since the last update, and this update
@@ -209,9 +242,19 @@ class PolicyWorker:
         traj.cond = traj.cond.apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
         return traj
 
-    def weights_finite(self) -> bool:
-        """Whether every trained weight is finite (this worker's shards): a diverged model's are not."""
-        return all(bool(torch.isfinite(p.detach()).all()) for p in self.optimizer.params)
+    def health(self) -> tuple[int, bool]:
+        """(consecutive skipped updates, whether this worker's shards of the trained weights are finite)."""
+        finite = all(bool(torch.isfinite(p.detach()).all()) for p in self.optimizer.params)
+        return self.optimizer.consecutive_skips, finite
+
+    def health_problem(self) -> str | None:
+        return health_problem([self.health()])
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The trained policy's full weights (gathered from the shards) on rank 0; None elsewhere."""
+        rank0 = self.parallel.rank == 0
+        full = self.parallel.full_tensors(self.model.policies.state_dict_of(DEFAULT), keep=rank0)
+        return full if rank0 else None
 
     # -- state -----------------------------------------------------------------------------------------------
     def tensors(self, with_ema: bool = True) -> dict:

@@ -1,10 +1,12 @@
 """The sampler loop: ODE steps outside the SDE window, SDE steps inside it, recording what training needs.
 
-`rollout` samples one batch and returns its `Trajectory`; `training_rollout` is a training step's rows, seeded by
-their place in the step (what every worker that samples for training calls); `sample_images` is what every other
-caller uses
-(validation, `sample`, `eval`, `doctor`, `prepare pairs`, pretraining checks): encode the prompts and roll out in
-chunks, each sample from its own seeds, so an image never depends on the chunk it was drawn in.
+`rollout` samples one batch and returns its `Trajectory`: flat rows, or trees (sampling/tree.py: a group sampled
+as one tree whose nodes split at given SDE steps; a flat rollout is a tree with no split), in one loop where the
+rounding to the stored dtype, the solver's reset after a stochastic step and the window's end are written once.
+`training_rollout` is a training step's rows, seeded by their place in the step (what every worker that samples
+for training calls); `sample_images` is what every other caller uses (validation, `sample`, `eval`, `doctor`,
+`prepare pairs`, pretraining checks): encode the prompts and roll out in chunks, each sample from its own seeds, so
+an image never depends on the chunk it was drawn in.
 `recompute_step` replays one recorded step under the current weights (the policy-gradient update).
 """
 
@@ -21,7 +23,7 @@ from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
 from diffusion_rl.sampling.sde import StepOutput, get_step
 from diffusion_rl.sampling.storage import rounded, storage_dtype, stored_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
-from diffusion_rl.sampling.tree import TreeSpec, tree_rollout
+from diffusion_rl.sampling.tree import TreeSpec
 from diffusion_rl.sampling.window import SdeWindow, step_types
 from diffusion_rl.utils.seeding import make_generator, seed_for
 
@@ -60,10 +62,15 @@ class SamplerSettings:
                    s.ode_solver, TreeSpec.of(s.tree), s.latents_dtype)  # fmt: skip
 
 
-def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int]) -> torch.Tensor:
-    """x_1 for each sample from its own seed: a sample's noise never depends on the batch it is in."""
+def _generator(parts: int | tuple, *node: int) -> torch.Generator:
+    """The generator of a seed (an int, hashed again) or of a seed's parts (a tuple), extended by a node's path."""
+    return make_generator(*(parts if isinstance(parts, tuple) else (parts,)), *node)
+
+
+def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int | tuple]) -> torch.Tensor:
+    """x_1 for each root from its own seed: a sample's noise never depends on the batch it is in."""
     shape = model.latent_shape(settings.height, settings.width, settings.frames)
-    noise = torch.stack([torch.randn(shape, generator=make_generator(s)) for s in seeds])
+    noise = torch.stack([torch.randn(shape, generator=_generator(s)) for s in seeds])
     return noise.to(model.device)
 
 
@@ -81,64 +88,93 @@ def rollout(
     settings: SamplerSettings,
     window: SdeWindow | None,
     *,
-    init_seeds: Sequence[int],
-    noise_seeds: Sequence[int],
+    init_seeds: Sequence[int | tuple],
+    noise_seeds: Sequence[int | tuple],
     ids: SampleIds,
+    tree: TreeSpec | None = None,
 ) -> Trajectory:
-    """Sample a batch of B = len(init_seeds) rows and return its trajectory (W = 0 when `window` is None)."""
-    batch = len(init_seeds)
-    if len(noise_seeds) != batch or cond.batch_size[0] != batch or ids.batch_size[0] != batch:
-        raise ValueError(
-            f"rollout: {batch} init seeds, {len(noise_seeds)} noise seeds, {cond.batch_size[0]} conds, "
-            f"{ids.batch_size[0]} ids"
-        )
+    """Sample B rows and return their trajectory (W = 0 when `window` is None), in the order of `ids`.
+
+    The rows grow from R roots: each row its own (flat, `tree` None: R = B), or one per group present (a tree: R
+    groups of N = tree.leaves rows, each whole, sorted by group index; sampling/tree.py). Root r starts from
+    `init_seeds[r]`'s noise; a node draws its SDE noise from `noise_seeds[r]` (flat), or from `noise_seeds[r]`'s
+    parts followed by its depth and index (a tree: every node its own stream). At a split step k_d every node
+    evaluates its velocity once and its b_d children share x_{k_d} and that velocity, each drawing its own noise.
+    A seed is an int (hashed again) or a tuple of seed parts (utils/seeding.py)."""
+    B, N = ids.batch_size[0], 1 if tree is None else tree.leaves
+    sorted_cond, inverse = cond, None  # flat: the roots are the rows, in the caller's order
+    if tree is not None:  # sorted row r·N + l is root r's leaf l; `order` maps it to its row in the caller's batch
+        order = tree.leaf_order(ids.sample_index.cpu(), ids.group_index.cpu())
+        tree.check_steps(settings.num_steps, window)
+        sorted_cond, inverse = cond[order.to(cond.device)], torch.empty(B, dtype=torch.long)
+        inverse[order] = torch.arange(B)
+    R = B // N
+    if len(init_seeds) != R or len(noise_seeds) != R or cond.batch_size[0] != B:
+        raise ValueError(f"rollout: {B} rows ({R} roots), {len(init_seeds)} init seeds, {len(noise_seeds)} noise "
+                         f"seeds, {cond.batch_size[0]} conds")  # fmt: skip
     sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width, settings.frames)
     kinds = step_types(settings.num_steps, window, settings.sde_type)
-    generators = [make_generator(s) for s in noise_seeds]
-    solver = OdeSolver(settings.ode_solver)
     x = initial_noise(model, settings, init_seeds)
-    latents, log_probs, means, stds, index = [], [], [], [], []
+    # the live nodes: their root, their index among the root's nodes of this depth, their noise generator
+    node_root, node_index, depth = torch.arange(R), torch.zeros(R, dtype=torch.long), 0
+    generators = [_generator(noise_seeds[r], *(() if tree is None else (0, 0))) for r in range(R)]
+    node_cond = sorted_cond if tree is None else sorted_cond[(node_root * N).to(cond.device)]  # its first row's
+    history: dict[str, list[torch.Tensor]] = {"latents": [], "log_probs": [], "means": [], "stds": []}
+    index, evaluations = [], 0
+    solver = OdeSolver(settings.ode_solver)
     dtype = settings.storage
     with model.eval_mode():
         for j, kind in enumerate(kinds):
             if kind != "ode":
                 x = rounded(x, dtype)  # the velocity sees what is stored, so the update replays it exactly
-            v = model.velocity(x, sigmas[j].item(), cond, settings.guidance)
-            if kind == "ode":
+            v = model.velocity(x, sigmas[j].item(), node_cond, settings.guidance)
+            evaluations += x.shape[0]
+            if tree is not None and j in tree.branch_at:  # the children share x_j and its velocity, then draw noise
+                b = tree.branching[depth]
+                depth += 1
+                x, v = x.repeat_interleave(b, 0), v.repeat_interleave(b, 0)
+                history = {k: [t.repeat_interleave(b, 0) for t in ts] for k, ts in history.items()}
+                node_root = node_root.repeat_interleave(b)
+                node_index = node_index.repeat_interleave(b) * b + torch.arange(b).repeat(len(node_index))
+                generators = [_generator(noise_seeds[r], depth, int(i)) for r, i in zip(node_root, node_index)]
+                node_cond = sorted_cond[(node_root * N + node_index * (N // tree.nodes_at(depth))).to(cond.device)]
+            if kind == "ode":  # splits are SDE steps, so the node count is fixed across the solver's history
                 x = solver.step(x, v, sigmas[j].item(), sigmas[j + 1].item())
                 continue
             out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level, generators,
                               dtype)  # fmt: skip
-            latents.append(x.to(dtype))
-            log_probs.append(out.log_prob)
-            means.append(out.mean.to(dtype))
-            stds.append(out.std)
+            for key, value in zip(history, (x.to(dtype), out.log_prob, out.mean.to(dtype), out.std)):
+                history[key].append(value)
             index.append(j)
-            if j + 1 == window.start + window.size:
-                latents.append(out.prev_sample.to(dtype))
+            if j + 1 == window.start + window.size:  # the window's end: x after its last step
+                history["latents"].append(out.prev_sample.to(dtype))
             solver.reset()  # the history is from before the noise this step added: restart at first order
             x = out.prev_sample
+
+    def in_order(t: torch.Tensor) -> torch.Tensor:  # a tree's sorted leaves back in the caller's order
+        return t if inverse is None else t[inverse.to(t.device)]
+
+    x = in_order(x)
     device = x.device
     steps = {}
     if window is not None:
         step_index = torch.tensor(index, device=device)
-        steps = {
-            "latents": torch.stack(latents, dim=1),
-            "log_probs": torch.stack(log_probs, dim=1),
-            "means": torch.stack(means, dim=1),
-            "stds": torch.stack(stds, dim=1),
-            "sigmas": sigmas[step_index].to(device).expand(batch, -1).clone(),
-            "sigmas_next": sigmas[step_index + 1].to(device).expand(batch, -1).clone(),
-            "step_index": step_index.expand(batch, -1).clone(),
-        }
+        steps = {key: in_order(torch.stack(ts, dim=1)) for key, ts in history.items()}
+        steps.update(
+            sigmas=sigmas[step_index].to(device).expand(B, -1).clone(),
+            sigmas_next=sigmas[step_index + 1].to(device).expand(B, -1).clone(),
+            step_index=step_index.expand(B, -1).clone(),
+        )
+    # transformer forwards per image: a tree's shared nodes split among their leaves
+    forwards = evaluations * model.forwards_per_evaluation(settings.guidance) / N / R
     return Trajectory(
         final_latents=x.float(),
         cond=cond,
         ids=ids.to(device),
         images=model.decode(x).to(device),
-        nfe=torch.full((batch,), float(len(kinds) * model.forwards_per_evaluation(settings.guidance)), device=device),
+        nfe=torch.full((B,), float(forwards), device=device),
         **steps,
-        batch_size=[batch],
+        batch_size=[B],
         device=device,
     )
 
@@ -157,24 +193,21 @@ def training_rollout(
     seed: int,
     share_initial_noise: bool,
 ) -> Trajectory:
-    """Rows of training step `step` (run.seed `seed`): row i's noise comes from (seed, step, ids.sample_index[i]),
-    its initial noise from its group's index instead with share_initial_noise, so a row is the same sample whichever
-    worker draws it, in whichever chunk. Samples with the model's active policy; `images`: each row's condition
-    images, fitted to the output size (editing families). With `settings.tree` the rows are sampled as trees
-    (sampling/tree.py: whole groups, seeded by group and node instead)."""
+    """Rows of training step `step` (run.seed `seed`), so that a row is the same sample whichever worker draws it,
+    in whichever chunk. Flat: row i's noise comes from (seed, step, ids.sample_index[i]), its initial noise from its
+    group's index instead with share_initial_noise. With `settings.tree` (whole groups): group g's root noise from
+    (seed, step, "tree_init", g), node (d, i)'s SDE noise from (seed, step, "tree_sde", g, d, i). Samples with the
+    model's active policy; `images`: each row's condition images, fitted to the output size (editing families)."""
     cond = model.encode_prompts(list(prompts), [n or "" for n in negative], images)
-    if settings.tree is not None:
-        return tree_rollout(model, cond, settings, window, settings.tree, ids, seed=seed, step=step)
-    init_ids = ids.group_index if share_initial_noise else ids.sample_index
-    return rollout(
-        model,
-        cond,
-        settings,
-        window,
-        init_seeds=[seed_for(seed, step, "init_noise", int(i)) for i in init_ids],
-        noise_seeds=[seed_for(seed, step, "sde_noise", int(i)) for i in ids.sample_index],
-        ids=ids,
-    )
+    if settings.tree is None:
+        init_ids = ids.group_index if share_initial_noise else ids.sample_index
+        init = [seed_for(seed, step, "init_noise", int(i)) for i in init_ids]
+        noise = [seed_for(seed, step, "sde_noise", int(i)) for i in ids.sample_index]
+    else:
+        groups = torch.unique(ids.group_index.cpu()).tolist()
+        init = [(seed, step, "tree_init", g) for g in groups]
+        noise = [(seed, step, "tree_sde", g) for g in groups]
+    return rollout(model, cond, settings, window, init_seeds=init, noise_seeds=noise, ids=ids, tree=settings.tree)
 
 
 @torch.no_grad()

@@ -10,17 +10,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, tensorclass
 
-
-@tensorclass
-class SampleIds:
-    """Who each row is within its training step; set by the engine when it asks for the rollout."""
-
-    sample_index: torch.Tensor  # [B] long: position in the step's batch; seeds the row's noise and timestep draws
-    group_index: torch.Tensor  # [B] long: the step's prompt the row belongs to (its advantage group)
-    prompt: list  # [B] str: the prompt text (for logs and dumps; the model reads `Trajectory.cond`)
-    # [B] long: the version of the weights that sampled the row (the training steps they had taken), stamped by the
-    # worker that samples; the update's step minus it is the row's staleness (0 unless rollouts run ahead)
-    policy_version: torch.Tensor
+from diffusion_rl.data.sampler import SampleIds
 
 
 @tensorclass

@@ -14,9 +14,9 @@ Cost, in transformer evaluations per group (guidance > 1 doubles it, as it doubl
     NFE_tree = Σ_{j=0}^{T−1} n(j),   n(j) = Π_{i: k_i < j} b_i   (nodes alive when step j's velocity is taken)
     NFE_flat = N · T
 
-Seeds (utils/seeding.py) come from (run seed, training step, group index, node): the root's initial noise from
-("tree_init", g), node (d, i)'s SDE noise from ("tree_sde", g, d, i) — a row is the same sample whichever rows are
-drawn with it, in whichever order.
+The one sampler loop samples trees (`sampling.rollout.rollout` with a `TreeSpec`: a flat rollout is a tree with no
+split); this file holds the tree's geometry. Seeds (sampling/rollout.py `training_rollout`) come from (run seed,
+training step, group index, node), so a row is the same sample whichever rows are drawn with it, in whichever order.
 
 A one-split tree (`branch_at: [k]`, branching N) with an SDE window of the single step k is TempFlow-GRPO's
 rollout: the prefix 0 … k − 1 is computed once per prompt, the N children split at k and follow the ODE after it.
@@ -26,20 +26,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-from tensordict import TensorDict
 
-from diffusion_rl.sampling.ode import OdeSolver
-from diffusion_rl.sampling.storage import rounded, stored_step
-from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
-from diffusion_rl.sampling.window import SdeWindow, step_types
-from diffusion_rl.utils.seeding import make_generator
-
-if TYPE_CHECKING:
-    from diffusion_rl.models.base import FlowModel
-    from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.sampling.window import SdeWindow
 
 
 @dataclass(frozen=True)
@@ -94,6 +84,20 @@ class TreeSpec:
         """Transformer evaluations per tree over a T-step rollout (without CFG's doubling)."""
         return sum(self.alive(j) for j in range(num_steps))
 
+    def leaf_order(self, sample_index: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+        """long [B]: the batch row of sorted row g·N + l, leaf l of the g-th group present (groups sorted by index).
+        Every group present must be whole (N rows)."""
+        N, B = self.leaves, len(group_index)
+        groups, counts = torch.unique(group_index, return_counts=True)
+        if bool((counts != N).any()):
+            raise ValueError(
+                f"tree rollout: each group must be sampled whole ({N} rows = the product of sampling.tree.branching); "
+                f"got {dict(zip(groups.tolist(), counts.tolist()))} rows per group"
+            )
+        order = torch.empty(B, dtype=torch.long)
+        order[torch.searchsorted(groups, group_index) * N + leaf_positions(sample_index, group_index)] = torch.arange(B)
+        return order
+
     def check_steps(self, num_steps: int, window: SdeWindow | None) -> None:
         """Every split must be an SDE step (children must draw noise): inside the window, before the last step."""
         stochastic = [j for j in self.branch_at if window is not None and window.contains(j) and j < num_steps]
@@ -117,102 +121,3 @@ def leaf_positions(sample_index: torch.Tensor, group_index: torch.Tensor) -> tor
     same = group_index[:, None] == group_index[None, :]
     before = sample_index[None, :] < sample_index[:, None]
     return (same & before).sum(1)
-
-
-@torch.no_grad()
-def tree_rollout(
-    model: FlowModel,
-    cond: TensorDict,
-    settings: SamplerSettings,
-    window: SdeWindow | None,
-    tree: TreeSpec,
-    ids: SampleIds,
-    *,
-    seed: int,
-    step: int,
-) -> Trajectory:
-    """The rows `ids` of training step `step`, sampled as trees: every group present must be complete (its N rows);
-    returns the same fields as `rollout`, one leaf per row, in the order of `ids`."""
-    B, N = ids.batch_size[0], tree.leaves
-    groups, counts = torch.unique(ids.group_index.cpu(), return_counts=True)
-    if bool((counts != N).any()):
-        raise ValueError(
-            f"tree rollout: each group must be sampled whole ({N} rows = the product of sampling.tree.branching); "
-            f"got {dict(zip(groups.tolist(), counts.tolist()))} rows per group"
-        )
-    tree.check_steps(settings.num_steps, window)
-    # sorted row r = g·N + l holds group groups[g]'s leaf l; `order[r]` is its row in the caller's batch
-    leaf = leaf_positions(ids.sample_index.cpu(), ids.group_index.cpu())
-    group_pos = torch.searchsorted(groups, ids.group_index.cpu())
-    order = torch.empty(B, dtype=torch.long)
-    order[group_pos * N + leaf] = torch.arange(B)
-
-    sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width, settings.frames)
-    kinds = step_types(settings.num_steps, window, settings.sde_type)
-    shape = model.latent_shape(settings.height, settings.width, settings.frames)
-    G = len(groups)
-    x = torch.stack([torch.randn(shape, generator=make_generator(seed, step, "tree_init", int(g))) for g in groups])
-    x = x.to(model.device)
-    # the live nodes: their group's position, depth-d index, generator; and the first sorted row under each (its cond)
-    node_group, node_index, depth = torch.arange(G), torch.zeros(G, dtype=torch.long), 0
-    generators = [make_generator(seed, step, "tree_sde", int(g), 0, 0) for g in groups]
-    sorted_cond = cond[order.to(cond.device)]
-    history: dict[str, list[torch.Tensor]] = {"latents": [], "log_probs": [], "means": [], "stds": []}
-    index, evaluations = [], 0
-    solver = OdeSolver(settings.ode_solver)
-    dtype = settings.storage
-    with model.eval_mode():
-        for j, kind in enumerate(kinds):
-            if kind != "ode":
-                x = rounded(x, dtype)  # as in `rollout`: the window steps start from what is stored
-            first_rows = (node_group * N + node_index * (N // tree.nodes_at(depth))).to(sorted_cond.device)
-            v = model.velocity(x, sigmas[j].item(), sorted_cond[first_rows], settings.guidance)
-            evaluations += x.shape[0]
-            if j in tree.branch_at:  # split: the children share x_j and its velocity, then draw their own noise
-                b = tree.branching[depth]
-                depth += 1
-                x, v = x.repeat_interleave(b, 0), v.repeat_interleave(b, 0)
-                history = {k: [t.repeat_interleave(b, 0) for t in ts] for k, ts in history.items()}
-                node_group = node_group.repeat_interleave(b)
-                node_index = node_index.repeat_interleave(b) * b + torch.arange(b).repeat(len(node_index))
-                generators = [make_generator(seed, step, "tree_sde", int(groups[g]), depth, int(i))
-                              for g, i in zip(node_group, node_index)]  # fmt: skip
-            if kind == "ode":  # splits are SDE steps, so the node count is fixed across the solver's history
-                x = solver.step(x, v, sigmas[j].item(), sigmas[j + 1].item())
-                continue
-            out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level, generators,
-                              dtype)  # fmt: skip
-            recorded = (x.to(dtype), out.log_prob, out.mean.to(dtype), out.std)
-            for key, value in zip(("latents", "log_probs", "means", "stds"), recorded):
-                history[key].append(value)
-            index.append(j)
-            if j + 1 == window.start + window.size:
-                history["latents"].append(out.prev_sample.to(dtype))
-            solver.reset()  # as in `rollout`: no multistep history across a stochastic step
-            x = out.prev_sample
-    # x holds the G·N leaves in sorted order; put the rows back in the caller's order
-    inverse = torch.empty(B, dtype=torch.long)
-    inverse[order] = torch.arange(B)
-    inverse = inverse.to(x.device)
-    x = x[inverse]
-    device = x.device
-    steps = {}
-    if window is not None:
-        step_index = torch.tensor(index, device=device)
-        steps = {key: torch.stack(ts, dim=1)[inverse] for key, ts in history.items()}
-        steps.update(
-            sigmas=sigmas[step_index].to(device).expand(B, -1).clone(),
-            sigmas_next=sigmas[step_index + 1].to(device).expand(B, -1).clone(),
-            step_index=step_index.expand(B, -1).clone(),
-        )
-    forwards = evaluations * model.forwards_per_evaluation(settings.guidance) / N / G
-    return Trajectory(
-        final_latents=x.float(),
-        cond=cond,
-        ids=ids.to(device),
-        images=model.decode(x).to(device),
-        nfe=torch.full((B,), float(forwards), device=device),
-        **steps,
-        batch_size=[B],
-        device=device,
-    )

@@ -37,7 +37,7 @@ from diffusion_rl.data.condition_images import (
 from diffusion_rl.data.pairs import load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
-from diffusion_rl.engine.local import make_engine
+from diffusion_rl.engine import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
 from diffusion_rl.errors import RunStopped

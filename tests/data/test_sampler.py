@@ -164,3 +164,17 @@ def test_make_step_prompts_checks_dataset_size_and_group_size():
 def test_step_prompts_rejects_mismatched_lengths():
     with pytest.raises(ValueError, match="one per record"):
         StepPrompts(make_records(2), ["a"], torch.zeros(2, dtype=torch.long), [0, 1], step=0, group_size=1)
+
+
+def test_sample_ids_of_selected_rows_keep_their_positions_in_the_step():
+    records = [PromptRecord(f"p{i}") for i in range(3)]
+    prompts = make_step_prompts(records, PromptSampler(3, 3, seed=0), step=4, group_size=2)  # B = 6
+    whole = prompts.sample_ids([1, 4, 5])
+    assert whole.sample_index.tolist() == [1, 4, 5]
+    assert whole.group_index.tolist() == [0, 2, 2] and whole.policy_version.tolist() == [4, 4, 4]
+    assert whole.prompt == [prompts.prompts[i] for i in (1, 4, 5)]
+    part = prompts.select([4, 1, 5])  # what one Ray actor is sent: its rows, in the order given
+    assert len(part) == 3 and part.prompts == [prompts.prompts[i] for i in (4, 1, 5)]
+    ids = part.sample_ids([0, 1, 2])
+    assert ids.sample_index.tolist() == [4, 1, 5] and ids.group_index.tolist() == [2, 0, 2]
+    assert part.select([2]).sample_ids([0]).sample_index.tolist() == [5]  # a selection of a selection

@@ -103,7 +103,7 @@ def test_compile_and_compile_blocks_are_alternatives():
 
 def _train_one_step(trainer):
     """One training step; returns its metrics row and the log-probs each training pass recomputed (with grad)."""
-    algorithm = trainer.engine.worker.algorithm
+    algorithm = trainer.engine.algorithm
     loss, recomputed = algorithm.loss, []
 
     def recording(units, k, at):

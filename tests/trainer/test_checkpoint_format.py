@@ -64,7 +64,7 @@ def test_an_earlier_format_names_the_command_that_converts_it(tmp_path):
 
 def _write_old_local_checkpoint(trainer, directory: Path) -> None:
     """What diffusion-rl 0.1's local engine wrote after `trainer.step` steps."""
-    worker = trainer.engine.worker
+    worker = trainer.engine
     directory.mkdir(parents=True)
     policies = worker.model.policies
     for name in policies.saved_names():

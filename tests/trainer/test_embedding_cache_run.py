@@ -22,7 +22,7 @@ def test_a_run_with_the_cache_trains_as_one_without(make_config, tmp_path):
     plain = make_trainer(make_config(*RUN, f"run.dir={tmp_path / 'plain'}"))
     plain_rows = plain.train()
     cached = make_trainer(make_config(*RUN, f"run.dir={tmp_path / 'cached'}", "model.embedding_cache=auto"))
-    model = cached.engine.worker.model
+    model = cached.engine.model
     assert all(getattr(model.pipeline, name) is None for name in ENCODERS)  # released before the first step
     rows = cached.train()
     assert len(list((tmp_path / "cached" / "embedding_cache").glob("sd3-*.safetensors"))) == 1
@@ -48,9 +48,9 @@ def test_prepare_embeddings_writes_the_file_a_run_reads(train_argv, make_config,
     assert main(["prepare", "embeddings", config, *overrides]) == 0
     assert len(list((tmp_path / "run" / "embedding_cache").glob("sd3-*.safetensors"))) == 1
     trainer = make_trainer(make_config(*RUN, f"model.embedding_cache={file}"))
-    trainer.engine.worker.model._encode_texts = lambda texts: pytest.fail(f"encoded {texts}")
+    trainer.engine.model._encode_texts = lambda texts: pytest.fail(f"encoded {texts}")
     trainer.train()
-    assert all(getattr(trainer.engine.worker.model.pipeline, name) is None for name in ENCODERS)
+    assert all(getattr(trainer.engine.model.pipeline, name) is None for name in ENCODERS)
     # a prompt file the cache was not made for: the run says so before any work
     other = tmp_path / "other.txt"
     other.write_text("a prompt nobody cached\n")

@@ -103,7 +103,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run_with_latest_on_the_las
     make_trainer(*options, "train.total_steps=1").train()
 
     trainer = make_trainer(*options, "train.total_steps=5")
-    _nan_loss(trainer.engine.worker)
+    _nan_loss(trainer.engine)
     with pytest.raises(TrainingDiverged, match="2 consecutive"):
         trainer.train()
 

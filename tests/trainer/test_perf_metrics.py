@@ -104,7 +104,7 @@ def test_counting_leaves_the_step_bit_identical(make_trainer):
     counted, plain = make_trainer("log.flops=true"), make_trainer("log.flops=false")
     for step in range(2):
         assert comparable(counted.train_step(step)) == comparable(plain.train_step(step))
-    weights = [t.engine.worker.model.trainable_parameters() for t in (counted, plain)]
+    weights = [t.engine.model.trainable_parameters() for t in (counted, plain)]
     assert all(torch.equal(a, b) for a, b in zip(*weights))
 
 
@@ -114,7 +114,7 @@ def test_estimated_flops_agree_with_the_flops_a_tiny_run_counts(make_trainer):
     is four products; the fused kernel's formula counts five)."""
     trainer = make_trainer("log.flops=true")
     metrics = trainer.train_step(0)
-    counted = trainer.engine.worker.flops.cache
+    counted = trainer.engine.flops.cache
     (rollout,) = [v for k, v in counted.items() if k[0] == "generate"]
     (update,) = [v for k, v in counted.items() if k[0] == "update"]
     r = estimate(trainer.cfg, architecture_for(trainer.cfg.model), DEVICES["h100"], 1)
@@ -130,7 +130,7 @@ def test_estimated_flops_of_a_tree_rollout_agree_with_the_flops_a_tiny_run_count
     trainer = make_trainer("log.flops=true", "sampling.num_steps=10", "data.group_size=4", "data.prompts_per_step=1",
                            config=tree)  # fmt: skip
     metrics = trainer.train_step(0)
-    counted = trainer.engine.worker.flops.cache
+    counted = trainer.engine.flops.cache
     rollout = sum(v for k, v in counted.items() if k[0] == "generate")
     r = estimate(trainer.cfg, architecture_for(trainer.cfg.model), DEVICES["h100"], 1)
     print(f"tree rollout: estimated {r.flops_rollout:.4g}, counted {rollout:.4g}; step: estimated "

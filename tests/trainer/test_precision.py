@@ -47,7 +47,7 @@ def test_on_policy_recompute_replays_the_rollout_bit_for_bit(make_trainer, autoc
     row = trainer.train()[0]
     assert row["train/logp_diff_max"] == 0.0
     assert row["ratio_min"] == row["ratio_max"] == 1.0
-    state = trainer.engine.worker.optimizer.optimizer.state
+    state = trainer.engine.optimizer.optimizer.state
     assert all(s["exp_avg"].dtype == torch.float32 for s in state.values())
 
 
@@ -56,7 +56,7 @@ def test_logp_diff_reports_the_largest_gap_of_the_first_minibatch_only(make_trai
     # is the largest |recomputed − rollout| of the first mini-batch of the first epoch (before any optimizer step)
     trainer = make_trainer(*BATCH, "train.total_steps=1", "train.micro_batch_size=2", "train.num_minibatches=2",
                            "train.ppo_epochs=2", "model.autocast=bf16")  # fmt: skip
-    worker = trainer.engine.worker
+    worker = trainer.engine
     keep = worker._keep
 
     def shifted(traj, step):

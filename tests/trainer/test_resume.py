@@ -61,7 +61,7 @@ def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, weights, lora
     a, b = weights(straight), weights(resumed)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    worker_a, worker_b = straight.engine.worker, resumed.engine.worker
+    worker_a, worker_b = straight.engine, resumed.engine
     opt_a, opt_b = worker_a.optimizer, worker_b.optimizer
     _assert_same_optimizer_state(opt_a.optimizer.state_dict(), opt_b.optimizer.state_dict())
     assert opt_a.scheduler.state_dict() == opt_b.scheduler.state_dict()

@@ -14,7 +14,7 @@ from diffusion_rl.trainer.timing import PhaseTimer
 def _first_batch(trainer):
     """The first step's prompts, the trajectory the engine kept, and the scores."""
     collected = trainer.source.collect(0, window_for_step(trainer.cfg.sampling, trainer.cfg.run.seed, 0), PhaseTimer())
-    return collected.prompts, trainer.engine.worker.kept.rows(0), collected.scored
+    return collected.prompts, trainer.engine.kept.rows(0), collected.scored
 
 
 def test_chunked_sampling_and_scoring_equals_one_chunk(make_trainer, tmp_path):

@@ -60,7 +60,7 @@ def test_micro_batches_of_1_give_the_same_update_as_one_micro_batch_of_4(make_tr
             f"train.micro_batch_size={micro}",
             "train.adam_eps=1e-4",
         )
-        grads = _record_gradients(trainer.engine.worker)
+        grads = _record_gradients(trainer.engine)
         rows = trainer.train()
         assert rows[0]["train/optimizer_steps"] == 1
         results[micro] = (grads[0], weights(trainer))
@@ -76,7 +76,7 @@ def test_micro_batches_of_1_give_the_same_update_as_one_micro_batch_of_4(make_tr
 
 def test_two_minibatches_make_two_optimizer_steps(make_trainer):
     trainer = make_trainer("train.total_steps=1", "train.num_minibatches=2", "train.micro_batch_size=1")
-    calls = _record_backward_steps(trainer.engine.worker)
+    calls = _record_backward_steps(trainer.engine)
     rows = trainer.train()
     assert rows[0]["train/optimizer_steps"] == 2
     assert rows[0]["train/skipped_updates"] == 0
@@ -86,7 +86,7 @@ def test_two_minibatches_make_two_optimizer_steps(make_trainer):
 
 def test_second_ppo_epoch_has_ratios_off_1_and_clips(make_trainer):
     trainer = make_trainer("train.total_steps=1", "train.ppo_epochs=2", "algorithm.flow_grpo.clip_range=1e-6")
-    calls = _record_backward_steps(trainer.engine.worker)
+    calls = _record_backward_steps(trainer.engine)
     rows = trainer.train()
     assert rows[0]["train/optimizer_steps"] == 2
     per_epoch = len(calls) // 2  # 3 trained steps × one micro-batch of 4
@@ -101,7 +101,7 @@ def test_second_ppo_epoch_has_ratios_off_1_and_clips(make_trainer):
 def test_first_timesteps_trains_columns_0_to_k_minus_1(make_trainer):
     # 5 steps: an SDE window of W = 4 steps, of which K = 2 are trained
     trainer = make_trainer("train.total_steps=1", "sampling.num_steps=5", "algorithm.timestep_fraction=0.5")
-    calls = _record_backward_steps(trainer.engine.worker)
+    calls = _record_backward_steps(trainer.engine)
     trainer.train()
     assert [cols.tolist() for _, cols, _ in calls] == [[0, 0, 0, 0], [1, 1, 1, 1]]
 
@@ -121,7 +121,7 @@ def test_random_timesteps_differ_between_samples_and_repeat_for_the_same_seed_an
 
     # the update trains exactly those columns
     trainer = make_trainer(*options, "train.total_steps=1", f"run.dir={tmp_path / 'run'}")
-    calls = _record_backward_steps(trainer.engine.worker)
+    calls = _record_backward_steps(trainer.engine)
     trainer.train()
     expected = trained_columns(torch.arange(4), 4, 0.5, "random", trainer.cfg.run.seed, 0)
     assert torch.equal(torch.stack([cols for _, cols, _ in calls], dim=1), expected)
@@ -129,7 +129,7 @@ def test_random_timesteps_differ_between_samples_and_repeat_for_the_same_seed_an
 
 def test_zero_advantage_samples_are_left_out_of_the_gradient(make_trainer):
     trainer = make_trainer("algorithm.drop_zero_advantage=true")
-    worker = trainer.engine.worker
+    worker = trainer.engine
     prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
     trainer.engine.generate(prompts, 0, window_for_step(trainer.cfg.sampling, 0, 0))
     traj = worker.kept.rows(0)
@@ -182,7 +182,7 @@ def test_rejected_fraction_is_the_share_of_rejected_sample_steps_of_the_update(m
         "algorithm.rollout_correction.rs_stat=k2",
         "algorithm.rollout_correction.rs_bound=1.0",
     )
-    worker = trainer.engine.worker
+    worker = trainer.engine
     prompts = make_step_prompts(trainer.records, trainer.sampler, 0, trainer.cfg.data.group_size)
     trainer.engine.generate(prompts, 0, window_for_step(trainer.cfg.sampling, 0, 0))
     traj = worker.kept.rows(0)
