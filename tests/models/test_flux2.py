@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,3 +140,19 @@ def test_doctor_reports_the_klein_and_samples_one_image(flux2_model_dir, tmp_pat
     text = capsys.readouterr().out
     assert "family     flux2" in text and "  text_encoder " in text and "LoRA r=32" in text
     assert out.is_file() and out.stat().st_size > 0
+
+
+def test_estimate_reads_the_shipped_klein_architecture(capsys):
+    from diffusion_rl.estimate.architectures import from_shipped
+
+    arch = from_shipped("FLUX.2-klein-4B")
+    (qwen3,) = arch.text_encoders
+    # Qwen3-4B by hand: 36 layers of (q, o: 2560×4096; k, v: 2560×1024; gated MLP 3 × 2560×9728) + the embeddings
+    # (tied with the LM head): 4.02B, the published count
+    layer = 2 * 2560 * 4096 + 2 * 2560 * 1024 + 3 * 2560 * 9728
+    assert qwen3.kind == "qwen3" and qwen3.weight_params == 36 * layer + 151936 * 2560
+    assert arch.vae_scale == 8 and arch.transformer_config["joint_attention_dim"] == 3 * 2560  # three layers' states
+    config = str(Path(__file__).resolve().parents[2] / "configs/flux2_klein_pickscore_lora.yaml")
+    assert main(["estimate", config, "--gpu", "h100", "--gpus", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert 0 < out["peak_memory_gib_per_gpu"] < 74.5 and out["step_seconds"] > 0 and out["fits"] is True
