@@ -156,3 +156,14 @@ def test_estimate_reads_the_shipped_klein_architecture(capsys):
     assert main(["estimate", config, "--gpu", "h100", "--gpus", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert 0 < out["peak_memory_gib_per_gpu"] < 74.5 and out["step_seconds"] > 0 and out["fits"] is True
+
+
+def test_lora_preset_covers_both_streams_the_feed_forwards_and_the_fused_single_input(flux2_model_dir, load):
+    trained = load(flux2_model_dir, lora=True).policies.trained.named_parameters()
+    names = {n for n, p in trained if p.requires_grad}
+    for part in ("transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_k_proj", "attn.to_add_out",
+                 "transformer_blocks.0.ff.linear_in", "ff_context.linear_out",
+                 "single_transformer_blocks.0.attn.to_qkv_mlp_proj"):  # fmt: skip
+        assert any(part in n for n in names), part
+    assert all("lora_" in n for n in names)
+    assert not any(".proj_out." in n or "x_embedder" in n for n in names)  # input and output layers stay frozen
