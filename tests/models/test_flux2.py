@@ -95,7 +95,10 @@ def test_latents_are_the_patchified_vae_latents_normalised_by_its_batch_norm(flu
     assert torch.allclose(model.encode(images), (z - mean) / torch.sqrt(var + 1e-4), atol=1e-5)
 
 
-def test_distilled_klein_ignores_negative_prompts_and_runs_one_forward(flux2_model_dir, load):
+def test_distilled_klein_ignores_negative_prompts_and_runs_one_forward(flux2_model_dir, load, caplog):
+    from diffusion_rl.models.families.flux2 import warn_guidance_ignored
+
+    warn_guidance_ignored.cache_clear()  # said once per value and process
     model = load(flux2_model_dir)
     calls = []
     model.pipeline.transformer.register_forward_pre_hook(lambda _, a, kw: calls.append(kw), with_kwargs=True)
@@ -104,6 +107,7 @@ def test_distilled_klein_ignores_negative_prompts_and_runs_one_forward(flux2_mod
         a = model.velocity(x, 0.5, model.encode_prompts(PROMPTS, ["", ""]), 4.0)
         b = model.velocity(x, 0.5, model.encode_prompts(PROMPTS, ["ugly", "blurry"]), 4.0)
     assert torch.equal(a, b) and model.forwards_per_evaluation(4.0) == 1
+    assert "guidance 4 is ignored" in caplog.text  # said, not silently dropped
     assert calls[0]["hidden_states"].shape[0] == 2 and calls[0]["timestep"].tolist() == [0.5, 0.5]
     assert calls[0]["img_ids"][5].tolist() == [0, 1, 1, 0]  # (t, row, column, layer) of token 5 in a 4×4 grid
     assert calls[0]["txt_ids"][3].tolist() == [0, 0, 0, 3]

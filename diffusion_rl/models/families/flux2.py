@@ -17,6 +17,9 @@ FLUX.2-dev (Flux2Pipeline: Mistral-3 text encoder, guidance embedding) is not su
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import numpy as np
 import torch
 from tensordict import TensorDict
@@ -30,6 +33,8 @@ from diffusion_rl.models.base import (
 )
 from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_of, unpack_latents
 from diffusion_rl.models.registry import ModelFamily, register_family
+
+logger = logging.getLogger(__name__)
 
 # Both streams' attention and feed-forwards of the double blocks, and the single blocks' fused QKV+MLP input. Not
 # the single blocks' `attn.to_out`: a suffix that also names the double blocks' `attn.to_out` ModuleList.
@@ -48,6 +53,12 @@ FLUX2_LORA_TARGETS = (
     "ff_context.linear_out",
     "attn.to_qkv_mlp_proj",
 )
+
+
+@functools.cache
+def warn_guidance_ignored(guidance: float) -> None:
+    """Once per value: a step-distilled klein runs no CFG, whatever `sampling.guidance` says (as the pipeline)."""
+    logger.warning("guidance %g is ignored: this FLUX.2-klein is step-distilled (CFG-free); set guidance 1", guidance)
 
 
 def image_ids(h: int, w: int, device) -> torch.Tensor:
@@ -109,6 +120,8 @@ class Flux2Model(PackedLatentModel):
         return 2 if self.true_cfg(guidance) else 1
 
     def true_cfg(self, guidance: float) -> bool:
+        if self.distilled and guidance > 1.0:
+            warn_guidance_ignored(float(guidance))
         return not self.distilled and guidance > 1.0
 
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
