@@ -141,7 +141,7 @@ def test_bf16_weights_give_fp32_velocities_and_fp32_lora(family_dirs, load, name
     assert v.dtype == torch.float32 and torch.isfinite(v).all()
 
 
-@pytest.mark.parametrize("name", ["flux", "flux_schnell", "qwen_image", "wan"])
+@pytest.mark.parametrize("name", ["flux", "flux_schnell", "flux2", "qwen_image", "wan"])
 def test_each_distinct_prompt_is_encoded_once(family_dirs, load, name):
     model = load(family_dirs[name])
     seen = []
@@ -153,7 +153,7 @@ def test_each_distinct_prompt_is_encoded_once(family_dirs, load, name):
 
     model.pipeline.encode_prompt = spy
     cond = model.encode_prompts(["a cat", "a cat", "a dog", "a cat"], ["", "", "", "blurry"])
-    uses_negatives = name != "flux"  # FLUX.1-dev's guidance is an embedding: negatives are never used
+    uses_negatives = name not in ("flux", "flux2")  # FLUX.1-dev: a guidance embedding; klein: CFG-free
     expected = ["a cat", "a dog", "", "blurry"] if uses_negatives else ["a cat", "a dog"]
     assert len(seen) == 1 and sorted(seen[0]) == sorted(expected)
     embeds = cond["prompt_embeds"]
