@@ -59,6 +59,12 @@ def flux_kontext_model_dir(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("tiny_flux_kontext"), "flux_kontext", "small", seed=0)
 
 
+@pytest.fixture(scope="session")
+def flux2_model_dir(tmp_path_factory):
+    """A tiny FLUX.2-klein-format model (Flux2KleinPipeline, step-distilled: CFG-free)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_flux2"), "flux2", "small", seed=0)
+
+
 def fast_overrides(model_dir, run_dir) -> list[str]:
     """Overrides of configs/quickstart.yaml that train the tiny model at `model_dir` fast, into `run_dir`."""
     return [

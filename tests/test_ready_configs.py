@@ -11,7 +11,7 @@ from diffusion_rl.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 READY = ["sd35_ocr_lora.yaml", "sd35_pickscore_fast.yaml", "flux_pickscore_lora.yaml", "qwen_image_ocr_lora.yaml",
          "wan21_t2v_1_3b_ocr_lora.yaml", "wan22_ti2v_5b_dance_lora.yaml", "qwen_image_edit_2509_lora.yaml",
-         "flux_kontext_counting_lora.yaml"]  # fmt: skip
+         "flux_kontext_counting_lora.yaml", "flux2_klein_pickscore_lora.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", READY)
@@ -96,3 +96,33 @@ def test_readme_flow_grpo_fast_example_is_the_presets_window():
     assert shown == {key: str(getattr(window, key)) for key in shown}
     lo, hi = re.search(r"random step in \[(\d+), (\d+)\]", sentence).groups()
     assert (int(lo), int(hi)) == (window.lo, window.hi - window.size)  # the start is drawn from [lo, hi − size]
+
+
+def test_flux2_klein_preset_adds_noise_below_sigma_next_and_keeps_the_last_step_ode():
+    """The few-step preset's reasons (docs/models.md), on klein's own 4-step schedule at the config's size."""
+    import math
+
+    import torch
+
+    from diffusion_rl.config import load
+    from diffusion_rl.sampling.sde import cps_step, sde_step
+
+    cfg = load(str(ROOT / "configs/flux2_klein_pickscore_lora.yaml"))
+    s, w = cfg.sampling, cfg.sampling.window
+    assert (s.num_steps, s.guidance, s.sde_type, s.noise_level) == (4, 1.0, "cps", 0.8)
+    assert (w.kind, w.size, w.lo, w.hi) == ("random", 2, 0, 3)  # SDE steps among 0-2; step 3 (to σ = 0) is ODE
+    assert (cfg.data.group_size, cfg.algorithm.settings.clip_range, cfg.algorithm.settings.kl_beta) == (18, 1e-5, 0.0)
+    # Flux2KleinPipeline's schedule by hand: μ of its empirical fit at 32×32 tokens and 4 steps, exponential shift
+    tokens = (s.height // 16) * (s.width // 16)
+    m_10, m_200 = 8.73809524e-05 * tokens + 1.89833333, 0.00016927 * tokens + 0.45666666
+    mu = (m_200 - m_10) / 190.0 * (4 - 200) + m_200
+    sigmas = [math.exp(mu) / (math.exp(mu) + 1 / t - 1) for t in (1.0, 0.75, 0.5, 0.25)] + [0.0]
+    assert all(abs(a - b) < 1e-3 for a, b in zip(sigmas, [1.0, 0.958, 0.884, 0.718, 0.0]))
+    x, v = torch.zeros(1, 4), torch.zeros(1, 4)
+    for j in range(w.hi):  # the steps the window may cover
+        sigma, sigma_next = sigmas[j], sigmas[j + 1]
+        cps = cps_step(x, v, sigma, sigma_next, s.noise_level).std.item()
+        sde = sde_step(x, v, sigma, sigma_next, s.noise_level).std.item() * math.sqrt(sigma - sigma_next)
+        assert cps <= sigma_next  # cps re-noises within the marginal's own noise σ_next
+        if j > 0:  # Flow-GRPO's sde adds more noise in one step than x at σ_next holds in all (σ_next)
+            assert sde > sigma_next

@@ -24,7 +24,7 @@ class TextEncoder:
     """A text encoder's shape: enough for its parameter count and its FLOPs per token (matmuls + attention)."""
 
     name: str
-    kind: str  # clip, t5, qwen2_5_vl
+    kind: str  # clip, t5, qwen2_5_vl, qwen3
     layers: int
     hidden: int
     ffn: int
@@ -77,14 +77,15 @@ def text_encoder_of(name: str, config: dict) -> TextEncoder:
         gated = str(config.get("feed_forward_proj", "")).startswith("gated")
         return TextEncoder(name, "t5", config["num_layers"], config["d_model"], config["d_ff"], q, q, gated,
                            config["vocab_size"])  # fmt: skip
-    if kind.startswith("qwen2"):
+    if kind.startswith("qwen2") or kind == "qwen3":  # qwen3: FLUX.2-klein's, a causal LM without a vision tower
         text = config.get("text_config") or config
         h, heads = text["hidden_size"], text["num_attention_heads"]
         head_dim = text.get("head_dim") or h // heads
         kv = text.get("num_key_value_heads", heads) * head_dim
         vision = config.get("vision_config")
-        return TextEncoder(name, "qwen2_5_vl", text["num_hidden_layers"], h, text["intermediate_size"],
-                           heads * head_dim, kv, True, text["vocab_size"], vision)  # fmt: skip
+        label = "qwen3" if kind == "qwen3" else "qwen2_5_vl"
+        return TextEncoder(name, label, text["num_hidden_layers"], h, text["intermediate_size"], heads * head_dim, kv,
+                           True, text["vocab_size"], vision)  # fmt: skip
     raise UserError(f"estimate: text encoder '{name}' has model_type '{kind}', which the estimate does not know")
 
 

@@ -1,4 +1,4 @@
-"""Pieces shared by the families whose transformer reads 2×2-packed latent tokens (FLUX.1, Qwen-Image).
+"""Pieces shared by the families whose transformer reads 2×2-packed latent tokens (FLUX.1, FLUX.2, Qwen-Image).
 
 Packed latents: the VAE latent [C, H, W] cut into 2×2 patches, each patch one token of 4·C channels, ordered
 (channel, row in patch, column in patch) — the order the FLUX and Qwen-Image transformers were trained on. We

@@ -9,11 +9,11 @@ from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, recompute_step, rollout
 from diffusion_rl.sampling.window import default_window
 
-FAMILIES = ["sd3", "flux", "flux_schnell", "qwen_image", "wan", "wan_ti2v"]
-FAMILY_OF = {"sd3": "sd3", "flux": "flux", "flux_schnell": "flux", "qwen_image": "qwen_image", "wan": "wan",
-             "wan_ti2v": "wan"}  # fmt: skip
+FAMILIES = ["sd3", "flux", "flux_schnell", "flux2", "qwen_image", "wan", "wan_ti2v"]
+FAMILY_OF = {"sd3": "sd3", "flux": "flux", "flux_schnell": "flux", "flux2": "flux2", "qwen_image": "qwen_image",
+             "wan": "wan", "wan_ti2v": "wan"}  # fmt: skip
 FRAMES = {"wan": 5, "wan_ti2v": 5}  # the video families sample 5 frames (2 latent frames); images 1
-GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image and wan; the guidance embedding for flux (dev)
+GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image and wan; the guidance embedding for flux (dev); klein: ignored
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -106,7 +106,7 @@ def test_one_flow_grpo_update_moves_the_trained_weights_only(family_dirs, load, 
     assert (velocity_of(model, GUIDANCE) - v_base).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("name", ["flux", "qwen_image", "wan"])
+@pytest.mark.parametrize("name", ["flux", "flux2", "qwen_image", "wan"])
 def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, load, name):
     grads = []
     for checkpointing in (False, True):
@@ -129,7 +129,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, load, name
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["flux", "qwen_image", "wan"])
+@pytest.mark.parametrize("name", ["flux", "flux2", "qwen_image", "wan"])
 def test_bf16_weights_give_fp32_velocities_and_fp32_lora(family_dirs, load, name):
     model = load(family_dirs[name], lora=True, dtype="bf16")
     for component in (model.pipeline.transformer, model.pipeline.text_encoder):  # (Wan keeps its norms in fp32)
@@ -141,7 +141,7 @@ def test_bf16_weights_give_fp32_velocities_and_fp32_lora(family_dirs, load, name
     assert v.dtype == torch.float32 and torch.isfinite(v).all()
 
 
-@pytest.mark.parametrize("name", ["flux", "flux_schnell", "qwen_image", "wan"])
+@pytest.mark.parametrize("name", ["flux", "flux_schnell", "flux2", "qwen_image", "wan"])
 def test_each_distinct_prompt_is_encoded_once(family_dirs, load, name):
     model = load(family_dirs[name])
     seen = []
@@ -153,7 +153,7 @@ def test_each_distinct_prompt_is_encoded_once(family_dirs, load, name):
 
     model.pipeline.encode_prompt = spy
     cond = model.encode_prompts(["a cat", "a cat", "a dog", "a cat"], ["", "", "", "blurry"])
-    uses_negatives = name != "flux"  # FLUX.1-dev's guidance is an embedding: negatives are never used
+    uses_negatives = name not in ("flux", "flux2")  # FLUX.1-dev: a guidance embedding; klein: CFG-free
     expected = ["a cat", "a dog", "", "blurry"] if uses_negatives else ["a cat", "a dog"]
     assert len(seen) == 1 and sorted(seen[0]) == sorted(expected)
     embeds = cond["prompt_embeds"]

@@ -1,0 +1,179 @@
+"""FLUX.2-klein (4B, 9B; step-distilled and base): Qwen3 text features, 2×2-patchified latents normalised by the
+VAE's batch-norm statistics, 4-axis positional ids and an empirical σ shift that depends on the step count.
+
+As Flux2KleinPipeline does it:
+- text: each prompt in Qwen3's chat template (thinking off), padded to `max_sequence_length` tokens; the hidden
+  states of layers 9, 18 and 27 side by side are the transformer's text tokens (3 × the encoder width);
+- latents: the VAE latent [C, H, W] cut into 2×2 patches (channel, row, column: our packed token grid
+  [H/2, W/2, 4·C]) and normalised per patch channel with the VAE's `bn` running mean and variance;
+- positional ids (t, h, w, l): image tokens (0, row, column, 0), text tokens (0, 0, 0, index);
+- σ: evenly spaced in [1/T, 1], shifted with μ = the pipeline's `compute_empirical_mu(tokens, T)` (exponential
+  time shift); the transformer takes σ and scales it by 1000 itself;
+- guidance: klein (`is_distilled`) is CFG-free, guidance is ignored as the pipeline ignores it (one forward);
+  klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward.
+
+FLUX.2-dev (Flux2Pipeline: Mistral-3 text encoder, guidance embedding) is not supported yet.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from diffusion_rl.models.base import (
+    as_sigma_batch,
+    images_to_uint8,
+    on_meta,
+    refuse_condition_images,
+    uint8_to_images,
+)
+from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_of, unpack_latents
+from diffusion_rl.models.registry import ModelFamily, register_family
+
+logger = logging.getLogger(__name__)
+
+# Both streams' attention and feed-forwards of the double blocks, and the single blocks' fused QKV+MLP input. Not
+# the single blocks' `attn.to_out`: a suffix that also names the double blocks' `attn.to_out` ModuleList.
+FLUX2_LORA_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "ff.linear_in",
+    "ff.linear_out",
+    "ff_context.linear_in",
+    "ff_context.linear_out",
+    "attn.to_qkv_mlp_proj",
+)
+
+
+@functools.cache
+def warn_guidance_ignored(guidance: float) -> None:
+    """Once per value: a step-distilled klein runs no CFG, whatever `sampling.guidance` says (as the pipeline)."""
+    logger.warning("guidance %g is ignored: this FLUX.2-klein is step-distilled (CFG-free); set guidance 1", guidance)
+
+
+def image_ids(h: int, w: int, device) -> torch.Tensor:
+    """The image tokens' positional ids [h·w, 4]: (0, row, column, 0), row-major like `tokens_of`."""
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    zeros = torch.zeros_like(rows)
+    return torch.stack([zeros, rows, cols, zeros], dim=-1).reshape(h * w, 4).to(device)
+
+
+def text_ids(length: int, device) -> torch.Tensor:
+    """The text tokens' positional ids [L, 4]: (0, 0, 0, index)."""
+    ids = torch.zeros(length, 4, dtype=torch.long)
+    ids[:, 3] = torch.arange(length)
+    return ids.to(device)
+
+
+class Flux2Model(PackedLatentModel):
+    frozen_components = ("text_encoder", "vae")
+
+    def configure(self) -> None:
+        self.distilled = bool(self.pipeline.config.get("is_distilled", False))
+        self.latent_channels = self.pipeline.transformer.config.in_channels // 4
+        self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    # -- conditioning -----------------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
+        refuse_condition_images(self.family, images)
+        if self.distilled:  # CFG-free: negatives play no part
+            return self.text_conditioning(prompts, None)
+        return self.text_conditioning(prompts, [""] * len(prompts) if negative is None else negative)
+
+    def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, _ = self.pipeline.encode_prompt(
+            prompt=texts, device=self.device, max_sequence_length=self.max_sequence_length
+        )
+        return {"prompt_embeds": embeds}
+
+    # -- the σ schedule -----------------------------------------------------------------------------------------
+    def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:
+        from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+
+        h, w, _ = self.latent_shape(height, width, frames)
+        scheduler = self.fresh_scheduler()
+        sigmas = np.linspace(1.0, 1.0 / num_steps, num_steps)
+        scheduler.set_timesteps(sigmas=sigmas, mu=compute_empirical_mu(h * w, num_steps), device="cpu")
+        return scheduler.sigmas.float().cpu()
+
+    # -- the network ------------------------------------------------------------------------------------------
+    @classmethod
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+        _, h, w = latent
+        tokens = (h // 2) * (w // 2)
+        return dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype),
+                    encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
+                    timestep=torch.ones(batch, device="meta"), img_ids=on_meta(tokens, 4), txt_ids=on_meta(text, 4),
+                    return_dict=False)  # fmt: skip
+
+    def forwards_per_evaluation(self, guidance: float) -> int:
+        return 2 if self.true_cfg(guidance) else 1
+
+    def true_cfg(self, guidance: float) -> bool:
+        if self.distilled and guidance > 1.0:
+            warn_guidance_ignored(float(guidance))
+        return not self.distilled and guidance > 1.0
+
+    def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
+        B, h, w, K = latents.shape
+        x = tokens_of(latents).to(self.dtype)
+        sigma_B = as_sigma_batch(sigma, B, latents.device)
+        embeds = cond["prompt_embeds"]
+        true_cfg = self.true_cfg(guidance)
+        if true_cfg:  # one forward over [uncond; cond]
+            x, sigma_B = torch.cat([x, x]), torch.cat([sigma_B, sigma_B])
+            embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+        v = self.policies.module(
+            hidden_states=x,
+            encoder_hidden_states=embeds,
+            timestep=sigma_B,  # σ: the network scales it by 1000
+            img_ids=image_ids(h, w, latents.device),
+            txt_ids=text_ids(embeds.shape[1], latents.device),
+            return_dict=False,
+        )[0].float()
+        if true_cfg:
+            v_uncond, v_cond = v.chunk(2)
+            v = v_uncond + guidance * (v_cond - v_uncond)
+        return v.reshape(B, h, w, K)
+
+    # -- pixels ------------------------------------------------------------------------------------------------
+    def _bn_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The VAE's per-patch-channel mean and std [4·C] (the last axis of the token grid)."""
+        bn = self.vae.bn
+        std = torch.sqrt(bn.running_var + self.vae.config.batch_norm_eps)
+        return bn.running_mean.to(like.device, like.dtype), std.to(like.device, like.dtype)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        z = latents.to(self.vae.dtype)
+        mean, std = self._bn_stats(z)
+        pixels = self.vae.decode(unpack_latents(z * std + mean), return_dict=False)[0]
+        return images_to_uint8(pixels)
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        pixels = uint8_to_images(images).to(self.device, self.vae.dtype)
+        z = pack_latents(self.vae.encode(pixels).latent_dist.mode())
+        mean, std = self._bn_stats(z)
+        return ((z - mean) / std).float()
+
+
+register_family(
+    ModelFamily(
+        name="flux2",
+        pipeline="Flux2KleinPipeline",
+        adapter=Flux2Model,
+        tiny="diffusion_rl.models.tiny.flux2",
+        lora_targets=FLUX2_LORA_TARGETS,
+    )
+)
