@@ -8,7 +8,6 @@ from the checkpoint's dcp/ (checkpoint/state.py), whatever engine and worker cou
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 from diffusion_rl.checkpoint.paths import resolve_checkpoint
 from diffusion_rl.checkpoint.state import CONFIG_FILE, check_format, load_tensors, saved_keys
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils.digest import weights_digest
 
 logger = logging.getLogger(__name__)
 
@@ -48,17 +48,6 @@ def checkpoint_model_config(checkpoint_dir: str | Path, **overrides):
 def has_ema(checkpoint_dir: str | Path) -> bool:
     """Whether the checkpoint holds an EMA of the trained weights (train.ema.enabled), which validation uses."""
     return any(key.startswith("ema.") for key in saved_keys(Path(checkpoint_dir)))
-
-
-def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 of named tensors (sorted by name: each name, dtype, shape and raw bytes): identifies weights whatever
-    the directory they came from is called."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
 
 
 @torch.no_grad()

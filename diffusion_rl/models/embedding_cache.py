@@ -34,6 +34,7 @@ import torch
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.loader import load_text_encoders, text_encoder_names
+from diffusion_rl.utils.digest import weights_digest
 
 logger = logging.getLogger(__name__)
 
@@ -215,8 +216,6 @@ class EmbeddingCache:
 
 def text_digest(text: str, tensors: dict[str, torch.Tensor]) -> str:
     """sha256 of a text with its tensors (names, dtypes, shapes, bytes): binds each entry of the file to its text."""
-    from diffusion_rl.checkpoint.weights import weights_digest
-
     return hashlib.sha256(f"{text}\0{weights_digest(tensors)}".encode()).hexdigest()
 
 

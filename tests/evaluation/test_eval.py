@@ -10,11 +10,11 @@ import pytest
 from PIL import Image
 
 from diffusion_rl.checkpoint.state import read_saved_tensors
-from diffusion_rl.checkpoint.weights import weights_digest
 from diffusion_rl.cli import main
 from diffusion_rl.evaluation import EvalSettings
 from diffusion_rl.rewards import make_reward
 from diffusion_rl.sampling.rollout import SamplerSettings
+from diffusion_rl.utils.digest import weights_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 VAL_PROMPTS = str(ROOT / "configs/prompts/val.txt")

@@ -11,10 +11,10 @@ from safetensors.torch import save_file
 
 from diffusion_rl.checkpoint.state import SafeReader, check_format, read_saved_tensors, read_state
 from diffusion_rl.checkpoint.store import CheckpointManager
-from diffusion_rl.checkpoint.weights import weights_digest
 from diffusion_rl.cli import main
 from diffusion_rl.config_io.yaml_files import to_yaml
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils.digest import weights_digest
 from diffusion_rl.utils.rng import capture_rng_state
 
 RAN = []
