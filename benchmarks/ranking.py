@@ -206,6 +206,14 @@ class Benchmark:
     def run_path(self, s: int, name: str, lr: float) -> Path:
         return self.kept_dir(s) / f"{name}_lr{lr:.3g}.json"
 
+    def model_hash(self) -> str:
+        """sha256 of the base model's transformer weights: which pretraining a run started from (pretraining is
+        deterministic on one machine, not across CPUs)."""
+        digest = hashlib.sha256()
+        for path in sorted((self.model_dir / "transformer").glob("*.safetensors")):
+            digest.update(path.read_bytes())
+        return digest.hexdigest()[:16]
+
     def base_validation(self, s: int, cfg, point) -> dict:
         """The base model's full validation for this validation setting, measured once per shard and kept."""
         path = self.kept_dir(s) / f"base_{validation_key(cfg)}.json"
@@ -222,7 +230,8 @@ class Benchmark:
         path = self.configs[name][0]
         started, cpu = time.perf_counter(), time.process_time()
         logger.info("shard %d: %s at lr %.3g", s, name, lr)
-        record = {"algorithm": name, "config": str(path.relative_to(ROOT)), "lr": lr, "seed": s}
+        record = {"algorithm": name, "config": str(path.relative_to(ROOT)), "lr": lr, "seed": s,
+                  "base_model_sha256": self.model_hash()}  # fmt: skip
         try:
             with tempfile.TemporaryDirectory() as tmp:  # its run dir: validation images, thrown away
                 cfg = build_config(path, Path(tmp), self.namespace(s, [f"train.lr={lr}"]), self.model_dir, self.info)

@@ -72,6 +72,7 @@ def test_a_shard_resumes_its_kept_runs_and_refuses_other_settings(ranking, table
         assert r["curve"][0]["shared"] and r["curve"][0]["images"] == r["curve"][-1]["images"] == 78
         assert r["curve"][0]["val_reward"] == shard["base_validation"][r["validation"]]["val_reward"]
     assert shard["machine"]["cpu"] and isinstance(shard["machine"]["amx"], bool) and shard["cpu_seconds"] > 0
+    assert len({r["base_model_sha256"] for r in shard["runs"]}) == 1
     with pytest.raises(SystemExit, match="budget_flops differ"):
         ranking.main(["4e10" if a == "3e10" else a for a in argv])
     with pytest.raises(SystemExit, match="finish the selection shards 0, 1 first"):
