@@ -66,8 +66,10 @@ def grid_of(shards: list[dict]) -> list[float]:
 
 
 def on_grid(run: dict, grid: list[float]) -> list[float]:
-    """A run's validation curve (x: fraction of the budget) interpolated linearly at the grid's fractions."""
-    xs = [c["fraction"] for c in run["curve"]]
+    """A run's validation curve (x: fraction of the budget) interpolated linearly at the grid's fractions. The last
+    point, the end of the run, is at the budget: its overshoot of less than one step counts as the budget (else a
+    run would read below its own final reward at 1)."""
+    xs = [c["fraction"] for c in run["curve"][:-1]] + [grid[-1]]
     return np.interp(grid, xs, [c["val_reward"] for c in run["curve"]]).tolist()
 
 
@@ -140,8 +142,9 @@ def markdown(summary: dict) -> list[str]:
         wall = a.get("equal_wallclock")
         wall = "not measured" if wall is None else (pm(wall) if wall["mean"] is not None else wall["note"])
         paired = pm(a["paired_vs_flow_grpo"], signed=True)
+        seeds = str(a["interval"]["n"]) + (f" ({len(a['failed'])} failed)" if a["failed"] else "")
         lines.append(f"| {rank_label(a['rank'])} | {name} | {a['chosen_lr']:.3g} | {pm(a['interval'])} | {paired} | "
-                     f"{a['interval']['n']} | {match} | {wall} |")  # fmt: skip
+                     f"{seeds} | {match} | {wall} |")  # fmt: skip
     for name, a in algorithms.items():
         if name not in ranked:
             state = "rate not chosen yet" if a["chosen_lr"] is None else "no finished run at its rate"
