@@ -214,9 +214,9 @@ class Benchmark:
             digest.update(path.read_bytes())
         return digest.hexdigest()[:16]
 
-    def base_validation(self, s: int, cfg, point) -> dict:
-        """The base model's full validation for this validation setting, measured once per shard and kept."""
-        path = self.kept_dir(s) / f"base_{validation_key(cfg)}.json"
+    def base_validation(self, s: int, key: str, point) -> dict:
+        """The base model's full validation for the validation setting `key`, measured once per shard and kept."""
+        path = self.kept_dir(s) / f"base_{key}.json"
         if path.is_file():
             return json.loads(path.read_text())
         logger.info("shard %d: base-model validation (%d per prompt)", s, self.args.val_n)
@@ -237,13 +237,14 @@ class Benchmark:
                 cfg = build_config(path, Path(tmp), self.namespace(s, [f"train.lr={lr}"]), self.model_dir, self.info)
                 import torch
 
+                key = validation_key(cfg)  # before training: validation sets cfg.val.n as it goes
                 torch.manual_seed(s)
                 trainer = make_trainer(cfg)
                 point = validation_point(trainer)
-                base = self.base_validation(s, cfg, point)
+                base = self.base_validation(s, key, point)
                 result = run_for_flops(trainer, self.budget, point, base, VAL_FRACTIONS, self.args.val_n,
                                        self.args.val_n_subset)  # fmt: skip
-                record.update(loss=cfg.algorithm.loss, batch=cfg.batch_size, validation=validation_key(cfg), **result)
+                record.update(loss=cfg.algorithm.loss, batch=cfg.batch_size, validation=key, **result)
         except Exception as e:  # a broken algorithm is recorded, and the shard goes on
             logger.error("shard %d: %s lr %.3g failed: %s", s, name, lr, e)
             record.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=5))
