@@ -166,6 +166,7 @@ class Benchmark:
             else:
                 self.configs[name] = (path, parse_lrs(args.lrs, cfg.train.lr))
         self.budget = args.budget_flops
+        self._model_hash = None
         self.settings = {"budget_flops": self.budget, "val_fractions": list(VAL_FRACTIONS), "val_n": args.val_n,
                          "val_n_subset": args.val_n_subset, "lrs": args.lrs, "select_seeds": list(SELECT_SEEDS),
                          "algorithms": sorted(self.configs), "set": list(args.set)}  # fmt: skip
@@ -209,10 +210,12 @@ class Benchmark:
     def model_hash(self) -> str:
         """sha256 of the base model's transformer weights: which pretraining a run started from (pretraining is
         deterministic on one machine, not across CPUs)."""
-        digest = hashlib.sha256()
-        for path in sorted((self.model_dir / "transformer").glob("*.safetensors")):
-            digest.update(path.read_bytes())
-        return digest.hexdigest()[:16]
+        if self._model_hash is None:
+            digest = hashlib.sha256()
+            for path in sorted((self.model_dir / "transformer").glob("*.safetensors")):
+                digest.update(path.read_bytes())
+            self._model_hash = digest.hexdigest()[:16]
+        return self._model_hash
 
     def base_validation(self, s: int, key: str, point) -> dict:
         """The base model's full validation for the validation setting `key`, measured once per shard and kept."""
@@ -220,9 +223,18 @@ class Benchmark:
         if path.is_file():
             return json.loads(path.read_text())
         logger.info("shard %d: base-model validation (%d per prompt)", s, self.args.val_n)
-        base = point(0, self.args.val_n)
+        base = {**point(0, self.args.val_n), "base_model_sha256": self.model_hash()}
         write_json(path, base)
         return base
+
+    def check_kept_model(self, s: int) -> None:
+        """Kept runs and base validations of shard s must come from this base model (another machine's pretraining
+        can differ in the last bits): a mismatch stops rather than mixing two base models in one shard."""
+        for path in sorted(self.kept_dir(s).glob("*.json")):
+            kept = json.loads(path.read_text()).get("base_model_sha256")
+            if kept != self.model_hash():
+                sys.exit(f"{path} was made from another base model (transformer sha256 {kept}, now "
+                         f"{self.model_hash()} at {self.model_dir}): use that model, or delete {self.kept_dir(s)}")
 
     def run_one(self, s: int, name: str, lr: float) -> dict:
         from diffusion_rl.trainer import make_trainer
@@ -262,6 +274,7 @@ class Benchmark:
         if waiting:
             sys.exit(f"shard {s} runs each algorithm at its chosen rate: finish the selection shards "
                      f"{', '.join(map(str, SELECT_SEEDS))} first ({len(waiting)} algorithms have no rate)")  # fmt: skip
+        self.check_kept_model(s)
         for name, lr in runs:
             kept = self.run_path(s, name, lr)
             if kept.is_file():

@@ -59,6 +59,12 @@ def test_a_shard_resumes_its_kept_runs_and_refuses_other_settings(ranking, table
     with pytest.raises(KeyboardInterrupt):
         ranking.main(argv)
     assert [p.name for p in (tmp_path / "runs/shard_0").glob("*_lr*.json")] == ["flow_grpo_lr3e-05.json"]
+    kept = tmp_path / "runs/shard_0/flow_grpo_lr3e-05.json"
+    record = json.loads(kept.read_text())
+    kept.write_text(json.dumps({**record, "base_model_sha256": "another"}))
+    with pytest.raises(SystemExit, match="made from another base model"):
+        ranking.main(argv)
+    kept.write_text(json.dumps(record))
     monkeypatch.setattr(ranking.Benchmark, "run_one", lambda self, s, name, lr: (calls.append(name), real(self, s,
                                                                                  name, lr))[1])  # fmt: skip
     ranking.main(argv)
