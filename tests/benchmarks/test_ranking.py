@@ -27,7 +27,7 @@ def test_two_algorithms_given_the_same_budget_count_the_same_flops_within_one_st
     from diffusion_rl.trainer import make_trainer
 
     b = bench(ranking, shapes_model, tmp_path, "--only", "flow_grpo,nft")
-    budget = 2.5 * b.step_flops(1)[0]  # two and a half of Flow-GRPO's steps
+    budget = 2.5 * b.step_flops("flow_grpo", 1)[0]  # two and a half of Flow-GRPO's steps
     point = lambda step, n: {"step": step, "val_reward": float(n), "se": 0.0}  # noqa: E731 (reward: samples asked)
     results = {}
     for name in ("flow_grpo", "nft"):
