@@ -13,6 +13,12 @@
   interval over seeds at every grid point.
 - `validation_se(scores, per_prompt)`: the standard error of one validation point's mean reward, from its per-image
   scores.
+- `paired_difference(values, reference)`: per seed value − the reference's at the same seed (same prompts, same
+  validation images), and the interval of those differences: the seed-to-seed spread both share cancels.
+- `rank_paired(values)`: ranks by mean; a is placed apart from b only where the paired interval of a − b excludes 0.
+- `first_crossing(xs, ys, target)`: where a piecewise-linear curve first reaches a value.
+- `compute_to_match(curves, reference_finals, grid)`: the compute at which an algorithm's mean curve over seeds first
+  reaches the reference's final mean, with a paired bootstrap interval over seeds (`bootstrap_resamples`).
 """
 
 from __future__ import annotations
@@ -144,3 +150,77 @@ def validation_se(scores: Sequence[float], per_prompt: int) -> dict:
 def images_for_se(sd: float, target_se: float) -> int:
     """The number of independent images whose mean has standard error <= target_se, for a per-image sd."""
     return max(1, math.ceil((sd / target_se) ** 2))
+
+
+def paired_difference(values: Mapping[int, float], reference: Mapping[int, float], level: float = 0.95) -> dict:
+    """seed → value and seed → the reference's value: the interval of (value − reference) over the seeds both have,
+    plus those seeds and differences."""
+    seeds = sorted(set(values) & set(reference))
+    diffs = [values[s] - reference[s] for s in seeds]
+    return {**interval(diffs, level), "seeds": seeds, "differences": diffs}
+
+
+def rank_paired(values: Mapping[str, Mapping[int, float]], level: float = 0.95) -> dict[str, dict]:
+    """name → {seed → value}: name → {rank, best_rank, worst_rank, tied_with}. Rank by the mean over seeds (1 =
+    highest); b is above a when the paired interval of b − a over their common seeds lies wholly above 0, below when
+    wholly below; otherwise tied (fewer than 2 common seeds: tied). The ranks a name could hold are 1 + the number
+    above it to the number not below it."""
+    named = {k: v for k, v in values.items() if v}
+    order = sorted(named, key=lambda k: -float(np.mean(list(named[k].values()))))
+    out = {}
+    for name in order:
+        above, below = [], []
+        for other in order:
+            if other == name:
+                continue
+            d = paired_difference(named[other], named[name], level)
+            if d["low"] is not None and d["low"] > 0:
+                above.append(other)
+            elif d["high"] is not None and d["high"] < 0:
+                below.append(other)
+        tied = [o for o in order if o != name and o not in above and o not in below]
+        out[name] = {"rank": order.index(name) + 1, "best_rank": 1 + len(above),
+                     "worst_rank": len(order) - len(below), "tied_with": tied}  # fmt: skip
+    return out
+
+
+def first_crossing(xs: Sequence[float], ys: Sequence[float], target: float) -> float | None:
+    """The first x at which the curve through (xs, ys), linear between points, reaches `target` (≥); None if never."""
+    if ys[0] >= target:
+        return float(xs[0])
+    for i in range(1, len(xs)):
+        if ys[i] >= target:
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            return float(x0 + (target - y0) / (y1 - y0) * (x1 - x0))
+    return None
+
+
+def bootstrap_resamples(n: int, count: int = 2000, seed: int = 0) -> np.ndarray:
+    """[count, n] indices drawn with replacement: which seeds each bootstrap replicate takes (fixed generator, so
+    the table is the same every time it is recomputed)."""
+    return np.random.default_rng(seed).integers(0, n, size=(count, n))
+
+
+def compute_to_match(curves: Mapping[int, Sequence[float]], reference_finals: Mapping[int, float],
+                     grid: Sequence[float], level: float = 0.95, resamples=None) -> dict:  # fmt: skip
+    """curves: seed → the algorithm's validation reward at each `grid` compute; reference_finals: seed → the
+    reference's final reward. The compute at which the mean curve over the common seeds first reaches the
+    reference's final mean (first_crossing; None: not within the grid), and a paired bootstrap percentile interval:
+    each replicate draws seeds with replacement and takes both means over the same draw; a replicate that never
+    reaches its target counts as beyond the grid (inf). `resamples`: [count, n] seed positions (default
+    bootstrap_resamples)."""
+    seeds = sorted(set(curves) & set(reference_finals))
+    if not seeds:
+        return {"value": None, "low": None, "high": None, "seeds": []}
+    ys = np.asarray([curves[s] for s in seeds], dtype=np.float64)
+    finals = np.asarray([reference_finals[s] for s in seeds], dtype=np.float64)
+    value = first_crossing(grid, ys.mean(axis=0), float(finals.mean()))
+    if len(seeds) < 2:
+        return {"value": value, "low": None, "high": None, "seeds": seeds}
+    draws = bootstrap_resamples(len(seeds)) if resamples is None else np.asarray(resamples)
+    reps = []
+    for idx in draws:
+        hit = first_crossing(grid, ys[idx].mean(axis=0), float(finals[idx].mean()))
+        reps.append(math.inf if hit is None else hit)
+    low, high = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return {"value": value, "low": float(low), "high": float(high), "seeds": seeds, "replicates": len(reps)}

@@ -1,4 +1,4 @@
-"""Loading a benchmark script (benchmarks/ is no package) as a module."""
+"""Loading a benchmark script (benchmarks/ is no package) as a module; a tiny pretrained ShapesWorld model."""
 
 import importlib.util
 from pathlib import Path
@@ -19,3 +19,20 @@ def load_benchmark():
         return module
 
     return load
+
+
+@pytest.fixture(scope="session")
+def shapes_model(tmp_path_factory):
+    """A ShapesWorld model pretrained for a few steps at the small preset (32 px): the learning benchmarks' task."""
+    from diffusion_rl.pretrain.config import load_pretrain_config
+    from diffusion_rl.pretrain.trainer import PretrainTrainer
+
+    tmp = tmp_path_factory.mktemp("shapes")
+    cfg = load_pretrain_config(str(ROOT / "configs/shapes_pretrain.yaml"), [
+        f"run.dir={tmp / 'run'}", f"run.out={tmp / 'model'}", "model.preset=small", "model.vae_channels=[8,16,16]",
+        "vae.steps=3", "vae.batch_size=4", "vae.stats_images=16", "flow.steps=2", "flow.batch_size=4",
+        "flow.latent_pool=16", "eval.every=0", "eval.prompts=4", "eval.n=1", "eval.num_steps=2",
+        "log.tensorboard=false", "log.progress_bar=false", "log.console_every=0",
+    ])  # fmt: skip
+    PretrainTrainer(cfg).train()
+    return tmp / "model"

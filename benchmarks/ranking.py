@@ -1,0 +1,404 @@
+"""Ranking at equal compute: every algorithm trains the ShapesWorld model for the same FLOPs, in seed shards.
+
+    python benchmarks/ranking.py --plan               # the shards, their runs, the compute each needs, done or not
+    python benchmarks/ranking.py --shard 0            # run (or resume) shard 0 → results/ranking/shard_0.json
+    python benchmarks/ranking.py --table [--append-results]    # the table from whatever shard files exist
+    python benchmarks/ranking.py --wallclock          # seconds per FLOP vs Flow-GRPO (a quiet machine only)
+
+Budget: every run trains until its cumulative FLOPs (the project's own count: `perf/flops_per_step`, engine/flops.py —
+rollout with text encoders, transformer and VAE decode, plus the update's forwards and backwards) reach
+BUDGET_FLOPS; it stops at the first step whose cumulative count reaches it, so two runs differ by less than one step's
+FLOPs. The count is the same on every machine, so a run's result depends on its seed, not on the machine's speed or
+load: shards can run in the background (`nice -n 19`, OMP_WAIT_POLICY=PASSIVE) and on different machines.
+
+Shards (a paired design): shard s runs every algorithm at seed s. Shards 0 and 1 (SELECT_SEEDS) run each algorithm at
+the 3 learning rates of LRS; an algorithm's rate is the one with the highest training reward (the mean over each
+run's last third of compute, averaged over both selection shards; validation is never read); shards 2, 3, … run each
+algorithm at its chosen rate, so they wait for both selection shards. Every finished run is kept at
+<out>/runs/shard_<s>/<algorithm>_lr<rate>.json (resumable: kept runs are skipped, and <out>/settings.json stops a run
+under other settings); when the shard's last run ends, all of them go into <out>/shard_<s>.json with the machine,
+CPU time and the shard's shared base-model validation, and the kept files are removed.
+
+Validation (fixed seeds, ODE, `shapes_geneval`, all 78 held-out prompts): the base model's once per shard (every run
+starts from it; once per validation setting — DiffusionNFT validates without CFG) on VAL_N samples per prompt (1,092
+images, SE ≤ 0.01); at VAL_FRACTIONS of the budget on VAL_N_SUBSET samples per prompt (312 images, SE ≈ 0.017); at
+the end on VAL_N again. Each point keeps its SE. The table (benchmarks/ranking_table.py) is recomputed from the shard
+files; the wall-clock ratio (benchmarks/ranking_wallclock.py) is measured apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import learning  # noqa: E402
+from learning import (  # noqa: E402
+    ROOT,
+    build_config,
+    ensure_base_model,
+    selection_reward,
+    skip_reason,
+    training_reward,
+    validation_point,
+    write_json,
+)
+from ranking_table import choices, load_shards  # noqa: E402
+
+logger = logging.getLogger("ranking")
+
+# The compute budget of one run, in FLOPs counted by engine/flops.py: what Flow-GRPO spends in 3 minutes of training
+# time on the quiet machine. On that machine (2026-11-22, load 1.35 at the start; benchmarks/results/
+# learning_seed1.json) Flow-GRPO made 186 steps in 180.2 s of training time on this task (0.969 s/step; the seed-0
+# run beside other work made 155). Its counted FLOPs per step on the task (configs/quickstart.yaml with SHAPES: 2
+# prompts × 4, 10 SDE steps with CFG 4.5, 32 px; every step the same shapes, so the same count) are
+# 106,983,550,976 (`python benchmarks/ranking.py --measure-step-flops`, 2026-11-26: the count depends on the
+# architecture and shapes only, not on the weights or the machine). Budget = 186 × that ≈ 1.99e13 FLOPs, exact in
+# float64, so Flow-GRPO stops after exactly 186 steps.
+FLOW_GRPO_QUIET_STEPS = 186
+FLOPS_PER_STEP_FLOW_GRPO = 106_983_550_976
+BUDGET_FLOPS = float(FLOW_GRPO_QUIET_STEPS * FLOPS_PER_STEP_FLOW_GRPO)
+LRS = "/3,x1,x3"  # a half-decade either side of the task's rate (3e-5: 1e-5, 3e-5, 9e-5)
+SELECT_SEEDS = (0, 1)
+SHARDS = 5  # --plan's default: every algorithm gets 5 seeds (the 2 selection shards included)
+VAL_N = 14  # 78 × 14 = 1,092 images: the base model's per-image sd 0.292 (+10 %) gives SE ≤ 0.01 (RESULTS.md)
+VAL_N_SUBSET = 4  # intermediate points: 78 × 4 = 312 images, SE ≈ 0.017
+VAL_FRACTIONS = (0.25, 0.5, 0.75)  # intermediate validation points, as fractions of the budget
+OUT = ROOT / "benchmarks/results/ranking"
+
+
+def parse_lrs(spec: str, base: float) -> list[float]:
+    """'/3,x1,x3,1e-4' → rates: an 'x' token multiplies the config's rate, a '/' token divides it, a number is a
+    rate; 3 significant digits (they name the result files)."""
+    rates = []
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        if token[0] in "x/":
+            rate = base * float(token[1:]) if token[0] == "x" else base / float(token[1:])
+        else:
+            rate = float(token)
+        rates.append(float(f"{rate:.3g}"))
+    if len(set(rates)) != len(rates):
+        sys.exit(f"--lrs {spec}: the rates {rates} repeat")
+    return rates
+
+
+def run_for_flops(trainer, budget: float, point, base: dict, fractions=VAL_FRACTIONS, val_n: int = VAL_N,
+                  subset_n: int = VAL_N_SUBSET) -> dict:  # fmt: skip
+    """Train until the cumulative perf/flops_per_step reaches `budget` (the step that reaches it is the last one);
+    the curve: `base` (the shared base-model validation) at 0, a subset validation (subset_n per prompt) after the
+    first step at or past each of `fractions` × budget (one for a step that passes several; none at the end), and
+    a full one (val_n) at the end. x of a point: its cumulative FLOPs and their fraction of the budget."""
+    curve = [{"flops": 0.0, "fraction": 0.0, **base, "shared": True}]
+    flops, step, pending, per_step, train_curve = 0.0, 0, list(fractions), [], []
+    train_s, cpu_start = 0.0, time.process_time()
+    while flops < budget:
+        start = time.perf_counter()
+        metrics = trainer.train_step(step)
+        train_s += time.perf_counter() - start
+        step += 1
+        counted = metrics.get("perf/flops_per_step")
+        if not counted:
+            raise RuntimeError(f"step {step} logged no perf/flops_per_step (log.flops must stay on)")
+        flops += counted
+        per_step.append(counted)
+        if training_reward(metrics) is not None:
+            train_curve.append((flops, training_reward(metrics)))
+        crossed = False
+        while pending and flops >= pending[0] * budget:
+            pending.pop(0)
+            crossed = True
+        if crossed and flops < budget:
+            curve.append({"flops": flops, "fraction": flops / budget, **point(step, subset_n)})
+            logger.info("  step %4d, %.2f of the budget: val %.4f (SE %.3f)", step, flops / budget,
+                        curve[-1]["val_reward"], curve[-1]["se"])  # fmt: skip
+    curve.append({"flops": flops, "fraction": flops / budget, **point(step, val_n)})
+    logger.info("  end, step %d: val %.4f (SE %.4f)", step, curve[-1]["val_reward"], curve[-1]["se"])
+    return {
+        "steps": step,
+        "flops": flops,
+        "flops_per_step": {"first": per_step[0], "last": per_step[-1], "mean": flops / step},
+        "train_seconds": round(train_s, 2),
+        "cpu_seconds": round(time.process_time() - cpu_start, 1),
+        "val_reward_start": base["val_reward"],
+        "val_reward_end": curve[-1]["val_reward"],
+        "selection_reward": selection_reward(train_curve),
+        "curve": curve,
+        "train_curve": train_curve,
+    }
+
+
+def validation_key(cfg) -> str:
+    """What a base-model validation depends on besides the model: the val section and the sampling settings it
+    falls back to. Runs with the same key share the shard's base validation."""
+    s = cfg.sampling
+    fields = {"val": asdict(cfg.val), "guidance": s.guidance, "size": [s.height, s.width], "solver": s.ode_solver}
+    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Benchmark:
+    """The algorithms, the task and where results go; `settings` must match every kept run's and shard file's."""
+
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out_dir).resolve()
+        self.model_dir = Path(args.model).resolve()
+        self.info = None if args.plan else ensure_base_model(self.model_dir, args.threads)
+        found = learning.algorithm_configs(args.only.split(",") if args.only else None)
+        self.configs, self.skipped = {}, {}
+        task_info = self.info or {"size": 32, "text_tokens": 16}  # the plan needs no model: skip reasons don't read it
+        for name, path in found.items():
+            cfg = build_config(path, self.out / "unused", self.namespace(0, []), self.model_dir, task_info)
+            why = skip_reason(cfg, shapes=True)
+            if why:
+                self.skipped[name] = why
+            else:
+                self.configs[name] = (path, parse_lrs(args.lrs, cfg.train.lr))
+        self.budget = args.budget_flops
+        self._model_hash = None
+        self.settings = {"budget_flops": self.budget, "val_fractions": list(VAL_FRACTIONS), "val_n": args.val_n,
+                         "val_n_subset": args.val_n_subset, "lrs": args.lrs, "select_seeds": list(SELECT_SEEDS),
+                         "algorithms": sorted(self.configs), "set": list(args.set)}  # fmt: skip
+
+    def namespace(self, seed: int, extra: list[str]):
+        heldout = self.model_dir / "shapes_prompts" / "heldout.jsonl"  # every held-out prompt (78)
+        return argparse.Namespace(seed=seed, threads=self.args.threads,
+                                  set=[*self.args.set, f"val.prompts={heldout}", f"val.n={self.args.val_n}", *extra])
+
+    def check_settings(self) -> None:
+        kept = self.out / "settings.json"
+        if kept.is_file():
+            before = json.loads(kept.read_text())
+            if before != self.settings:
+                changed = sorted(k for k in self.settings if before.get(k) != self.settings[k])
+                sys.exit(f"{self.out} holds runs made with other settings ({', '.join(changed)} differ: {kept}); "
+                         "give another --out-dir, or delete it to start again")  # fmt: skip
+        elif not self.args.plan:
+            write_json(kept, self.settings)
+
+    def shard_file(self, s: int) -> Path:
+        return self.out / f"shard_{s}.json"
+
+    def kept_dir(self, s: int) -> Path:
+        return self.out / "runs" / f"shard_{s}"
+
+    def chosen_lrs(self) -> dict[str, float | None]:
+        """algorithm → its rate chosen on the selection shards' files (None until both are finished)."""
+        picked = choices([s for s in load_shards(self.out) if s["shard"] in SELECT_SEEDS])
+        return {name: picked.get(name, {}).get("chosen_lr") for name in self.configs}
+
+    def shard_runs(self, s: int) -> list[tuple[str, float | None]]:
+        """(algorithm, rate) of each run of shard s; a report shard's rate is None while it is not chosen yet."""
+        if s in SELECT_SEEDS:
+            return [(name, lr) for name, (_, lrs) in self.configs.items() for lr in lrs]
+        return list(self.chosen_lrs().items())
+
+    def run_path(self, s: int, name: str, lr: float) -> Path:
+        return self.kept_dir(s) / f"{name}_lr{lr:.3g}.json"
+
+    def model_hash(self) -> str:
+        """sha256 of the base model's transformer weights: which pretraining a run started from (pretraining is
+        deterministic on one machine, not across CPUs)."""
+        if self._model_hash is None:
+            digest = hashlib.sha256()
+            for path in sorted((self.model_dir / "transformer").glob("*.safetensors")):
+                digest.update(path.read_bytes())
+            self._model_hash = digest.hexdigest()[:16]
+        return self._model_hash
+
+    def base_validation(self, s: int, key: str, point) -> dict:
+        """The base model's full validation for the validation setting `key`, measured once per shard and kept."""
+        path = self.kept_dir(s) / f"base_{key}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        logger.info("shard %d: base-model validation (%d per prompt)", s, self.args.val_n)
+        base = {**point(0, self.args.val_n), "base_model_sha256": self.model_hash()}
+        write_json(path, base)
+        return base
+
+    def check_kept_model(self, s: int) -> None:
+        """Kept runs and base validations of shard s must come from this base model (another machine's pretraining
+        can differ in the last bits): a mismatch stops rather than mixing two base models in one shard."""
+        for path in sorted(self.kept_dir(s).glob("*.json")):
+            kept = json.loads(path.read_text()).get("base_model_sha256")
+            if kept != self.model_hash():
+                sys.exit(f"{path} was made from another base model (transformer sha256 {kept}, now "
+                         f"{self.model_hash()} at {self.model_dir}): use that model, or delete {self.kept_dir(s)}")
+
+    def run_one(self, s: int, name: str, lr: float) -> dict:
+        from diffusion_rl.trainer import make_trainer
+
+        path = self.configs[name][0]
+        started, cpu = time.perf_counter(), time.process_time()
+        logger.info("shard %d: %s at lr %.3g", s, name, lr)
+        record = {"algorithm": name, "config": str(path.relative_to(ROOT)), "lr": lr, "seed": s,
+                  "base_model_sha256": self.model_hash()}  # fmt: skip
+        try:
+            with tempfile.TemporaryDirectory() as tmp:  # its run dir: validation images, thrown away
+                cfg = build_config(path, Path(tmp), self.namespace(s, [f"train.lr={lr}"]), self.model_dir, self.info)
+                import torch
+
+                key = validation_key(cfg)  # before training: validation sets cfg.val.n as it goes
+                torch.manual_seed(s)
+                trainer = make_trainer(cfg)
+                point = validation_point(trainer)
+                base = self.base_validation(s, key, point)
+                result = run_for_flops(trainer, self.budget, point, base, VAL_FRACTIONS, self.args.val_n,
+                                       self.args.val_n_subset)  # fmt: skip
+                record.update(loss=cfg.algorithm.loss, batch=cfg.batch_size, validation=key, **result)
+        except Exception as e:  # a broken algorithm is recorded, and the shard goes on
+            logger.error("shard %d: %s lr %.3g failed: %s", s, name, lr, e)
+            record.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=5))
+        record.update(wall_seconds=round(time.perf_counter() - started, 1),
+                      process_cpu_seconds=round(time.process_time() - cpu, 1))  # fmt: skip
+        return record
+
+    def run_shard(self, s: int) -> Path:
+        """Run shard s's runs not kept yet; when all are kept, gather them into its shard file."""
+        self.check_settings()
+        if self.shard_file(s).is_file():
+            sys.exit(f"shard {s} is finished: {self.shard_file(s)}")
+        runs = self.shard_runs(s)
+        waiting = [name for name, lr in runs if lr is None]
+        if waiting:
+            sys.exit(f"shard {s} runs each algorithm at its chosen rate: finish the selection shards "
+                     f"{', '.join(map(str, SELECT_SEEDS))} first ({len(waiting)} algorithms have no rate)")  # fmt: skip
+        self.check_kept_model(s)
+        for name, lr in runs:
+            kept = self.run_path(s, name, lr)
+            if kept.is_file():
+                logger.info("shard %d: %s lr %.3g kept before", s, name, lr)
+                continue
+            write_json(kept, self.run_one(s, name, lr))
+        return self.gather(s, runs)
+
+    def gather(self, s: int, runs: list[tuple[str, float]]) -> Path:
+        kept = [json.loads(self.run_path(s, name, lr).read_text()) for name, lr in runs]
+        bases = {p.stem.removeprefix("base_"): json.loads(p.read_text()) for p in self.kept_dir(s).glob("base_*.json")}
+        shard = {
+            "shard": s,
+            "phase": "select" if s in SELECT_SEEDS else "report",
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "settings": self.settings,
+            "machine": learning.machine(),
+            "base_model": {"path": str(self.model_dir), **(self.info or {})},
+            "base_validation": bases,
+            "cpu_seconds": round(sum(r["process_cpu_seconds"] for r in kept), 1),
+            "wall_seconds": round(sum(r["wall_seconds"] for r in kept), 1),
+            "runs": kept,
+        }
+        write_json(self.shard_file(s), shard)
+        shutil.rmtree(self.kept_dir(s))
+        logger.info("shard %d finished: %s", s, self.shard_file(s))
+        return self.shard_file(s)
+
+    def step_flops(self, name: str = "flow_grpo", steps: int = 2) -> list[float]:
+        """An algorithm's counted FLOPs of its first `steps` training steps on the task (Flow-GRPO's: what
+        BUDGET_FLOPS rests on)."""
+        from diffusion_rl.trainer import make_trainer
+
+        path = self.configs[name][0]
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = build_config(path, Path(tmp), self.namespace(0, []), self.model_dir, self.info)
+            trainer = make_trainer(cfg)
+            return [trainer.train_step(step)["perf/flops_per_step"] for step in range(steps)]
+
+    def plan(self, shards: int) -> list[str]:
+        """--plan's printout: per shard its runs (done, kept or to do) and the compute they need."""
+        self.check_settings()
+        chosen = self.chosen_lrs()
+        images = 78 * (len(VAL_FRACTIONS) * self.args.val_n_subset + self.args.val_n)
+        lines = [f"budget per run: {self.budget:.4g} FLOPs of training (+ < 1 step); validation per run "
+                 f"{images} images ({len(VAL_FRACTIONS)} × 78 × {self.args.val_n_subset} + 78 × {self.args.val_n}), "
+                 f"base model once per shard and validation setting (78 × {self.args.val_n})"]  # fmt: skip
+        total_todo = 0
+        for s in range(shards):
+            runs = self.shard_runs(s) if s in SELECT_SEEDS else list(chosen.items())
+            if self.shard_file(s).is_file():
+                status = {r: "done" for r in runs}
+            else:
+                status = {(n, lr): ("kept" if lr is not None and self.run_path(s, n, lr).is_file() else "to do")
+                          for n, lr in runs}  # fmt: skip
+            todo = sum(v == "to do" for v in status.values())
+            total_todo += todo
+            phase = "select" if s in SELECT_SEEDS else "report"
+            lines.append(f"shard {s} ({phase}, seed {s}): {len(runs)} runs, {todo} to do, "
+                         f"{len(runs) * self.budget:.4g} training FLOPs, {len(runs) * images} validation images")
+            for (name, lr), state in status.items():
+                rate = f"{lr:.3g}" if lr is not None else "chosen on shards " + "+".join(map(str, SELECT_SEEDS))
+                lines.append(f"  {name:<14} lr {rate:<22} {state}")
+        for name, why in self.skipped.items():
+            lines.append(f"skipped: {name}: {why}")
+        lines.append(f"{total_todo} runs to do: {total_todo * self.budget:.4g} training FLOPs")
+        return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--plan", action="store_true", help="print the shards, their runs and compute; run nothing")
+    what.add_argument("--shard", type=int, help="run (or resume) this shard")
+    what.add_argument("--table", action="store_true", help="the table from the shard files that exist")
+    what.add_argument("--wallclock", action="store_true", help="seconds per FLOP vs Flow-GRPO, algorithms alternating")
+    what.add_argument("--measure-step-flops", action="store_true", help="each algorithm's counted FLOPs per step")
+    parser.add_argument("--shards", type=int, default=SHARDS, help="--plan: how many shards (seeds)")
+    parser.add_argument("--model", default=str(ROOT / "models/shapes"), help="the ShapesWorld base model dir")
+    parser.add_argument("--only", default=None, help="comma-separated algorithm names (default: all)")
+    parser.add_argument("--out-dir", default=str(OUT), help="shard files, kept runs and the table")
+    parser.add_argument("--budget-flops", type=float, default=BUDGET_FLOPS, help="training FLOPs per run")
+    parser.add_argument("--lrs", default=LRS, help="learning rates: x or / a factor of the task's train.lr, or a rate")
+    parser.add_argument("--val-n", type=int, default=VAL_N, help="samples per prompt at the base and final points")
+    parser.add_argument("--val-n-subset", type=int, default=VAL_N_SUBSET, help="samples per prompt in between")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for every algorithm (repeatable)")  # fmt: skip
+    parser.add_argument("--append-results", action="store_true", help="--table: append it to benchmarks/RESULTS.md")
+    parser.add_argument("--rounds", type=int, default=3, help="--wallclock: rounds of every algorithm in turn")
+    parser.add_argument("--steps-per-turn", type=int, default=5, help="--wallclock: steps per algorithm per turn")
+    args = parser.parse_args(argv)
+    if not (args.budget_flops and math.isfinite(args.budget_flops) and args.budget_flops > 0):
+        sys.exit(f"--budget-flops must be > 0, got {args.budget_flops}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    learning.setup_logging(args.threads)
+    os.chdir(ROOT)  # the configs name their files relative to the repository root
+    if args.table:
+        from ranking_table import write_table
+
+        write_table(Path(args.out_dir).resolve(), args.append_results)
+        return
+    bench = Benchmark(args)
+    if args.plan:
+        print("\n".join(bench.plan(args.shards)))
+    elif args.measure_step_flops:
+        print(f"{'algorithm':<14} {'FLOPs/step (steps 1, 2)':>28} {'steps in the budget':>20}")
+        measured = {name: bench.step_flops(name) for name in bench.configs}
+        for name, (first, second) in measured.items():
+            print(f"{name:<14} {first:>13.6g} {second:>13.6g} {math.ceil(bench.budget / second):>20}", flush=True)
+        if "flow_grpo" in measured:
+            print(f"Flow-GRPO × {FLOW_GRPO_QUIET_STEPS} quiet steps = "
+                  f"{FLOW_GRPO_QUIET_STEPS * measured['flow_grpo'][1]:.6g} FLOPs")
+    elif args.wallclock:
+        from ranking_wallclock import measure
+
+        measure(bench, args.rounds, args.steps_per_turn)
+    else:
+        print(bench.run_shard(args.shard))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The ranking's table, recomputed from whatever shard files exist (benchmarks/ranking.py --table).
+
+Per algorithm, at its chosen learning rate (benchmarks/ranking.py: chosen on the selection shards' training reward):
+each seed's final validation reward; their mean ± 95 % interval; the paired difference from Flow-GRPO over the seeds
+both have (same seeds, prompts and validation images) and a rank from paired comparisons (a range where they do not
+separate: ranking_stats.rank_paired); the compute at which its mean validation curve first reaches Flow-GRPO's final
+mean, as a fraction of the budget, with a paired bootstrap interval over seeds; and, where a wall-clock ratio was
+measured (ranking_wallclock.py), the reward at Flow-GRPO's wall-clock: the curve read at budget / ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning import ROOT, curves_figure, write_json  # noqa: E402
+from ranking_stats import band, compute_to_match, interval, paired_difference, rank_label, rank_paired  # noqa: E402
+
+REFERENCE = "flow_grpo"
+
+
+def load_shards(out: Path) -> list[dict]:
+    """The shard files under `out`, in shard order; every one must have been made with the same settings."""
+    shards = [json.loads(p.read_text()) for p in sorted(out.glob("shard_*.json"), key=lambda p: int(p.stem[6:]))]
+    for shard in shards[1:]:
+        if shard["settings"] != shards[0]["settings"]:
+            sys.exit(f"{out}/shard_{shard['shard']}.json was made with other settings than shard_{shards[0]['shard']}"
+                     ".json: they cannot be pooled")  # fmt: skip
+    return shards
+
+
+def choose_lr(by_lr: dict[float, list[dict]]) -> tuple[float | None, dict[str, float | None]]:
+    """The rate whose runs have the highest mean selection_reward (training reward over each run's last third;
+    validation is never read), and each rate's mean. Rates without a finished run are not candidates."""
+    means = {}
+    for lr, runs in by_lr.items():
+        values = [r["selection_reward"] for r in runs if r.get("selection_reward") is not None]
+        means[f"{lr:.3g}"] = sum(values) / len(values) if values else None
+    candidates = [lr for lr in by_lr if means[f"{lr:.3g}"] is not None]
+    return (max(candidates, key=lambda lr: means[f"{lr:.3g}"]) if candidates else None), means
+
+
+def choices(shards: list[dict]) -> dict[str, dict]:
+    """algorithm → {chosen_lr, selection_reward_by_lr} from the selection shards (chosen_lr None until all exist)."""
+    select = shards[0]["settings"]["select_seeds"] if shards else []
+    done = [s for s in shards if s["shard"] in select]
+    runs = [r for s in done for r in s["runs"]]
+    out = {}
+    for name in sorted({r["algorithm"] for r in runs}):
+        by_lr = {}
+        for r in runs:
+            if r["algorithm"] == name:
+                by_lr.setdefault(r["lr"], []).append(r)
+        chosen, means = choose_lr(by_lr)
+        out[name] = {"chosen_lr": chosen if len(done) == len(select) else None, "selection_reward_by_lr": means}
+    return out
+
+
+def grid_of(shards: list[dict]) -> list[float]:
+    return [0.0, *shards[0]["settings"]["val_fractions"], 1.0]
+
+
+def on_grid(run: dict, grid: list[float]) -> list[float]:
+    """A run's validation curve (x: fraction of the budget) interpolated linearly at the grid's fractions. The last
+    point, the end of the run, is at the budget: its overshoot of less than one step counts as the budget (else a
+    run would read below its own final reward at 1)."""
+    xs = [c["fraction"] for c in run["curve"][:-1]] + [grid[-1]]
+    return np.interp(grid, xs, [c["val_reward"] for c in run["curve"]]).tolist()
+
+
+def summarise(shards: list[dict], wallclock: dict | None = None) -> dict:
+    """The table's numbers: per algorithm its seeds' finals and curves at its chosen rate, and the statistics."""
+    chosen = choices(shards)
+    grid = grid_of(shards) if shards else []
+    finals, curves, failed = {}, {}, {}
+    for shard in shards:
+        for r in shard["runs"]:
+            name = r["algorithm"]
+            if chosen.get(name, {}).get("chosen_lr") != r["lr"]:
+                continue
+            if "error" in r:
+                failed.setdefault(name, []).append({"seed": r["seed"], "error": r["error"]})
+                continue
+            finals.setdefault(name, {})[r["seed"]] = r["val_reward_end"]
+            curves.setdefault(name, {})[r["seed"]] = on_grid(r, grid)
+    ranks = rank_paired(finals)
+    reference = finals.get(REFERENCE, {})
+    ratios = (wallclock or {}).get("seconds_per_flop_vs_flow_grpo", {})
+    algorithms = {}
+    for name in sorted(chosen):
+        seeds = finals.get(name, {})
+        result = {**chosen[name], "seeds": sorted(seeds), "final_val_reward": [seeds[s] for s in sorted(seeds)],
+                  "interval": interval(list(seeds.values())), "failed": failed.get(name, [])}  # fmt: skip
+        if seeds:
+            ys = [curves[name][s] for s in sorted(seeds)]
+            result["band"] = [{"fraction": x, **interval([y[i] for y in ys])} for i, x in enumerate(grid)]
+            result["paired_vs_flow_grpo"] = paired_difference(seeds, reference)
+            result["compute_to_match"] = compute_to_match(curves[name], reference, grid)
+            result["rank"] = ranks[name]
+            if name in ratios:
+                result["equal_wallclock"] = at_equal_wallclock(curves[name], grid, ratios[name])
+        algorithms[name] = result
+    kept = ("shard", "phase", "machine", "cpu_seconds", "wall_seconds", "finished")
+    return {"grid": grid, "algorithms": algorithms, "wallclock": wallclock,
+            "shards": [{k: s[k] for k in kept} for s in shards]}  # fmt: skip
+
+
+def at_equal_wallclock(curves: dict[int, list[float]], grid: list[float], ratio: float) -> dict:
+    """The reward after Flow-GRPO's wall-clock: an algorithm `ratio` × slower per FLOP gets budget / ratio of compute;
+    its seeds' curves read there (interval over seeds). Past the budget (ratio < 1) the curve is not measured."""
+    fraction = 1.0 / ratio
+    if fraction > grid[-1]:
+        return {"fraction": fraction, "mean": None, "half_width": None, "note": "more compute than the budget"}
+    return {"fraction": fraction, **band([list(zip(grid, ys)) for ys in curves.values()], [fraction])[0]}
+
+
+def markdown(summary: dict) -> list[str]:
+    """The ranked table (by the paired difference from Flow-GRPO) and the algorithms that have no result yet."""
+    algorithms = summary["algorithms"]
+    lines = ["| rank | algorithm | lr | final val reward, mean ± 95 % CI | − Flow-GRPO, paired, mean ± 95 % CI | seeds "
+             "| compute to reach Flow-GRPO's final (× budget, 95 % CI) | reward at Flow-GRPO's wall-clock |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def pm(iv: dict, signed: bool = False) -> str:
+        if iv.get("mean") is None:
+            return "–"
+        mean = f"{iv['mean']:+.4f}" if signed else f"{iv['mean']:.4f}"
+        return mean if iv.get("half_width") is None else f"{mean} ± {iv['half_width']:.4f}"
+
+    ranked = sorted((n for n, a in algorithms.items() if "rank" in a), key=lambda n: algorithms[n]["rank"]["rank"])
+    for name in ranked:
+        a = algorithms[name]
+        c = a["compute_to_match"]
+        match = "not reached" if c["value"] is None else f"{c['value']:.2f}"
+        if c.get("low") is not None:
+            match += f" ({c['low']:.2f}–{c['high']:.2f})".replace("inf", "∞")
+        wall = a.get("equal_wallclock")
+        wall = "not measured" if wall is None else (pm(wall) if wall["mean"] is not None else wall["note"])
+        paired = pm(a["paired_vs_flow_grpo"], signed=True)
+        seeds = str(a["interval"]["n"]) + (f" ({len(a['failed'])} failed)" if a["failed"] else "")
+        lines.append(f"| {rank_label(a['rank'])} | {name} | {a['chosen_lr']:.3g} | {pm(a['interval'])} | {paired} | "
+                     f"{seeds} | {match} | {wall} |")  # fmt: skip
+    for name, a in algorithms.items():
+        if name not in ranked:
+            state = "rate not chosen yet" if a["chosen_lr"] is None else "no finished run at its rate"
+            tried = ", ".join(f"{lr}: {v:.4f}" for lr, v in a["selection_reward_by_lr"].items() if v is not None)
+            lines.append(f"| – | {name} | | {state} (training reward by rate so far: {tried or '–'}) | | | | |")
+    return lines
+
+
+def plot(summary: dict, out_png: Path) -> None:
+    """Each algorithm's validation curve against compute: the mean over seeds and its 95 % band."""
+
+    def draw(ax) -> None:
+        for name, a in summary["algorithms"].items():
+            points = a.get("band") or []
+            if not points:
+                continue
+            xs = [p["fraction"] for p in points]
+            (line,) = ax.plot(xs, [p["mean"] for p in points], marker="o", markersize=3,
+                              label=f"{name} (lr {a['chosen_lr']:.3g})")  # fmt: skip
+            if all(p["low"] is not None for p in points):
+                ax.fill_between(xs, [p["low"] for p in points], [p["high"] for p in points], color=line.get_color(),
+                                alpha=0.12)  # fmt: skip
+
+    curves_figure(draw, out_png, "shapes_geneval", "shapes", "mean over seeds and 95 % band, each at its chosen lr",
+                  xlabel="training compute (fraction of the budget: Flow-GRPO's 3 quiet minutes)")  # fmt: skip
+
+
+def write_table(out: Path, append_results: bool = False) -> dict:
+    """Recompute the table from `out`'s shard files (and wallclock.json when measured); write ranking.json and .png,
+    print the markdown; with append_results add it to benchmarks/RESULTS.md."""
+    shards = load_shards(out)
+    if not shards:
+        sys.exit(f"no shard files under {out}: run `python benchmarks/ranking.py --shard 0` first")
+    wall_file = out / "wallclock.json"
+    summary = summarise(shards, json.loads(wall_file.read_text()) if wall_file.is_file() else None)
+    summary["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_json(out / "ranking.json", summary)
+    plot(summary, out / "ranking.png")
+    lines = markdown(summary)
+    cpu = sum(s["cpu_seconds"] for s in shards)
+    lines += ["", f"Shards: {', '.join(str(s['shard']) for s in shards)}; CPU time {cpu / 3600:.2f} h; machines: "
+              + "; ".join(sorted({f"{s['machine']['cpu']} (AMX: {s['machine']['amx']})" for s in shards}))]  # fmt: skip
+    print("\n".join(lines))
+    if append_results:
+        with open(ROOT / "benchmarks/RESULTS.md", "a") as f:
+            f.write(f"\n### Ranking table ({summary['date'][:10]}; `python benchmarks/ranking.py --table`)\n\n")
+            f.write("\n".join(lines) + "\n\n![mean validation reward against compute](results/ranking/ranking.png)\n")
+    return summary

@@ -1,0 +1,183 @@
+"""The ranking at equal compute (benchmarks/ranking.py): the FLOP budget, shards that resume, the plan, the table."""
+
+import json
+
+import pytest
+
+SMALL = ["--set", "data.prompts_per_step=1", "--set", "data.group_size=2", "--set", "sampling.num_steps=3",
+         "--set", "val.num_steps=2", "--val-n", "1", "--val-n-subset", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ranking(load_benchmark):
+    return load_benchmark("ranking")
+
+
+@pytest.fixture(scope="module")
+def table(load_benchmark):
+    return load_benchmark("ranking_table")
+
+
+def bench(ranking, model, out, *argv):
+    return ranking.Benchmark(ranking.parse_args(["--shard", "0", "--model", str(model), "--out-dir", str(out),
+                                                 *SMALL, *argv]))  # fmt: skip
+
+
+def test_two_algorithms_given_the_same_budget_count_the_same_flops_within_one_step(ranking, shapes_model, tmp_path):
+    from diffusion_rl.trainer import make_trainer
+
+    b = bench(ranking, shapes_model, tmp_path, "--only", "flow_grpo,nft")
+    budget = 2.5 * b.step_flops("flow_grpo", 1)[0]  # two and a half of Flow-GRPO's steps
+    point = lambda step, n: {"step": step, "val_reward": float(n), "se": 0.0}  # noqa: E731 (reward: samples asked)
+    results = {}
+    for name in ("flow_grpo", "nft"):
+        cfg = ranking.build_config(b.configs[name][0], tmp_path / name, b.namespace(0, []), b.model_dir, b.info)
+        results[name] = ranking.run_for_flops(make_trainer(cfg), budget, point, point(0, 0), fractions=(0.5,))
+    fg, nft = results["flow_grpo"], results["nft"]
+    assert fg["steps"] == 3  # 2.5 steps' worth: the third step reaches it
+    assert nft["flops_per_step"]["mean"] < fg["flops_per_step"]["mean"]  # no CFG: cheaper steps, more of them
+    assert nft["steps"] > fg["steps"]
+    for r in results.values():
+        assert r["flops"] >= budget > r["flops"] - r["flops_per_step"]["last"]  # the first step that reaches it
+        assert [c["val_reward"] for c in r["curve"]] == [0.0, 4.0, 14.0]  # base, the subset (4) past ½, full (14) end
+        assert r["curve"][1]["fraction"] >= 0.5 and r["curve"][-1]["fraction"] >= 1.0
+    assert abs(fg["flops"] - nft["flops"]) <= max(fg["flops_per_step"]["last"], nft["flops_per_step"]["last"])
+
+
+def test_a_shard_resumes_its_kept_runs_and_refuses_other_settings(ranking, table, shapes_model, tmp_path, monkeypatch):
+    argv = ["--shard", "0", "--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo,nft",
+            "--lrs", "x1", "--budget-flops", "3e10", *SMALL]  # fmt: skip
+    real, calls = ranking.Benchmark.run_one, []
+
+    def interrupted(self, s, name, lr):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stopped in the shard's second run
+        return real(self, s, name, lr)
+
+    monkeypatch.setattr(ranking.Benchmark, "run_one", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ranking.main(argv)
+    assert [p.name for p in (tmp_path / "runs/shard_0").glob("*_lr*.json")] == ["flow_grpo_lr3e-05.json"]
+    kept = tmp_path / "runs/shard_0/flow_grpo_lr3e-05.json"
+    record = json.loads(kept.read_text())
+    kept.write_text(json.dumps({**record, "base_model_sha256": "another"}))
+    with pytest.raises(SystemExit, match="made from another base model"):
+        ranking.main(argv)
+    kept.write_text(json.dumps(record))
+    monkeypatch.setattr(ranking.Benchmark, "run_one", lambda self, s, name, lr: (calls.append(name), real(self, s,
+                                                                                 name, lr))[1])  # fmt: skip
+    ranking.main(argv)
+    assert calls == ["flow_grpo", "nft", "nft"]  # resumed: the kept run did not run again
+    shard = json.loads((tmp_path / "shard_0.json").read_text())
+    assert not (tmp_path / "runs/shard_0").exists()
+    assert [r["algorithm"] for r in shard["runs"]] == ["flow_grpo", "nft"]
+    assert len(shard["base_validation"]) == 2  # NFT validates without CFG: its own base validation
+    for r in shard["runs"]:
+        assert r["flops"] >= 3e10 > r["flops"] - r["flops_per_step"]["last"]
+        assert r["curve"][0]["shared"] and r["curve"][0]["images"] == r["curve"][-1]["images"] == 78
+        assert r["curve"][0]["val_reward"] == shard["base_validation"][r["validation"]]["val_reward"]
+    assert shard["machine"]["cpu"] and isinstance(shard["machine"]["amx"], bool) and shard["cpu_seconds"] > 0
+    assert len({r["base_model_sha256"] for r in shard["runs"]}) == 1
+    with pytest.raises(SystemExit, match="budget_flops differ"):
+        ranking.main(["4e10" if a == "3e10" else a for a in argv])
+    with pytest.raises(SystemExit, match="finish the selection shards 0, 1 first"):
+        ranking.main(["--shard", "2", *argv[2:]])
+    rows = table.markdown(table.summarise(table.load_shards(tmp_path)))
+    assert "rate not chosen yet" in rows[-1]  # one selection shard of two: no rate, no rank
+
+
+def test_the_plan_lists_the_shards_their_runs_and_compute(ranking, shapes_model, tmp_path, capsys):
+    ranking.main(["--plan", "--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo,dpo_offline",
+                  "--shards", "3"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("budget per run: 1.99e+13 FLOPs") and "2028 images" in lines[0]  # 3 × 312 + 1,092
+    assert "shard 0 (select, seed 0): 3 runs, 3 to do, 5.97e+13 training FLOPs, 6084 validation images" in lines
+    assert "shard 2 (report, seed 2): 1 runs, 1 to do, 1.99e+13 training FLOPs, 2028 validation images" in lines
+    assert sum("lr chosen on shards 0+1" in line for line in lines) == 1
+    assert any(line.startswith("skipped: dpo_offline: a pair dataset config") for line in lines)
+    assert lines[-1] == "7 runs to do: 1.393e+14 training FLOPs"
+    assert not (tmp_path / "settings.json").exists()  # a plan writes nothing
+
+
+def test_the_budget_is_flow_grpo_s_quiet_three_minutes(ranking):
+    assert ranking.BUDGET_FLOPS == 186 * 106_983_550_976 == pytest.approx(1.98989e13, rel=1e-5)
+
+
+def test_parse_lrs_and_the_rate_is_chosen_on_training_reward_never_validation(ranking, table):
+    assert ranking.parse_lrs("/3,x1,x3", 3e-5) == [1e-5, 3e-5, 9e-5]
+    assert ranking.parse_lrs("x1,2e-4", 1e-3) == [1e-3, 2e-4]
+    by_lr = {  # 1e-4 trains better, 1e-5 validates better: the choice reads training reward only
+        1e-5: [{"selection_reward": 0.40, "val_reward_end": 0.9}, {"selection_reward": 0.42, "val_reward_end": 0.9}],
+        1e-4: [{"selection_reward": 0.50, "val_reward_end": 0.1}, {"selection_reward": 0.46, "val_reward_end": 0.1}],
+        1e-3: [{"error": "diverged"}],
+    }
+    chosen, means = table.choose_lr(by_lr)
+    assert chosen == 1e-4
+    assert means == {"1e-05": pytest.approx(0.41), "0.0001": pytest.approx(0.48), "0.001": None}
+
+
+def run(name, lr, seed, selection, curve):
+    return {"algorithm": name, "lr": lr, "seed": seed, "selection_reward": selection,
+            "curve": [{"fraction": f, "val_reward": v} for f, v in curve], "val_reward_end": curve[-1][1]}  # fmt: skip
+
+
+def shard(s, runs):
+    settings = {"select_seeds": [0, 1], "val_fractions": [0.5], "budget_flops": 1.0}
+    return {"shard": s, "phase": "select" if s < 2 else "report", "settings": settings, "runs": runs,
+            "machine": {"cpu": "AMD EPYC", "amx": False}, "cpu_seconds": 3600.0, "wall_seconds": 1.0,
+            "finished": "2026-11-26"}  # fmt: skip
+
+
+def test_the_table_from_shard_files_by_hand(table, tmp_path):
+    """Flow-GRPO chooses 3e-5, NFT 1e-5 (training reward); finals over seeds 0–2: Flow-GRPO 0.50, 0.60, 0.55, NFT
+    0.55, 0.62, 0.60: paired differences 0.05, 0.02, 0.05 → +0.04 ± 4.3027 · 0.01."""
+    fg = {0: (0.40, 0.45, 0.50), 1: (0.40, 0.50, 0.60), 2: (0.40, 0.50, 0.55)}  # base, ½ budget, end
+    nft = {0: (0.40, 0.50, 0.55), 1: (0.40, 0.56, 0.62), 2: (0.40, 0.54, 0.60)}
+    grid = (0.0, 0.5, 1.01)  # the end overshoots the budget by part of a step
+
+    def runs(s):
+        out = [run("flow_grpo", 3e-5, s, 0.5, list(zip(grid, fg[s]))),
+               run("nft", 1e-5, s, 0.6, list(zip(grid, nft[s])))]
+        if s < 2:  # the selection shards also ran the other rates, which lose on training reward
+            out += [run("flow_grpo", 1e-5, s, 0.3, list(zip(grid, (0.4, 0.9, 0.9)))),
+                    {"algorithm": "nft", "lr": 3e-5, "seed": s, "error": "RuntimeError: diverged"}]  # fmt: skip
+        return out
+
+    for s in range(3):
+        (tmp_path / f"shard_{s}.json").write_text(json.dumps(shard(s, runs(s))))
+    (tmp_path / "wallclock.json").write_text(json.dumps({"seconds_per_flop_vs_flow_grpo": {"flow_grpo": 1.0,
+                                                                                          "nft": 2.0}}))  # fmt: skip
+    summary = table.write_table(tmp_path)
+    a = summary["algorithms"]
+    assert (a["flow_grpo"]["chosen_lr"], a["nft"]["chosen_lr"]) == (3e-5, 1e-5)
+    assert a["nft"]["final_val_reward"] == [0.55, 0.62, 0.60]
+    d = a["nft"]["paired_vs_flow_grpo"]
+    assert (d["mean"], d["half_width"]) == (pytest.approx(0.04), pytest.approx(0.043027, abs=1e-5))
+    assert a["flow_grpo"]["paired_vs_flow_grpo"]["mean"] == 0.0
+    # NFT's mean curve: 0.4, 0.53333 at ½, 0.59 at the end (at 1.01 of the budget: the end counts as the budget).
+    # Flow-GRPO's final mean 0.55 is reached at 0.5 + (0.55 − 0.53333) / (0.59 − 0.53333) · 0.5 = 0.64706
+    assert a["nft"]["band"][2]["mean"] == pytest.approx(0.59)
+    assert a["nft"]["compute_to_match"]["value"] == pytest.approx(0.5 + (0.55 - 0.5333333) / (0.59 - 0.5333333) / 2)
+    # twice Flow-GRPO's seconds per FLOP: at its wall-clock NFT has half the budget, its mean there 0.53333
+    assert a["nft"]["equal_wallclock"]["mean"] == pytest.approx(0.5333333)
+    assert (a["nft"]["rank"]["best_rank"], a["nft"]["rank"]["worst_rank"]) == (1, 2)  # 0.04 ± 0.043: not separated
+    assert a["nft"]["failed"] == []  # the diverged 3e-5 run is not at NFT's chosen rate
+    rows = table.markdown(summary)
+    assert rows[2].startswith("| 1–2 | nft | 1e-05 | 0.5900 ± ") and "+0.0400 ± 0.0430" in rows[2]
+    assert "| 0.65 (" in rows[2] and (tmp_path / "ranking.png").stat().st_size > 1000
+    assert "| 3 | 1.00 (1.00–1.00) |" in rows[3]  # Flow-GRPO reaches its own final mean at the budget, every seed
+    (tmp_path / "shard_2.json").write_text(json.dumps({**shard(2, runs(2)), "settings": {"other": 1}}))
+    with pytest.raises(SystemExit, match="other settings"):
+        table.load_shards(tmp_path)
+
+
+def test_the_wallclock_ratio_runs_the_algorithms_in_turns(ranking, shapes_model, tmp_path):
+    b = bench(ranking, shapes_model, tmp_path, "--only", "flow_grpo,nft")
+    from ranking_wallclock import measure
+
+    result = measure(b, rounds=2, steps_per_turn=1)
+    assert result["seconds_per_flop_vs_flow_grpo"]["flow_grpo"] == 1.0
+    assert result["seconds_per_flop_vs_flow_grpo"]["nft"] > 0
+    assert [t["steps"] for t in result["totals"].values()] == [2, 2]
+    assert json.loads((tmp_path / "wallclock.json").read_text())["rounds"] == 2
