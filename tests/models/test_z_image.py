@@ -86,24 +86,25 @@ def test_text_padding_and_batch_neighbours_do_not_change_a_prompts_velocity(z_im
 
 
 def test_lora_adapter_loads_with_diffusers_and_gives_identical_images(z_image_model_dir, load, train_model, tmp_path):
-    trainer = train_model(z_image_model_dir, f"run.dir={tmp_path / 'run'}", "model.lora.enabled=true",
-                          "model.lora.rank=4", "model.lora.alpha=8", "train.total_steps=1", "train.lr=1e-2")  # fmt: skip
+    overrides = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "train.total_steps=1"]
+    trainer = train_model(z_image_model_dir, f"run.dir={tmp_path / 'run'}", *overrides, "train.lr=1e-2")
     trainer.train()
     trained = trainer.engine.model
     adapter = tmp_path / "run" / "checkpoints" / "step_000001" / "adapter"
     settings = SamplerSettings(num_steps=3, guidance=1.0, height=32, width=32)
     prompts = ["a red cube", "a blue ball"]
 
-    def images(model):
+    def sample(model):
         cond = model.encode_prompts(prompts)
-        return rollout(model, cond, settings, None, init_seeds=[0, 1], noise_seeds=[0, 1],
-                       ids=anonymous_ids(prompts)).final_latents  # fmt: skip
+        traj = rollout(model, cond, settings, None, init_seeds=[0, 1], noise_seeds=[0, 1], ids=anonymous_ids(prompts))
+        return traj.final_latents, traj.images
 
     fresh = load(z_image_model_dir)
-    base = images(fresh)
+    base, _ = sample(fresh)
     fresh.pipeline.load_lora_weights(adapter)  # diffusers' own loader, alpha/rank from the file's metadata
-    assert (images(trained) - base).abs().max() > 1e-4  # the step moved the policy
-    assert torch.equal(images(fresh), images(trained))  # difference 0
+    (latents, images), (trained_latents, trained_images) = sample(fresh), sample(trained)
+    assert (trained_latents - base).abs().max() > 1e-4  # the step moved the policy
+    assert torch.equal(latents, trained_latents) and torch.equal(images, trained_images)  # difference 0
 
 
 def test_init_tiny_and_doctor(tmp_path, capsys):
