@@ -121,3 +121,10 @@ def test_init_tiny_and_doctor(tmp_path, capsys):
         assert f"  {component} " in text
     assert "trainable" in text and "activations (micro-batch)" in text
     assert out.is_file() and out.stat().st_size > 0
+
+
+def test_sigma_schedule_is_the_pipelines_shift_3_grid(z_image_model_dir, load):
+    model = load(z_image_model_dir)
+    by_hand = torch.tensor([3 * u / (1 + 2 * u) for u in (1 - k / 8 for k in range(8))] + [0.0])
+    assert torch.allclose(model.sigma_schedule(8, 32, 32), by_hand, atol=1e-6)
+    assert torch.equal(model.sigma_schedule(8, 32, 32), model.sigma_schedule(8, 1024, 1024))  # no dynamic shift
