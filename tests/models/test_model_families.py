@@ -9,11 +9,11 @@ from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, recompute_step, rollout
 from diffusion_rl.sampling.window import default_window
 
-FAMILIES = ["sd3", "flux", "flux_schnell", "qwen_image", "wan", "wan_ti2v"]
-FAMILY_OF = {"sd3": "sd3", "flux": "flux", "flux_schnell": "flux", "qwen_image": "qwen_image", "wan": "wan",
-             "wan_ti2v": "wan"}  # fmt: skip
+FAMILIES = ["sd3", "flux", "flux_schnell", "qwen_image", "z_image", "wan", "wan_ti2v"]
+FAMILY_OF = {"sd3": "sd3", "flux": "flux", "flux_schnell": "flux", "qwen_image": "qwen_image", "z_image": "z_image",
+             "wan": "wan", "wan_ti2v": "wan"}  # fmt: skip
 FRAMES = {"wan": 5, "wan_ti2v": 5}  # the video families sample 5 frames (2 latent frames); images 1
-GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image and wan; the guidance embedding for flux (dev)
+GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image, z_image and wan; the guidance embedding for flux (dev)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
