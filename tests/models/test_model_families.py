@@ -106,7 +106,7 @@ def test_one_flow_grpo_update_moves_the_trained_weights_only(family_dirs, load, 
     assert (velocity_of(model, GUIDANCE) - v_base).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("name", ["flux", "qwen_image", "wan"])
+@pytest.mark.parametrize("name", ["flux", "qwen_image", "z_image", "wan"])
 def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, load, name):
     grads = []
     for checkpointing in (False, True):
@@ -129,7 +129,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, load, name
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["flux", "qwen_image", "wan"])
+@pytest.mark.parametrize("name", ["flux", "qwen_image", "z_image", "wan"])
 def test_bf16_weights_give_fp32_velocities_and_fp32_lora(family_dirs, load, name):
     model = load(family_dirs[name], lora=True, dtype="bf16")
     for component in (model.pipeline.transformer, model.pipeline.text_encoder):  # (Wan keeps its norms in fp32)

@@ -128,3 +128,14 @@ def test_sigma_schedule_is_the_pipelines_shift_3_grid(z_image_model_dir, load):
     by_hand = torch.tensor([3 * u / (1 + 2 * u) for u in (1 - k / 8 for k in range(8))] + [0.0])
     assert torch.allclose(model.sigma_schedule(8, 32, 32), by_hand, atol=1e-6)
     assert torch.equal(model.sigma_schedule(8, 32, 32), model.sigma_schedule(8, 1024, 1024))  # no dynamic shift
+
+
+def test_lora_preset_adapts_attention_and_feed_forward_of_every_block_only(z_image_model_dir, load):
+    model = load(z_image_model_dir, lora=True)
+    trained = {n for n, p in model.policies.trained.named_parameters() if p.requires_grad}
+    for block in ("noise_refiner.0", "context_refiner.0", "layers.0"):
+        for part in ("attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0",
+                     "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):  # fmt: skip
+            assert any(f"{block}.{part}.lora_A" in n for n in trained), f"{block}.{part}"
+    frozen = ("all_x_embedder", "all_final_layer", "cap_embedder", "t_embedder", "adaLN_modulation")
+    assert not any(part in n for n in trained for part in frozen)
