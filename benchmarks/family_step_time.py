@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EDITS = ROOT / "configs/prompts/shapes_edits"
 FAMILIES = {  # family → overrides of configs/quickstart.yaml beyond the shared ones
     "sd3": [],
+    "z_image": [],
     "wan": ["sampling.num_frames=9"],
     "qwen_image_edit": [f"data.train={EDITS / 'train.jsonl'}", "model.max_sequence_length=256"],
     "flux_kontext": [f"data.train={EDITS / 'train.jsonl'}", "sampling.guidance=3.5"],
