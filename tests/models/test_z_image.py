@@ -75,7 +75,7 @@ def test_text_padding_and_batch_neighbours_do_not_change_a_prompts_velocity(z_im
     short = model.encode_prompts(["a cat"], [""])
     assert short["prompt_embeds"].shape[1] == model.max_sequence_length == 16
     assert 0 < short["prompt_embeds_mask"].sum() < 16 and not short["prompt_embeds_mask"][0, -1]
-    rows = model.pipeline._encode_prompt(["a cat"], max_sequence_length=16)  # the pipeline's embeddings
+    rows, _ = model.pipeline.encode_prompt(["a cat"], do_classifier_free_guidance=False, max_sequence_length=16)
     assert torch.equal(short["prompt_embeds"][0][short["prompt_embeds_mask"][0]], rows[0])
     both = model.encode_prompts(["a cat", "a lighthouse at dusk above a stormy sea with gulls"], ["", ""])
     assert both["prompt_embeds_mask"][1].all()  # the long prompt is cut at max_sequence_length, as the pipeline does

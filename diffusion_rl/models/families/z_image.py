@@ -42,8 +42,9 @@ class ZImageModel(SD3Model):
         return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
 
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        rows = self.pipeline._encode_prompt(list(texts), device=self.device,
-                                            max_sequence_length=self.max_sequence_length)  # fmt: skip
+        # a copy: the pipeline writes the chat-templated prompts back into the list it is given
+        rows, _ = self.pipeline.encode_prompt(list(texts), device=self.device, do_classifier_free_guidance=False,
+                                              max_sequence_length=self.max_sequence_length)  # fmt: skip
         embeds = rows[0].new_zeros(len(rows), self.max_sequence_length, rows[0].shape[-1])
         mask = torch.zeros(len(rows), self.max_sequence_length, dtype=torch.bool, device=embeds.device)
         for i, row in enumerate(rows):  # the pipeline cut each row at max_sequence_length tokens
