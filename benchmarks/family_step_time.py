@@ -34,6 +34,7 @@ EDITS = ROOT / "configs/prompts/shapes_edits"
 FAMILIES = {  # family → overrides of configs/quickstart.yaml beyond the shared ones
     "sd3": [],
     "flux2": ["sampling.guidance=1"],  # FLUX.2-klein: step-distilled, CFG-free
+    "z_image": [],
     "wan": ["sampling.num_frames=9"],
     "qwen_image_edit": [f"data.train={EDITS / 'train.jsonl'}", "model.max_sequence_length=256"],
     "flux_kontext": [f"data.train={EDITS / 'train.jsonl'}", "sampling.guidance=3.5"],

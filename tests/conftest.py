@@ -112,3 +112,9 @@ def train_argv(tiny_model_dir, tmp_path):
         return ["train", quickstart, *fast_overrides(tiny_model_dir, tmp_path / "run"), *overrides]
 
     return argv
+
+
+@pytest.fixture(scope="session")
+def z_image_model_dir(tmp_path_factory):
+    """A tiny Z-Image(-Turbo)-format model (Qwen3 text encoder, ZImageTransformer2DModel, FLUX.1's VAE layout)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_z_image"), "z_image", "small", seed=0)

@@ -233,7 +233,7 @@ def test_every_ready_config_estimates_without_weights(config, monkeypatch, tmp_p
     cfg = load(str(ROOT / "configs" / config))
     arch = architecture_for(cfg.model)
     if arch.name in shipped():
-        for key in ("num_layers", "num_single_layers"):
+        for key in ("num_layers", "num_single_layers", "n_layers"):
             if key in arch.transformer_config:
                 arch.transformer_config[key] = 1
         arch.transformer_config.pop("dual_attention_layers", None)
@@ -250,6 +250,19 @@ def test_a_full_size_shipped_transformer_builds_on_meta_without_memory():
     params = sum(p.numel() for p in module.parameters())
     assert 20.3e9 < params < 20.6e9  # Qwen-Image's 20B transformer
     assert all(p.device.type == "meta" for p in module.parameters())
+
+
+def test_shipped_z_image_turbo_is_its_6b_transformer_and_qwen3_4b():
+    from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_inputs
+
+    arch = from_shipped("Z-Image-Turbo")
+    module = build_on_meta(arch.transformer_class, arch.transformer_config)
+    assert 6.1e9 < sum(p.numel() for p in module.parameters()) < 6.2e9  # the model card's 6B
+    (qwen3,) = arch.text_encoders  # Qwen3-4B's card: 4.0B parameters, 3.6B without the embeddings
+    assert 3.6e9 < qwen3.params < 3.65e9 and 4.0e9 < qwen3.weight_params < 4.05e9
+    inputs = transformer_inputs(arch, Shapes(batch=2, height=512, width=512, frames=1, text=100), torch.bfloat16)
+    assert len(inputs["x"]) == 2 and inputs["x"][0].shape == (16, 1, 64, 64)  # one [C, F, H/8, W/8] per row
+    assert inputs["cap_feats"][0].shape == (100, 2560)
 
 
 def test_a_model_directory_gives_the_same_architecture_as_its_tiny_preset(tiny_model_dir):

@@ -11,7 +11,8 @@ from diffusion_rl.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 READY = ["sd35_ocr_lora.yaml", "sd35_pickscore_fast.yaml", "flux_pickscore_lora.yaml", "qwen_image_ocr_lora.yaml",
          "wan21_t2v_1_3b_ocr_lora.yaml", "wan22_ti2v_5b_dance_lora.yaml", "qwen_image_edit_2509_lora.yaml",
-         "flux_kontext_counting_lora.yaml", "flux2_klein_pickscore_lora.yaml"]  # fmt: skip
+         "flux_kontext_counting_lora.yaml", "flux2_klein_pickscore_lora.yaml",
+         "z_image_turbo_pickscore_lora.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", READY)
@@ -126,3 +127,17 @@ def test_flux2_klein_preset_adds_noise_below_sigma_next_and_keeps_the_last_step_
         assert cps <= sigma_next  # cps re-noises within the marginal's own noise σ_next
         if j > 0:  # Flow-GRPO's sde adds more noise in one step than x at σ_next holds in all (σ_next)
             assert sde > sigma_next
+
+
+def test_z_image_turbo_few_step_preset_keeps_its_window_in_the_high_noise_steps():
+    from diffusion_rl.config import load
+
+    turbo = load(str(ROOT / "configs/z_image_turbo_pickscore_lora.yaml"))
+    s, w = turbo.sampling, turbo.sampling.window
+    assert (s.num_steps, s.guidance, turbo.val.num_steps, turbo.val.guidance) == (8, 1.0, 8, 1.0)  # CFG-free
+    assert (s.sde_type, s.noise_level, w.kind, w.size, w.lo, w.hi) == ("cps", 0.8, "random", 2, 0, 4)
+    # Turbo's grid by hand: σ = 3u / (1 + 2u) for u = 1, 7/8, …, 1/8 (shift 3), then 0
+    sigmas = [3 * u / (1 + 2 * u) for u in (1 - k / 8 for k in range(8))] + [0.0]
+    # a window of `size` steps starts in [lo, hi − size]: it covers steps lo … hi − 1, σ 1 … 0.83
+    assert min(sigmas[j] for j in range(w.lo, w.hi)) > 0.8  # only the steps that set the layout are stochastic
+    assert sigmas[w.hi] == 0.75 and sigmas[6] == 0.5  # the distilled refinement steps stay deterministic

@@ -24,7 +24,7 @@ class TextEncoder:
     """A text encoder's shape: enough for its parameter count and its FLOPs per token (matmuls + attention)."""
 
     name: str
-    kind: str  # clip, t5, qwen2_5_vl, qwen3
+    kind: str  # clip, t5, qwen2_5_vl, qwen3 (Qwen2 / Qwen2.5-VL / Qwen3 decoders alike)
     layers: int
     hidden: int
     ffn: int
@@ -66,7 +66,7 @@ class TextEncoder:
 
 
 def text_encoder_of(name: str, config: dict) -> TextEncoder:
-    """A TextEncoder from a transformers config dict (CLIP text, T5 / UMT5 encoder, Qwen2.5-VL)."""
+    """A TextEncoder from a transformers config dict (CLIP text, T5 / UMT5 encoder, Qwen2.5-VL, Qwen3)."""
     kind = config.get("model_type", "")
     if kind.startswith("clip"):
         h, positions = config["hidden_size"], config.get("max_position_embeddings", CLIP_TOKENS)
@@ -77,7 +77,7 @@ def text_encoder_of(name: str, config: dict) -> TextEncoder:
         gated = str(config.get("feed_forward_proj", "")).startswith("gated")
         return TextEncoder(name, "t5", config["num_layers"], config["d_model"], config["d_ff"], q, q, gated,
                            config["vocab_size"])  # fmt: skip
-    if kind.startswith("qwen2") or kind == "qwen3":  # qwen3: FLUX.2-klein's, a causal LM without a vision tower
+    if kind.startswith("qwen2") or kind == "qwen3":  # Qwen3 (FLUX.2-klein, Z-Image): the same gated decoder
         text = config.get("text_config") or config
         h, heads = text["hidden_size"], text["num_attention_heads"]
         head_dim = text.get("head_dim") or h // heads

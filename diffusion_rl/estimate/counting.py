@@ -72,20 +72,31 @@ def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=t
     with FlopCounterMode(display=False) as forward, torch.no_grad():
         module(**inputs)
     if not full_finetune:  # the gradient reaches the adapters through the activations
-        inputs["hidden_states"].requires_grad_(True)
+        for latents in _latent_inputs(inputs):
+            latents.requires_grad_(True)
     tokens = _tokens(inputs)
     with FlopCounterMode(display=False) as train, count_saved_tensors(tokens) as saved:
         out = module(**inputs)[0]
+        out = torch.stack(out) if isinstance(out, list) else out  # Z-Image answers with a list of rows
         out.float().sum().backward()
     blocks = sum(len(m) for name, m in module.named_children() if isinstance(m, torch.nn.ModuleList))
-    width = arch.transformer_config.get("num_attention_heads", 1) * arch.transformer_config.get("attention_head_dim", 1)
+    c = arch.transformer_config
+    width = c.get("dim") or c.get("num_attention_heads", 1) * c.get("attention_head_dim", 1)
     return TransformerCost(float(forward.get_total_flops()), float(train.get_total_flops()), saved[0], params,
                            max(blocks, 1), s.batch * tokens * width * torch.finfo(dtype).bits // 8)  # fmt: skip
 
 
+def _latent_inputs(inputs: dict) -> list[torch.Tensor]:
+    """The latent inputs: `hidden_states` [B, …], or Z-Image's list `x` of rows [C, F, H, W]."""
+    return [inputs["hidden_states"]] if "hidden_states" in inputs else list(inputs["x"])
+
+
 def _tokens(inputs: dict) -> int:
     """Tokens per row the transformer's blocks carry (image + text)."""
-    x, text = inputs["hidden_states"], inputs["encoder_hidden_states"].shape[1]
+    if "hidden_states" in inputs:
+        x, text = inputs["hidden_states"], inputs["encoder_hidden_states"].shape[1]
+    else:  # Z-Image: one [C, F, H, W] latent and one [L, D] caption per row
+        x, text = inputs["x"][0][None], inputs["cap_feats"][0].shape[0]
     if x.dim() == 3:
         return x.shape[1] + text
     spatial = x.shape[2:]  # [C, (F,) H, W] with a 2×2 (Wan: 1×2×2) patch

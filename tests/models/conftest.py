@@ -41,14 +41,16 @@ def edit_dirs(qwen_image_edit_model_dir, qwen_image_edit_2511_model_dir, flux_ko
 
 @pytest.fixture
 def family_dirs(tiny_model_dir, flux_model_dir, flux_schnell_model_dir, flux2_model_dir, qwen_image_model_dir,
-                wan_model_dir, wan_ti2v_model_dir):  # fmt: skip
-    """name → tiny model directory of every family (sd3, flux, flux_schnell, flux2, qwen_image, wan, wan_ti2v)."""
+                z_image_model_dir, wan_model_dir, wan_ti2v_model_dir):  # fmt: skip
+    """name → tiny model directory of every family (sd3, flux, flux_schnell, flux2, qwen_image, z_image, wan,
+    wan_ti2v)."""
     return {
         "sd3": tiny_model_dir,
         "flux": flux_model_dir,
         "flux_schnell": flux_schnell_model_dir,
         "flux2": flux2_model_dir,
         "qwen_image": qwen_image_model_dir,
+        "z_image": z_image_model_dir,
         "wan": wan_model_dir,
         "wan_ti2v": wan_ti2v_model_dir,
     }

@@ -32,10 +32,10 @@ def sd3(tiny_model_dir):
     return _load(tiny_model_dir)
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "qwen_image", "wan"])
+@pytest.mark.parametrize("family", ["sd3", "flux", "qwen_image", "z_image", "wan"])
 def test_cached_conditioning_equals_the_fresh_one_bit_for_bit(family, request, tmp_path):
     fixture = {"sd3": "tiny_model_dir", "flux": "flux_model_dir", "qwen_image": "qwen_image_model_dir",
-               "wan": "wan_model_dir"}[family]  # fmt: skip
+               "z_image": "z_image_model_dir", "wan": "wan_model_dir"}[family]  # fmt: skip
     path = request.getfixturevalue(fixture)
     fresh, cached = _load(path), _load(path, text_encoders=False)
     assert cached.pipeline.text_encoder is None  # loaded when the empty cache needs them, released after

@@ -46,7 +46,7 @@ def test_checkpoint_adapter_loads_with_diffusers_load_lora_weights(
     assert torch.allclose(v_loaded, v_trained, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["sd3", "flux", "qwen_image"])
+@pytest.mark.parametrize("name", ["sd3", "flux", "qwen_image", "z_image"])
 def test_export_merge_writes_a_model_that_loads_and_matches_the_trained_policy(
     family_dirs, load, train_model, velocity_of, tmp_path, name
 ):

@@ -9,11 +9,11 @@ from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, recompute_step, rollout
 from diffusion_rl.sampling.window import default_window
 
-FAMILIES = ["sd3", "flux", "flux_schnell", "flux2", "qwen_image", "wan", "wan_ti2v"]
+FAMILIES = ["sd3", "flux", "flux_schnell", "flux2", "qwen_image", "z_image", "wan", "wan_ti2v"]
 FAMILY_OF = {"sd3": "sd3", "flux": "flux", "flux_schnell": "flux", "flux2": "flux2", "qwen_image": "qwen_image",
-             "wan": "wan", "wan_ti2v": "wan"}  # fmt: skip
+             "z_image": "z_image", "wan": "wan", "wan_ti2v": "wan"}  # fmt: skip
 FRAMES = {"wan": 5, "wan_ti2v": 5}  # the video families sample 5 frames (2 latent frames); images 1
-GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image and wan; the guidance embedding for flux (dev); klein: ignored
+GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image, z_image and wan; the guidance embedding for flux (dev); klein: ignored
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -106,7 +106,7 @@ def test_one_flow_grpo_update_moves_the_trained_weights_only(family_dirs, load, 
     assert (velocity_of(model, GUIDANCE) - v_base).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("name", ["flux", "flux2", "qwen_image", "wan"])
+@pytest.mark.parametrize("name", ["flux", "flux2", "qwen_image", "z_image", "wan"])
 def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, load, name):
     grads = []
     for checkpointing in (False, True):
@@ -129,7 +129,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, load, name
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["flux", "flux2", "qwen_image", "wan"])
+@pytest.mark.parametrize("name", ["flux", "flux2", "qwen_image", "z_image", "wan"])
 def test_bf16_weights_give_fp32_velocities_and_fp32_lora(family_dirs, load, name):
     model = load(family_dirs[name], lora=True, dtype="bf16")
     for component in (model.pipeline.transformer, model.pipeline.text_encoder):  # (Wan keeps its norms in fp32)
