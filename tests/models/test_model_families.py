@@ -13,7 +13,7 @@ FAMILIES = ["sd3", "flux", "flux_schnell", "flux2", "qwen_image", "z_image", "wa
 FAMILY_OF = {"sd3": "sd3", "flux": "flux", "flux_schnell": "flux", "flux2": "flux2", "qwen_image": "qwen_image",
              "z_image": "z_image", "wan": "wan", "wan_ti2v": "wan"}  # fmt: skip
 FRAMES = {"wan": 5, "wan_ti2v": 5}  # the video families sample 5 frames (2 latent frames); images 1
-GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image, z_image and wan; the guidance embedding for flux (dev); klein: ignored
+GUIDANCE = 4.0  # CFG for sd3, schnell, qwen_image, z_image, wan; the guidance embedding for flux (dev); klein: ignored
 
 
 @pytest.mark.parametrize("name", FAMILIES)
