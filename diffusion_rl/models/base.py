@@ -59,6 +59,20 @@ def _with_frozen_on_device(method, part: str):
     return call
 
 
+# Every attention projection of a joint (MM-DiT) block, image and text streams: the LoRA targets SD3, FLUX.1/2 and
+# Qwen-Image share (flow_grpo's SD3 set); each family adds its feed-forwards to them.
+JOINT_ATTENTION_LORA_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+)
+
+
 class FlowModel(ABC):
     """A flow-matching model of images or videos: text encoders, a trainable transformer (`policies`), a VAE.
 

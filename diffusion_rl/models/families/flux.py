@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.models.base import (
+    JOINT_ATTENTION_LORA_TARGETS,
     as_sigma_batch,
     images_to_uint8,
     on_meta,
@@ -37,14 +38,7 @@ logger = logging.getLogger(__name__)
 # Attention of both streams (the single blocks' to_q/k/v match too), the double blocks' feed-forwards and the
 # single blocks' MLP input. Not `proj_out`: the name also matches the model's final output layer.
 FLUX_LORA_TARGETS = (
-    "attn.to_q",
-    "attn.to_k",
-    "attn.to_v",
-    "attn.to_out.0",
-    "attn.add_q_proj",
-    "attn.add_k_proj",
-    "attn.add_v_proj",
-    "attn.to_add_out",
+    *JOINT_ATTENTION_LORA_TARGETS,
     "ff.net.0.proj",
     "ff.net.2",
     "ff_context.net.0.proj",

@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.models.base import (
+    JOINT_ATTENTION_LORA_TARGETS,
     as_sigma_batch,
     images_to_uint8,
     on_meta,
@@ -39,14 +40,7 @@ logger = logging.getLogger(__name__)
 # Both streams' attention and feed-forwards of the double blocks, and the single blocks' fused QKV+MLP input. Not
 # the single blocks' `attn.to_out`: a suffix that also names the double blocks' `attn.to_out` ModuleList.
 FLUX2_LORA_TARGETS = (
-    "attn.to_q",
-    "attn.to_k",
-    "attn.to_v",
-    "attn.to_out.0",
-    "attn.add_q_proj",
-    "attn.add_k_proj",
-    "attn.add_v_proj",
-    "attn.to_add_out",
+    *JOINT_ATTENTION_LORA_TARGETS,
     "ff.linear_in",
     "ff.linear_out",
     "ff_context.linear_in",

@@ -19,6 +19,7 @@ from tensordict import TensorDict
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import (
+    JOINT_ATTENTION_LORA_TARGETS,
     as_sigma_batch,
     images_to_uint8,
     on_meta,
@@ -31,14 +32,7 @@ from diffusion_rl.models.registry import ModelFamily, register_family
 
 # verl-omni's Qwen-Image LoRA targets: attention of both streams and both streams' MLPs
 QWEN_IMAGE_LORA_TARGETS = (
-    "attn.to_q",
-    "attn.to_k",
-    "attn.to_v",
-    "attn.to_out.0",
-    "attn.add_q_proj",
-    "attn.add_k_proj",
-    "attn.add_v_proj",
-    "attn.to_add_out",
+    *JOINT_ATTENTION_LORA_TARGETS,
     "img_mlp.net.0.proj",
     "img_mlp.net.2",
     "txt_mlp.net.0.proj",

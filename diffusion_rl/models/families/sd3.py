@@ -6,6 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.models.base import (
+    JOINT_ATTENTION_LORA_TARGETS,
     FlowModel,
     as_sigma_batch,
     images_to_uint8,
@@ -17,16 +18,7 @@ from diffusion_rl.models.base import (
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # flow_grpo's SD3 targets: every attention projection of the joint blocks, image and text streams
-SD3_LORA_TARGETS = (
-    "attn.to_q",
-    "attn.to_k",
-    "attn.to_v",
-    "attn.to_out.0",
-    "attn.add_q_proj",
-    "attn.add_k_proj",
-    "attn.add_v_proj",
-    "attn.to_add_out",
-)
+SD3_LORA_TARGETS = (*JOINT_ATTENTION_LORA_TARGETS,)
 
 
 class SD3Model(FlowModel):
