@@ -32,7 +32,7 @@ TINY_PRESET = "small"  # the tiny pipeline that lends its scheduler, tokenizers 
 def text_shapes(arch: Architecture, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
     """What the family's `_encode_texts` gives per text: name → shape (without the batch). A bool entry is a mask."""
     c, family = arch.transformer_config, arch.family
-    tokens = arch.text_tokens(max_sequence_length, prompt_tokens)
+    tokens = family_named(family).adapter.text_tokens(arch, max_sequence_length, prompt_tokens)
     # SD3: the CLIPs' 77 tokens (padded to T5's width), then T5's, and the CLIPs' pooled outputs; FLUX.1: T5's tokens
     # and CLIP-L's pooled output
     if family in ("sd3", "flux", "flux_kontext"):

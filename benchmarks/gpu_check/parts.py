@@ -151,7 +151,7 @@ def run_config(ctx: Context, run: ModelRun, extra: list[str], rows: int | None =
         f"data.train={ROOT / 'configs/prompts/quickstart.txt'}", "data.prompts_per_step=1", f"data.group_size={rows}",
         "rewards=[{name: jpeg_compressibility}]", "val.prompts=null", "val.every=0", "val.before_train=false",
         "train.save_every=0", "log.tensorboard=false", "log.console_every=0", "log.progress_bar=false",
-        "engine.kind=local", "engine.num_threads=0", *extra,
+        "engine.kind=local", "engine.num_threads=null", *extra,
     ]  # fmt: skip
     return load(ROOT / "configs" / run.config, overrides)
 
