@@ -91,8 +91,9 @@ def test_load_model_rejects_an_unsupported_pipeline_and_lists_the_supported(tmp_
     with pytest.raises(UserError, match="StableDiffusionXLPipeline") as info:
         load_model(ModelConfig(path=str(tmp_path), device="cpu"))
     supported = (
-        "supported: FluxPipeline (flux), FluxKontextPipeline (flux_kontext), QwenImagePipeline (qwen_image), "
-        "QwenImageEditPlusPipeline (qwen_image_edit), StableDiffusion3Pipeline (sd3), WanPipeline (wan)"
+        "supported: FluxPipeline (flux), Flux2KleinPipeline (flux2), FluxKontextPipeline (flux_kontext), "
+        "QwenImagePipeline (qwen_image), QwenImageEditPlusPipeline (qwen_image_edit), StableDiffusion3Pipeline (sd3), "
+        "WanPipeline (wan), ZImagePipeline (z_image)"
     )
     assert supported in str(info.value)
 
