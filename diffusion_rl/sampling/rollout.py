@@ -158,12 +158,12 @@ def rollout(
     device = x.device
     steps = {}
     if window is not None:
-        step_index = torch.tensor(index, device=device)
+        step_index = torch.tensor(index)  # on the CPU, where the schedule `sigmas` lives
         steps = {key: in_order(torch.stack(ts, dim=1)) for key, ts in history.items()}
         steps.update(
             sigmas=sigmas[step_index].to(device).expand(B, -1).clone(),
             sigmas_next=sigmas[step_index + 1].to(device).expand(B, -1).clone(),
-            step_index=step_index.expand(B, -1).clone(),
+            step_index=step_index.to(device).expand(B, -1).clone(),
         )
     # transformer forwards per image: a tree's shared nodes split among their leaves
     forwards = evaluations * model.forwards_per_evaluation(settings.guidance) / N / R
