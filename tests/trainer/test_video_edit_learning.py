@@ -5,8 +5,8 @@ Measured gains of the fixed-seed validation reward for run.seed 0, 1, 2: video (
 (lr 1e-2 overshoots: −1.7 % for seed 0). Edit (12 steps, lr 2e-3, half of each sample's steps trained): the
 rollouts' shapes_edit, last 4 steps over the first 4, +0.107/+0.132/+0.061 (2026-11-26, AMD EPYC without AMX; the
 curves, and the old rewards' beside them, in benchmarks/RESULTS.md). The earlier 24 steps at lr 1e-3 with every step
-trained gave +0.179/+0.030/−0.005 (last 6 over first 6) on that CPU for 2.9× the CPU time (178.8 vs 61.2 CPU s for the whole test; it
-took 90 s, over the 45 s an end-to-end test may take).
+trained gave +0.179/+0.030/−0.005 (last 6 over first 6) on that CPU for 2.9× the CPU time (178.8 vs 61.2 CPU s for
+the whole test; it took 90 s, over the 45 s an end-to-end test may take).
 """
 
 from __future__ import annotations
