@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, LossSettings
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import Range, check, opt
 
 __all__ = [
     "ClippedLossSettings",
@@ -57,23 +57,19 @@ class PolicyLossInput:
 class PolicyLossSettings(LossSettings):
     """Settings every policy-gradient loss has; a loss's own settings subclass this."""
 
-    kl_beta: float = opt(0.0, "Weight of the KL to the reference policy's step (0 = off: no reference forward).")
-
-    def __post_init__(self):
-        check(self.kl_beta >= 0, f"kl_beta must be ≥ 0, got {self.kl_beta}")
+    kl_beta: float = opt(
+        0.0, "Weight of the KL to the reference policy's step (0 = off: no reference forward).", within=Range(0, 1e4)
+    )
 
 
 @dataclass
 class ClippedLossSettings(PolicyLossSettings):
     """Settings of a PPO-clip loss (the clip range's default is Flow-GRPO's; a loss may set its own)."""
 
-    clip_range: float = opt(1e-4, "PPO ratio clip range (Flow-GRPO's 1e-4).")
-    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this inside the loss.")
-
-    def __post_init__(self):
-        super().__post_init__()
-        check(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}")
-        check(self.adv_clip_max > 0, f"adv_clip_max must be > 0, got {self.adv_clip_max}")
+    clip_range: float = opt(1e-4, "PPO ratio clip range (Flow-GRPO's 1e-4).", within=Range(0, 100, lo_open=True))
+    adv_clip_max: float = opt(
+        5.0, "Advantages are clamped to ±this inside the loss.", within=Range(0, 1000, lo_open=True)
+    )
 
 
 def require_exact_anchor_means(sampling, loss: str, use: str) -> None:

@@ -38,17 +38,15 @@ from diffusion_rl.algorithms.losses.base import (
     require_exact_anchor_means,
 )
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import Range, opt
 
 
 @dataclass
 class FlowDppoSettings(PolicyLossSettings):
-    kl_mask_threshold: float = opt(1e-5, "Mask a sample moving further when its KL to the rollout step ≥ this.")
+    kl_mask_threshold: float = opt(
+        1e-5, "Mask a sample moving further when its KL to the rollout step ≥ this.", within=Range(0, 1e6)
+    )
     add_kl_coefficient: bool = opt(True, "Divide the mean gap by 2(std·√dt)² (false: by 2).")
-
-    def __post_init__(self):
-        super().__post_init__()
-        check(self.kl_mask_threshold >= 0, f"kl_mask_threshold must be ≥ 0, got {self.kl_mask_threshold}")
 
     def check_config(self, algorithm, sampling) -> None:
         require_exact_anchor_means(sampling, "flow_dppo", "its KL to the rollout step, against kl_mask_threshold")

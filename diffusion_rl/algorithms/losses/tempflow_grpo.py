@@ -42,22 +42,20 @@ from diffusion_rl.algorithms.losses.base import (
     ratio_metrics,
 )
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import Range, check, opt
 
 
 @dataclass
 class TempflowGrpoSettings(ClippedLossSettings):
     noise_aware: bool = opt(True, "Weight the policy term by the step's noise std σ·√dt (times noise_weight_scale).")
-    noise_weight_scale: float = opt(2.25, "The constant of the noise-aware weight (the authors' code: 2.25).")
+    noise_weight_scale: float = opt(
+        2.25, "The constant of the noise-aware weight (the authors' code: 2.25).", within=Range(0, 1000, lo_open=True)
+    )
     require_branching: bool = opt(
         True,
         "Refuse configs that do not branch (a window of one step, share_initial_noise on); false: train any "
         "window with the noise-aware weight, the advantage then credits every window step alike.",
     )
-
-    def __post_init__(self):
-        super().__post_init__()
-        check(self.noise_weight_scale > 0, f"noise_weight_scale must be > 0, got {self.noise_weight_scale}")
 
     def check_config(self, algorithm, sampling) -> None:
         if not self.require_branching:
