@@ -2,9 +2,9 @@
 its first frame: the reward is the image-to-video quickstart's frame-0 `source_preservation` against the condition
 image (ShapesWorld scenes), the validation reward's gain averaged over run.seed 0, 1, 2.
 
-Measured gains (2026-11-26, AMD EPYC without AMX, load ~9; 8 steps of 2 prompts × 4 at lr 1e-2): Flow-GRPO
-+0.023 / +0.029 / +0.027, DiffusionNFT +0.032 / +0.026 / +0.011 of a reward near 0.5 (~55 s wall, ~20 s of CPU each
-at that load).
+Measured gains (2026-11-26, AMD EPYC without AMX, load ~8; 5 steps of 2 prompts × 4 at lr 1e-2): Flow-GRPO
++0.015 / +0.016 / +0.017 (32 s for the three runs), DiffusionNFT +0.024 / +0.019 / +0.004 (43 s), of a reward near
+0.47; with 8 steps +0.023 / +0.029 / +0.027 and +0.032 / +0.026 / +0.011.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EDITS = ROOT / "configs/prompts/shapes_edits"
 CONFIGS = {"flow_grpo": "quickstart.yaml", "nft": "quickstart_nft.yaml"}
 REDUCED = ("model.family=wan_i2v", "sampling.num_frames=5", "sampling.guidance=4.5", "data.prompts_per_step=2",
-           "data.group_size=4", "train.total_steps=8", "train.lr=1e-2", "val.before_train=true", "val.every=1000",
+           "data.group_size=4", "train.total_steps=5", "train.lr=1e-2", "val.before_train=true", "val.every=1000",
            "val.n=2", f"data.train={EDITS / 'train.jsonl'}", f"val.prompts={EDITS / 'val.jsonl'}",
            "rewards.0.name=source_preservation", "rewards.0.frames=first")  # fmt: skip
 
