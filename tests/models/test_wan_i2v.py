@@ -5,6 +5,7 @@ refuses, LoRA export to diffusers, doctor and estimate."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["the circle rolls left", "a square falls"]
 FIRST = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)  # one first frame per row
 ROWS = [[FIRST[0]], [FIRST[1]]]
+
+
+@pytest.fixture
+def weights_of():
+    return lambda trainer: trainer.engine.model.policies.trainable_state_dict()  # detached copies
 
 
 def test_init_tiny_writes_a_wan21_i2v_that_loads_back_bit_identical(tmp_path, load):
@@ -102,6 +108,19 @@ def test_ti2v_gives_the_first_frame_timestep_zero_and_a_weight_free_velocity(wan
     assert timestep[:, :4].eq(0).all() and torch.allclose(timestep[:, 4:], torch.tensor(600.0))
     assert torch.equal(hidden[:, :, :1], c) and torch.equal(hidden[:, :, 1:], x[:, :, 1:])
     assert torch.allclose(v[:, :, :1], (x[:, :, :1] - c) / 0.6)  # clean estimate x − σ·v is the condition
+
+
+def test_ti2v_trains_from_its_wan_pipeline_checkpoint(wan_ti2v_model_dir, train_model, weights_of, tmp_path):
+    edits = ROOT / "configs/prompts/shapes_edits"
+    trainer = train_model(wan_ti2v_model_dir, f"run.dir={tmp_path / 'run'}", "model.family=wan_i2v",
+                          "train.total_steps=1", "train.lr=1e-2", "sampling.num_frames=5",
+                          f"data.train={edits / 'train.jsonl'}", f"val.prompts={edits / 'val.jsonl'}")  # fmt: skip
+    before = weights_of(trainer)
+    (row,) = trainer.train()
+    after = weights_of(trainer)
+    assert trainer.engine.model.family == "wan_i2v" and math.isfinite(row["loss"])
+    assert row["train/logp_diff_max"] < 1e-4  # the update replays the rollout's steps, first frame included
+    assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
 def test_what_the_family_refuses(wan_i2v_model_dir, wan_model_dir, wan_ti2v_model_dir, load):

@@ -146,8 +146,8 @@ class WanI2VModel(WanModel):
         per_token = timestep[:, None].repeat(1, x.shape[2] * frame_tokens)  # [B, L]: the first frame's at 0
         per_token[:, :frame_tokens] = 0
         v = self.guided_forward(torch.cat([c.to(self.dtype), x[:, :, 1:]], dim=2), per_token, cond, guidance)
-        v[:, :, :1] = (latents[:, :, :1].float() - c.float()) / sigma_B.view(B, 1, 1, 1, 1)
-        return v
+        first = (latents[:, :, :1].float() - c.float()) / sigma_B.view(B, 1, 1, 1, 1)
+        return torch.cat([first, v[:, :, 1:]], dim=2)  # not in place: v may be what autograd saved
 
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
