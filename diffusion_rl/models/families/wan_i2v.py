@@ -61,9 +61,8 @@ class WanI2VModel(WanModel):
         self.latent_channels = int(self.vae.config.z_dim)
         self.replaces_first_frame = bool(self.pipeline.config.get("expand_timesteps", False))  # Wan 2.2 TI2V
         self.reads_image_tokens = config.image_dim is not None  # Wan 2.1 I2V's CLIP image tokens
-        wanted = self.latent_channels * (1 if self.replaces_first_frame else 2) + (
-            0 if self.replaces_first_frame else MASK_CHANNELS
-        )
+        c = self.latent_channels
+        wanted = c if self.replaces_first_frame else 2 * c + MASK_CHANNELS
         if config.in_channels != wanted:
             raise UserError(
                 f"this Wan transformer reads {config.in_channels} channels, not the {wanted} of image-to-video with "

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diffusion_rl.models.families.wan_i2v import MASK_CHANNELS
 from diffusion_rl.models.tiny.wan import TinyWanSpec
 from diffusion_rl.models.tiny.wan import build as build_text_to_video
-
-MASK_CHANNELS = 4  # Wan 2.1 I2V's first-frame mask: one channel per frame the VAE folds into a latent frame
 
 
 @dataclass(frozen=True)
