@@ -2,9 +2,10 @@
 
 Each family's `base` tiny model, full fine-tuning, Flow-GRPO (10 SDE steps, 9 trained), 2 prompts × group 4 at
 32 × 32 px, JPEG compressibility (frame-wise for video), micro-batches of 8: the quickstart's step. Wan samples 9
-frames (3 latent frames); the edit families edit a ShapesWorld source (configs/prompts/shapes_edits). Per family:
-the median over the measured steps of `timing/generate`, `timing/update` and `timing/step`, after warm-up steps,
-the families taking turns so a change of machine load hits each alike. The load average is recorded with them.
+frames (3 latent frames; image-to-video from a ShapesWorld first frame); the edit families edit a ShapesWorld source
+(configs/prompts/shapes_edits). Per family: the median over the measured steps of `timing/generate`, `timing/update`
+and `timing/step`, after warm-up steps, the families taking turns so a change of machine load hits each alike. The
+load average is recorded with them.
 
     python benchmarks/family_step_time.py [--steps 4] [--warmup 1]
 Writes benchmarks/results/family_step_time.json.
@@ -36,6 +37,7 @@ FAMILIES = {  # family → overrides of configs/quickstart.yaml beyond the share
     "flux2": ["sampling.guidance=1"],  # FLUX.2-klein: step-distilled, CFG-free
     "z_image": [],
     "wan": ["sampling.num_frames=9"],
+    "wan_i2v": ["sampling.num_frames=9", f"data.train={EDITS / 'train.jsonl'}"],  # a ShapesWorld scene as frame 0
     "qwen_image_edit": [f"data.train={EDITS / 'train.jsonl'}", "model.max_sequence_length=256"],
     "flux_kontext": [f"data.train={EDITS / 'train.jsonl'}", "sampling.guidance=3.5"],
 }

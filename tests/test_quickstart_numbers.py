@@ -40,7 +40,8 @@ FIXTURE = ROOT / "tests/fixtures/quickstart_numbers.json"
 QUICKSTARTS = sorted(p.name for p in (ROOT / "configs").glob("quickstart*.yaml"))
 RAY_WORKERS = {"quickstart.yaml": 2, "quickstart_nft.yaml": 1}  # 2: the metrics reduced over workers
 CASES = [f"local:{name}" for name in QUICKSTARTS] + [f"ray:{name}" for name in RAY_WORKERS]
-FAMILY = {"quickstart_edit.yaml": "flux_kontext", "quickstart_video.yaml": "wan"}  # the rest: sd3
+# the quickstarts not on sd3
+FAMILY = {"quickstart_edit.yaml": "flux_kontext", "quickstart_video.yaml": "wan", "quickstart_i2v.yaml": "wan_i2v"}
 STEPS = 3
 THREADS = 2
 SKIP = ("timing/", "perf/", "driver/", "sync/")
@@ -74,7 +75,8 @@ def make_models(root: Path) -> dict[str, Path]:
     """The tiny models of tests/conftest.py (small presets, seed 0)."""
     from diffusion_rl.models.tiny import save_tiny
 
-    return {family: save_tiny(root / family, family, "small", seed=0) for family in ("sd3", "wan", "flux_kontext")}
+    families = ("sd3", "wan", "flux_kontext", "wan_i2v")
+    return {family: save_tiny(root / family, family, "small", seed=0) for family in families}
 
 
 def pair_file(folder: Path, n: int = 4) -> Path:

@@ -307,9 +307,12 @@ def single_frame(family: str, frames: int) -> None:
 def refuse_condition_images(family: str, images: ConditionImages | None) -> None:
     """A text-only family's check of `encode_prompts(images=...)`: condition images need an editing family."""
     if images is not None and any(len(row) for row in images):
+        from diffusion_rl.models.registry import load_families
+
+        readers = ", ".join(name for name, f in load_families().items() if f.adapter.edits)
         raise UserError(
-            f"the {family} family takes no condition images; prompts with images need an editing family "
-            "(qwen_image_edit, flux_kontext)"
+            f"the {family} family takes no condition images; prompts with images need a family that reads them "
+            f"({readers})"
         )
 
 

@@ -83,6 +83,8 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     prompt-embedding cache may need none; `load_text_encoders` adds them later)."""
     path = Path(cfg.path).expanduser()
     detected = detect_family(path)  # also fails early and clearly on a bad directory
+    if cfg.family not in ("auto", detected) and family_named(detected).pipeline in family_named(cfg.family).loads_also:
+        detected = cfg.family  # a checkpoint two families read (models/registry.py: loads_also); the user chose
     if cfg.family not in ("auto", detected):
         raise UserError(
             f"model.family={cfg.family} but {path / 'model_index.json'} holds a {detected} pipeline; "

@@ -29,6 +29,9 @@ class ModelFamily:
     # how a pipeline of the family is written (tiny models, merged exports) when save_pretrained alone would not
     # lay it out as a real checkpoint; None: save_pretrained
     save: Callable[[object, Path], None] | None = None
+    # pipeline classes of other families whose directories this family also loads when model.family names it (Wan
+    # 2.2 TI2V-5B's WanPipeline checkpoint is an image-to-video model too)
+    loads_also: tuple[str, ...] = ()
 
 
 FAMILIES: Registry[ModelFamily] = Registry("model family", plugins=("diffusion_rl.models.families",))
