@@ -31,7 +31,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "diffusion_rl"
 LEFT_OUT = ("models/", "data/", "config/", "registry.py", "settings.py", "utils/", "guard/", "trainer/timing.py",
-            "engine/flops.py", "engine/parallel.py", "sampling/window.py", "sampling/ode.py", "sampling/trajectory.py")  # fmt: skip
+            "engine/flops.py", "engine/parallel.py", "sampling/window.py", "sampling/ode.py",
+            "sampling/trajectory.py")  # fmt: skip
 REWARDS_KEPT = ("rewards/combine.py",)
 
 
