@@ -2,7 +2,8 @@
 
 A loss is registered once, in its own file, with `register_loss`: its name, its settings (a dataclass next to it,
 read from the config's `algorithm.<name>` section), the `Algorithm` class that runs it, and its constraints. The
-engine's update loop (engine/update_loop.py) is the same for every algorithm; an `Algorithm` supplies only
+engine's update loop (`PolicyWorker.update`, engine/worker.py) is the same for every algorithm; an `Algorithm`
+supplies only
 
 - on the driver, `prepare`: the step's scores → `Targets`, the O(B) numbers the update needs (advantages, pairs);
 - on the worker that holds the rollout: `attach` (the named policies it keeps), `begin` (the batch → its own
@@ -76,19 +77,6 @@ class LossSettings:
 
     def check_config(self, algorithm: AlgorithmConfig, sampling: SamplingConfig) -> None:
         """Refuse settings of the algorithm and sampling sections that this loss cannot work with (ValueError)."""
-
-
-def pad_units(units, size: int):
-    """`units` padded to `size` with weight-0 copies of its first unit (engine workers must all take the same
-    forward and backward passes; a padding unit computes like a real one and trains nothing)."""
-    missing = size - units.batch_size[0]
-    if missing <= 0:
-        return units
-    if units.batch_size[0] == 0:
-        raise ValueError(f"cannot pad an update with no unit to {size}: the engine must give every worker a unit")
-    extra = units[torch.zeros(missing, dtype=torch.long, device=units.device)].clone()
-    extra.weight = torch.zeros_like(extra.weight)
-    return torch.cat([units, extra])
 
 
 def minibatch_rows(units: int, minibatches: int, m: int) -> torch.Tensor:

@@ -8,6 +8,16 @@ for training calls); `sample_images` is what every other caller uses (validation
 `prepare pairs`, pretraining checks): encode the prompts and roll out in chunks, each sample from its own seeds, so
 an image never depends on the chunk it was drawn in.
 `recompute_step` replays one recorded step under the current weights (the policy-gradient update).
+
+Storage in a half type (`sampling.latents_dtype`: half the memory of the kept window's `latents` [B, W+1, …] and
+`means` [B, W, …]; log-probs, stds and sigmas stay fp32): rounding only what is stored would make the update's
+recomputed log-prob differ from the rollout's even on-policy. So inside the SDE window the sample itself is the
+rounded one: x_j is rounded before the window step's velocity, the drawn x_{j+1} is rounded, and the recorded
+log-prob is that of the rounded x_{j+1} (`stored_step`). The update then replays the rollout exactly (ratio 1
+on-policy); the samples differ from fp32 storage's by that rounding (a relative 2⁻⁹ for bf16, 2⁻¹² for fp16, far below
+the step's noise). The stored means are rounded copies of fp32 means: grpo_guard's drift term and flow_dppo's KL mask
+read them at the scale of the step noise, where bf16's rounding is about their thresholds, so those losses refuse
+bf16 and take fp16 (algorithms/policy_gradient.py: `require_exact_anchor_means`).
 """
 
 from __future__ import annotations
@@ -20,11 +30,11 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
-from diffusion_rl.sampling.sde import StepOutput, get_step
-from diffusion_rl.sampling.storage import rounded, storage_dtype, stored_step
+from diffusion_rl.sampling.sde import Generators, StepOutput, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.tree import TreeSpec
 from diffusion_rl.sampling.window import SdeWindow, step_types
+from diffusion_rl.utils.dtypes import DTYPES
 from diffusion_rl.utils.seeding import make_generator, seed_for
 
 if TYPE_CHECKING:
@@ -42,17 +52,18 @@ class SamplerSettings:
     frames: int = 1  # video frames per sample (a video family); 1 for images
     ode_solver: str = "euler"  # how the steps outside the SDE window integrate the ODE (sampling/ode.py)
     tree: TreeSpec | None = None  # training rollouts sampled as trees (sampling/tree.py); None: flat
-    latents_dtype: str = "fp32"  # how the window's latents and means are stored (sampling/storage.py)
+    latents_dtype: str = "fp32"  # how the window's latents and means are stored (module docstring)
 
     def __post_init__(self):
         if self.ode_solver not in ODE_SOLVERS:
             raise ValueError(f"unknown ODE solver '{self.ode_solver}'; known: {', '.join(ODE_SOLVERS)}")
-        storage_dtype(self.latents_dtype)
+        if self.latents_dtype not in DTYPES:
+            raise ValueError(f"unknown latents dtype '{self.latents_dtype}'; known: {', '.join(DTYPES)}")
 
     @property
     def storage(self) -> torch.dtype:
         """The dtype of the stored window latents and means."""
-        return storage_dtype(self.latents_dtype)
+        return DTYPES[self.latents_dtype]
 
     @classmethod
     def of(cls, sampling) -> SamplerSettings:
@@ -79,6 +90,23 @@ def anonymous_ids(prompts: Sequence[str]) -> SampleIds:
     rows = torch.arange(len(prompts))
     return SampleIds(sample_index=rows, group_index=rows.clone(), prompt=list(prompts),
                      policy_version=torch.zeros_like(rows), batch_size=[len(prompts)])  # fmt: skip
+
+
+def rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as its storage dtype would hold it, in fp32 (x itself when the storage is fp32)."""
+    return x if dtype == torch.float32 else x.to(dtype).float()
+
+
+def stored_step(kind: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float, noise_level: float,
+                generators: Generators, dtype: torch.dtype) -> StepOutput:  # fmt: skip
+    """One SDE window step whose drawn sample is the one storage keeps: x_{j+1} rounded to `dtype`, with the
+    log-prob of that rounded sample (x, the step's input, must already be rounded). fp32: the plain step."""
+    step = get_step(kind)
+    out = step(x, v, sigma, sigma_next, noise_level, generator=generators)
+    if dtype == torch.float32:
+        return out
+    # the noise is drawn once above; this call only scores the rounded sample under the same Gaussian
+    return step(x, v, sigma, sigma_next, noise_level, prev_sample=rounded(out.prev_sample, dtype))
 
 
 @torch.no_grad()

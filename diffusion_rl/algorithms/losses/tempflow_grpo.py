@@ -24,7 +24,7 @@ out and leaves the early, exploratory steps the larger share. The paper weights 
 of github.com/Shredded-Pork/TempFlow-GRPO). The weight is a property of the step: no gradient flows through it.
 It multiplies the policy term only, not the KL term, as the authors' code does.
 
-Metrics: policy_loss, kl_ref, the ratio metrics of losses/base.py `ratio_metrics`, and tempflow/noise_weight (the
+Metrics: policy_loss, kl_ref, the ratio metrics of policy_gradient.py `ratio_metrics`, and tempflow/noise_weight (the
 mean of w_i).
 """
 
@@ -33,15 +33,15 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import (
+from diffusion_rl.algorithms.policy_gradient import (
     ClippedLossSettings,
+    PolicyGradient,
     PolicyLossInput,
     clipped_surrogate,
     kl_to_reference,
     policy_loss_output,
     ratio_metrics,
 )
-from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.settings import check, opt
 
 
