@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 from tensordict import tensorclass
 
-from diffusion_rl.algorithms.advantages import GroupNorm
 from diffusion_rl.algorithms.base import (
     Algorithm,
+    GroupNorm,
     LossOutput,
     LossSettings,
     Targets,

@@ -42,8 +42,7 @@ from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.placement import check_layout_fits, place_units
 from diffusion_rl.engine.ray_cluster import ActorGroup, DriverTraffic, WorkerDied, bundles, ensure_ray
-from diffusion_rl.engine.rollout_worker import IO_GROUP, RolloutWorker
-from diffusion_rl.engine.sharded_worker import ShardedWorker
+from diffusion_rl.engine.sharded_worker import IO_GROUP, RolloutWorker, ShardedWorker
 from diffusion_rl.engine.worker import UpdatePlan, health_problem, reduce_metrics
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Generated

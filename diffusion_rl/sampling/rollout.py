@@ -32,10 +32,10 @@ from tensordict import TensorDict
 from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
 from diffusion_rl.sampling.sde import Generators, StepOutput, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
-from diffusion_rl.sampling.tree import TreeSpec
+from diffusion_rl.sampling.tree import TreeNodes, TreeSpec
 from diffusion_rl.sampling.window import SdeWindow, step_types
 from diffusion_rl.utils.dtypes import DTYPES
-from diffusion_rl.utils.seeding import make_generator, seed_for
+from diffusion_rl.utils.seeding import generator_of, seed_for
 
 if TYPE_CHECKING:
     from diffusion_rl.models.base import ConditionImages, FlowModel
@@ -73,15 +73,10 @@ class SamplerSettings:
                    s.ode_solver, TreeSpec.of(s.tree), s.latents_dtype)  # fmt: skip
 
 
-def _generator(parts: int | tuple, *node: int) -> torch.Generator:
-    """The generator of a seed (an int, hashed again) or of a seed's parts (a tuple), extended by a node's path."""
-    return make_generator(*(parts if isinstance(parts, tuple) else (parts,)), *node)
-
-
 def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int | tuple]) -> torch.Tensor:
     """x_1 for each root from its own seed: a sample's noise never depends on the batch it is in."""
     shape = model.latent_shape(settings.height, settings.width, settings.frames)
-    noise = torch.stack([torch.randn(shape, generator=_generator(s)) for s in seeds])
+    noise = torch.stack([torch.randn(shape, generator=generator_of(s)) for s in seeds])
     return noise.to(model.device)
 
 
@@ -130,23 +125,15 @@ def rollout(
     evaluates its velocity once and its b_d children share x_{k_d} and that velocity, each drawing its own noise.
     A seed is an int (hashed again) or a tuple of seed parts (utils/seeding.py)."""
     B, N = ids.batch_size[0], 1 if tree is None else tree.leaves
-    sorted_cond, inverse = cond, None  # flat: the roots are the rows, in the caller's order
-    if tree is not None:  # sorted row r·N + l is root r's leaf l; `order` maps it to its row in the caller's batch
-        order = tree.leaf_order(ids.sample_index.cpu(), ids.group_index.cpu())
-        tree.check_steps(settings.num_steps, window)
-        sorted_cond, inverse = cond[order.to(cond.device)], torch.empty(B, dtype=torch.long)
-        inverse[order] = torch.arange(B)
     R = B // N
+    nodes = None if tree is None else TreeNodes(tree, ids, cond, noise_seeds, settings.num_steps, window)
     if len(init_seeds) != R or len(noise_seeds) != R or cond.batch_size[0] != B:
         raise ValueError(f"rollout: {B} rows ({R} roots), {len(init_seeds)} init seeds, {len(noise_seeds)} noise "
                          f"seeds, {cond.batch_size[0]} conds")  # fmt: skip
     sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width, settings.frames)
     kinds = step_types(settings.num_steps, window, settings.sde_type)
     x = initial_noise(model, settings, init_seeds)
-    # the live nodes: their root, their index among the root's nodes of this depth, their noise generator
-    node_root, node_index, depth = torch.arange(R), torch.zeros(R, dtype=torch.long), 0
-    generators = [_generator(noise_seeds[r], *(() if tree is None else (0, 0))) for r in range(R)]
-    node_cond = sorted_cond if tree is None else sorted_cond[(node_root * N).to(cond.device)]  # its first row's
+    generators = [generator_of(s) for s in noise_seeds] if nodes is None else None  # a tree's: its nodes'
     history: dict[str, list[torch.Tensor]] = {"latents": [], "log_probs": [], "means": [], "stds": []}
     index, evaluations = [], 0
     solver = OdeSolver(settings.ode_solver)
@@ -155,22 +142,15 @@ def rollout(
         for j, kind in enumerate(kinds):
             if kind != "ode":
                 x = rounded(x, dtype)  # the velocity sees what is stored, so the update replays it exactly
-            v = model.velocity(x, sigmas[j].item(), node_cond, settings.guidance)
+            v = model.velocity(x, sigmas[j].item(), cond if nodes is None else nodes.cond, settings.guidance)
             evaluations += x.shape[0]
-            if tree is not None and j in tree.branch_at:  # the children share x_j and its velocity, then draw noise
-                b = tree.branching[depth]
-                depth += 1
-                x, v = x.repeat_interleave(b, 0), v.repeat_interleave(b, 0)
-                history = {k: [t.repeat_interleave(b, 0) for t in ts] for k, ts in history.items()}
-                node_root = node_root.repeat_interleave(b)
-                node_index = node_index.repeat_interleave(b) * b + torch.arange(b).repeat(len(node_index))
-                generators = [_generator(noise_seeds[r], depth, int(i)) for r, i in zip(node_root, node_index)]
-                node_cond = sorted_cond[(node_root * N + node_index * (N // tree.nodes_at(depth))).to(cond.device)]
+            if nodes is not None and j in tree.branch_at:  # the children share x_j and its velocity
+                x, v, history = nodes.split(x, v, history)
             if kind == "ode":  # splits are SDE steps, so the node count is fixed across the solver's history
                 x = solver.step(x, v, sigmas[j].item(), sigmas[j + 1].item())
                 continue
-            out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level, generators,
-                              dtype)  # fmt: skip
+            out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level,
+                              generators if nodes is None else nodes.generators, dtype)  # fmt: skip
             for key, value in zip(history, (x.to(dtype), out.log_prob, out.mean.to(dtype), out.std)):
                 history[key].append(value)
             index.append(j)
@@ -180,7 +160,7 @@ def rollout(
             x = out.prev_sample
 
     def in_order(t: torch.Tensor) -> torch.Tensor:  # a tree's sorted leaves back in the caller's order
-        return t if inverse is None else t[inverse.to(t.device)]
+        return t if nodes is None else nodes.in_order(t)
 
     x = in_order(x)
     device = x.device

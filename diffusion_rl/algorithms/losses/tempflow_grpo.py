@@ -5,7 +5,7 @@ Branching is done by the sampler, not here: with `sampling.share_initial_noise: 
 step (`window.kind: random`, `size: 1`; `hi = lo + 1` fixes the step), every sample of a prompt's group starts
 from the same noise and takes the same ODE steps up to the window's step k, so the group shares x_k exactly; at
 k each sample draws its own SDE step, and ODE steps take every branch to its image. The group's rewards then
-differ only through the step at k, and the group advantage A_i (algorithms/advantages.py) credits that step.
+differ only through the step at k, and the group advantage A_i (algorithms/base.py) credits that step.
 
 Per sample i at its branching step k (cfg: clip_range, adv_clip_max, kl_beta, noise_aware, noise_weight_scale):
 
