@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,6 @@ from diffusion_rl.data.condition_images import ConditionImage, fit_rows
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.embeddings import attach_embedding_cache
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
-from diffusion_rl.engine.kept import KeptRollouts
 from diffusion_rl.engine.optimizer import OptimizerStepper, apply_train_hyperparameters
 from diffusion_rl.engine.parallel import SingleDevice
 from diffusion_rl.errors import UserError
@@ -130,6 +130,54 @@ def pad_units(units, size: int):
     extra = units[torch.zeros(missing, dtype=torch.long, device=units.device)].clone()
     extra.weight = torch.zeros_like(extra.weight)
     return torch.cat([units, extra])
+
+
+class KeptRollouts:
+    """The rollouts a worker sampled and keeps, by training step, until the update that trains them.
+
+    A step's batch may be sampled in several calls (score chunks); its rows are kept in the order they were made, and
+    positions in that order name them (`rows`, `export`). Several steps may be kept at once when rollouts run ahead of
+    the update (engine.max_staleness > 0); `release(step)` forgets one. Thread-safe: a rollout actor exports rows of
+    one step while it samples the next."""
+
+    def __init__(self):
+        self._by_step: dict[int, list[Trajectory]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, step: int, traj: Trajectory) -> None:
+        with self._lock:
+            self._by_step.setdefault(step, []).append(traj)
+
+    def rows(self, step: int, positions: Sequence[int] | None = None) -> Trajectory:
+        """The step's kept rows (all, or those at `positions`, in that order)."""
+        with self._lock:
+            parts = self._by_step.get(step)
+            if not parts:
+                raise RuntimeError(f"no trajectories of step {step} are kept here (kept: {sorted(self._by_step)})")
+            traj = torch.cat(parts) if len(parts) > 1 else parts[0]
+            if len(parts) > 1:
+                self._by_step[step] = [traj]  # concatenated once
+        if positions is None:
+            return traj
+        return traj[torch.tensor(list(positions), dtype=torch.long, device=traj.device)]
+
+    def export(self, step: int, positions: Sequence[int]) -> Trajectory:
+        """CPU copies of rows that another worker trains on."""
+        return self.rows(step, positions).cpu()
+
+    def release(self, step: int) -> None:
+        with self._lock:
+            self._by_step.pop(step, None)
+
+    def keep_only(self, steps: Sequence[int]) -> None:
+        """Forget every step but `steps` (what an interrupted step left behind)."""
+        with self._lock:
+            self._by_step = {s: parts for s, parts in self._by_step.items() if s in steps}
+
+    @property
+    def steps(self) -> list[int]:
+        with self._lock:
+            return sorted(self._by_step)
 
 
 class PolicyWorker:
