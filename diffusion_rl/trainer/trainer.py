@@ -277,7 +277,8 @@ class Trainer:
         metrics["images_per_second"] = len(batch.prompts) / seconds
         flops, peak = metrics.pop("perf/flops_per_device", None), metrics.pop("perf/peak_flops_per_device", None)
         metrics.update(perf_metrics(len(batch.prompts), seconds, self.devices, flops, peak, self.trainer_devices))
-        if self.rollout_due(step) and batch.images is not None:
+        every = self.cfg.log.rollout_every  # a rollout dump (rollouts/) every log.rollout_every steps
+        if every > 0 and (step + 1) % every == 0 and batch.images is not None:
             with timer("dump"):
                 leaf = targets.advantages  # a tree's: the leaf depth's (the flat-comparable one)
                 self.dump_rollout(step, batch, leaf[:, -1] if leaf is not None and leaf.ndim == 2 else leaf)
@@ -342,11 +343,6 @@ class Trainer:
         return [{"step": self.step, **metrics}]
 
     # -- rollout dumps ----------------------------------------------------------------------------------------
-    def rollout_due(self, step: int) -> bool:
-        """Whether training step `step` (0-based, as train_step gets it) dumps its rollout (log.rollout_every)."""
-        every = self.cfg.log.rollout_every
-        return every > 0 and (step + 1) % every == 0
-
     def dump_rollout(self, step: int, batch: Collected, advantages_B: torch.Tensor | None) -> None:
         """Write training step `step`'s rollout under <run.dir>/rollouts/ and show its sheet in the trackers."""
         prompts = batch.prompts
