@@ -15,8 +15,12 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.base import LOSSES, register_loss
-from diffusion_rl.algorithms.losses.base import PolicyLossSettings, kl_to_reference, policy_loss_output
-from diffusion_rl.algorithms.policy_gradient import PolicyGradient
+from diffusion_rl.algorithms.policy_gradient import (
+    PolicyGradient,
+    PolicyLossSettings,
+    kl_to_reference,
+    policy_loss_output,
+)
 from diffusion_rl.cli import main
 from diffusion_rl.config import load
 from diffusion_rl.estimate.architectures import Architecture, TextEncoder, architecture_for, from_shipped, shipped

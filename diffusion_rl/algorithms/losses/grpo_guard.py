@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import (
+from diffusion_rl.algorithms.policy_gradient import (
     ClippedLossSettings,
+    PolicyGradient,
     PolicyLossInput,
     clipped_surrogate,
     kl_to_reference,
@@ -39,7 +40,6 @@ from diffusion_rl.algorithms.losses.base import (
     ratio_metrics,
     require_exact_anchor_means,
 )
-from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 from diffusion_rl.settings import Range, check, opt
 
 

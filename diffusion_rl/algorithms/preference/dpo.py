@@ -172,7 +172,9 @@ class PairUnits:
 
     chosen: Trajectory
     rejected: Trajectory
-    weight: torch.Tensor  # [P] 1, or 0 for a pair that only pads this worker's share (engine/update_loop.py)
+    weight: (
+        torch.Tensor
+    )  # [P] 1, or 0 for a pair that only pads this worker's share (engine/worker.py: the update loop)
 
 
 class Dpo(ForwardProcess):
