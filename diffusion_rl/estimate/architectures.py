@@ -162,8 +162,9 @@ def shipped() -> dict[str, Path]:
 
 
 def from_shipped(name: str) -> Architecture:
-    path = shipped()[name]
-    doc = json.loads(path.read_text())
+    doc = json.loads(shipped()[name].read_text())
+    if "same_as" in doc:  # new weights of an architecture shipped already (Qwen-Image-2512: Qwen-Image's configs)
+        doc = {**json.loads(shipped()[doc["same_as"]].read_text()), "name": doc["name"], "source": doc["source"]}
     return from_components(doc["name"], doc["family"], doc["components"], doc["source"])
 
 
