@@ -163,8 +163,13 @@ def shipped() -> dict[str, Path]:
 
 def from_shipped(name: str) -> Architecture:
     doc = json.loads(shipped()[name].read_text())
-    if "same_as" in doc:  # new weights of an architecture shipped already (Qwen-Image-2512: Qwen-Image's configs)
-        doc = {**json.loads(shipped()[doc["same_as"]].read_text()), "name": doc["name"], "source": doc["source"]}
+    # another checkpoint of a shipped architecture (Qwen-Image-2512: Qwen-Image's), with the config keys it `changes`
+    # (FLUX.1-schnell: FLUX.1-dev's without the guidance embedding)
+    if "same_as" in doc:
+        base = json.loads(shipped()[doc["same_as"]].read_text())
+        changes = doc.get("changes", {})
+        components = {part: {**config, **changes.get(part, {})} for part, config in base["components"].items()}
+        doc = {**base, "name": doc["name"], "source": doc["source"], "components": components}
     return from_components(doc["name"], doc["family"], doc["components"], doc["source"])
 
 
