@@ -20,11 +20,11 @@ TOKENS = 32
 
 @pytest.fixture(scope="module")
 def dev_dir(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "FLUX.2-dev", "flux2", "dev", seed=0)
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "FLUX.2-dev", "flux2", "small_dev", seed=0)
 
 
 def test_init_tiny_writes_a_dev_checkpoint_layout_that_loads_back_bit_identical(tmp_path, load):
-    assert main(["init-tiny", str(tmp_path / "m"), "--family", "flux2", "--preset", "dev"]) == 0
+    assert main(["init-tiny", str(tmp_path / "m"), "--family", "flux2", "--preset", "small_dev"]) == 0
     index = json.loads((tmp_path / "m" / "model_index.json").read_text())
     assert index["_class_name"] == "Flux2Pipeline" and "is_distilled" not in index
     assert index["text_encoder"] == ["transformers", "Mistral3ForConditionalGeneration"]
@@ -32,7 +32,7 @@ def test_init_tiny_writes_a_dev_checkpoint_layout_that_loads_back_bit_identical(
     folder = tmp_path / "m" / "tokenizer"
     assert json.loads((folder / "processor_config.json").read_text())["processor_class"] == "PixtralProcessor"
     assert (folder / "preprocessor_config.json").is_file() and (folder / "tokenizer.json").is_file()
-    model, built = load(tmp_path / "m"), build_tiny("flux2", "dev", seed=0)
+    model, built = load(tmp_path / "m"), build_tiny("flux2", "small_dev", seed=0)
     assert model.family == "flux2" and model.guidance_embeds and not model.distilled
     assert type(model.pipeline).__name__ == "Flux2Pipeline"
     for name in ("transformer", "vae", "text_encoder"):

@@ -6,7 +6,8 @@ statistics of the 2×2-patchified latents set to fixed values like a trained VAE
 encoder of 27 layers, so that the pipeline's default hidden-state layers (9, 18, 27) exist. The tokenizer is the
 offline byte-level BPE of the tiny Qwen-Image with a chat template that renders a user turn as Qwen3's does
 (`enable_thinking=False`: an empty think block). `base` and `small` are the step-distilled klein (`is_distilled`:
-CFG-free); `small_undistilled` is klein base (true CFG with the empty prompt as negative). `dev` is FLUX.2-dev: a
+CFG-free); `small_undistilled` is klein base (true CFG with the empty prompt as negative). `dev` and `small_dev` are
+FLUX.2-dev: a
 Flux2Pipeline with the guidance embedding in the transformer and a Mistral-3 text encoder (models/tiny/mistral3.py)
 behind a PixtralProcessor's tokenizer, the transformer reading its layers 10, 20 and 30.
 """
@@ -48,7 +49,8 @@ PRESETS = {
     "base": TinyFlux2Spec(),  # ~1.9M-parameter transformer
     "small": TinyFlux2Spec(**_SMALL),  # ~0.06M: for the test suite
     "small_undistilled": TinyFlux2Spec(**_SMALL, distilled=False),
-    "dev": TinyFlux2Spec(**_SMALL, dev=True),  # ~0.07M, a 30-layer Mistral-3 of 0.09M
+    "dev": TinyFlux2Spec(dev=True),  # FLUX.2-dev at base's size; a 30-layer Mistral-3 of 0.09M
+    "small_dev": TinyFlux2Spec(**_SMALL, dev=True),  # ~0.07M: for the test suite
 }
 
 # FlowMatchEulerDiscreteScheduler as FLUX.2 uses it: dynamic shifting with the exponential time shift; the
