@@ -129,8 +129,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     prompts = math.ceil(cfg.data.prompts_per_step / gpus) + 1  # distinct texts per GPU: its prompts and the negative
     text_flops = 0.0
     for enc in arch.text_encoders:
-        padded = m.max_sequence_length  # T5 and FLUX.2-klein's Qwen3 read the padded text
-        tokens = {"clip": enc.positions or CLIP_TOKENS, "t5": padded, "qwen3": padded}.get(
+        padded = m.max_sequence_length  # T5 and FLUX.2's Qwen3 and Mistral-3 read the padded text
+        tokens = {"clip": enc.positions or CLIP_TOKENS, "t5": padded, "qwen3": padded, "mistral3": padded}.get(
             enc.kind, QWEN_TEMPLATE_TOKENS + min(prompt_tokens, m.max_sequence_length)
         )
         if enc.vision and sources:  # an edit's condition image through Qwen2.5-VL's vision tower

@@ -1,24 +1,31 @@
-"""FLUX.2-klein (4B, 9B; step-distilled and base): Qwen3 text features, 2×2-patchified latents normalised by the
-VAE's batch-norm statistics, 4-axis positional ids and an empirical σ shift that depends on the step count.
+"""FLUX.2-klein (4B, 9B; step-distilled and base) and FLUX.2-dev: a decoder's text features, 2×2-patchified latents
+normalised by the VAE's batch-norm statistics, 4-axis positional ids and an empirical σ shift that depends on the
+step count.
 
-As Flux2KleinPipeline does it:
-- text: each prompt in Qwen3's chat template (thinking off), padded to `max_sequence_length` tokens; the hidden
-  states of layers 9, 18 and 27 side by side are the transformer's text tokens (3 × the encoder width);
+As Flux2KleinPipeline and Flux2Pipeline (FLUX.2-dev) do it:
+- text: each prompt in the text encoder's chat template, padded to `max_sequence_length` tokens; the hidden states
+  of three layers side by side are the transformer's text tokens (3 × the encoder width). klein: Qwen3, thinking
+  off, layers 9, 18, 27; dev: Mistral-Small-3 (Mistral3ForConditionalGeneration) with the pipeline's system
+  message, layers 10, 20, 30 — its PixtralProcessor is built by transformers only with torchvision, and the
+  pipeline uses only its tokenizer, so the family loads that (`flux2_components`) and writes the processor's files
+  back (`save_flux2_pipeline`);
 - latents: the VAE latent [C, H, W] cut into 2×2 patches (channel, row, column: our packed token grid
   [H/2, W/2, 4·C]) and normalised per patch channel with the VAE's `bn` running mean and variance;
 - positional ids (t, h, w, l): image tokens (0, row, column, 0), text tokens (0, 0, 0, index);
 - σ: evenly spaced in [1/T, 1], shifted with μ = the pipeline's `compute_empirical_mu(tokens, T)` (exponential
   time shift); the transformer takes σ and scales it by 1000 itself;
 - guidance: klein (`is_distilled`) is CFG-free, guidance is ignored as the pipeline ignores it (one forward);
-  klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward.
-
-FLUX.2-dev (Flux2Pipeline: Mistral-3 text encoder, guidance embedding) is not supported yet.
+  klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward;
+  dev is guidance-distilled: the scale enters the transformer's guidance embedding (scaled by 1000 inside, like
+  the timestep), one forward, no negative prompt.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,13 +81,14 @@ class Flux2Model(PackedLatentModel):
 
     def configure(self) -> None:
         self.distilled = bool(self.pipeline.config.get("is_distilled", False))
+        self.guidance_embeds = bool(self.pipeline.transformer.config.guidance_embeds)  # FLUX.2-dev
         self.latent_channels = self.pipeline.transformer.config.in_channels // 4
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         refuse_condition_images(self.family, images)
-        if self.distilled:  # CFG-free: negatives play no part
+        if self.distilled or self.guidance_embeds:  # CFG-free or guidance-distilled: negatives play no part
             return self.text_conditioning(prompts, None)
         return self.text_conditioning(prompts, [""] * len(prompts) if negative is None else negative)
 
@@ -108,6 +116,7 @@ class Flux2Model(PackedLatentModel):
         return dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype),
                     encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
                     timestep=torch.ones(batch, device="meta"), img_ids=on_meta(tokens, 4), txt_ids=on_meta(text, 4),
+                    guidance=torch.ones(batch, device="meta") if config.get("guidance_embeds") else None,
                     return_dict=False)  # fmt: skip
 
     def forwards_per_evaluation(self, guidance: float) -> int:
@@ -116,7 +125,7 @@ class Flux2Model(PackedLatentModel):
     def true_cfg(self, guidance: float) -> bool:
         if self.distilled and guidance > 1.0:
             warn_guidance_ignored(float(guidance))
-        return not self.distilled and guidance > 1.0
+        return not self.distilled and not self.guidance_embeds and guidance > 1.0
 
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape
@@ -127,10 +136,14 @@ class Flux2Model(PackedLatentModel):
         if true_cfg:  # one forward over [uncond; cond]
             x, sigma_B = torch.cat([x, x]), torch.cat([sigma_B, sigma_B])
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+        guidance_B = None
+        if self.guidance_embeds:  # the scale itself; the network scales it by 1000 like the timestep
+            guidance_B = torch.full((x.shape[0],), float(guidance), device=latents.device, dtype=torch.float32)
         v = self.policies.module(
             hidden_states=x,
             encoder_hidden_states=embeds,
             timestep=sigma_B,  # σ: the network scales it by 1000
+            guidance=guidance_B,
             img_ids=image_ids(h, w, latents.device),
             txt_ids=text_ids(embeds.shape[1], latents.device),
             return_dict=False,
@@ -162,6 +175,40 @@ class Flux2Model(PackedLatentModel):
         return ((z - mean) / std).float()
 
 
+PROCESSOR = "PixtralProcessor"  # FLUX.2-dev's tokenizer/ component
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def flux2_components(path: Path) -> dict:
+    """FLUX.2-dev: the tokenizer of its PixtralProcessor folder, with the processor's chat template when the tokenizer
+    has none and the processor's own files kept for writing back; klein: nothing (diffusers loads it all)."""
+    from transformers import AutoTokenizer
+
+    if json.loads((path / "model_index.json").read_text()).get("tokenizer", [None, None])[1] != PROCESSOR:
+        return {}
+    folder = path / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.chat_template is None and (folder / "chat_template.json").is_file():
+        tokenizer.chat_template = json.loads((folder / "chat_template.json").read_text())["chat_template"]
+    tokenizer.processor_files = {name: (folder / name).read_text() for name in PROCESSOR_FILES
+                                 if (folder / name).is_file()}  # fmt: skip
+    return {"tokenizer": tokenizer}
+
+
+def save_flux2_pipeline(pipeline, directory: Path) -> None:
+    """save_pretrained; for FLUX.2-dev the tokenizer/ folder and model_index.json as a PixtralProcessor's."""
+    pipeline.save_pretrained(directory)
+    files = getattr(pipeline.tokenizer, "processor_files", None)
+    if files is None:  # klein
+        return
+    for name, text in files.items():
+        (directory / "tokenizer" / name).write_text(text)
+    index_file = directory / "model_index.json"
+    index = json.loads(index_file.read_text())
+    index["tokenizer"] = ["transformers", PROCESSOR]
+    index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
 register_family(
     ModelFamily(
         name="flux2",
@@ -169,5 +216,8 @@ register_family(
         adapter=Flux2Model,
         tiny="diffusion_rl.models.tiny.flux2",
         lora_targets=FLUX2_LORA_TARGETS,
+        components=flux2_components,
+        save=save_flux2_pipeline,
+        variants=("Flux2Pipeline",),
     )
 )
