@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
-from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_flops
+from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
 from diffusion_rl.estimate.devices import Device
 from diffusion_rl.models.registry import family_named
 from diffusion_rl.sampling.tree import TreeSpec
@@ -115,14 +115,14 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
 
     micro = min(t.micro_batch_size, rows)
     shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text)
-    cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype)
+    targets = tuple(m.lora.target_modules) or family.lora_targets
+    cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype, lora=None if full else (targets, m.lora.rank))
     fwd_per_row = cost.forward_flops / shapes.batch  # one row of one call, guidance not applied
     module = build_on_meta(arch.transformer_class, arch.transformer_config)
-    targets = tuple(m.lora.target_modules) or family.lora_targets
     trainable = cost.params if full else lora_params(module, targets, m.lora.rank)
     vae = build_on_meta(arch.vae_class, arch.vae_config)
     vae_params = sum(p.numel() for p in vae.parameters())
-    decode = vae_decode_flops(arch, s.height, s.width, s.num_frames, dtype)
+    decode = vae_decode_cost(arch, s.height, s.width, s.num_frames, dtype)
 
     # -- FLOPs and bytes per GPU, per phase ---------------------------------------------------------------------
     weights = cost.params * wbytes
@@ -145,28 +145,31 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     evaluations = s.num_steps if tree is None else tree.evaluations(s.num_steps) / tree.leaves
     rollout_flops = rows * evaluations * cfg_factor * fwd_per_row
     rollout_bytes = s.num_steps * s.score_chunks * weights  # the weights stream once per call
-    decode_flops = rows * decode
+    rollout_traffic = rows * evaluations * cfg_factor * cost.forward_traffic / shapes.batch
+    decode_flops = rows * decode.flops
 
     calls = rows * algorithm.trained_calls(cfg.algorithm, cfg.sampling) * t.ppo_epochs  # rows × trained steps
     micro_batches = math.ceil(calls / micro)
     per_micro = cost.train_flops + (cost.forward_flops if m.gradient_checkpointing else 0)
     update_flops = micro_batches * (per_micro + algorithm.frozen_calls(settings) * cost.forward_flops)
     update_bytes = micro_batches * 2 * weights
+    forwards = algorithm.frozen_calls(settings) + (1 if m.gradient_checkpointing else 0)
+    update_traffic = micro_batches * (cost.train_traffic + forwards * cost.forward_traffic)
     optimizer_steps = t.num_minibatches * t.ppo_epochs
     master = 4 if (not full or e.mixed_precision == "bf16") else wbytes  # LoRA weights stay fp32
     state = trainable * (master + 3 * master)  # weights, gradient, two AdamW moments
     optimizer_bytes = optimizer_steps * 2 * state / (gpus if sharded else 1)  # read and write once
 
-    def seconds(flops: float, moved: float) -> float:
-        compute = flops / (device.peak_tflops * 1e12 * efficiency)
-        return max(compute, moved / (device.bandwidth_gbs * 1e9))
+    def seconds(flops: float, weights_moved: float, traffic: float = 0.0) -> float:
+        bandwidth = device.bandwidth_gbs * 1e9
+        return (max(flops / (device.peak_tflops * 1e12), weights_moved / bandwidth) + traffic / bandwidth) / efficiency
 
     phases = {
         "encode_prompts": seconds(text_flops, text_bytes),
-        "rollout": seconds(rollout_flops, rollout_bytes),
-        "decode": seconds(decode_flops, rows * vae_params * wbytes),
-        "update": seconds(update_flops, update_bytes),
-        "optimizer": seconds(0.0, optimizer_bytes),
+        "rollout": seconds(rollout_flops, rollout_bytes, rollout_traffic),
+        "decode": seconds(decode_flops, rows * vae_params * wbytes, rows * decode.traffic),
+        "update": seconds(update_flops, update_bytes, update_traffic),
+        "optimizer": seconds(0.0, 0.0, optimizer_bytes),
     }
     step = sum(phases.values())
 
@@ -199,13 +202,19 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     activations = cost.saved_bytes
     checkpointed = cost.blocks * cost.hidden_bytes + cost.saved_bytes / cost.blocks
     frozen = 0 if m.offload_frozen else 1  # model.offload_frozen: on the device only for their calls, not the update
+    ema = trainable * 4 / shard if t.ema.enabled else 0  # engine/ema.py: an fp32 copy of the trained parameters
+    # the VAE decodes a generate call's rows at once; the caching allocator keeps the blocks of that working set
+    # reserved beside the update's activations (nothing returns them while the device has room): counted in full
+    decoding = math.ceil(rows / s.score_chunks) * decode.peak_bytes
     memory = {
         "transformer": transformer_mem,
         "trainable_state": train_state,
+        "ema": ema,
         "reference_copy": reference,
         "text_encoders": frozen * text_bytes,
         "vae": frozen * vae_params * wbytes,
         "trajectories": trajectory,
+        "decode": decoding,
         "activations": checkpointed if m.gradient_checkpointing else activations,
         "context": CONTEXT_GIB * GIB,
     }
