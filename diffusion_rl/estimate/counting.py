@@ -83,7 +83,7 @@ class Traffic(TorchDispatchMode):
 
 class _FusedAttention(torch.autograd.Function):
     """scaled_dot_product_attention as a fused kernel moves memory: q, k, v read and the output written; backward
-    reads them and the output's gradient and writes three gradients. Its FLOPs are what the math path counts: the
+    reads them, the output and its gradient and writes three gradients. Its FLOPs are what the math path counts: the
     forward runs it, the backward runs its four T×T products (dS = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q)."""
 
     @staticmethod
@@ -100,11 +100,12 @@ class _FusedAttention(torch.autograd.Function):
         q, k, v = ctx.saved_tensors
         with ctx.traffic.pause():
             k, v = _heads_of(k, q), _heads_of(v, q)  # grouped-query attention: each query head's keys
-            scores = q @ k.transpose(-1, -2)  # the probabilities' shape [.., Tq, Tk]
+            probabilities = q.new_empty(*q.shape[:-1], k.shape[-2])  # [.., Tq, Tk], kept by the math path
             ds = grad @ v.transpose(-1, -2)
-            scores.transpose(-1, -2) @ grad, ds @ k, ds.transpose(-1, -2) @ q
-        ctx.traffic.bytes += 2 * _nbytes((q, k, v)) + 2 * _nbytes((grad,))
-        return None, None, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            probabilities.transpose(-1, -2) @ grad, ds @ k, ds.transpose(-1, -2) @ q
+            grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        ctx.traffic.bytes += 2 * _nbytes((q, k, v)) + 2 * _nbytes((grad,))  # + the output, read again
+        return None, None, *grads
 
 
 def _heads_of(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -1,23 +1,25 @@
 """`diffusion-rl estimate`: memory per GPU and time per step of a config, before launch, from its architecture.
 
 FLOPs are counted exactly on the real module graph built on the meta device (estimate/counting.py): one transformer
-call at the training micro-batch (forward, and forward + backward), the VAE decode of one sample; text encoders
-analytically per token (estimate/architectures.py). Time is a roofline per phase,
+call at the training micro-batch (forward, and forward + backward, LoRA adapters included), the VAE decode of one
+sample; text encoders analytically per token (estimate/architectures.py). The same calls count the bytes the
+memory-bound ops move (elementwise ops, norms, casts, LoRA's thin matmuls; attention as a fused kernel moves it).
+Time is a roofline per phase with two terms,
 
-    t(phase) = max(FLOPs / (peak · efficiency), bytes moved / bandwidth)
+    t(phase) = (max(FLOPs / peak, weight bytes / bandwidth) + memory-bound bytes / bandwidth) / efficiency
 
 summed over the phases of a colocated step (encode prompts → rollout → decode → update → optimizer step), every GPU
-doing 1/N of the rows. `efficiency` is the fraction of the datasheet peak a real step reaches on average, and
-everything the roofline leaves out (rewards, FSDP collectives, CPU offload, the Python loop, idle time between
-phases) lands in it: one number, calibrated on ONE published figure (verl-omni's Qwen-Image LoRA recipe on 4×H800)
-and checked against another (its full fine-tune recipe on 4×H200) — benchmarks/estimate_vs_published.py.
+doing 1/N of the rows. `efficiency` is the fraction of the datasheet's peak and bandwidth a real step reaches,
+fitted on the GPU check's five measured steps on an H200 (EFFICIENCY below); what the roofline leaves out of a real
+run (rewards, FSDP collectives, CPU offload, idle time between phases) is not in it.
 
 Memory per GPU adds what a worker holds at its peak, the update: the transformer's weights (the whole of them
 while FSDP2 has them gathered, engine.reshard_after_forward false; one shard plus two gathered blocks otherwise),
 the trainable parameters' fp32 master/gradient/AdamW state as models/doctor.py counts it (sharded over the
 workers), a frozen reference copy (full fine-tuning with a KL), the text encoders and VAE (replicated), the kept
-trajectories of the worker's rows, and the activations autograd saves for one micro-batch — counted on the meta
-device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the
+trajectories of the worker's rows, the EMA's fp32 copy of the trained parameters, the VAE decode's working set for
+a generate call's rows (counted on meta), and the activations autograd saves for one micro-batch — counted on the
+meta device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the
 CUDA context, allocator fragmentation and kernel workspaces. The memory savers (docs/models.md) take their part
 off: `sampling.latents_dtype` the trajectories' window, `model.offload_frozen` the text encoders and VAE,
 `model.offload_reference` the reference copy, `engine.fsdp_cpu_offload` the shards and the optimizer state.
@@ -37,9 +39,11 @@ from diffusion_rl.models.registry import family_named
 from diffusion_rl.sampling.tree import TreeSpec
 from diffusion_rl.utils.dtypes import DTYPES
 
-# Calibrated once by benchmarks/estimate_vs_published.py on verl-omni's Qwen-Image OCR LoRA recipe (4×H800, 420 s
-# per step): the roofline's ideal step time there divided by the published 420 s. See docs/estimate.md.
-EFFICIENCY = 0.157  # fitted 0.1566 with gradient checkpointing, as verl-omni runs; the full fine-tune check: +6.6 %
+# Fitted on the GPU check of 2026-11-26 on one NVIDIA H200 (benchmarks/results/gpu_check_h200.json, `merged`): the
+# geometric mean, over its five model parts (SD3.5-Medium LoRA and full, FLUX.1-dev LoRA, Qwen-Image LoRA, Wan 2.1
+# 1.3B LoRA), of the roofline's ideal rollout + update seconds over the measured ones (0.5218); each part is then
+# within −10.4 % … +15.2 % (tests/test_estimate_calibration.py). Other GPUs scale by their datasheet peak and bandwidth.
+EFFICIENCY = 0.522
 CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: "typically 1–3 GB")
 GIB = 2**30
 TIGHT = 0.05  # a fit with less free device memory than this share of it is reported with a warning
@@ -116,7 +120,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     micro = min(t.micro_batch_size, rows)
     shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text)
     targets = tuple(m.lora.target_modules) or family.lora_targets
-    cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype, lora=None if full else (targets, m.lora.rank))
+    adapters = None if full else (targets, m.lora.rank)
+    cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype, lora=adapters)
     fwd_per_row = cost.forward_flops / shapes.batch  # one row of one call, guidance not applied
     module = build_on_meta(arch.transformer_class, arch.transformer_config)
     trainable = cost.params if full else lora_params(module, targets, m.lora.rank)
@@ -255,8 +260,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
             f"{evaluations:.3g} transformer evaluations per image in the rollout"
             + ("" if tree is None else f" (a tree of {tree.leaves} leaves instead of {s.num_steps})"),
             f"trainable parameters {trainable / 1e6:.1f}M of {cost.params / 1e9:.2f}B",
-            "rewards, FSDP collectives and the time of offloading's copies are not modelled: they are inside the "
-            "efficiency factor",
+            "rewards, FSDP collectives and the time of offloading's copies are not modelled: the efficiency is "
+            "fitted on single-GPU steps without them (docs/estimate.md)",
         ],
     )
 
