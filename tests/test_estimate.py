@@ -382,6 +382,23 @@ def test_memory_parts_by_hand():
     assert r.memory_gib["decode"] == pytest.approx(8 * one / gib)
     chunked = estimate(load(QUICKSTART, ["sampling.score_chunks=2"]), arch, DEVICES["h100"], 1)
     assert chunked.memory_gib["decode"] == pytest.approx(4 * one / gib)
+    many = estimate(load(QUICKSTART, ["data.group_size=20"]), arch, DEVICES["h100"], 1)  # 40 rows, 16 at a time
+    assert many.memory_gib["decode"] == pytest.approx(16 * one / gib)
+
+
+def test_the_rollout_decodes_its_rows_sixteen_at_a_time_in_order():
+    from diffusion_rl.sampling.rollout import DECODE_ROWS, decode_in_chunks
+
+    class Model:
+        calls: ClassVar[list[int]] = []
+
+        def decode(self, latents):
+            self.calls.append(len(latents))
+            return latents * 2
+
+    latents = torch.arange(40.0)[:, None]
+    assert DECODE_ROWS == 16
+    assert torch.equal(decode_in_chunks(Model(), latents), latents * 2) and Model.calls == [16, 16, 8]
 
 
 def lora_overrides() -> list[str]:

@@ -36,6 +36,7 @@ from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKEN
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
 from diffusion_rl.estimate.devices import Device
 from diffusion_rl.models.registry import family_named
+from diffusion_rl.sampling.rollout import DECODE_ROWS
 from diffusion_rl.sampling.tree import TreeSpec
 from diffusion_rl.utils.dtypes import DTYPES
 
@@ -208,9 +209,9 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     checkpointed = cost.blocks * cost.hidden_bytes + cost.saved_bytes / cost.blocks
     frozen = 0 if m.offload_frozen else 1  # model.offload_frozen: on the device only for their calls, not the update
     ema = trainable * 4 / shard if t.ema.enabled else 0  # engine/ema.py: an fp32 copy of the trained parameters
-    # the VAE decodes a generate call's rows at once; the caching allocator keeps the blocks of that working set
-    # reserved beside the update's activations (nothing returns them while the device has room): counted in full
-    decoding = math.ceil(rows / s.score_chunks) * decode.peak_bytes
+    # the VAE decodes a generate call's rows DECODE_ROWS at a time; the caching allocator keeps the blocks of that
+    # working set reserved beside the update's activations (nothing returns them while the device has room)
+    decoding = min(math.ceil(rows / s.score_chunks), DECODE_ROWS) * decode.peak_bytes
     memory = {
         "transformer": transformer_mem,
         "trainable_state": train_state,
