@@ -179,12 +179,21 @@ def rollout(
         final_latents=x.float(),
         cond=cond,
         ids=ids.to(device),
-        images=model.decode(x).to(device),
+        images=decode_in_chunks(model, x).to(device),
         nfe=torch.full((B,), float(forwards), device=device),
         **steps,
         batch_size=[B],
         device=device,
     )
+
+
+DECODE_ROWS = 16  # rows the VAE decodes at once: its working set grows with them (~0.4 GiB per 512² SD3/FLUX image)
+
+
+def decode_in_chunks(model: FlowModel, latents: torch.Tensor) -> torch.Tensor:
+    """model.decode of `latents` [B, …], DECODE_ROWS rows at a time (a Ray worker's 144 rows at once would hold
+    ~54 GiB of the VAE's intermediates at 512 px; `diffusion-rl estimate` counts one chunk's)."""
+    return torch.cat([model.decode(rows) for rows in latents.split(DECODE_ROWS)])
 
 
 @torch.no_grad()
