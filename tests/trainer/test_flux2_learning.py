@@ -28,10 +28,10 @@ def flux2_dev_dir(tmp_path_factory):
 @pytest.mark.parametrize("algorithm", sorted(CONFIGS))
 @pytest.mark.parametrize("model", ["klein", "dev"])
 def test_flux2_learns_on_average_over_three_seeds(make_trainer, learns, request, tmp_path, algorithm, model):
-    # klein: CFG-free (guidance 1). dev: Flow-GRPO samples and trains its guidance embedding at Flux2Pipeline's
-    # default 4; DiffusionNFT trains the guidance-1 velocity (algorithms/preference/base.py), so it samples at 1
+    # klein: CFG-free (guidance 1). dev: both sample and train its guidance embedding at Flux2Pipeline's default 4
+    # (DiffusionNFT's conditional velocity is the sampled one there: FlowModel.conditional_guidance)
     model_dir = {"klein": "flux2_model_dir", "dev": "flux2_dev_dir"}[model]
-    guidance = 4 if (model, algorithm) == ("dev", "flow_grpo") else 1
+    guidance = 4 if model == "dev" else 1
     gains = []
     for seed in (0, 1, 2):
         trainer = make_trainer(*learns, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}",
