@@ -19,8 +19,9 @@ SAMPLED = 3.5
 
 
 @pytest.mark.parametrize("loss", ["nft", "awm", "dpo"])
-@pytest.mark.parametrize(("model_dir", "trained"),
-                         [("flux_model_dir", SAMPLED), ("tiny_model_dir", 1.0), ("flux_schnell_model_dir", 1.0)])
+@pytest.mark.parametrize(
+    ("model_dir", "trained"), [("flux_model_dir", SAMPLED), ("tiny_model_dir", 1.0), ("flux_schnell_model_dir", 1.0)]
+)
 def test_forward_process_velocities_run_at_the_conditional_guidance(load, request, loss, model_dir, trained):
     config = load_config(ROOT / "configs" / f"quickstart_{loss}.yaml", [f"sampling.guidance={SAMPLED}"])
     algorithm = make_algorithm(config)
