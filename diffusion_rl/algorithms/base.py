@@ -92,7 +92,7 @@ class Algorithm(ABC):
     family: ClassVar[str]  # "policy_gradient" or "direct_preference"
     rollout_policy: ClassVar[str] = DEFAULT_POLICY  # the named policy that samples training rollouts
     # What the rest of the code (the config checks, `estimate`) knows of an algorithm, set here and nowhere else:
-    guided: ClassVar[bool] = True  # trains the velocity as sampled (true CFG: two rows a call); False: guidance 1
+    guided: ClassVar[bool] = True  # trains the velocity as sampled (true CFG: two rows a call); False: conditional
     offline: ClassVar[bool] = False  # trains on offline pairs too (data.sample_source=offline)
 
     @classmethod

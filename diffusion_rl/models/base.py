@@ -96,6 +96,7 @@ class FlowModel(ABC):
     edits: bool = False  # reads condition images with its prompts (an editing family)
     native_size: int | None = None  # pixels a side its pipeline samples by default, where its configs do not say
     caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
+    guidance_embeds: bool = False  # guidance-distilled: the scale is an input embedding (one forward), not CFG
     embedding_cache = None  # an EmbeddingCache (models/embedding_cache.py) once attached: the encoders are gone
 
     # -- what `estimate` counts (estimate/), from the architecture alone: the transformer is built on the meta device
@@ -222,8 +223,17 @@ class FlowModel(ABC):
 
     def forwards_per_evaluation(self, guidance: float) -> int:
         """Transformer forwards per sample that one `velocity` call costs: 2 with classifier-free guidance (the
-        batch doubled to [uncond; cond]), else 1. The NFE counts of rollouts (`rollout/nfe_per_image`) use it."""
-        return 2 if guidance > 1.0 else 1
+        batch doubled to [uncond; cond]), else 1 (guidance 1, or a guidance-distilled model, whose scale is an
+        input). The NFE counts of rollouts (`rollout/nfe_per_image`) use it."""
+        return 2 if guidance > 1.0 and not self.guidance_embeds else 1
+
+    def conditional_guidance(self, guidance: float) -> float:
+        """The guidance at which `velocity` is the conditional (CFG-free) policy of rollouts sampled at `guidance`:
+        what the forward-process losses train. 1 with classifier-free guidance (the conditional prediction, as the
+        DiffusionNFT / AWM / Diffusion-DPO papers train it); `guidance` itself for a guidance-distilled model
+        (`guidance_embeds`), where the scale is an input of its one forward and guidance 1 is another function
+        than the one sampled."""
+        return float(guidance) if self.guidance_embeds else 1.0
 
     @abstractmethod
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:

@@ -93,9 +93,6 @@ class FluxModel(PackedLatentModel):
             inputs["guidance"] = t
         return inputs
 
-    def forwards_per_evaluation(self, guidance: float) -> int:
-        return 2 if not self.guidance_embeds and guidance > 1.0 else 1  # dev: guidance is an input, one forward
-
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape
         x, ids = tokens_of(latents), latent_image_ids(h, w, latents.device)
