@@ -101,8 +101,8 @@ def test_a_flow_grpo_step_with_references_replays_its_log_probs(flux2_model_dir,
 
 
 def test_lora_export_with_references_gives_diffusers_identical_images(flux2_model_dir, load, train_model, tmp_path):
-    trainer = train_model(flux2_model_dir, *EDIT_RUN, "model.lora.enabled=true",
-                           "model.lora.rank=4", "model.lora.alpha=8", "train.total_steps=1", "train.lr=1e-2")  # fmt: skip
+    trainer = train_model(flux2_model_dir, *EDIT_RUN, "model.lora.enabled=true", "model.lora.rank=4",
+                          "model.lora.alpha=8", "train.total_steps=1", "train.lr=1e-2")  # fmt: skip
     trainer.train()
     out = tmp_path / "lora"
     assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out)]) == 0
@@ -114,3 +114,31 @@ def test_lora_export_with_references_gives_diffusers_identical_images(flux2_mode
     after, wanted = sample(fresh, settings, refs).images, sample(trainer.engine.model, settings, refs).images
     assert not torch.equal(before, wanted)  # the update moved the images
     assert torch.equal(after, wanted)
+
+
+def test_estimate_counts_the_reference_tokens(tmp_path, capsys):
+    import json
+
+    from diffusion_rl.estimate.architectures import from_shipped
+    from diffusion_rl.estimate.counting import Shapes, transformer_inputs
+
+    arch = from_shipped("FLUX.2-klein-4B")
+    inputs = transformer_inputs(arch, Shapes(1, 1024, 1024, 1, 512, sources=2), torch.bfloat16)
+    tokens = (1024 // 16) ** 2  # 8× VAE, 2×2 patches
+    assert inputs["hidden_states"].shape == (1, 3 * tokens, 128) and inputs["img_ids"].shape == (3 * tokens, 4)
+    for i in range(2):
+        Image.fromarray(references(1, seed=i, size=64)[0]).save(tmp_path / f"{i}.png")
+    (tmp_path / "two.jsonl").write_text(json.dumps({"prompt": "put them together", "images": ["0.png", "1.png"]}))
+    config = str(ROOT / "configs/flux2_klein_pickscore_lora.yaml")
+
+    def estimated(*overrides):
+        assert main(["estimate", config, *overrides, "--gpu", "h100", "--gpus", "8", "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    plain, two = estimated(), estimated(f"data.train={tmp_path / 'two.jsonl'}")
+    assert "condition images per sample 0 (" in plain["assumptions"][1]  # a .txt dataset: none
+    assert "condition images per sample 2 (" in two["assumptions"][1]
+    # every layer's FLOPs grow at least linearly in the tokens it reads: 512 px gives 32² image tokens, plus 512 text
+    image, text = (512 // 16) ** 2, 512
+    assert two["flops_rollout"] / plain["flops_rollout"] > (3 * image + text) / (image + text)
+    assert two["peak_memory_gib_per_gpu"] > plain["peak_memory_gib_per_gpu"]

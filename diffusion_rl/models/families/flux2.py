@@ -131,9 +131,10 @@ class Flux2Model(PackedLatentModel):
 
     # -- the network ------------------------------------------------------------------------------------------
     @classmethod
-    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
+                    sources: int = 0) -> dict:  # fmt: skip
         _, h, w = latent
-        tokens = (h // 2) * (w // 2)
+        tokens = (h // 2) * (w // 2) * (1 + sources)  # the reference images' tokens after the generated ones
         return dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype),
                     encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
                     timestep=torch.ones(batch, device="meta"), img_ids=on_meta(tokens, 4), txt_ids=on_meta(text, 4),
