@@ -89,15 +89,16 @@ EDIT_RUN = [f"data.train={EDITS / 'train.jsonl'}", f"val.prompts={EDITS / 'val.j
 
 
 def test_a_flow_grpo_step_with_references_replays_its_log_probs(flux2_model_dir, train_model):
-    trainer = train_model(flux2_model_dir, *EDIT_RUN, "train.total_steps=1")
+    trainer = train_model(flux2_model_dir, *EDIT_RUN, "train.total_steps=1", "val.before_train=true")
     encoded = []
     model = trainer.engine.model
     model_encode = model.encode
     model.encode = lambda images: encoded.append(len(images)) or model_encode(images)
     rows = trainer.train()
-    assert encoded == [2]  # the step's 2 sources (one per prompt, group of 2): each VAE-encoded once
-    assert rows[0]["train/logp_diff_max"] == 0.0
-    assert np.isfinite(rows[0]["reward/mean"]) and rows[0]["train/optimizer_steps"] >= 1
+    # validation's 6 sources (in chunks of 4 and 2), then the step's 2 (one per prompt, group of 2): each encoded once
+    assert encoded == [4, 2, 2] and np.isfinite(rows[0]["val/reward/mean"])
+    assert rows[-1]["train/logp_diff_max"] == 0.0
+    assert np.isfinite(rows[-1]["reward/mean"]) and rows[-1]["train/optimizer_steps"] >= 1
 
 
 def test_lora_export_with_references_gives_diffusers_identical_images(flux2_model_dir, load, train_model, tmp_path):
