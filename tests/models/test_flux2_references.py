@@ -1,6 +1,7 @@
 """FLUX.2 reference images (the pipelines' `image`): our sampler with 1 or 2 references against Flux2KleinPipeline
-for the same noise, the references' positional ids, a Flow-GRPO step on an edit dataset that replays its log-probs,
-LoRA export that gives diffusers' images with the references, and estimate counting the reference tokens."""
+(klein, klein base) and Flux2Pipeline (dev) for the same noise, the references' positional ids, a Flow-GRPO step on
+an edit dataset that replays its log-probs, LoRA export that gives diffusers' images with the references, and
+estimate counting the reference tokens."""
 
 from __future__ import annotations
 
@@ -33,18 +34,20 @@ def sample(model, settings, images, seeds=(1, 2)):
 
 
 @pytest.fixture(scope="module")
-def undistilled_dir(tmp_path_factory):
+def preset_dirs(flux2_model_dir, tmp_path_factory):
+    """preset → a tiny model directory: klein ("small"), klein base, FLUX.2-dev."""
     from diffusion_rl.models.tiny import save_tiny
 
-    return save_tiny(tmp_path_factory.mktemp("tiny_flux2_base_refs"), "flux2", "small_undistilled", seed=0)
+    root = tmp_path_factory.mktemp("tiny_flux2_refs")
+    others = {p: save_tiny(root / p, "flux2", p, seed=0) for p in ("small_undistilled", "small_dev")}
+    return {"small": flux2_model_dir, **others}
 
 
-@pytest.mark.parametrize("count, distilled", [(1, True), (2, True), (2, False)])
-def test_sampling_with_references_equals_the_pipelines_for_the_same_noise(
-    flux2_model_dir, undistilled_dir, load, count, distilled
-):
-    model = load(flux2_model_dir if distilled else undistilled_dir, max_sequence_length=TOKENS)
-    guidance = 4.0  # klein base: true CFG, both halves with the references
+# klein (CFG-free), klein base (true CFG: both halves see the references), dev (the guidance embedding; Flux2Pipeline)
+@pytest.mark.parametrize("preset, count", [("small", 1), ("small", 2), ("small_undistilled", 2), ("small_dev", 2)])
+def test_sampling_with_references_equals_the_pipelines_for_the_same_noise(preset_dirs, load, preset, count):
+    model = load(preset_dirs[preset], max_sequence_length=TOKENS)
+    guidance = 4.0
     # 64 px: the pipeline refuses references under 64 px a side (we take them: the tiny runs are at 32 px)
     settings = SamplerSettings(num_steps=4, guidance=guidance, height=64, width=64)
     refs = references(count, seed=3, size=64)
@@ -53,8 +56,11 @@ def test_sampling_with_references_equals_the_pipelines_for_the_same_noise(
     expected = model.pipeline(prompt=PROMPTS, image=[Image.fromarray(r) for r in refs], height=64, width=64,
                               latents=noise.permute(0, 3, 1, 2), num_inference_steps=4, guidance_scale=guidance,
                               max_sequence_length=TOKENS, output_type="latent").images  # fmt: skip
-    mean, std = model._bn_stats(traj.final_latents)
-    ours = unpack_latents(traj.final_latents * std + mean)
+    if preset == "small_dev":  # Flux2Pipeline's latents: its normalised tokens [B, h·w, 4·C]
+        ours = traj.final_latents.reshape(expected.shape)
+    else:  # Flux2KleinPipeline's: the VAE latents, batch-norm undone
+        mean, std = model._bn_stats(traj.final_latents)
+        ours = unpack_latents(traj.final_latents * std + mean)
     # the pipeline scales pixels as x/255·2−1, we as x/127.5−1: an ulp apart; 1e-5 also leaves room for other CPUs
     assert (ours - expected).abs().max() <= 1e-5
     plain = sample(model, settings, None)  # the references matter: without them, other samples
