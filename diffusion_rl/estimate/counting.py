@@ -141,20 +141,22 @@ def counting_traffic():
 @dataclass
 class Shapes:
     """One transformer call: `batch` rows (CFG's doubled batch included), an image of height × width pixels and
-    `frames` frames, `text` text tokens per row (an editing family adds its condition image itself)."""
+    `frames` frames, `text` text tokens per row, and an editing family's `sources` condition images per row."""
 
     batch: int
     height: int
     width: int
     frames: int
     text: int
+    sources: int = 0
 
 
 def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dict:
     """The keyword arguments the family's adapter gives the transformer for `s`, as meta tensors (its meta_inputs)."""
     latent = ((s.frames - 1) // arch.temporal_scale + 1, s.height // arch.vae_scale, s.width // arch.vae_scale)
     adapter = family_named(arch.family).adapter
-    return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype)
+    sources = {"sources": s.sources} if adapter.edits else {}  # only an editing family reads condition images
+    return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype, **sources)
 
 
 @dataclass

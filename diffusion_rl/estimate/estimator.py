@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from diffusion_rl.data.prompts import condition_images_in
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
 from diffusion_rl.estimate.devices import Device
@@ -111,15 +112,16 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     cfg_factor = 2 if (s.guidance > 1 and not arch.transformer_config.get("guidance_embeds")) else 1
     train_cfg = cfg_factor if algorithm.guided else 1  # direct preference trains the conditional velocity
     text = family.adapter.text_tokens(arch, m.max_sequence_length, prompt_tokens)
-    sources = int(family.adapter.edits)  # an edit's condition image
+    known = condition_images_in(cfg.data.train) if family.adapter.edits else 0  # an edit's, FLUX.2's references
+    sources = 1 if known is None else known  # an edit dataset still to prepare: one per prompt
     vision = [enc for enc in arch.text_encoders if enc.vision]
-    if sources and vision:  # Qwen-Image-Edit: the condition image's tokens are part of the prompt's embedding
-        text = min(text + vision[0].vision_flops(*CONDITION_SIZE)[1], m.max_sequence_length)
+    if sources and vision:  # Qwen-Image-Edit: the condition images' tokens are part of the prompt's embedding
+        text = min(text + sources * vision[0].vision_flops(*CONDITION_SIZE)[1], m.max_sequence_length)
     dtype = DTYPES[m.dtype]
     wbytes = dtype.itemsize
 
     micro = min(t.micro_batch_size, rows)
-    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text)
+    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text, sources)
     targets = tuple(m.lora.target_modules) or family.lora_targets
     adapters = None if full else (targets, m.lora.rank)
     cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype, lora=adapters)
@@ -139,10 +141,10 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         tokens = {"clip": enc.positions or CLIP_TOKENS, "t5": padded, "qwen3": padded, "mistral3": padded}.get(
             enc.kind, QWEN_TEMPLATE_TOKENS + min(prompt_tokens, m.max_sequence_length)
         )
-        if enc.vision and sources:  # an edit's condition image through Qwen2.5-VL's vision tower
+        if enc.vision and sources:  # an edit's condition images through Qwen2.5-VL's vision tower
             flops, vision_tokens = enc.vision_flops(*CONDITION_SIZE)
-            text_flops += rows * flops
-            tokens += vision_tokens
+            text_flops += rows * sources * flops
+            tokens += sources * vision_tokens
         text_flops += prompts * enc.forward_flops(tokens)
     text_bytes = sum(enc.weight_params for enc in arch.text_encoders) * wbytes
 
@@ -257,6 +259,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         efficiency=efficiency,
         assumptions=[
             f"text tokens per sample {text} (prompt tokens {prompt_tokens} where the family cuts padding)",
+            f"condition images per sample {sources} (data.train's; an edit dataset not there yet: one)",
             f"{'true CFG: doubled batch' if cfg_factor == 2 else 'one forward per step'}; micro-batch {micro}",
             f"{evaluations:.3g} transformer evaluations per image in the rollout"
             + ("" if tree is None else f" (a tree of {tree.leaves} leaves instead of {s.num_steps})"),

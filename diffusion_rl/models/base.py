@@ -109,8 +109,8 @@ class FlowModel(ABC):
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
         """The transformer's keyword arguments as meta tensors (`on_meta`), as `velocity` gives them: `batch` rows,
-        latents of `latent` = (frames, height, width) cells, `text` tokens, an editing family's condition image
-        beside the latents; `config` is the transformer's config."""
+        latents of `latent` = (frames, height, width) cells, `text` tokens; `config` is the transformer's config. An
+        editing family's also takes `sources`, its condition images per row (beside the latents)."""
         raise NotImplementedError(f"the family '{cls.family}' gives estimate no transformer inputs (meta_inputs)")
 
     def __init_subclass__(cls, **kwargs):

@@ -14,6 +14,14 @@ As Flux2KleinPipeline and Flux2Pipeline (FLUX.2-dev) do it:
 - positional ids (t, h, w, l): image tokens (0, row, column, 0), text tokens (0, 0, 0, index);
 - σ: evenly spaced in [1/T, 1], shifted with μ = the pipeline's `compute_empirical_mu(tokens, T)` (exponential
   time shift); the transformer takes σ and scales it by 1000 itself;
+- reference images (the pipelines' `image`: 0..N per prompt; in a dataset, a record's `images`): each VAE-encoded
+  like the latents (the posterior's mode, patchified, batch-norm normalised; `image_latents` [B, k, h', w', 4·C] in
+  the conditioning), their tokens after the generated ones, reference i's ids (10 + 10·i, row, column, 0); only
+  the generated tokens' velocity is kept, and the σ shift follows the generated tokens alone. With true CFG both
+  halves see the references. The references come at the output size (data/condition_images.py); the pipeline
+  keeps each image's own size (cut to a multiple of 16, shrunk to at most 1024² pixels), which is the same image at
+  that output size. FLUX.2-dev's pipeline shows the images to its text encoder only to rewrite the prompt
+  (`caption_upsample_temperature`, off by default): not done here;
 - guidance: klein (`is_distilled`) is CFG-free, guidance is ignored as the pipeline ignores it (one forward);
   klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward;
   dev is guidance-distilled: the scale enters the transformer's guidance embedding (scaled by 1000 inside, like
@@ -36,9 +44,9 @@ from diffusion_rl.models.base import (
     as_sigma_batch,
     images_to_uint8,
     on_meta,
-    refuse_condition_images,
     uint8_to_images,
 )
+from diffusion_rl.models.condition import condition_count, condition_latents
 from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_of, unpack_latents
 from diffusion_rl.models.registry import ModelFamily, register_family
 
@@ -69,6 +77,14 @@ def image_ids(h: int, w: int, device) -> torch.Tensor:
     return torch.stack([zeros, rows, cols, zeros], dim=-1).reshape(h * w, 4).to(device)
 
 
+def reference_ids(count: int, h: int, w: int, device) -> torch.Tensor:
+    """The reference images' positional ids [count·h·w, 4]: reference i's tokens (10 + 10·i, row, column, 0), as the
+    pipelines' `_prepare_image_ids` (its time offset `scale` 10)."""
+    ids = image_ids(h, w, device).repeat(count, 1)
+    ids[:, 0] = (10 + 10 * torch.arange(count, device=device)).repeat_interleave(h * w)
+    return ids
+
+
 def text_ids(length: int, device) -> torch.Tensor:
     """The text tokens' positional ids [L, 4]: (0, 0, 0, index)."""
     ids = torch.zeros(length, 4, dtype=torch.long)
@@ -78,6 +94,7 @@ def text_ids(length: int, device) -> torch.Tensor:
 
 class Flux2Model(PackedLatentModel):
     frozen_components = ("text_encoder", "vae")
+    edits = True  # reference images, 0..N per prompt (none: text-to-image)
 
     def configure(self) -> None:
         self.distilled = bool(self.pipeline.config.get("is_distilled", False))
@@ -87,10 +104,14 @@ class Flux2Model(PackedLatentModel):
 
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
-        refuse_condition_images(self.family, images)
+        k = condition_count(self.family, images, len(prompts), most=None)
         if self.distilled or self.guidance_embeds:  # CFG-free or guidance-distilled: negatives play no part
-            return self.text_conditioning(prompts, None)
-        return self.text_conditioning(prompts, [""] * len(prompts) if negative is None else negative)
+            cond = self.text_conditioning(prompts, None)
+        else:
+            cond = self.text_conditioning(prompts, [""] * len(prompts) if negative is None else negative)
+        if k:
+            cond["image_latents"] = condition_latents(self.encode, images).to(self.dtype)  # [B, k, h', w', 4·C]
+        return cond
 
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         embeds, _ = self.pipeline.encode_prompt(
@@ -110,9 +131,10 @@ class Flux2Model(PackedLatentModel):
 
     # -- the network ------------------------------------------------------------------------------------------
     @classmethod
-    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
+                    sources: int = 0) -> dict:  # fmt: skip
         _, h, w = latent
-        tokens = (h // 2) * (w // 2)
+        tokens = (h // 2) * (w // 2) * (1 + sources)  # the reference images' tokens after the generated ones
         return dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype),
                     encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
                     timestep=torch.ones(batch, device="meta"), img_ids=on_meta(tokens, 4), txt_ids=on_meta(text, 4),
@@ -129,7 +151,12 @@ class Flux2Model(PackedLatentModel):
 
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape
-        x = tokens_of(latents).to(self.dtype)
+        x, ids = tokens_of(latents), image_ids(h, w, latents.device)
+        refs = cond.get("image_latents", None)  # [B, k, h', w', K]: reference images, their tokens after ours
+        if refs is not None:
+            x = torch.cat([x, refs.reshape(B, -1, K).to(x.dtype)], dim=1)
+            ids = torch.cat([ids, reference_ids(*refs.shape[1:4], latents.device)])
+        x = x.to(self.dtype)
         sigma_B = as_sigma_batch(sigma, B, latents.device)
         embeds = cond["prompt_embeds"]
         true_cfg = self.true_cfg(guidance)
@@ -144,10 +171,10 @@ class Flux2Model(PackedLatentModel):
             encoder_hidden_states=embeds,
             timestep=sigma_B,  # σ: the network scales it by 1000
             guidance=guidance_B,
-            img_ids=image_ids(h, w, latents.device),
+            img_ids=ids,
             txt_ids=text_ids(embeds.shape[1], latents.device),
             return_dict=False,
-        )[0].float()
+        )[0][:, : h * w].float()  # the generated tokens' velocity (reference tokens are inputs only)
         if true_cfg:
             v_uncond, v_cond = v.chunk(2)
             v = v_uncond + guidance * (v_cond - v_uncond)

@@ -149,8 +149,9 @@ class WanI2VModel(WanModel):
         return torch.cat([first, v[:, :, 1:]], dim=2)  # not in place: v may be what autograd saved
 
     @classmethod
-    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
-        inputs = super().meta_inputs(config, batch, latent, text, dtype)  # in_channels: the condition's included
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
+                    sources: int = 1) -> dict:  # fmt: skip
+        inputs = super().meta_inputs(config, batch, latent, text, dtype)  # in_channels: the first frame's included
         if config.get("image_dim"):
             inputs["encoder_hidden_states_image"] = on_meta(batch, CLIP_IMAGE_TOKENS, config["image_dim"], dtype=dtype)
         return inputs
