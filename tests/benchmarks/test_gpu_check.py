@@ -161,7 +161,8 @@ def test_shipped_image_vaes_carry_the_checkpoints_latent_scaling():
     from diffusion_rl.estimate.architectures import from_shipped, shipped
 
     real = {"stable-diffusion-3.5-medium": (1.5305, 0.0609), "FLUX.1-dev": (0.3611, 0.1159),
-            "FLUX.1-Kontext-dev": (0.3611, 0.1159), "Z-Image-Turbo": (0.3611, 0.1159)}  # fmt: skip
+            "FLUX.1-Kontext-dev": (0.3611, 0.1159), "FLUX.1-schnell": (0.3611, 0.1159),
+            "Z-Image-Turbo": (0.3611, 0.1159)}  # fmt: skip
     kl = {name: from_shipped(name).vae_config for name in shipped() if from_shipped(name).vae_class == "AutoencoderKL"}
     assert sorted(kl) == sorted(real)
     for name, config in kl.items():
