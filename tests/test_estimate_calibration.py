@@ -26,6 +26,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # as benchmarks/gpu_check.py finds
 from gpu_check.parts import PROMPT_TOKENS, RUNS, Context, run_config  # noqa: E402
 
 RECORDS = json.loads((ROOT / "benchmarks/results/gpu_check_h200.json").read_text())["merged"]["parts"]
+# Settings the 2026-11-26 records ran with where a ready config changed since (newer records carry them):
+# flux_pickscore_lora.yaml turned gradient checkpointing on after the check (its estimate at the full batch was over
+# 80 GB once the EMA and the decode counted).
+RAN_WITH = {"flux_lora": {"gradient_checkpointing": False}}
 TIME_TOLERANCE = 0.20
 MEMORY_TOLERANCE = 0.35
 
@@ -39,7 +43,10 @@ def test_the_records_are_the_h200_check_the_calibration_cites():
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_the_estimate_of_each_measured_step_is_within_the_calibrated_tolerance(name, tmp_path):
     run, measured = RUNS[name], RECORDS[name]["result"]
-    cfg = run_config(Context(dry_run=False, work=tmp_path), run, [])
+    ran = {"gradient_checkpointing": measured.get("gradient_checkpointing"), **RAN_WITH.get(name, {})}
+    checkpointing = ran["gradient_checkpointing"]
+    extra = [] if checkpointing is None else [f"model.gradient_checkpointing={checkpointing}"]
+    cfg = run_config(Context(dry_run=False, work=tmp_path), run, extra)
     assert cfg.data.prompts_per_step * cfg.data.group_size == measured["images_per_step"]
     device = DEVICES[RECORDS["device"]["result"]["table_entry"]]
     r = estimate(cfg, from_shipped(run.arch), device, 1, config_name=run.config, prompt_tokens=PROMPT_TOKENS)
