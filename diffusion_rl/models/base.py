@@ -235,6 +235,13 @@ class FlowModel(ABC):
         than the one sampled."""
         return float(guidance) if self.guidance_embeds else 1.0
 
+    def guidance_input(self, guidance: float, rows: int, device: torch.device) -> torch.Tensor | None:
+        """The transformer's `guidance` input for `rows` rows: the scale itself (the network scales it by 1000 like
+        the timestep) when the model embeds guidance, else None."""
+        if not self.guidance_embeds:
+            return None
+        return torch.full((rows,), float(guidance), device=device, dtype=torch.float32)
+
     @abstractmethod
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
         """Shape of one sample's latents (without batch) for `frames` frames of height × width pixels (a ValueError

@@ -111,9 +111,7 @@ class FluxModel(PackedLatentModel):
             x, sigma_B = torch.cat([x, x]), torch.cat([sigma_B, sigma_B])
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
             pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])
-        guidance_B = None
-        if self.guidance_embeds:  # the scale itself; the network scales it by 1000 like the timestep
-            guidance_B = torch.full((x.shape[0],), float(guidance), device=latents.device, dtype=torch.float32)
+        guidance_B = self.guidance_input(guidance, x.shape[0], latents.device)
         v = self.policies.module(
             hidden_states=x,
             timestep=self.model_timestep(sigma_B),

@@ -163,9 +163,7 @@ class Flux2Model(PackedLatentModel):
         if true_cfg:  # one forward over [uncond; cond]
             x, sigma_B = torch.cat([x, x]), torch.cat([sigma_B, sigma_B])
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
-        guidance_B = None
-        if self.guidance_embeds:  # the scale itself; the network scales it by 1000 like the timestep
-            guidance_B = torch.full((x.shape[0],), float(guidance), device=latents.device, dtype=torch.float32)
+        guidance_B = self.guidance_input(guidance, x.shape[0], latents.device)
         v = self.policies.module(
             hidden_states=x,
             encoder_hidden_states=embeds,
