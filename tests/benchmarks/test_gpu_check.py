@@ -46,7 +46,10 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
     for part in parts.values():
         assert isinstance(part["seconds"], NUMBER) and part["seconds"] <= part["cap_s"] + 5
     assert parts["device"]["result"]["packages"]["torch"] == torch.__version__
-    for name in ("sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora"):
+    from gpu_check.summary import MODEL_PARTS
+
+    assert set(MODEL_PARTS) <= set(parts)
+    for name in MODEL_PARTS:
         result = parts[name]["result"]
         assert result.keys() >= MODEL_KEYS, name
         assert result["step_s"] > 0 and result["rollout_s"] > 0 and result["update_s"] > 0
