@@ -97,9 +97,12 @@ RUNS = {
     ),  # fmt: skip
     # the few-step distilled image models: micro-batch 3 of the ready config's 9 (6 images), so the part stays short
     "z_image_lora": ModelRun(
-        "z_image_turbo_pickscore_lora.yaml", "Z-Image-Turbo", "z_image", ("train.micro_batch_size=3",),
+        "z_image_turbo_pickscore_lora.yaml",
+        "Z-Image-Turbo",
+        "z_image",
+        ("train.micro_batch_size=3",),
         dry=("sampling.window.hi=2",),
-    ),  # fmt: skip
+    ),
     "flux2_klein_lora": ModelRun("flux2_klein_pickscore_lora.yaml", "FLUX.2-klein-4B", "flux2"),
     # DanceGRPO in text-to-video mode at wan21_lora's short clip: 17 frames (5 latent frames) of the ready config's
     # 33 at its 352×640, two videos (the config's micro-batch of 1, one optimizer step)
