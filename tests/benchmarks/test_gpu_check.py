@@ -1,7 +1,7 @@
 """benchmarks/gpu_check.py: its dry run (the same parts on the CPU at tiny sizes) measures every part and writes the
 record a GPU run writes, so the check a GPU session runs in one command cannot rot; a crash or an overrun in one
 part is recorded and the rest still run; parts run in spawned processes too; the random text embeddings have the real
-encoders' shapes; the carried wheels are the versions the suite runs."""
+encoders' shapes and dtypes; the carried wheels are the versions the suite runs."""
 
 from __future__ import annotations
 
@@ -46,7 +46,10 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
     for part in parts.values():
         assert isinstance(part["seconds"], NUMBER) and part["seconds"] <= part["cap_s"] + 5
     assert parts["device"]["result"]["packages"]["torch"] == torch.__version__
-    for name in ("sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora"):
+    from gpu_check.summary import MODEL_PARTS
+
+    assert set(MODEL_PARTS) <= set(parts)
+    for name in MODEL_PARTS:
         result = parts[name]["result"]
         assert result.keys() >= MODEL_KEYS, name
         assert result["step_s"] > 0 and result["rollout_s"] > 0 and result["update_s"] > 0
@@ -115,9 +118,9 @@ def test_a_check_of_some_parts_still_names_its_device(tmp_path, gpu_check, monke
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check: NVIDIA H200")
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "qwen_image", "wan"])
-def test_random_text_embeddings_have_the_shapes_the_real_encoders_give(family, gpu_check):
-    from gpu_check.models import TINY_PRESET, RandomTexts, text_shapes
+@pytest.mark.parametrize("family", ["sd3", "z_image"])  # pooled embeddings; a mask (every family: test_text_shapes.py)
+def test_random_text_embeddings_are_what_the_real_encoders_give_in_shape_and_dtype(family, gpu_check):
+    from gpu_check.models import TINY_PRESET, RandomTexts
 
     from diffusion_rl.config import ModelConfig
     from diffusion_rl.estimate.architectures import from_tiny
@@ -129,7 +132,7 @@ def test_random_text_embeddings_have_the_shapes_the_real_encoders_give(family, g
     model = model_of_pipeline(build_tiny(family, TINY_PRESET), family_named(family), cfg, torch.device("cpu"),
                               torch.float32, "tiny")  # fmt: skip
     real = model.encode_texts(["a red cube", ""])
-    shapes = text_shapes(from_tiny(family, TINY_PRESET), 24, prompt_tokens=5)
+    shapes = family_named(family).adapter.text_shapes(from_tiny(family, TINY_PRESET), 24, prompt_tokens=5)
     random = RandomTexts(shapes, torch.float32, prompt_tokens=5).lookup(["a red cube", ""], torch.device("cpu"))
     assert {k: (v.shape, v.dtype) for k, v in random.items()} == {k: (v.shape, v.dtype) for k, v in real.items()}
     again = RandomTexts(shapes, torch.float32, prompt_tokens=5).lookup(["a red cube"], torch.device("cpu"))
