@@ -1,11 +1,12 @@
 """`estimate` against the GPU check's measurements (benchmarks/results/gpu_check_h200.json, one NVIDIA H200,
-2026-11-26; `merged` holds each part's newest run that ran ok): for each measured model part, today's estimate of the same config (the check's overrides, batch and
+2026-11-26; `merged` holds each part's newest run that ran ok, but Wan 2.1's: see its `argv`): for each measured
+model part, today's estimate of the same config (the check's overrides, batch and
 prompt length), on the same GPU's table entry, compared as the check compares it (benchmarks/gpu_check/parts.py:
 without the text encoders, which the check does not run). A regression guard: it fails when the estimator moves away
 from the measurements. The tolerances are what the calibration reached (docs/estimate.md):
 
 - time (rollout + update seconds): within ±20 % (reached −11 % … +15 % on the runs it was fitted on, −11 % … +12 %
-  on the next session's run 6, which it was not);
+  on the next session's runs 6 and 7, which it was not, FLUX.2-klein's +19 % the widest);
 - memory (the peak reserved by torch's caching allocator): within ±35 % (reached −33 % … +28 %; SD3.5-Medium LoRA
   is the −31 % of run 6: its allocator reserved 9.2 GiB above its 13.4 GiB allocated peak, more than any other part).
 """

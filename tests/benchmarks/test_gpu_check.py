@@ -170,3 +170,16 @@ def test_shipped_image_vaes_carry_the_checkpoints_latent_scaling():
     assert sorted(kl) == sorted(real)
     for name, config in kl.items():
         assert (config.get("scaling_factor"), config.get("shift_factor")) == real[name], name
+
+
+def test_shipped_video_vaes_carry_a_latent_mean_and_std_per_latent_channel():
+    # AutoencoderKLWan's defaults are Wan 2.1's 16 channels' statistics; Wan 2.2's VAE has 48 latent channels, and
+    # the GPU check's Wan 2.2 step failed in the decode (`view` of 16 values as 48) until its architecture carried them
+    from diffusion_rl.estimate.architectures import from_shipped, shipped
+
+    archs = [from_shipped(name) for name in shipped()]
+    wan = {a.name: a.vae_config for a in archs if a.vae_class == "AutoencoderKLWan"}
+    assert {config["z_dim"] for config in wan.values()} == {16, 48}
+    for name, config in wan.items():
+        assert len(config["latents_mean"]) == len(config["latents_std"]) == config["z_dim"], name
+        assert min(config["latents_std"]) > 0, name
