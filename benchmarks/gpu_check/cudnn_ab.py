@@ -49,8 +49,8 @@ class ABRun:
     note: str = ""  # the size, for the record
 
 
-# The smallest step whose update still takes ~2 s or more on an H200 (runs 2 and 7's update seconds per image and
-# trained step), in the order they run: Wan (run 7's +36 %) and SD3.5 first, the two cheap distilled models, then
+# Small steps whose update should still take 1.5–4 s on an H200 (runs 6 and 7's update seconds per image and trained
+# step), in the order they run: Wan (run 7's +36 %) and SD3.5 first, the two cheap distilled models, then
 # Qwen-Image (slow to build), FLUX.1-dev last (its cuDNN backward crashed in run 5).
 AB_RUNS = {
     "wan21_lora": ABRun(2, ("sampling.num_steps=4",), "2 videos of 17 frames, 4 steps (3 trained)"),
