@@ -6,8 +6,8 @@ slower than run 2's (Wan 2.1 +36 %, SD3.5 and Qwen-Image +8–11 %; benchmarks/R
 
 Both variants are `model.attention_backend=sdpa`; once the model is built, each sets torch's process-wide switch
 (`torch.backends.cuda.enable_cudnn_sdp`) itself: `cudnn_off`, as `sdpa` does on CUDA now, or `cudnn_on`, torch's
-default and runs 2–4's code (on sm90 with cuDNN ≥ 9.15 torch then tries cuDNN before flash attention). That is the one
-difference between run 2 and run 7; it reaches SD3.5 too, whose joint attention refuses `_native_cudnn`; and it is
+default and runs 2–4's code (recent torch tries cuDNN before flash attention on sm90 with a recent cuDNN). That is the
+one difference between run 2 and run 7; it reaches SD3.5 too, whose joint attention refuses `_native_cudnn`; and it is
 what the default becomes if cuDNN is let back in. `_native_cudnn` (cuDNN forced on every call, after a copy of q, k
 and v; what a user of the other families can switch to today) is measured on Wan by the `attention` part. Which
 kernel torch picks is counted per call in the warm-up step (`torch._fused_sdp_choice` on the call's arguments), so a
