@@ -152,6 +152,7 @@ def test_a_crashing_cudnn_variant_is_recorded_and_the_next_variant_still_runs(tm
     assert "| failed: the process died (exit code -11) |" in table
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 def test_a_variant_past_its_cap_is_killed_and_one_dies_with_its_part(tmp_path, gpu_check, monkeypatch):
     from gpu_check.cudnn_ab import isolated
 
