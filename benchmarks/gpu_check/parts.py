@@ -195,10 +195,10 @@ def build(ctx: Context, name: str, extra: list[str] = (), rows: int | None = Non
     return cfg, arch, trainer_with(cfg, model, engine_factory)
 
 
-def timed_steps(trainer, steps: int) -> list[dict]:
-    """`steps` training steps; each one's metrics with its wall-clock seconds (`wall_s`, synchronised)."""
+def timed_steps(trainer, steps: int, first: int = 0) -> list[dict]:
+    """`steps` training steps from step `first`; each one's metrics with its wall-clock seconds (`wall_s`, synced)."""
     out = []
-    for step in range(steps):
+    for step in range(first, first + steps):
         sync()
         start = time.perf_counter()
         metrics = trainer.train_step(step)
@@ -431,7 +431,10 @@ def warm_imports() -> None:
             getattr(diffusers, name)
 
 
-# name → (function, time cap in seconds), in the order they run: what matters most first
+from .cudnn_ab import cudnn_ab_part  # noqa: E402 — that part builds on this module's helpers
+
+# name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, past the default
+# budget, runs with --only)
 PARTS = {
     "device": (device_part, 30),
     "sd35_lora": (model_part("sd35_lora"), 80),
@@ -446,4 +449,5 @@ PARTS = {
     "flux2_klein_lora": (model_part("flux2_klein_lora"), 60),
     "z_image_lora": (model_part("z_image_lora"), 60),
     "wan22_ti2v_lora": (model_part("wan22_ti2v_lora"), 80),
+    "cudnn_ab": (cudnn_ab_part, 150),
 }
