@@ -50,17 +50,7 @@ class OptimizerStepper:
         max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
         grad_norm = self.parallel.clip_grad_norm(self.params, max_norm)  # over all shards
         if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped += 1
-            self.consecutive_skips += 1
-            logger.warning(
-                "non-finite gradient norm (%s): update skipped (%d in a row)", grad_norm, self.consecutive_skips
-            )
-            if self.consecutive_skips >= t.max_consecutive_skips:
-                raise TrainingDiverged(
-                    f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient norm; "
-                    "stopping (the last good checkpoint is kept). Lower train.lr or check the rewards."
-                )
+            self._skip(grad_norm)
             return grad_norm
         self.optimizer.step()
         self.scheduler.step()
@@ -70,6 +60,18 @@ class OptimizerStepper:
         if self.ema is not None and self.steps % t.ema.update_every == 0:
             self.ema.update()
         return grad_norm
+
+    def _skip(self, grad_norm: float) -> None:
+        """Drop a non-finite gradient; train.max_consecutive_skips in a row raise TrainingDiverged."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped += 1
+        self.consecutive_skips += 1
+        logger.warning("non-finite gradient norm (%s): update skipped (%d in a row)", grad_norm, self.consecutive_skips)
+        if self.consecutive_skips >= self.train.max_consecutive_skips:
+            raise TrainingDiverged(
+                f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient norm; "
+                "stopping (the last good checkpoint is kept). Lower train.lr or check the rewards."
+            )
 
     def metrics(self, grad_norms: list[float]) -> dict[str, float]:
         """What every update reports about its optimizer steps: the mean finite gradient norm, lr, step counts."""
