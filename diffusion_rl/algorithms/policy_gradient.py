@@ -287,27 +287,13 @@ class PolicyGradient(Algorithm):
         step = self._recompute(units.traj, units.columns[:, k])
         weights = units.weight * units.correction[:, k] * units.step_weight[:, k]
         entry_metrics = {}
-        rc = self.correction
-        if rc.mode == "bypass" and rc.rs_stat is not None:
-            # rejection from the current policy's log-probs of this step against the rollout's
-            current = step.log_prob.detach()[:, None]
-            corrected = correction_weights(current, units.old_log_probs[:, k : k + 1], rc)
-            weights = weights * corrected.weights_BW[:, 0]
-            # per-entry shares and means: the update loop averages them over the (sample, step) entries
-            for name in ("rejected_fraction", "kl", "k3_kl", "chi2_step"):
-                entry_metrics[f"rollout_corr/{name}"] = corrected.metrics[f"rollout_corr/{name}"]
-            entry_metrics.update({k: v for k, v in corrected.metrics.items() if "/rejected_fraction/" in k})
-        inp = PolicyLossInput(
-            log_prob=step.log_prob,
-            old_log_prob=units.old_log_probs[:, k],
-            advantages=units.advantages[:, k],
-            mean=step.mean,
-            old_mean=units.old_means[:, k],
-            ref_mean=ref_mean,
-            std=step.std,
-            sqrt_dt=units.sqrt_dt[:, k],
-            weights=weights,
-        )
+        if self.correction.mode == "bypass" and self.correction.rs_stat is not None:
+            kept, entry_metrics = self._rejection(step.log_prob, units.old_log_probs[:, k : k + 1])
+            weights = weights * kept
+        sqrt_dt = units.sqrt_dt[:, k].contiguous()  # a strided view would sum (grpo_guard's mean) in another order
+        inp = PolicyLossInput(log_prob=step.log_prob, old_log_prob=units.old_log_probs[:, k], mean=step.mean,
+                              old_mean=units.old_means[:, k], ref_mean=ref_mean, advantages=units.advantages[:, k],
+                              std=step.std, sqrt_dt=sqrt_dt, weights=weights)  # fmt: skip
         out = self.loss_fn(inp, self.settings)
         metrics = dict(out.metrics)
         if at.epoch == 0 and at.minibatch == 0:  # before the first optimizer step: 0 when the recompute replays the
@@ -317,14 +303,29 @@ class PolicyGradient(Algorithm):
         return LossOutput(out.loss, metrics, entry_metrics)
 
     # -- helpers ------------------------------------------------------------------------------------------------
+    def _rejection(self, log_prob_B: torch.Tensor, rollout_B1: torch.Tensor):
+        """Bypass correction's rejection of one trained step: [B] 0 for a rejected entry, else 1, from the current
+        policy's log-probs against the rollout's; and its per-entry shares and means (the update loop averages them
+        over the (sample, step) entries)."""
+        corrected = correction_weights(log_prob_B.detach()[:, None], rollout_B1, self.correction)
+        entry_metrics = {f"rollout_corr/{name}": corrected.metrics[f"rollout_corr/{name}"]
+                         for name in ("rejected_fraction", "kl", "k3_kl", "chi2_step")}  # fmt: skip
+        entry_metrics.update({k: v for k, v in corrected.metrics.items() if "/rejected_fraction/" in k})
+        return corrected.weights_BW[:, 0], entry_metrics
+
     def _per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
-        """Advantages and step weights [B, K] of the trained columns: a flat row's advantage on each of them, or a
-        tree row's per-depth ones at the depth each trained step leads into."""
+        """Advantages and step weights [B, K] of the trained columns: a flat row's advantage on each of them (a tree
+        row's: `_tree_per_step`)."""
         adv = targets.advantages
         if adv is None:
             raise ValueError("a policy-gradient update needs targets.advantages (none were given)")
-        if adv.ndim == 1:
-            return adv[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv.device)
+        if adv.ndim == 2:
+            return self._tree_per_step(targets, traj, columns_BK)
+        return adv[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv.device)
+
+    def _tree_per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
+        """A tree row's per-depth advantages and step weights at the depth each trained step leads into."""
+        adv = targets.advantages
         if self.tree is None or adv.shape[1] != self.tree.depth + 1:
             raise ValueError(f"per-depth advantages {tuple(adv.shape)} need sampling.tree with {adv.shape[1] - 1} "
                              "splits")  # fmt: skip
