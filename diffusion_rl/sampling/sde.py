@@ -125,11 +125,8 @@ def _row_mean(value: Tensor) -> Tensor:
 
 
 def _noise(like: Tensor, generator: Generators) -> Tensor:
-    """Standard normal noise of like's shape, fp32 on like's device.
-
-    One generator draws the whole batch at once; a list draws row i with generator[i], so a sample's noise does
-    not depend on how the batch is split. A generator draws on its own device (usually the CPU).
-    """
+    """Standard normal noise of like's shape, fp32 on like's device: one generator draws the batch at once, a list
+    row i with generator[i] (so a sample's noise does not depend on the batch); each on its own device."""
     shape = like.shape
     if generator is None:
         return torch.randn(shape, dtype=torch.float32, device=like.device)
