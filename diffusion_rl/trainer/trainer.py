@@ -54,10 +54,9 @@ from diffusion_rl.data.pairs import PreferencePair, load_image, load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prompts
 from diffusion_rl.engine import make_engine
-from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
-from diffusion_rl.errors import RunStopped
+from diffusion_rl.errors import RunStopped, TrainingDiverged
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
@@ -439,7 +438,8 @@ class OnlineRollouts:
             with timer("generate"):
                 collected, seconds = future.result()
             collected.scored.metrics["timing/sampled_ahead"] = seconds
-        self._sample_ahead(step)
+        if getattr(self.engine, "max_staleness", 0):  # the engine samples ahead (separate rollout actors)
+            self._sample_ahead(step)
         return collected
 
     def _sample_ahead(self, step: int) -> None:
