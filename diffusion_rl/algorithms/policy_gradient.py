@@ -261,18 +261,10 @@ class PolicyGradient(Algorithm):
         else:
             old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns).float()
             correction = torch.ones_like(rollout_log_probs)
-        units = PolicyGradientUnits(
-            traj=traj,
-            advantages=advantages,
-            weight=weight,
-            columns=columns,
-            step_weight=step_weight,
-            old_log_probs=old_log_probs,
-            old_means=old_means,
-            correction=correction,
-            sqrt_dt=(gather_columns(traj.sigmas, columns) - gather_columns(traj.sigmas_next, columns)).sqrt(),
-            batch_size=traj.batch_size,
-        )
+        sqrt_dt = (gather_columns(traj.sigmas, columns) - gather_columns(traj.sigmas_next, columns)).sqrt()
+        units = PolicyGradientUnits(traj=traj, advantages=advantages, weight=weight, columns=columns,
+                                    step_weight=step_weight, old_log_probs=old_log_probs, old_means=old_means,
+                                    correction=correction, sqrt_dt=sqrt_dt, batch_size=traj.batch_size)  # fmt: skip
         return units, metrics
 
     def chunks(self, units: PolicyGradientUnits) -> int:

@@ -138,7 +138,7 @@ class RewardCombiner:
         __call__."""
         batch_size = len(metadata)
         scored = {r.name: _concat([chunk[r.name] for chunk in chunks]) for r in self.rewards if not r.group}
-        if len(scored) < len(self.rewards):  # group rewards: scored here, on the whole batch
+        if any(r.group for r in self.rewards):  # scored here, on the whole batch: a group is never split
             scored.update(self._score_group_rewards(images, prompts, metadata, group_index))
         scored = {r.name: scored[r.name] for r in self.rewards}  # the config's order, for metrics and messages
         total, failed = self._combine(scored, batch_size)

@@ -153,11 +153,8 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
     if window is not None:
         step_index = torch.tensor(index)  # on the CPU, where the schedule `sigmas` lives
         steps = {key: in_order(torch.stack(ts, dim=1)) for key, ts in history.items()}
-        steps.update(
-            sigmas=sigmas[step_index].to(device).expand(B, -1).clone(),
-            sigmas_next=sigmas[step_index + 1].to(device).expand(B, -1).clone(),
-            step_index=step_index.to(device).expand(B, -1).clone(),
-        )
+        per_step = {"sigmas": sigmas[step_index], "sigmas_next": sigmas[step_index + 1], "step_index": step_index}
+        steps.update({key: t.to(device).expand(B, -1).clone() for key, t in per_step.items()})  # a copy per row
     # transformer forwards per image: a tree's shared nodes split among their leaves
     forwards = evaluations * model.forwards_per_evaluation(settings.guidance) / N / R
     images, nfe = decode_in_chunks(model, x).to(device), torch.full((B,), float(forwards), device=device)

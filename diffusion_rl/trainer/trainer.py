@@ -266,11 +266,8 @@ class Trainer:
         metrics = {**batch.scored.metrics, **prepared, **update_metrics, **timer.metrics()}
         if window is not None:
             metrics["window/start"] = window.start
-        if self.cfg.sampling.tree is not None:  # what flat rollouts of the same group size would cost (local engine)
-            s = self.cfg.sampling
-            flat = s.num_steps * self.engine.model.forwards_per_evaluation(s.guidance)
-            metrics["rollout/nfe_per_image_flat"] = float(flat)
-            metrics["rollout/nfe_saving"] = 1.0 - metrics["rollout/nfe_per_image"] / flat
+        if self.cfg.sampling.tree is not None:
+            metrics.update(self._tree_saving(metrics["rollout/nfe_per_image"]))
         # the step's throughput: generate (or load), reward, prepare and update; not dumps, validation, checkpoints
         seconds = sum(timer.seconds.values())
         metrics["images_per_second"] = len(batch.prompts) / seconds
@@ -283,6 +280,12 @@ class Trainer:
                 self.dump_rollout(step, batch, leaf[:, -1] if leaf is not None and leaf.ndim == 2 else leaf)
             metrics["timing/dump"] = timer.seconds["dump"]
         return metrics
+
+    def _tree_saving(self, nfe_per_image: float) -> dict[str, float]:
+        """What flat rollouts of the same group size would cost (local engine), and the share a tree saves."""
+        s = self.cfg.sampling
+        flat = s.num_steps * self.engine.model.forwards_per_evaluation(s.guidance)
+        return {"rollout/nfe_per_image_flat": float(flat), "rollout/nfe_saving": 1.0 - nfe_per_image / flat}
 
     def finish(self) -> list[dict]:
         rows = read_metrics(self.run_dir / "metrics.jsonl") if self.cfg.log.jsonl else []
