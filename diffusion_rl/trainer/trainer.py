@@ -54,10 +54,9 @@ from diffusion_rl.data.pairs import PreferencePair, load_image, load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prompts
 from diffusion_rl.engine import make_engine
-from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
-from diffusion_rl.errors import RunStopped
+from diffusion_rl.errors import RunStopped, TrainingDiverged
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
@@ -267,11 +266,8 @@ class Trainer:
         metrics = {**batch.scored.metrics, **prepared, **update_metrics, **timer.metrics()}
         if window is not None:
             metrics["window/start"] = window.start
-        if self.cfg.sampling.tree is not None:  # what flat rollouts of the same group size would cost (local engine)
-            s = self.cfg.sampling
-            flat = s.num_steps * self.engine.model.forwards_per_evaluation(s.guidance)
-            metrics["rollout/nfe_per_image_flat"] = float(flat)
-            metrics["rollout/nfe_saving"] = 1.0 - metrics["rollout/nfe_per_image"] / flat
+        if self.cfg.sampling.tree is not None:
+            metrics.update(self._tree_saving(metrics["rollout/nfe_per_image"]))
         # the step's throughput: generate (or load), reward, prepare and update; not dumps, validation, checkpoints
         seconds = sum(timer.seconds.values())
         metrics["images_per_second"] = len(batch.prompts) / seconds
@@ -284,6 +280,12 @@ class Trainer:
                 self.dump_rollout(step, batch, leaf[:, -1] if leaf is not None and leaf.ndim == 2 else leaf)
             metrics["timing/dump"] = timer.seconds["dump"]
         return metrics
+
+    def _tree_saving(self, nfe_per_image: float) -> dict[str, float]:
+        """What flat rollouts of the same group size would cost (local engine), and the share a tree saves."""
+        s = self.cfg.sampling
+        flat = s.num_steps * self.engine.model.forwards_per_evaluation(s.guidance)
+        return {"rollout/nfe_per_image_flat": float(flat), "rollout/nfe_saving": 1.0 - nfe_per_image / flat}
 
     def finish(self) -> list[dict]:
         rows = read_metrics(self.run_dir / "metrics.jsonl") if self.cfg.log.jsonl else []
@@ -439,7 +441,8 @@ class OnlineRollouts:
             with timer("generate"):
                 collected, seconds = future.result()
             collected.scored.metrics["timing/sampled_ahead"] = seconds
-        self._sample_ahead(step)
+        if getattr(self.engine, "max_staleness", 0):  # the engine samples ahead (separate rollout actors)
+            self._sample_ahead(step)
         return collected
 
     def _sample_ahead(self, step: int) -> None:
