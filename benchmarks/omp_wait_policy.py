@@ -10,7 +10,7 @@ passive" is a run started on a quiet machine (auto: OpenMP's default spinning) w
 sees the load: PASSIVE). Time it on a quiet machine (`cat /proc/loadavg`, below ~1.5) and say the load.
 
     python benchmarks/omp_wait_policy.py [--rounds 3] [--steps 6] [--alone default,passive] [--pair-seconds 60]
-Writes benchmarks/results/omp_wait_policy.json.
+Writes benchmarks/results/omp_wait_policy.json (--out elsewhere).
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ def side_by_side(pair: tuple[str, str], seconds: float, work: Path) -> dict:
         "seconds_per_step": [statistics.median(d) if d else None for d in inside],
         "steps_timed": [len(d) for d in inside],
         "overlap_s": end - start,
+        "steps_from_overlap_start": [[(a - start, b - start) for a, b in s] for s in stamps],  # all, for a look
     }
 
 
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--alone", default="default,passive", help=f"policies timed alone, of {', '.join(POLICIES)}")
     parser.add_argument("--pairs", default=PAIRS, help="policies run side by side, a+b,c+d (none: '')")
     parser.add_argument("--pair-seconds", type=float, default=60.0, help="how long each pair trains side by side")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/omp_wait_policy.json"))
     args = parser.parse_args()
     arms = args.alone.split(",")
     load_before = os.getloadavg()
@@ -130,9 +132,14 @@ def main() -> None:
                   + ", ".join(f"{n} {v:.3f}" for n, v in ratios.items()), flush=True)  # fmt: skip
         for pair in [tuple(p.split("+")) for p in args.pairs.split(",") if p]:
             pairs.append({**side_by_side(pair, args.pair_seconds, Path(work)), "loadavg": os.getloadavg()})
+            row = pairs[-1]
             shown = ", ".join(
-                f"{p} {s:.2f} s/step ({n} steps)" if s is not None else f"{p} no whole step"
-                for p, s, n in zip(pair, pairs[-1]["seconds_per_step"], pairs[-1]["steps_timed"])
+                f"{p} {s:.2f} s/step ({n} steps)"
+                if s is not None
+                else f"{p} no step wholly beside the other (its steps: {', '.join(f'{b - a:.1f}' for a, b in all_)} s)"
+                for p, s, n, all_ in zip(
+                    pair, row["seconds_per_step"], row["steps_timed"], row["steps_from_overlap_start"]
+                )
             )
             print(f"side by side: {shown}", flush=True)
     others = [name for name in arms if name != "default"] if rounds else []
@@ -148,7 +155,7 @@ def main() -> None:
         "median_ratio_to_default": ratio,
         "side_by_side": pairs,
     }
-    (ROOT / "benchmarks/results/omp_wait_policy.json").write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     medians = ", ".join(f"{name} {value:.3f}" for name, value in ratio.items())
     print(f"median / default: {medians} (load {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
 
