@@ -2,8 +2,8 @@
 
 An idle OpenMP thread of torch (libgomp) spins about 300,000 iterations (a few ms) waiting for the next parallel region
 before it sleeps. Alone that is fastest: OMP_WAIT_POLICY=PASSIVE (sleep at once) made the quickstart 15–40 % slower on
-a quiet machine. But two torch processes on the same cores spin-wait each other: side by side, 62.7 s per quickstart
-step with the spinning against 5.0 with PASSIVE (benchmarks/RESULTS.md). So the policy follows the machine:
+a quiet machine. But torch processes on the same cores spin-wait each other: beside the test suite, 62.7 s per
+quickstart step with the spinning against 5.0 with PASSIVE (benchmarks/RESULTS.md). So the policy follows the machine:
 
 - the user's own OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME always win;
 - `engine.omp_wait_policy` = passive or spin forces one (spin = OpenMP's own default, the variable unset; not
