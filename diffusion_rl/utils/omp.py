@@ -31,7 +31,7 @@ USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # libgomp's,
 SET_BY_US = "DIFFUSION_RL_OMP_SET"  # the variables this module set: a later decision does not take them as the user's
 BUSY_CPUS = 0.5  # other work on this process's CPUs from which auto sleeps: one busy thread on a core we spin on
 WINDOW_S = 0.2  # how long busy_cpus watches the CPUs (20 ticks of /proc/stat per CPU)
-OVERRIDE = "engine.omp_wait_policy=spin (or passive) or OMP_WAIT_POLICY in the environment decides instead"
+OVERRIDE = "engine.omp_wait_policy=spin spins anyway (docs/distributed.md); OMP_WAIT_POLICY in the environment wins"
 
 
 @dataclass(frozen=True)
