@@ -72,6 +72,7 @@ from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, wri
 from diffusion_rl.trainer.profiling import StepProfiler
 from diffusion_rl.trainer.timing import PhaseTimer, perf_metrics
 from diffusion_rl.utils.files import naming
+from diffusion_rl.utils.omp import check_effective
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
 from diffusion_rl.utils.split import split_evenly
@@ -98,6 +99,7 @@ def build_rewards(cfg: Config, specs=None, where: str = "rewards") -> RewardComb
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        check_effective(cfg.engine.omp_wait_policy)  # this process's OpenMP read its variables when torch loaded
         if cfg.engine.num_threads:
             torch.set_num_threads(cfg.engine.num_threads)
         self.run_dir = Path(cfg.run.dir)
