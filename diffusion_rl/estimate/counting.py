@@ -10,6 +10,8 @@ are the bytes the memory-bound ops read and write (`Traffic`: what the roofline'
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import weakref
 from dataclasses import dataclass
 
@@ -24,6 +26,24 @@ from diffusion_rl.models.doctor import count_saved_tensors
 from diffusion_rl.models.registry import family_named
 
 META = torch.device("meta")
+
+
+def counted_once(count):
+    """`count(arch, ...)` computed once per architecture and arguments, then answered from memory: a count is a pure
+    function of the architecture's classes and configs (not its name: Qwen-Image-2512 counts as Qwen-Image) and of
+    the arguments, and `estimate` asks for the same one again for a config's variants (checkpointing on or off, other
+    GPU counts). The answers are frozen dataclasses, so a caller cannot change what the next one gets."""
+    answers = {}
+
+    @functools.wraps(count)
+    def counted(arch: Architecture, *args, **kwargs):
+        parts = (arch.family, arch.transformer_class, arch.transformer_config, arch.vae_class, arch.vae_config)
+        key = (json.dumps(parts, sort_keys=True, default=repr), repr(args), repr(sorted(kwargs.items())))
+        if key not in answers:
+            answers[key] = count(arch, *args, **kwargs)
+        return answers[key]
+
+    return counted
 
 
 def build_on_meta(class_name: str, config: dict) -> torch.nn.Module:
@@ -138,7 +158,7 @@ def counting_traffic():
         yield traffic
 
 
-@dataclass
+@dataclass(frozen=True)
 class Shapes:
     """One transformer call: `batch` rows (CFG's doubled batch included), an image of height × width pixels and
     `frames` frames, `text` text tokens per row, and an editing family's `sources` condition images per row."""
@@ -159,7 +179,7 @@ def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dic
     return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype, **sources)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TransformerCost:
     forward_flops: float  # one call at the shapes
     train_flops: float  # forward + backward of one call (trained parameters' gradients and the activations')
@@ -183,6 +203,7 @@ def in_dtype(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return module
 
 
+@counted_once
 def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=torch.bfloat16,
                      lora: tuple[tuple[str, ...], int] | None = None) -> TransformerCost:  # fmt: skip
     """Count one transformer call at `s`: forward, forward + backward, saved activations, memory-bound traffic.
@@ -290,13 +311,14 @@ class PeakLive(TorchDispatchMode):
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeCost:
     flops: float  # decoding one sample
     traffic: float  # bytes its memory-bound ops move
     peak_bytes: int  # the most its intermediate tensors hold at once (beyond the latents and the weights)
 
 
+@counted_once
 def vae_decode_cost(arch: Architecture, height: int, width: int, frames: int, dtype=torch.bfloat16) -> DecodeCost:
     """FLOPs, memory-bound traffic and working memory of decoding one sample's latents, counted on the meta device."""
     vae = in_dtype(build_on_meta(arch.vae_class, arch.vae_config), dtype)
