@@ -221,7 +221,8 @@ def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=t
         from peft import LoraConfig, get_peft_model
 
         targets, rank = lora
-        module = get_peft_model(module, LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets)))
+        with META:  # the adapters too: peft would draw their initial values on the CPU, for nothing on meta
+            module = get_peft_model(module, LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets)))
         _saves_uncounted(m for name, m in module.named_modules() if name.split(".")[-2:-1] in (["lora_A"], ["lora_B"]))
     inputs = transformer_inputs(arch, s, dtype)
     with FlopCounterMode(display=False) as forward, torch.no_grad(), counting_traffic() as forward_traffic:
