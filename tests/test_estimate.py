@@ -108,9 +108,9 @@ def test_lora_backward_costs_about_one_forward_full_backward_two():
     assert full.train_flops - lora.train_flops > 0.8 * full.forward_flops
 
 
-def test_a_count_is_made_once_per_architecture_and_arguments(monkeypatch):
+def test_a_count_is_made_once_per_architecture_and_arguments(monkeypatch, toy_family):
     """A repeated count is answered from memory (estimate asks again for a config's variants): the same classes and
-    configs under another name too; another config or shape is counted."""
+    configs under another name too; another config, shape or family adapter is counted."""
     from diffusion_rl.estimate import counting
 
     built, real = [], counting.build_on_meta
@@ -125,10 +125,12 @@ def test_a_count_is_made_once_per_architecture_and_arguments(monkeypatch):
     assert count(arch, dataclasses.replace(shapes, batch=2)).forward_flops == 2 * first.forward_flops
     deeper = dataclasses.replace(arch, transformer_config={**SMALL_SD3, "num_layers": 3})
     assert count(deeper, shapes).forward_flops > first.forward_flops and len(built) == 3
+    count(dataclasses.replace(arch, family=toy_family), shapes)
+    assert ToySd3.asked[-1] == (1, (1, 16, 16), 7) and len(built) == 4
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.forward_flops = 0.0  # the next caller gets the same object
     decode = vae_decode_cost(arch, 32, 32, 1, torch.float32)
-    assert vae_decode_cost(arch, 32, 32, 1, torch.float32) is decode and len(built) == 4
+    assert vae_decode_cost(arch, 32, 32, 1, torch.float32) is decode and len(built) == 5
 
 
 def test_saved_bytes_on_meta_count_each_storage_once_and_skip_attention_matrices():

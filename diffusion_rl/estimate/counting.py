@@ -30,15 +30,17 @@ META = torch.device("meta")
 
 def counted_once(count):
     """`count(arch, ...)` computed once per architecture and arguments, then answered from memory: a count is a pure
-    function of the architecture's classes and configs (not its name: Qwen-Image-2512 counts as Qwen-Image) and of
-    the arguments, and `estimate` asks for the same one again for a config's variants (checkpointing on or off, other
-    GPU counts). The answers are frozen dataclasses, so a caller cannot change what the next one gets."""
+    function of the architecture's classes and configs (not its name: Qwen-Image-2512 counts as Qwen-Image), of its
+    family's adapter (which builds the inputs; the class itself is in the key, so a name registered again counts
+    anew) and of the arguments, and `estimate` asks for the same one again for a config's variants (checkpointing on
+    or off, other GPU counts). The answers are frozen dataclasses: a caller cannot change what the next one gets."""
     answers = {}
 
     @functools.wraps(count)
     def counted(arch: Architecture, *args, **kwargs):
-        parts = (arch.family, arch.transformer_class, arch.transformer_config, arch.vae_class, arch.vae_config)
-        key = (json.dumps(parts, sort_keys=True, default=repr), repr(args), repr(sorted(kwargs.items())))
+        parts = (arch.transformer_class, arch.transformer_config, arch.vae_class, arch.vae_config)
+        key = (family_named(arch.family).adapter, json.dumps(parts, sort_keys=True, default=repr), repr(args),
+               repr(sorted(kwargs.items())))  # fmt: skip
         if key not in answers:
             answers[key] = count(arch, *args, **kwargs)
         return answers[key]
