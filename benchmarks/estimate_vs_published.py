@@ -4,8 +4,8 @@ Published (verl-omni docs, "Performance Reference", Qwen-Image OCR, 32 prompts �
 - Flow-GRPO LoRA r64, true CFG 4, 4×H800: 0.305 images/GPU/s (420 s per step)  → calibrates the efficiency
 - Flow-GRPO full fine-tuning, no CFG, 4×H200: 0.510 images/GPU/s               → checks it
 Our configs/qwen_image_ocr_lora.yaml is the first recipe; the second is it with model.lora.enabled=false,
-sampling.guidance=1, train.lr=3e-5. The efficiency factor is fitted on the first figure only (its error is 0 by
-construction) and then held fixed for the second: the second's error is the honest one.
+sampling.guidance=1, train.lr=3e-5. Each row is estimated at the shipped efficiency (fitted on the H200 GPU check
+since 2026-11-26; docs/estimate.md) and at the one fitted here on the first figure (its error 0 by construction).
 
 The quickstart row: this machine's fp32 matmul FLOP/s and copy bandwidth are measured once, the estimate of one
 quickstart step is made with them (efficiency 1: the roofline's lower bound) and with the calibrated efficiency,

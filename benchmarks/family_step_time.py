@@ -2,11 +2,12 @@
 
 Each family's `base` tiny model, full fine-tuning, Flow-GRPO (10 SDE steps, 9 trained), 2 prompts × group 4 at
 32 × 32 px, JPEG compressibility (frame-wise for video), micro-batches of 8: the quickstart's step. Wan samples 9
-frames (3 latent frames); the edit families edit a ShapesWorld source (configs/prompts/shapes_edits). Per family:
-the median over the measured steps of `timing/generate`, `timing/update` and `timing/step`, after warm-up steps,
-the families taking turns so a change of machine load hits each alike. The load average is recorded with them.
+frames (3 latent frames; image-to-video from a ShapesWorld first frame); the edit families edit a ShapesWorld source
+(configs/prompts/shapes_edits). Per family: the median over the measured steps of `timing/generate`, `timing/update`
+and `timing/step`, after warm-up steps, the families taking turns so a change of machine load hits each alike. The
+load average is recorded with them.
 
-    python benchmarks/family_step_time.py [--steps 4] [--warmup 1]
+    python benchmarks/family_step_time.py [--steps 4] [--warmup 1] [--families sd3 flux2 ...]
 Writes benchmarks/results/family_step_time.json.
 """
 
@@ -34,11 +35,14 @@ EDITS = ROOT / "configs/prompts/shapes_edits"
 FAMILIES = {  # family → overrides of configs/quickstart.yaml beyond the shared ones
     "sd3": [],
     "flux2": ["sampling.guidance=1"],  # FLUX.2-klein: step-distilled, CFG-free
+    "flux2_dev": ["sampling.guidance=4"],  # FLUX.2-dev: the guidance embedding, one forward
     "z_image": [],
     "wan": ["sampling.num_frames=9"],
+    "wan_i2v": ["sampling.num_frames=9", f"data.train={EDITS / 'train.jsonl'}"],  # a ShapesWorld scene as frame 0
     "qwen_image_edit": [f"data.train={EDITS / 'train.jsonl'}", "model.max_sequence_length=256"],
     "flux_kontext": [f"data.train={EDITS / 'train.jsonl'}", "sampling.guidance=3.5"],
 }
+TINY = {"flux2_dev": ("flux2", "dev")}  # a row's (family, preset) where it is not (row, "base")
 SHARED = ["model.device=cpu", "sampling.height=32", "sampling.width=32", "val.every=0", "val.before_train=false",
           "train.save_every=0", "log.tensorboard=false", "log.console_every=0", "log.progress_bar=false"]  # fmt: skip
 
@@ -47,18 +51,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="measured steps per family")
     parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES),
+                        help="the rows to measure (sd3 first: the ratios are to it)")  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/family_step_time.json"))
     args = parser.parse_args()
+    if args.families[0] != "sd3":
+        parser.error("--families: start with sd3, the row the others' ratios are to")
     torch.set_num_threads(2)
     results, work = {}, Path(tempfile.mkdtemp(prefix="family_step_time_"))
     trainers = {}
-    for family, overrides in FAMILIES.items():
-        model_dir = save_tiny(work / f"model_{family}", family, "base", seed=0)
+    for family in args.families:
+        overrides = FAMILIES[family]
+        tiny = TINY.get(family, (family, "base"))
+        model_dir = save_tiny(work / f"model_{family}", *tiny, seed=0)
         cfg = load(ROOT / "configs/quickstart.yaml", [f"model.path={model_dir}", f"run.dir={work / family}",
                                                      f"train.total_steps={args.steps + args.warmup}", *SHARED,
                                                      *overrides])  # fmt: skip
         trainers[family] = make_trainer(cfg)
-        params = sum(p.numel() for p in build_tiny(family, "base").transformer.parameters())
+        params = sum(p.numel() for p in build_tiny(*tiny).transformer.parameters())
         results[family] = {"transformer_parameters": params, "steps": [], "overrides": overrides}
     for step in range(args.steps + args.warmup):  # the families take turns, one step each
         for family, trainer in trainers.items():

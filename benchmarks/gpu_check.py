@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in PARTS]
     if unknown:
         parser.error(f"unknown parts {unknown}; known: {', '.join(PARTS)}")
+    if "device" in PARTS:  # always, first: the record names the machine it ran on
+        names = ["device", *(n for n in names if n != "device")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(dry_run=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu_check_")))

@@ -42,6 +42,12 @@ def wan_ti2v_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wan_i2v_model_dir(tmp_path_factory):
+    """A tiny Wan 2.1 I2V-format image-to-video model (first-frame channels, a CLIP vision encoder)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_wan_i2v"), "wan_i2v", "small", seed=0)
+
+
+@pytest.fixture(scope="session")
 def qwen_image_edit_model_dir(tmp_path_factory):
     """A tiny Qwen-Image-Edit-2509-format model (QwenImageEditPlusPipeline, a processor/ folder)."""
     return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image_edit"), "qwen_image_edit", "small", seed=0)

@@ -17,10 +17,6 @@ QUICKSTART = str(ROOT / "configs/quickstart.yaml")
     ("override", "message"),
     [
         (
-            "algorithm.loss=flow_dppo algorithm.flow_dppo.kl_mask_threshold=-0.1",
-            "invalid config in 'algorithm.flow_dppo': kl_mask_threshold must be ≥ 0, got -0.1",
-        ),
-        (
             "algorithm.loss=grpo_guard algorithm.timestep_selection=random",
             "invalid config at top level: algorithm.loss=grpo_guard needs algorithm.timestep_selection=first: its "
             "scale s = mean(√dt)·mean(std) over a micro-batch's rows assumes they are all at one step, and random "
@@ -98,30 +94,74 @@ def test_sizes_counts_and_rates_outside_their_range_are_one_line_errors(override
     assert err[0].startswith(f"diffusion-rl: error: command-line override '{override}'"), (err, value)
 
 
-def test_every_size_count_and_rate_of_the_config_sections_has_a_range():
-    """Each int or float field of the sections in diffusion_rl/config/ carries `within` (settings.Range), except seeds
-    and the reward weights (any finite number ≥ 0, checked with their own hint in config/data.py)."""
-    import dataclasses
-    import sys
+# values chosen per key: negative, zero where not allowed, inf/nan for floats, absurd sizes (issue 26 item 5: the
+# guard's settings, each loss's section and rollout correction's were checked after load, some not at all)
+SECTION_RANGES = [
+    ("guard.baseline_steps=0", "guard.baseline_steps", "[1, 100000000]"),
+    ("guard.max_relative_change=-0.5", "guard.max_relative_change", "(0, 1000000]"),
+    ("guard.max_relative_change=.inf", "guard.max_relative_change", "(0, 1000000]"),  # was accepted
+    ("guard.relative_change.brightness=.nan", "guard.relative_change.brightness", "(0, 1000000]"),
+    ("guard.max_zscore=0", "guard.max_zscore", "(0, 1000000]"),
+    ("guard.window=2", "guard.window", "[3, 100000]"),
+    ("guard.window=1000000000", "guard.window", "[3, 100000]"),  # was accepted
+    ("guard.max_val_drift=.nan", "guard.max_val_drift", "(0, 1]"),
+    ("guard.patience=-1", "guard.patience", "[1, 100000000]"),
+    ("guard.remind_every=0", "guard.remind_every", "[1, 100000000]"),
+    ("guard.max_side=100000", "guard.max_side", "[8, 8192]"),  # was accepted
+    ("algorithm.flow_grpo.kl_beta=-0.01", "algorithm.flow_grpo.kl_beta", "[0, 10000]"),
+    ("algorithm.flow_grpo.kl_beta=.inf", "algorithm.flow_grpo.kl_beta", "[0, 10000]"),  # was accepted
+    ("algorithm.flow_grpo.clip_range=0", "algorithm.flow_grpo.clip_range", "(0, 100]"),
+    ("algorithm.flow_grpo.adv_clip_max=.nan", "algorithm.flow_grpo.adv_clip_max", "(0, 1000]"),
+    ("algorithm.grpo_guard.clip_range=-2e-6", "algorithm.grpo_guard.clip_range", "(0, 100]"),
+    ("algorithm.tempflow_grpo.noise_weight_scale=.inf", "algorithm.tempflow_grpo.noise_weight_scale", "(0, 1000]"),
+    ("algorithm.flow_dppo.kl_mask_threshold=-0.1", "algorithm.flow_dppo.kl_mask_threshold", "[0, 1000000]"),
+    ("algorithm.dpo.dpo_beta=0", "algorithm.dpo.dpo_beta", "(0, 1000000]"),
+    ("algorithm.dpo.dpo_beta=.inf", "algorithm.dpo.dpo_beta", "(0, 1000000]"),  # was accepted
+    ("algorithm.nft.nft_beta=-1", "algorithm.nft.nft_beta", "(0, 1000]"),
+    ("algorithm.nft.timestep_fraction=1.5", "algorithm.nft.timestep_fraction", "(0, 1]"),
+    ("algorithm.nft.old_update_interval=0", "algorithm.nft.old_update_interval", "[1, 100000000]"),
+    ("algorithm.nft.old_decay_value=2", "algorithm.nft.old_decay_value", "[0, 1]"),
+    ("algorithm.nft.weight_floor=0", "algorithm.nft.weight_floor", "(0, 1]"),
+    ("algorithm.awm.train_timesteps=100000", "algorithm.awm.train_timesteps", "[1, 1000]"),
+    ("algorithm.awm.ema_beta=-1", "algorithm.awm.ema_beta", "[0, 10000]"),
+    ("algorithm.awm.advantage_max=.inf", "algorithm.awm.advantage_max", "(0, 1000]"),  # was accepted
+    ("algorithm.rollout_correction.threshold=0.5", "algorithm.rollout_correction.threshold", "[1, 100000000]"),
+    ("algorithm.rollout_correction.threshold=.inf", "algorithm.rollout_correction.threshold", "[1, 100000000]"),
+    ("algorithm.rollout_correction.icepop_lo=0", "algorithm.rollout_correction.icepop_lo", "(0, 1]"),
+    ("algorithm.rollout_correction.icepop_hi=0.9", "algorithm.rollout_correction.icepop_hi", "[1, 100000000]"),
+    ("algorithm.rollout_correction.rs_bound=-1", "algorithm.rollout_correction.rs_bound", "(0, 100000000]"),
+    ("algorithm.rollout_correction.rs_bound=[.nan,2]", "algorithm.rollout_correction.rs_bound", "(0, 100000000]"),
+    (
+        "algorithm.rollout_correction.rs_chain=[{stat: k3, bound: .inf}]",  # was accepted
+        "algorithm.rollout_correction.rs_chain.0.bound",
+        "(0, 100000000]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "key", "allowed"), SECTION_RANGES)
+def test_guard_loss_and_rollout_correction_settings_outside_their_range_are_one_line_errors(
+    override, key, allowed, capsys
+):
+    test_sizes_counts_and_rates_outside_their_range_are_one_line_errors(override, key, allowed, capsys)
+
+
+def test_every_size_count_and_rate_of_the_config_has_a_range():
+    """Each int or float key of the whole config tree (every section, each registered loss's algorithm.<loss>, the
+    guard, rollout correction, list entries) carries `within` (settings.Range), except seeds and the reward weights
+    (any finite number ≥ 0, checked with their own hint in config/data.py)."""
     import typing
 
-    import diffusion_rl.config  # noqa: F401  (loads every section module)
+    from diffusion_rl.config import Config
+    from diffusion_rl.config_io.convert import walk
 
-    numbers = {int, float}
-    unbounded = {"RunConfig.seed", "ValConfig.seed", "RewardSpec.weight"}
+    unbounded = {"run.seed", "val.seed", "rewards.*.weight"}
     missing = []
-    for name, module in sorted(sys.modules.items()):
-        if not name.startswith("diffusion_rl.config.") or name.startswith("diffusion_rl.config_io"):
-            continue
-        for cls in vars(module).values():
-            if not (dataclasses.is_dataclass(cls) and cls.__module__ == name):
-                continue
-            hints = typing.get_type_hints(cls)
-            for f in dataclasses.fields(cls):
-                kinds = {a for a in typing.get_args(hints[f.name]) or (hints[f.name],)}
-                kinds |= {b for a in kinds for b in typing.get_args(a)}  # list[int], tuple[float, float]
-                if kinds & numbers and "within" not in f.metadata and f"{cls.__name__}.{f.name}" not in unbounded:
-                    missing.append(f"{cls.__name__}.{f.name}")
+    for key, f, tp in walk(Config):
+        kinds = set(typing.get_args(tp) or (tp,))
+        kinds |= {b for a in kinds for b in typing.get_args(a)}  # list[int], tuple[float, float], float | None
+        if kinds & {int, float} and "within" not in f.metadata and key not in unbounded:
+            missing.append(key)
     assert not missing, missing
 
 

@@ -40,7 +40,8 @@ FIXTURE = ROOT / "tests/fixtures/quickstart_numbers.json"
 QUICKSTARTS = sorted(p.name for p in (ROOT / "configs").glob("quickstart*.yaml"))
 RAY_WORKERS = {"quickstart.yaml": 2, "quickstart_nft.yaml": 1}  # 2: the metrics reduced over workers
 CASES = [f"local:{name}" for name in QUICKSTARTS] + [f"ray:{name}" for name in RAY_WORKERS]
-FAMILY = {"quickstart_edit.yaml": "flux_kontext", "quickstart_video.yaml": "wan"}  # the rest: sd3
+# the quickstarts not on sd3
+FAMILY = {"quickstart_edit.yaml": "flux_kontext", "quickstart_video.yaml": "wan", "quickstart_i2v.yaml": "wan_i2v"}
 STEPS = 3
 THREADS = 2
 SKIP = ("timing/", "perf/", "driver/", "sync/")
@@ -74,26 +75,8 @@ def make_models(root: Path) -> dict[str, Path]:
     """The tiny models of tests/conftest.py (small presets, seed 0)."""
     from diffusion_rl.models.tiny import save_tiny
 
-    return {family: save_tiny(root / family, family, "small", seed=0) for family in ("sd3", "wan", "flux_kontext")}
-
-
-def pair_file(folder: Path, n: int = 4) -> Path:
-    """n pairs of random 32 × 32 images for the offline DPO quickstart (it reads pairs, it samples nothing)."""
-    import numpy as np
-    from PIL import Image
-
-    from diffusion_rl.data.pairs import PreferencePair, write_pairs
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    pairs = []
-    for i in range(n):
-        paths = folder / f"{i}_chosen.png", folder / f"{i}_rejected.png"
-        for path in paths:
-            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(path)
-        pairs.append(PreferencePair(f"prompt {i}", *paths))
-    write_pairs(pairs, folder / "pairs.jsonl")
-    return folder / "pairs.jsonl"
+    families = ("sd3", "wan", "flux_kontext", "wan_i2v")
+    return {family: save_tiny(root / family, family, "small", seed=0) for family in families}
 
 
 def numbers(row: dict) -> dict[str, float]:
@@ -106,12 +89,13 @@ def run_case(case: str, models: dict[str, Path], work: Path) -> list[dict[str, f
     """The numbers of the first STEPS rows of one case ("local:NAME" or "ray:NAME")."""
     from diffusion_rl.config import load
     from diffusion_rl.trainer import make_trainer
+    from tests.helpers import random_pair_file
 
     kind, name = case.split(":")
     run_dir = work / case.replace(":", "_")
     overrides = [*SHORT, f"run.dir={run_dir}", f"model.path={models[FAMILY.get(name, 'sd3')]}"]
     if name == "quickstart_dpo_offline.yaml":
-        overrides.append(f"data.pairs={pair_file(work / 'pairs')}")
+        overrides.append(f"data.pairs={random_pair_file(work / 'pairs', 4)}")
     if kind == "ray":
         overrides += [*RAY, f"engine.num_workers={RAY_WORKERS[name]}"]
     threads = torch.get_num_threads()
@@ -206,4 +190,5 @@ def record() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
         sys.exit("usage: python tests/test_quickstart_numbers.py --record")
+    sys.path.insert(0, str(ROOT))  # tests.helpers, as pytest imports it from the repository root
     record()

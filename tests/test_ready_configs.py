@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 READY = ["sd35_ocr_lora.yaml", "sd35_pickscore_fast.yaml", "flux_pickscore_lora.yaml", "qwen_image_ocr_lora.yaml",
          "wan21_t2v_1_3b_ocr_lora.yaml", "wan22_ti2v_5b_dance_lora.yaml", "qwen_image_edit_2509_lora.yaml",
          "flux_kontext_counting_lora.yaml", "flux2_klein_pickscore_lora.yaml",
-         "z_image_turbo_pickscore_lora.yaml"]  # fmt: skip
+         "z_image_turbo_pickscore_lora.yaml", "wan21_i2v_lora.yaml", "qwen_image_2512_ocr_lora.yaml",
+         "flux1_schnell_pickscore_lora.yaml", "flux2_dev_pickscore_lora.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", READY)
@@ -141,3 +142,15 @@ def test_z_image_turbo_few_step_preset_keeps_its_window_in_the_high_noise_steps(
     # a window of `size` steps starts in [lo, hi − size]: it covers steps lo … hi − 1, σ 1 … 0.83
     assert min(sigmas[j] for j in range(w.lo, w.hi)) > 0.8  # only the steps that set the layout are stochastic
     assert sigmas[w.hi] == 0.75 and sigmas[6] == 0.5  # the distilled refinement steps stay deterministic
+
+
+def test_qwen_image_2512_config_is_qwen_images_recipe_on_the_new_weights():
+    from dataclasses import asdict
+
+    from diffusion_rl.config import load
+
+    same = ["model.path=models/Qwen-Image", "run.dir=runs/qwen_image_ocr_lora"]
+    assert load(str(ROOT / "configs/qwen_image_2512_ocr_lora.yaml")).model.path == "models/Qwen-Image-2512"
+    assert asdict(load(str(ROOT / "configs/qwen_image_2512_ocr_lora.yaml"), same)) == asdict(
+        load(str(ROOT / "configs/qwen_image_ocr_lora.yaml"))
+    )

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from diffusion_rl.estimate.architectures import Architecture
+from diffusion_rl.estimate.counting import in_dtype
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.loader import model_of_pipeline, resolve_device
 from diffusion_rl.models.registry import family_named
@@ -88,12 +89,7 @@ def _born(class_name: str, config: dict, device: torch.device, dtype: torch.dtyp
             module = getattr(diffusers, class_name).from_config(config)
     finally:
         torch.set_default_dtype(previous)
-    keep = getattr(module, "_keep_in_fp32_modules", None) or []
-    if dtype != torch.float32:  # what from_pretrained(dtype=…) keeps in fp32 (Wan: rope, norms, time embedding)
-        for name, sub in module.named_modules():
-            if any(k in name.split(".") for k in keep):
-                sub.float()
-    return module
+    return in_dtype(module, dtype)  # what from_pretrained(dtype=…) keeps in fp32 (Wan: rope, norms, time embedding)
 
 
 def random_pipeline(arch: Architecture, device: torch.device, dtype: torch.dtype, seed: int = 0):

@@ -261,6 +261,7 @@ def model_part(name: str):
         rollout, update = measured.get("timing/generate", 0.0), measured.get("timing/update", 0.0)
         result = {
             "config": run.config, "overrides": list(run.overrides), "architecture": arch.name,
+            "gradient_checkpointing": cfg.model.gradient_checkpointing,  # the config may change after the run
             "images_per_step": cfg.data.prompts_per_step * cfg.data.group_size,
             "transformer_params": sum(p.numel() for p in trainer.engine.model.pipeline.transformer.parameters()),
             "trainable_params": sum(p.numel() for p in trainer.engine.model.trainable_parameters()),

@@ -39,10 +39,12 @@ clamped l, and of the clamped row sum for the sequence form):
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from diffusion_rl.settings import Range, opt
 
 SAFETY_BOUND = 20.0  # |log w| cap: exp(20) ≈ 4.9e8 stays finite in fp32, and so does its square
 _OPTIONS = {
@@ -52,10 +54,8 @@ _OPTIONS = {
     "rs_stat": (None, "k1", "k2", "k3"),
     "rs_level": ("step", "sum", "mean", "max"),
 }
-
-
-def _opt(default, help: str):
-    return field(default=default, metadata={"help": help})
+# a bound of w or of a rejection statistic: finite and > 0 (exp(SAFETY_BOUND) ≈ 4.9e8 is as far as log w reaches)
+BOUND = Range(0, 1e8, lo_open=True)
 
 
 def _check_criterion(stat, bound, level, where: str):
@@ -87,9 +87,11 @@ def _check_criterion(stat, bound, level, where: str):
 class RejectionCriterion:
     """One more rejection criterion of the chain (rs_chain): the same meaning as rs_stat / rs_bound / rs_level."""
 
-    stat: Literal["k1", "k2", "k3"] = _opt("k3", "Rejection statistic k1, k2 or k3.")
-    bound: float | tuple[float, float] | None = _opt(None, "k2/k3: upper bound; k1: [lo, hi] or h = [1/h, h].")
-    level: Literal["step", "sum", "mean", "max"] = _opt("step", "Reject single steps, or samples by the window.")
+    stat: Literal["k1", "k2", "k3"] = opt("k3", "Rejection statistic k1, k2 or k3.")
+    bound: float | tuple[float, float] | None = opt(
+        None, "k2/k3: upper bound; k1: [lo, hi] or h = [1/h, h].", within=BOUND
+    )
+    level: Literal["step", "sum", "mean", "max"] = opt("step", "Reject single steps, or samples by the window.")
 
     def __post_init__(self):
         self.bound = _check_criterion(self.stat, self.bound, self.level, "rollout correction rs_chain entry")
@@ -101,34 +103,27 @@ class RejectionCriterion:
 
 @dataclass
 class RolloutCorrectionConfig:
-    mode: Literal["bypass", "decoupled"] = _opt("bypass", "bypass: old = rollout log-probs; decoupled: recomputed.")
-    level: Literal["step", "sequence"] = _opt("step", "IS weight per step, or one per sample (window sum).")
-    is_kind: Literal["tis", "icepop", "none"] = _opt("tis", "Decoupled only: truncate w, zero it outside, or w=1.")
-    threshold: float = _opt(2.0, "tis: w is capped at this (≥ 1).")
-    icepop_lo: float = _opt(0.5, "icepop: w below this becomes 0.")
-    icepop_hi: float = _opt(2.0, "icepop: w above this becomes 0.")
-    rs_stat: Literal["k1", "k2", "k3"] | None = _opt(None, "Rejection statistic; null = no rejection.")
-    rs_bound: float | tuple[float, float] | None = _opt(None, "k2/k3: upper bound; k1: [lo, hi] or h = [1/h, h].")
-    rs_level: Literal["step", "sum", "mean", "max"] = _opt("step", "Reject single steps, or samples by the window.")
-    rs_chain: list[RejectionCriterion] = field(
-        default_factory=list,
-        metadata={"help": "More rejection criteria [{stat, bound, level}]; an entry must pass all (rs_stat's too)."},
+    mode: Literal["bypass", "decoupled"] = opt("bypass", "bypass: old = rollout log-probs; decoupled: recomputed.")
+    level: Literal["step", "sequence"] = opt("step", "IS weight per step, or one per sample (window sum).")
+    is_kind: Literal["tis", "icepop", "none"] = opt("tis", "Decoupled only: truncate w, zero it outside, or w=1.")
+    # the bounds keep w = 1 (on-policy) as it is: a cap below 1 or an IcePop window without 1 would shrink it
+    threshold: float = opt(2.0, "tis: w is capped at this.", within=Range(1, 1e8))
+    icepop_lo: float = opt(0.5, "icepop: w below this becomes 0.", within=Range(0, 1, lo_open=True))
+    icepop_hi: float = opt(2.0, "icepop: w above this becomes 0.", within=Range(1, 1e8))
+    rs_stat: Literal["k1", "k2", "k3"] | None = opt(None, "Rejection statistic; null = no rejection.")
+    rs_bound: float | tuple[float, float] | None = opt(
+        None, "k2/k3: upper bound; k1: [lo, hi] or h = [1/h, h].", within=BOUND
     )
-    is_batch_normalize: bool = _opt(False, "Decoupled: divide the IS weights by their mean (over a worker's rows).")
+    rs_level: Literal["step", "sum", "mean", "max"] = opt("step", "Reject single steps, or samples by the window.")
+    rs_chain: list[RejectionCriterion] = opt(
+        list, "More rejection criteria [{stat, bound, level}]; an entry must pass all (rs_stat's too).", factory=True
+    )
+    is_batch_normalize: bool = opt(False, "Decoupled: divide the IS weights by their mean (over a worker's rows).")
 
     def __post_init__(self):
         for name, valid in _OPTIONS.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"rollout correction {name} must be one of {list(valid)}, got {getattr(self, name)!r}")
-        if self.threshold < 1:
-            raise ValueError(
-                f"threshold must be ≥ 1 (it caps w; below 1 it shrinks on-policy steps), got {self.threshold}"
-            )
-        if not 0 < self.icepop_lo <= 1 <= self.icepop_hi:
-            raise ValueError(
-                f"icepop bounds must satisfy 0 < icepop_lo ≤ 1 ≤ icepop_hi so on-policy steps (w = 1) are kept; "
-                f"got icepop_lo={self.icepop_lo}, icepop_hi={self.icepop_hi}"
-            )
         self.rs_chain = [c if isinstance(c, RejectionCriterion) else RejectionCriterion(**c) for c in self.rs_chain]
         if self.rs_stat is None:
             if self.rs_bound is not None:

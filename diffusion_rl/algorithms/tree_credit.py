@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffusion_rl.algorithms.advantages import GroupNorm, _batch_stats, compute_group_advantages
+from diffusion_rl.algorithms.base import GroupNorm, _batch_stats, compute_group_advantages
 from diffusion_rl.sampling.tree import TreeSpec, leaf_positions
 
 

@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak (cpu: needed)")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="override the device's memory bandwidth, GB/s")
     p.add_argument("--memory-gib", type=float, default=None, help="override the device's memory, GiB")
-    p.add_argument("--efficiency", type=float, default=None, help="fraction of peak reached (default: calibrated)")
+    p.add_argument("--efficiency", type=float, default=None, help="fraction of peak and bandwidth reached")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=cmd_estimate)
 
@@ -88,7 +88,7 @@ def render(r) -> str:
         f"{fits(r.fits_without_checkpointing)}; with {r.peak_memory_gib_per_gpu_checkpointed:.2f}: "
         f"{fits(r.fits_with_checkpointing)})",
         *headroom,
-        f"time per step {seconds(r.step_seconds)} at {r.efficiency:.0%} of peak: "
+        f"time per step {seconds(r.step_seconds)} at {r.efficiency:.0%} of peak and bandwidth: "
         + ", ".join(f"{k} {seconds(v)}" for k, v in r.phase_seconds.items()),
         f"throughput    {r.images_per_second:.3g} images/s, {r.images_per_gpu_second:.3g} images/GPU/s",
         f"train         {r.total_steps} steps: {r.gpu_hours:.3g} GPU-hours ({r.gpu_hours / r.gpus:.3g} h wall-clock)",

@@ -101,7 +101,7 @@ class SamplingConfig:
         "fp32",
         "Memory saver: the dtype the kept trajectory stores its window latents and step means in (half the memory "
         "with bf16/fp16); log-probs stay fp32, and the window's samples are the rounded ones, so the update replays "
-        "the rollout's log-probs exactly (sampling/storage.py).",
+        "the rollout's log-probs exactly (sampling/rollout.py).",
     )
     tree: TreeConfig | None = opt(
         None,

@@ -92,6 +92,18 @@ def load_prompts(path: str | Path) -> list[PromptRecord]:
     return records
 
 
+def condition_images_in(path: str | Path) -> int | None:
+    """Condition images per record of the dataset at `path`, for `estimate` (not checked: training does that): 0 for a
+    .txt file (it has none), the first record's count for a .jsonl or .parquet file, None when that file is not there
+    (a dataset still to be prepared)."""
+    path = Path(path)
+    if path.suffix.lower() == ".txt":
+        return 0
+    if not path.is_file():
+        return None
+    return len(load_prompts(path)[0].images)
+
+
 def write_prompts(records: Iterable[PromptRecord], path: str | Path) -> None:
     """Write records as .jsonl or verl-style .parquet; `load_prompts` reads them back unchanged.
 

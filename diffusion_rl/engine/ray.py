@@ -9,7 +9,7 @@ The driver (the trainer's process) holds no model. It splits each call over the 
   last pushed to it, stamping each row with their version.
 - update: each trainer receives the targets of its rows (advantages or pairs: O(B) numbers) and trains on the
   rows it kept or fetched from the actor that holds them, worker to worker through the object store, never through
-  the driver (engine/placement.py says which). Mini-batches are the interleaved rows m, m+M, … of the batch, so with
+  the driver (`place_units` says which). Mini-batches are the interleaved rows m, m+M, … of the batch, so with
   (B/N) % M == 0 each global mini-batch is the union of the workers' local ones; each worker scales its loss by the
   mini-batch's global count, FSDP2 sums the gradients, and the optimizer step equals the local engine's up to
   float reduction order. Separate: then the new weights go to the rollout actors (every engine.sync_every steps;
@@ -24,6 +24,14 @@ bookkeeping is locked.
 
 A failure stops the actors of its group and raises on the driver, naming the actor (engine/ray_cluster.py); the
 trainer then publishes no checkpoint, and when a process died it recovers (`restart`, `restart_rollouts`).
+
+Which trainer trains which units of an update (`place_units`): each actor keeps the rows it sampled, a trainer
+(colocated) or a rollout actor (engine.rollout=separate), the "sources" 0..N−1 being the N trainers and N.. the
+rollout actors. An update's units (a row for most algorithms, a
+(chosen, rejected) pair of rows for DPO) are spread so that every trainer trains as many units as the others (up
+to one), and a unit stays, when it can, on the trainer that holds all its rows; a unit whose rows are elsewhere
+moves them actor to actor. Every trainer then pads its units to the largest share with weight-0 copies, so that
+all take the same passes.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,18 +49,75 @@ import torch
 from diffusion_rl.algorithms.base import Targets, make_algorithm
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
-from diffusion_rl.engine.placement import check_layout_fits, place_units
-from diffusion_rl.engine.ray_cluster import ActorGroup, DriverTraffic, WorkerDied, bundles, ensure_ray
-from diffusion_rl.engine.rollout_worker import IO_GROUP, RolloutWorker
-from diffusion_rl.engine.sharded_worker import ShardedWorker
-from diffusion_rl.engine.update_loop import reduce_metrics
-from diffusion_rl.engine.worker import UpdatePlan, health_problem
+from diffusion_rl.engine.ray_cluster import (
+    ActorGroup,
+    DriverTraffic,
+    WorkerDied,
+    bundles,
+    check_layout_fits,
+    ensure_ray,
+)
+from diffusion_rl.engine.sharded_worker import IO_GROUP, RolloutWorker, ShardedWorker
+from diffusion_rl.engine.worker import UpdatePlan, health_problem, reduce_metrics
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Generated
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerShare:
+    """One worker's part of an update."""
+
+    local: list[int] = field(default_factory=list)  # the step's rows this worker holds and trains, in its order
+    imported: dict[int, list[int]] = field(default_factory=dict)  # source → the rows it sends here
+    padding_only: bool = False  # no unit of its own: its rows are a copy of another worker's unit, weight 0
+
+    @property
+    def rows(self) -> list[int]:
+        """The step's rows this worker trains on, in the order its update sees them: local, then imported."""
+        return self.local + [row for source in sorted(self.imported) for row in self.imported[source]]
+
+
+def place_units(
+    unit_rows: list[list[int]], held: list[list[int]], trainers: int | None = None
+) -> tuple[list[WorkerShare], int]:
+    """Each of the `trainers` workers' share of the units (whose rows are `unit_rows`), given the rows `held[s]`
+    source s sampled (trainers first; default: every source is a trainer), and the number of units every worker
+    pads to."""
+    workers = len(held) if trainers is None else trainers
+    owner = {row: s for s, rows in enumerate(held) for row in rows}
+    quota = [len(share) for share in split_evenly(range(len(unit_rows)), workers)]
+    assigned: list[list[int]] = [[] for _ in range(workers)]
+    leftover = []
+    for u, rows in enumerate(unit_rows):  # first, units that can stay where all their rows are
+        home = owner[rows[0]]
+        if home < workers and all(owner[r] == home for r in rows) and len(assigned[home]) < quota[home]:
+            assigned[home].append(u)
+        else:
+            leftover.append(u)
+    for u in leftover:  # then the rest, to a worker with room, preferring one that holds some of their rows
+        room = [w for w in range(workers) if len(assigned[w]) < quota[w]]
+        w = max(room, key=lambda w: sum(owner[r] == w for r in unit_rows[u]))
+        assigned[w].append(u)
+    pad_to = max(quota) if unit_rows else 0
+    shares = []
+    for w in range(workers):
+        units = sorted(assigned[w])
+        padding_only = not units and bool(unit_rows)
+        if padding_only:
+            units = [0]  # a copy of the first unit, trained with weight 0
+        share = WorkerShare(padding_only=padding_only)
+        rows = [r for u in units for r in unit_rows[u]]
+        local = set(rows) & set(held[w])
+        share.local = [r for r in held[w] if r in local]  # in the order this worker holds them
+        for r in rows:
+            if owner[r] != w:
+                share.imported.setdefault(owner[r], []).append(r)
+        shares.append(share)
+    return shares, pad_to
 
 
 class RayEngine:

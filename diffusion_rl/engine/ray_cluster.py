@@ -7,6 +7,7 @@
   raises on the driver: `WorkerDied` when a process died (killed, out of memory, node lost), the worker's own
   exception otherwise, with its rank, host and traceback.
 - `DriverTraffic`: the bytes the driver sends to and receives from actors (`driver/bytes_out|in`).
+- `check_layout_fits`: a layout that needs more of a resource than the cluster has is refused in one line.
 """
 
 from __future__ import annotations
@@ -129,6 +130,45 @@ def bundles(count: int, cpus: float, gpus: float, extra: dict[str, float]) -> li
     """One placement-group bundle per actor: its CPUs, GPUs and any extra resources (e.g. a node label)."""
     bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **extra}
     return [dict(bundle) for _ in range(count)]
+
+
+# engine config fields to lower, per resource, in the message of a layout that cannot fit
+_KNOBS = {"CPU": "engine.cpus_per_worker / cpus_per_rollout_worker (fractions are fine)",
+          "GPU": "engine.gpus_per_worker / gpus_per_rollout_worker"}  # fmt: skip
+
+
+def layout_demand(engine_cfg) -> list[tuple[str, int, dict[str, float]]]:
+    """(actor kind, count, what each reserves) of the Ray engine's layout: the trainers, then any rollout actors."""
+    e = engine_cfg
+    groups = [("trainer", e.num_workers, bundles(1, e.cpus_per_worker, e.gpus_per_worker, e.trainer_resources)[0])]
+    if e.rollout == "separate":
+        each = bundles(1, e.cpus_per_rollout_worker, e.gpus_per_rollout_worker, e.rollout_resources)[0]
+        groups.append(("rollout actor", e.rollout_workers, each))
+    return groups
+
+
+def check_layout_fits(engine_cfg, cluster: dict[str, float] | None = None) -> None:
+    """A UserError in one line when the layout needs more of a resource than the Ray cluster has in all (`cluster`:
+    ray.cluster_resources(), asked of the connected Ray when None): no placement group would ever be ready, so
+    there is no point waiting engine.start_timeout_s for one."""
+    if cluster is None:
+        cluster = import_ray().cluster_resources()
+    groups = layout_demand(engine_cfg)
+    short = []
+    for resource in dict.fromkeys(k for _, _, each in groups for k in each):
+        parts = [(kind, count, each[resource]) for kind, count, each in groups if each.get(resource)]
+        need, have = sum(count * amount for _, count, amount in parts), float(cluster.get(resource, 0.0))
+        if need > have + 1e-9:
+            terms = " + ".join(
+                f"{count} {kind}{'s' if count > 1 else ''} × {amount:g}" for kind, count, amount in parts
+            )
+            knob = _KNOBS.get(resource, "engine.trainer_resources / rollout_resources")
+            short.append(f"{need:g} {resource} ({terms}) but the cluster has {have:g}: lower {knob}")
+    if short:
+        raise UserError(
+            f"engine: the Ray layout needs {'; and '.join(short)}, or engine.num_workers / rollout_workers, or add "
+            "nodes"
+        )
 
 
 class ActorGroup:

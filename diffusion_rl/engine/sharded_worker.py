@@ -2,8 +2,14 @@
 FSDP2-sharded over all ranks; what is added here is only what a Ray actor needs: joining the process group, where it
 runs, and errors that say which rank on which host failed (every public method is wrapped in `reported`).
 
-Plain torch.distributed: Ray only hosts it as an actor (engine/ray.py). The rollout actor, a PolicyWorker that does
-not train, is engine/rollout_worker.py.
+Plain torch.distributed: Ray only hosts it as an actor (engine/ray.py); every method's exception reaches the driver
+as a WorkerError naming the actor.
+
+A rollout actor (engine.rollout=separate, `RolloutWorker`) is a PolicyWorker that does not train: it holds the whole
+model (no optimizer, no gradients, no sharding), in engine.rollout_dtype if set, and samples training rollouts with
+whatever weights the trainers last pushed (engine/weight_sync.py), stamping each row with their version. Its rows stay
+there until the trainers fetch the ones they train on, worker to worker (`export_rows`, which runs in its own
+concurrency group, so that the trainers can fetch step t while the actor samples step t + 1).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch
 from diffusion_rl.algorithms.base import Targets
 from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.engine.parallel import Fsdp2Sharded
-from diffusion_rl.engine.weight_sync import WeightSender
+from diffusion_rl.engine.weight_sync import BroadcastChannel, WeightReceiver, WeightSender
 from diffusion_rl.engine.worker import PolicyWorker, UpdatePlan
 from diffusion_rl.errors import UserError
 
@@ -171,3 +177,24 @@ class ShardedWorker(RayActor, WeightSender, PolicyWorker):
         except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError, ray.exceptions.RayActorError) as e:
             raise RowsLost(f"rows of step {step} to train here are lost: {type(e).__name__}") from e
         return PolicyWorker.update(self, targets, step, plan)
+
+
+IO_GROUP = "io"  # the concurrency group of the calls that may run while the actor samples
+
+
+@reported_methods
+class RolloutWorker(RayActor, WeightReceiver, PolicyWorker):
+    role = "rollout actor"
+
+    def __init__(self, rank: int, num_threads: int):
+        self._start(rank, num_threads, f"rollout {rank}")
+        self.channel: BroadcastChannel | None = None
+
+    def setup(self, cfg) -> None:
+        """Load the model (LoRA configured as the trainers', so that adapter names match) in the rollout dtype."""
+        from diffusion_rl.models.loader import resolve_device
+
+        device = resolve_device(cfg.model.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device.index or 0)
+        PolicyWorker.__init__(self, cfg, trains=False)

@@ -7,6 +7,14 @@ no optimizer, the model in engine.rollout_dtype, weights received from the train
 training step's trajectories stay here between `generate` (which returns only the images, for scoring) and `update`
 (which receives only the algorithm's targets: advantages or pairs). With separate rollout actors the rows come from
 them instead, worker to worker (`UpdatePlan.imported`).
+
+`update` is the one update loop every algorithm runs through (algorithms/base.py says what an algorithm supplies;
+the loop never names one): epochs × mini-batches × micro-batches × chunks, gradient sync, optimizer steps, metrics.
+Mini-batch m holds units m, m + M, … of the U units the algorithm made of the batch; each chunk's loss (a mean over
+its micro-batch's units) is multiplied by len(micro) / (n · K), with n the units that carry weight in the mini-batch
+summed over every worker and K the chunks per micro-batch, so the accumulated gradient of an optimizer step is the
+mean over the mini-batch's (unit, chunk) pairs, whatever the micro-batch size and the number of workers. Only the
+last backward before an optimizer step reduces gradients across workers.
 """
 
 from __future__ import annotations
@@ -14,22 +22,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from diffusion_rl.algorithms.base import Targets, TrainBatch, make_algorithm
+from diffusion_rl.algorithms.base import Targets, TrainBatch, UpdatePosition, make_algorithm, minibatch_rows
 from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage, fit_rows
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.embeddings import attach_embedding_cache
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
-from diffusion_rl.engine.kept import KeptRollouts
 from diffusion_rl.engine.optimizer import OptimizerStepper, apply_train_hyperparameters
 from diffusion_rl.engine.parallel import SingleDevice
-from diffusion_rl.engine.update_loop import run_update
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.export import write_lora_adapter
@@ -74,6 +81,103 @@ def health_problem(reports: Sequence[tuple[int, bool]]) -> str | None:
     if skips := reports[0][0]:
         return f"the last {skips} update(s) were skipped for a non-finite gradient"
     return None
+
+
+def reduce_metrics(reports: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict from several reports of the same metrics (an update's passes; the Ray engine's workers):
+    `*_max` the max, `*_min` the min, the rest the mean, each over the reports that have the key (a worker whose
+    units only pad reports no loss). Every pass and worker has as many rows, so the mean of their means is the whole
+    mean; the mean of their maxima would not be the whole maximum."""
+    out = {}
+    for name in dict.fromkeys(key for report in reports for key in report):
+        values = [float(report[name]) for report in reports if name in report]
+        if name.endswith("_max"):
+            out[name] = max(values)
+        else:
+            out[name] = min(values) if name.endswith("_min") else sum(values) / len(values)
+    return out
+
+
+class UpdateMeans:
+    """An update's per-pass metrics reduced by `reduce_metrics`, and per-entry metrics (weighted by rows) as their
+    means."""
+
+    def __init__(self):
+        self.reports: list[dict] = []
+        self.entry_sums: dict[str, float] = {}
+        self.entries = 0
+
+    def add(self, metrics: dict, entry_metrics: dict, rows: int) -> None:
+        self.reports.append(metrics)
+        for name, value in entry_metrics.items():
+            self.entry_sums[name] = self.entry_sums.get(name, 0.0) + float(value) * rows
+        self.entries += rows
+
+    def result(self) -> dict[str, float]:
+        out = reduce_metrics(self.reports)
+        out.update({name: value / self.entries for name, value in self.entry_sums.items()})
+        return out
+
+
+def pad_units(units, size: int):
+    """`units` padded to `size` with weight-0 copies of its first unit (engine workers must all take the same
+    forward and backward passes; a padding unit computes like a real one and trains nothing)."""
+    missing = size - units.batch_size[0]
+    if missing <= 0:
+        return units
+    if units.batch_size[0] == 0:
+        raise ValueError(f"cannot pad an update with no unit to {size}: the engine must give every worker a unit")
+    extra = units[torch.zeros(missing, dtype=torch.long, device=units.device)].clone()
+    extra.weight = torch.zeros_like(extra.weight)
+    return torch.cat([units, extra])
+
+
+class KeptRollouts:
+    """The rollouts a worker sampled and keeps, by training step, until the update that trains them.
+
+    A step's batch may be sampled in several calls (score chunks); its rows are kept in the order they were made, and
+    positions in that order name them (`rows`, `export`). Several steps may be kept at once when rollouts run ahead of
+    the update (engine.max_staleness > 0); `release(step)` forgets one. Thread-safe: a rollout actor exports rows of
+    one step while it samples the next."""
+
+    def __init__(self):
+        self._by_step: dict[int, list[Trajectory]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, step: int, traj: Trajectory) -> None:
+        with self._lock:
+            self._by_step.setdefault(step, []).append(traj)
+
+    def rows(self, step: int, positions: Sequence[int] | None = None) -> Trajectory:
+        """The step's kept rows (all, or those at `positions`, in that order)."""
+        with self._lock:
+            parts = self._by_step.get(step)
+            if not parts:
+                raise RuntimeError(f"no trajectories of step {step} are kept here (kept: {sorted(self._by_step)})")
+            traj = torch.cat(parts) if len(parts) > 1 else parts[0]
+            if len(parts) > 1:
+                self._by_step[step] = [traj]  # concatenated once
+        if positions is None:
+            return traj
+        return traj[torch.tensor(list(positions), dtype=torch.long, device=traj.device)]
+
+    def export(self, step: int, positions: Sequence[int]) -> Trajectory:
+        """CPU copies of rows that another worker trains on."""
+        return self.rows(step, positions).cpu()
+
+    def release(self, step: int) -> None:
+        with self._lock:
+            self._by_step.pop(step, None)
+
+    def keep_only(self, steps: Sequence[int]) -> None:
+        """Forget every step but `steps` (what an interrupted step left behind)."""
+        with self._lock:
+            self._by_step = {s: parts for s, parts in self._by_step.items() if s in steps}
+
+    @property
+    def steps(self) -> list[int]:
+        with self._lock:
+            return sorted(self._by_step)
 
 
 class PolicyWorker:
@@ -214,8 +318,9 @@ class PolicyWorker:
         return self.kept.export(step, positions)
 
     def update(self, targets: Targets, step: int, plan: UpdatePlan | None = None) -> dict[str, float]:
-        """Train on this step's kept trajectories with the algorithm's targets for the same rows, in order; `plan`
-        (several workers) says which kept rows train here, which come from other workers, and the units to pad to."""
+        """Train on this step's kept trajectories with the algorithm's targets for the same rows, in order (the
+        update loop: module docstring); `plan` (several workers) says which kept rows train here, which come from
+        other workers, and the units every worker trains (this one's padded with weight-0 copies up to it)."""
         plan = plan or UpdatePlan()
         parts = [] if plan.keep == [] else [self.kept.rows(step, plan.keep)]  # keep []: every row comes from others
         self.kept.release(step)
@@ -225,15 +330,44 @@ class PolicyWorker:
         if targets.batch_size != traj.batch_size:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(device), batch_size=traj.batch_size)
-        metrics = staleness_metrics(step, traj.ids.policy_version, self.cfg.engine.staleness_bound)
-        with self.parallel.training(), self.flops.count(("update", traj.batch_size[0], plan.pad_to, plan.padding_only)):
-            metrics.update(run_update(self.algorithm, batch, step, self.cfg.train, self.parallel, self.optimizer,
-                                      plan.pad_to, plan.padding_only))  # fmt: skip
+        out = staleness_metrics(step, traj.ids.policy_version, self.cfg.engine.staleness_bound)
+        alg, parallel, train = self.algorithm, self.parallel, self.cfg.train
+        with parallel.training(), self.flops.count(("update", traj.batch_size[0], plan.pad_to, plan.padding_only)):
+            units, metrics = alg.begin(batch, step)
+            out.update(metrics)
+            if plan.padding_only:
+                units.weight = torch.zeros_like(units.weight)
+            out["train/units"] = float(parallel.sum(alg.count(units)))
+            units = pad_units(units, plan.pad_to)
+            U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
+            means, grad_norms = UpdateMeans(), []
+            for epoch in range(train.ppo_epochs):
+                for m in range(M):
+                    rows = minibatch_rows(U, M, m).to(units.device)
+                    # over all workers: each scales by the global count, so the summed gradients are the global mean
+                    n = parallel.sum(alg.count(units[rows]))
+                    if n == 0:
+                        continue
+                    micros = rows.split(alg.micro_size)
+                    for i, micro in enumerate(micros):
+                        chunk = units[micro]
+                        for k in range(K):
+                            parallel.sync_gradients(last_before_step=(i, k) == (len(micros) - 1, K - 1))
+                            loss = alg.loss(chunk, k, UpdatePosition(epoch, m, step))
+                            (loss.loss * (len(micro) / (n * K))).backward()
+                            if alg.count(chunk):  # a pass of padding units only trains nothing and reports nothing
+                                means.add({"loss": loss.loss.detach(), **loss.metrics}, loss.entry_metrics, len(micro))
+                    grad_norms.append(self.optimizer.step())
+            if means.reports:
+                out.update(means.result())
+            parallel.settle()
+            out.update(alg.end(step))
+            out.update(self.optimizer.metrics(grad_norms))
         if self.flops.enabled:  # this device's FLOPs of the step: its rollouts since the last update, and this update
-            metrics["perf/flops_per_device"] = self.flops.take()
+            out["perf/flops_per_device"] = self.flops.take()
             if self.peak_flops is not None:
-                metrics["perf/peak_flops_per_device"] = self.peak_flops
-        return metrics
+                out["perf/peak_flops_per_device"] = self.peak_flops
+        return out
 
     def _as_own(self, traj: Trajectory) -> Trajectory:
         """Rows sampled elsewhere with the conditioning in this model's dtype (a rollout actor may sample in

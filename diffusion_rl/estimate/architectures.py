@@ -24,7 +24,7 @@ class TextEncoder:
     """A text encoder's shape: enough for its parameter count and its FLOPs per token (matmuls + attention)."""
 
     name: str
-    kind: str  # clip, t5, qwen2_5_vl, qwen3 (Qwen2 / Qwen2.5-VL / Qwen3 decoders alike)
+    kind: str  # clip, t5, qwen2_5_vl, qwen3, mistral3 (Qwen2 / Qwen2.5-VL / Qwen3 / Mistral decoders alike)
     layers: int
     hidden: int
     ffn: int
@@ -77,13 +77,18 @@ def text_encoder_of(name: str, config: dict) -> TextEncoder:
         gated = str(config.get("feed_forward_proj", "")).startswith("gated")
         return TextEncoder(name, "t5", config["num_layers"], config["d_model"], config["d_ff"], q, q, gated,
                            config["vocab_size"])  # fmt: skip
-    if kind.startswith("qwen2") or kind == "qwen3":  # Qwen3 (FLUX.2-klein, Z-Image): the same gated decoder
+    # Qwen3 (FLUX.2-klein, Z-Image) and Mistral-3 (FLUX.2-dev): the same gated decoder
+    if kind.startswith("qwen2") or kind in ("qwen3", "mistral3"):
         text = config.get("text_config") or config
         h, heads = text["hidden_size"], text["num_attention_heads"]
         head_dim = text.get("head_dim") or h // heads
         kv = text.get("num_key_value_heads", heads) * head_dim
         vision = config.get("vision_config")
-        label = "qwen3" if kind == "qwen3" else "qwen2_5_vl"
+        if kind == "mistral3":  # its Pixtral tower's keys as the Qwen2.5-VL tower's
+            vision = dict(depth=vision["num_hidden_layers"], hidden_size=vision["hidden_size"],
+                          intermediate_size=vision["intermediate_size"], patch_size=vision["patch_size"],
+                          spatial_merge_size=config.get("spatial_merge_size", 2))  # fmt: skip
+        label = kind if kind in ("qwen3", "mistral3") else "qwen2_5_vl"
         return TextEncoder(name, label, text["num_hidden_layers"], h, text["intermediate_size"], heads * head_dim, kv,
                            True, text["vocab_size"], vision)  # fmt: skip
     raise UserError(f"estimate: text encoder '{name}' has model_type '{kind}', which the estimate does not know")
@@ -162,8 +167,14 @@ def shipped() -> dict[str, Path]:
 
 
 def from_shipped(name: str) -> Architecture:
-    path = shipped()[name]
-    doc = json.loads(path.read_text())
+    doc = json.loads(shipped()[name].read_text())
+    # another checkpoint of a shipped architecture (Qwen-Image-2512: Qwen-Image's), with the config keys it `changes`
+    # (FLUX.1-schnell: FLUX.1-dev's without the guidance embedding)
+    if "same_as" in doc:
+        base = json.loads(shipped()[doc["same_as"]].read_text())
+        changes = doc.get("changes", {})
+        components = {part: {**config, **changes.get(part, {})} for part, config in base["components"].items()}
+        doc = {**base, "name": doc["name"], "source": doc["source"], "components": components}
     return from_components(doc["name"], doc["family"], doc["components"], doc["source"])
 
 

@@ -3,15 +3,21 @@
 Meta tensors carry shapes and dtypes but no storage, so a 20B-parameter transformer builds in a fraction of a
 second and allocates nothing; every op still dispatches, so torch.utils.flop_counter counts each matmul (2·m·n·k),
 convolution and attention (on meta, scaled_dot_product_attention runs its math path: two batched matmuls) of the
-real module graph. The bytes autograd saves for backward are counted the same way (by distinct storage).
+real module graph. The bytes autograd saves for backward are counted the same way (by distinct storage), and so
+are the bytes the memory-bound ops read and write (`Traffic`: what the roofline's second term takes at bandwidth).
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from dataclasses import dataclass
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from diffusion_rl.estimate.architectures import Architecture
 from diffusion_rl.models.doctor import count_saved_tensors
@@ -29,23 +35,128 @@ def build_on_meta(class_name: str, config: dict) -> torch.nn.Module:
         return cls.from_config(config)
 
 
+# FLOPs per byte below which an op is memory-bound: elementwise ops, norms, casts, copies and LoRA's thin rank-r
+# matmuls; the transformers' dense matmuls and convolutions are far above it (hundreds to thousands). Between the
+# ridge points of the GPUs in the table (A100 153, H100/H200 206–295), well clear of both groups.
+MEMORY_BOUND_INTENSITY = 100.0
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Traffic(TorchDispatchMode):
+    """Counts `bytes`: what the memory-bound ops read and write (inputs and outputs; views move nothing, in-place
+    ops are left out). Attention is counted as a fused kernel does it (`FusedAttention`), not as the math path runs
+    on meta (whose T×T matrices a GPU never writes out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.paused:
+            return out
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        storages = {t.untyped_storage()._cdata for t in inputs}
+        if not outputs or all(t.untyped_storage()._cdata in storages for t in outputs):
+            return out  # a view, or in place
+        moved = _nbytes(inputs) + _nbytes(outputs)
+        packet = func._overloadpacket
+        flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
+        if flops < MEMORY_BOUND_INTENSITY * moved:
+            self.bytes += moved
+        return out
+
+    @contextlib.contextmanager
+    def pause(self):
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
+
+class _FusedAttention(torch.autograd.Function):
+    """scaled_dot_product_attention as a fused kernel moves memory: q, k, v read and the output written; backward
+    reads them, the output and its gradient and writes three gradients. Its FLOPs are what the math path counts: the
+    forward runs it, the backward runs its four T×T products (dS = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q)."""
+
+    @staticmethod
+    def forward(ctx, traffic, kwargs, q, k, v):
+        ctx.traffic = traffic
+        ctx.save_for_backward(q, k, v)
+        with traffic.pause():
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+        traffic.bytes += _nbytes((q, k, v, out))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors
+        with ctx.traffic.pause():
+            k, v = _heads_of(k, q), _heads_of(v, q)  # grouped-query attention: each query head's keys
+            probabilities = q.new_empty(*q.shape[:-1], k.shape[-2])  # [.., Tq, Tk], kept by the math path
+            ds = grad @ v.transpose(-1, -2)
+            probabilities.transpose(-1, -2) @ grad, ds @ k, ds.transpose(-1, -2) @ q
+            grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        ctx.traffic.bytes += 2 * _nbytes((q, k, v)) + 2 * _nbytes((grad,))  # + the output, read again
+        return None, None, *grads
+
+
+def _heads_of(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    if t.dim() < 3 or t.shape[-3] == q.shape[-3]:
+        return t
+    return t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
+
+
+class FusedAttention(TorchFunctionMode):
+    """Within the block, scaled_dot_product_attention is `_FusedAttention` for the `traffic` count."""
+
+    def __init__(self, traffic: Traffic):
+        super().__init__()
+        self.traffic = traffic
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value")
+        q, k, v = [*args[:3], *(kwargs.pop(n) for n in names[len(args[:3]) :])]
+        return _FusedAttention.apply(self.traffic, kwargs, q, k, v)
+
+
+@contextlib.contextmanager
+def counting_traffic():
+    """Within the block, `counter.bytes` grows by the bytes the memory-bound ops move (see Traffic)."""
+    traffic = Traffic()
+    with traffic, FusedAttention(traffic):
+        yield traffic
+
+
 @dataclass
 class Shapes:
     """One transformer call: `batch` rows (CFG's doubled batch included), an image of height × width pixels and
-    `frames` frames, `text` text tokens per row (an editing family adds its condition image itself)."""
+    `frames` frames, `text` text tokens per row, and an editing family's `sources` condition images per row."""
 
     batch: int
     height: int
     width: int
     frames: int
     text: int
+    sources: int = 0
 
 
 def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dict:
     """The keyword arguments the family's adapter gives the transformer for `s`, as meta tensors (its meta_inputs)."""
     latent = ((s.frames - 1) // arch.temporal_scale + 1, s.height // arch.vae_scale, s.width // arch.vae_scale)
     adapter = family_named(arch.family).adapter
-    return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype)
+    sources = {"sources": s.sources} if adapter.edits else {}  # only an editing family reads condition images
+    return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype, **sources)
 
 
 @dataclass
@@ -53,37 +164,77 @@ class TransformerCost:
     forward_flops: float  # one call at the shapes
     train_flops: float  # forward + backward of one call (trained parameters' gradients and the activations')
     saved_bytes: int  # activations autograd keeps for backward in one call (as fused attention kernels do)
-    params: int
+    params: int  # the base transformer's (LoRA adapters not included)
     blocks: int  # transformer blocks (gradient checkpointing keeps one block's activations live)
     hidden_bytes: int  # one block's input hidden states (what checkpointing keeps per block)
+    forward_traffic: float = 0.0  # bytes the memory-bound ops of one call move (Traffic)
+    train_traffic: float = 0.0  # ... of one call with its backward
 
 
-def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=torch.bfloat16) -> TransformerCost:
-    """Count one transformer call at `s`: forward, forward + backward, saved activations.
+def in_dtype(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`module` cast to `dtype`, except the submodules its class keeps in fp32 (as from_pretrained(dtype=…) does:
+    Wan's norms, rope and time embedding)."""
+    module = module.to(dtype)
+    keep = getattr(module, "_keep_in_fp32_modules", None) or []
+    if dtype != torch.float32:
+        for name, sub in module.named_modules():
+            if any(k in name.split(".") for k in keep):
+                sub.float()
+    return module
+
+
+def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=torch.bfloat16,
+                     lora: tuple[tuple[str, ...], int] | None = None) -> TransformerCost:  # fmt: skip
+    """Count one transformer call at `s`: forward, forward + backward, saved activations, memory-bound traffic.
 
     Full fine-tuning: every parameter needs its gradient (backward ≈ 2× forward). LoRA: the base weights are frozen
-    but the gradient still flows through every layer to the adapters (backward ≈ 1× forward); the rank-r adapter
-    matmuls themselves are left out (r/d of the layer, ~2–4 % at r 64 on 3072-wide layers).
+    but the gradient still flows through every layer to the adapters (backward ≈ 1× forward). `lora` (target module
+    names, rank): the adapters are put on the meta module as peft puts them on the real one, so their matmuls (r/d
+    of a layer's FLOPs) and the bytes they move (a pass over each target's input and output) are counted.
     """
-    module = build_on_meta(arch.transformer_class, arch.transformer_config).to(dtype)
+    module = in_dtype(build_on_meta(arch.transformer_class, arch.transformer_config), dtype)
     params = sum(p.numel() for p in module.parameters())
+    blocks = sum(len(m) for name, m in module.named_children() if isinstance(m, torch.nn.ModuleList))
     module.requires_grad_(full_finetune)
+    if lora is not None and not full_finetune:
+        from peft import LoraConfig, get_peft_model
+
+        targets, rank = lora
+        module = get_peft_model(module, LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets)))
+        _saves_uncounted(m for name, m in module.named_modules() if name.split(".")[-2:-1] in (["lora_A"], ["lora_B"]))
     inputs = transformer_inputs(arch, s, dtype)
-    with FlopCounterMode(display=False) as forward, torch.no_grad():
+    with FlopCounterMode(display=False) as forward, torch.no_grad(), counting_traffic() as forward_traffic:
         module(**inputs)
     if not full_finetune:  # the gradient reaches the adapters through the activations
         for latents in _latent_inputs(inputs):
             latents.requires_grad_(True)
     tokens = _tokens(inputs)
-    with FlopCounterMode(display=False) as train, count_saved_tensors(tokens) as saved:
+    with FlopCounterMode(display=False) as train, count_saved_tensors(tokens) as saved, counting_traffic() as traffic:
         out = module(**inputs)[0]
         out = torch.stack(out) if isinstance(out, list) else out  # Z-Image answers with a list of rows
         out.float().sum().backward()
-    blocks = sum(len(m) for name, m in module.named_children() if isinstance(m, torch.nn.ModuleList))
     c = arch.transformer_config
     width = c.get("dim") or c.get("num_attention_heads", 1) * c.get("attention_head_dim", 1)
     return TransformerCost(float(forward.get_total_flops()), float(train.get_total_flops()), saved[0], params,
-                           max(blocks, 1), s.batch * tokens * width * torch.finfo(dtype).bits // 8)  # fmt: skip
+                           max(blocks, 1), s.batch * tokens * width * torch.finfo(dtype).bits // 8,
+                           float(forward_traffic.bytes), float(traffic.bytes))  # fmt: skip
+
+
+def _saves_uncounted(modules) -> None:
+    """What `modules` save for backward is left out of count_saved_tensors: the adapters' fp32 copies of their
+    inputs, which the GPU check's measured peaks (benchmarks/results/gpu_check_h200.json) do not show."""
+    entered = []
+
+    def enter(module, args):
+        entered.append(torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
+        entered[-1].__enter__()
+
+    def leave(module, args, output):
+        entered.pop().__exit__(None, None, None)
+
+    for m in modules:
+        m.register_forward_pre_hook(enter)
+        m.register_forward_hook(leave)
 
 
 def _latent_inputs(inputs: dict) -> list[torch.Tensor]:
@@ -108,9 +259,47 @@ def _tokens(inputs: dict) -> int:
     return count + text
 
 
-def vae_decode_flops(arch: Architecture, height: int, width: int, frames: int, dtype=torch.bfloat16) -> float:
-    """FLOPs of decoding one sample's latents to pixels, counted on the meta device."""
-    vae = build_on_meta(arch.vae_class, arch.vae_config).to(dtype)
+class PeakLive(TorchDispatchMode):
+    """Tracks the bytes of the tensors the ops within the block create and that are still alive: `peak` is the most
+    at once (each storage once, freed when its last tensor goes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, list[int]] = {}  # storage → [bytes, tensors on it]
+        self.now = self.peak = 0
+
+    def _release(self, key: int) -> None:
+        entry = self.live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.live[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                entry = self.live.get(storage._cdata)
+                if entry is None:
+                    entry = self.live[storage._cdata] = [storage.nbytes(), 0]
+                    self.now += entry[0]
+                    self.peak = max(self.peak, self.now)
+                entry[1] += 1
+                weakref.finalize(t, self._release, storage._cdata)
+        return out
+
+
+@dataclass
+class DecodeCost:
+    flops: float  # decoding one sample
+    traffic: float  # bytes its memory-bound ops move
+    peak_bytes: int  # the most its intermediate tensors hold at once (beyond the latents and the weights)
+
+
+def vae_decode_cost(arch: Architecture, height: int, width: int, frames: int, dtype=torch.bfloat16) -> DecodeCost:
+    """FLOPs, memory-bound traffic and working memory of decoding one sample's latents, counted on the meta device."""
+    vae = in_dtype(build_on_meta(arch.vae_class, arch.vae_config), dtype)
     h, w = height // arch.vae_scale, width // arch.vae_scale
     c = arch.vae_config
     channels = c.get("latent_channels") or c.get("z_dim")
@@ -119,6 +308,6 @@ def vae_decode_flops(arch: Architecture, height: int, width: int, frames: int, d
         z = torch.empty(1, channels, f, h, w, device=META, dtype=dtype)
     else:
         z = torch.empty(1, channels, h, w, device=META, dtype=dtype)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    with FlopCounterMode(display=False) as counter, torch.no_grad(), counting_traffic() as traffic, PeakLive() as live:
         vae.decode(z)
-    return float(counter.get_total_flops())
+    return DecodeCost(float(counter.get_total_flops()), float(traffic.bytes), live.peak)

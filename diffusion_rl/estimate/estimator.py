@@ -1,23 +1,25 @@
 """`diffusion-rl estimate`: memory per GPU and time per step of a config, before launch, from its architecture.
 
 FLOPs are counted exactly on the real module graph built on the meta device (estimate/counting.py): one transformer
-call at the training micro-batch (forward, and forward + backward), the VAE decode of one sample; text encoders
-analytically per token (estimate/architectures.py). Time is a roofline per phase,
+call at the training micro-batch (forward, and forward + backward, LoRA adapters included), the VAE decode of one
+sample; text encoders analytically per token (estimate/architectures.py). The same calls count the bytes the
+memory-bound ops move (elementwise ops, norms, casts, LoRA's thin matmuls; attention as a fused kernel moves it).
+Time is a roofline per phase with two terms,
 
-    t(phase) = max(FLOPs / (peak · efficiency), bytes moved / bandwidth)
+    t(phase) = (max(FLOPs / peak, weight bytes / bandwidth) + memory-bound bytes / bandwidth) / efficiency
 
 summed over the phases of a colocated step (encode prompts → rollout → decode → update → optimizer step), every GPU
-doing 1/N of the rows. `efficiency` is the fraction of the datasheet peak a real step reaches on average, and
-everything the roofline leaves out (rewards, FSDP collectives, CPU offload, the Python loop, idle time between
-phases) lands in it: one number, calibrated on ONE published figure (verl-omni's Qwen-Image LoRA recipe on 4×H800)
-and checked against another (its full fine-tune recipe on 4×H200) — benchmarks/estimate_vs_published.py.
+doing 1/N of the rows. `efficiency` is the fraction of the datasheet's peak and bandwidth a real step reaches,
+fitted on the GPU check's five measured steps on an H200 (EFFICIENCY below); what the roofline leaves out of a real
+run (rewards, FSDP collectives, CPU offload, idle time between phases) is not in it.
 
 Memory per GPU adds what a worker holds at its peak, the update: the transformer's weights (the whole of them
 while FSDP2 has them gathered, engine.reshard_after_forward false; one shard plus two gathered blocks otherwise),
 the trainable parameters' fp32 master/gradient/AdamW state as models/doctor.py counts it (sharded over the
 workers), a frozen reference copy (full fine-tuning with a KL), the text encoders and VAE (replicated), the kept
-trajectories of the worker's rows, and the activations autograd saves for one micro-batch — counted on the meta
-device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the
+trajectories of the worker's rows, the EMA's fp32 copy of the trained parameters, the VAE decode's working set for
+a generate call's rows (counted on meta), and the activations autograd saves for one micro-batch — counted on the
+meta device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the
 CUDA context, allocator fragmentation and kernel workspaces. The memory savers (docs/models.md) take their part
 off: `sampling.latents_dtype` the trajectories' window, `model.offload_frozen` the text encoders and VAE,
 `model.offload_reference` the reference copy, `engine.fsdp_cpu_offload` the shards and the optimizer state.
@@ -30,16 +32,20 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from diffusion_rl.data.prompts import condition_images_in
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
-from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_flops
+from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
 from diffusion_rl.estimate.devices import Device
 from diffusion_rl.models.registry import family_named
+from diffusion_rl.sampling.rollout import DECODE_ROWS
 from diffusion_rl.sampling.tree import TreeSpec
 from diffusion_rl.utils.dtypes import DTYPES
 
-# Calibrated once by benchmarks/estimate_vs_published.py on verl-omni's Qwen-Image OCR LoRA recipe (4×H800, 420 s
-# per step): the roofline's ideal step time there divided by the published 420 s. See docs/estimate.md.
-EFFICIENCY = 0.157  # fitted 0.1566 with gradient checkpointing, as verl-omni runs; the full fine-tune check: +6.6 %
+# Fitted on the GPU check of 2026-11-26 on one NVIDIA H200 (benchmarks/results/gpu_check_h200.json, `merged`): the
+# geometric mean, over its five model parts (SD3.5-Medium LoRA and full, FLUX.1-dev LoRA, Qwen-Image LoRA, Wan 2.1
+# 1.3B LoRA), of the roofline's ideal rollout + update seconds over the measured ones (0.5218); each part is then
+# within −10.4 % … +15.2 % (tests/test_estimate_calibration.py). Other GPUs scale by their datasheet peak and bandwidth.
+EFFICIENCY = 0.522
 CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: "typically 1–3 GB")
 GIB = 2**30
 TIGHT = 0.05  # a fit with less free device memory than this share of it is reported with a warning
@@ -106,37 +112,39 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     cfg_factor = 2 if (s.guidance > 1 and not arch.transformer_config.get("guidance_embeds")) else 1
     train_cfg = cfg_factor if algorithm.guided else 1  # direct preference trains the conditional velocity
     text = family.adapter.text_tokens(arch, m.max_sequence_length, prompt_tokens)
-    sources = int(family.adapter.edits)  # an edit's condition image
+    known = condition_images_in(cfg.data.train) if family.adapter.edits else 0  # an edit's, FLUX.2's references
+    sources = 1 if known is None else known  # an edit dataset still to prepare: one per prompt
     vision = [enc for enc in arch.text_encoders if enc.vision]
-    if sources and vision:  # Qwen-Image-Edit: the condition image's tokens are part of the prompt's embedding
-        text = min(text + vision[0].vision_flops(*CONDITION_SIZE)[1], m.max_sequence_length)
+    if sources and vision:  # Qwen-Image-Edit: the condition images' tokens are part of the prompt's embedding
+        text = min(text + sources * vision[0].vision_flops(*CONDITION_SIZE)[1], m.max_sequence_length)
     dtype = DTYPES[m.dtype]
     wbytes = dtype.itemsize
 
     micro = min(t.micro_batch_size, rows)
-    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text)
-    cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype)
+    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text, sources)
+    targets = tuple(m.lora.target_modules) or family.lora_targets
+    adapters = None if full else (targets, m.lora.rank)
+    cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype, lora=adapters)
     fwd_per_row = cost.forward_flops / shapes.batch  # one row of one call, guidance not applied
     module = build_on_meta(arch.transformer_class, arch.transformer_config)
-    targets = tuple(m.lora.target_modules) or family.lora_targets
     trainable = cost.params if full else lora_params(module, targets, m.lora.rank)
     vae = build_on_meta(arch.vae_class, arch.vae_config)
     vae_params = sum(p.numel() for p in vae.parameters())
-    decode = vae_decode_flops(arch, s.height, s.width, s.num_frames, dtype)
+    decode = vae_decode_cost(arch, s.height, s.width, s.num_frames, dtype)
 
     # -- FLOPs and bytes per GPU, per phase ---------------------------------------------------------------------
     weights = cost.params * wbytes
     prompts = math.ceil(cfg.data.prompts_per_step / gpus) + 1  # distinct texts per GPU: its prompts and the negative
     text_flops = 0.0
     for enc in arch.text_encoders:
-        padded = m.max_sequence_length  # T5 and FLUX.2-klein's Qwen3 read the padded text
-        tokens = {"clip": enc.positions or CLIP_TOKENS, "t5": padded, "qwen3": padded}.get(
+        padded = m.max_sequence_length  # T5 and FLUX.2's Qwen3 and Mistral-3 read the padded text
+        tokens = {"clip": enc.positions or CLIP_TOKENS, "t5": padded, "qwen3": padded, "mistral3": padded}.get(
             enc.kind, QWEN_TEMPLATE_TOKENS + min(prompt_tokens, m.max_sequence_length)
         )
-        if enc.vision and sources:  # an edit's condition image through Qwen2.5-VL's vision tower
+        if enc.vision and sources:  # an edit's condition images through Qwen2.5-VL's vision tower
             flops, vision_tokens = enc.vision_flops(*CONDITION_SIZE)
-            text_flops += rows * flops
-            tokens += vision_tokens
+            text_flops += rows * sources * flops
+            tokens += sources * vision_tokens
         text_flops += prompts * enc.forward_flops(tokens)
     text_bytes = sum(enc.weight_params for enc in arch.text_encoders) * wbytes
 
@@ -145,28 +153,31 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     evaluations = s.num_steps if tree is None else tree.evaluations(s.num_steps) / tree.leaves
     rollout_flops = rows * evaluations * cfg_factor * fwd_per_row
     rollout_bytes = s.num_steps * s.score_chunks * weights  # the weights stream once per call
-    decode_flops = rows * decode
+    rollout_traffic = rows * evaluations * cfg_factor * cost.forward_traffic / shapes.batch
+    decode_flops = rows * decode.flops
 
     calls = rows * algorithm.trained_calls(cfg.algorithm, cfg.sampling) * t.ppo_epochs  # rows × trained steps
     micro_batches = math.ceil(calls / micro)
     per_micro = cost.train_flops + (cost.forward_flops if m.gradient_checkpointing else 0)
     update_flops = micro_batches * (per_micro + algorithm.frozen_calls(settings) * cost.forward_flops)
     update_bytes = micro_batches * 2 * weights
+    forwards = algorithm.frozen_calls(settings) + (1 if m.gradient_checkpointing else 0)
+    update_traffic = micro_batches * (cost.train_traffic + forwards * cost.forward_traffic)
     optimizer_steps = t.num_minibatches * t.ppo_epochs
     master = 4 if (not full or e.mixed_precision == "bf16") else wbytes  # LoRA weights stay fp32
     state = trainable * (master + 3 * master)  # weights, gradient, two AdamW moments
     optimizer_bytes = optimizer_steps * 2 * state / (gpus if sharded else 1)  # read and write once
 
-    def seconds(flops: float, moved: float) -> float:
-        compute = flops / (device.peak_tflops * 1e12 * efficiency)
-        return max(compute, moved / (device.bandwidth_gbs * 1e9))
+    def seconds(flops: float, weights_moved: float, traffic: float = 0.0) -> float:
+        bandwidth = device.bandwidth_gbs * 1e9
+        return (max(flops / (device.peak_tflops * 1e12), weights_moved / bandwidth) + traffic / bandwidth) / efficiency
 
     phases = {
         "encode_prompts": seconds(text_flops, text_bytes),
-        "rollout": seconds(rollout_flops, rollout_bytes),
-        "decode": seconds(decode_flops, rows * vae_params * wbytes),
-        "update": seconds(update_flops, update_bytes),
-        "optimizer": seconds(0.0, optimizer_bytes),
+        "rollout": seconds(rollout_flops, rollout_bytes, rollout_traffic),
+        "decode": seconds(decode_flops, rows * vae_params * wbytes, rows * decode.traffic),
+        "update": seconds(update_flops, update_bytes, update_traffic),
+        "optimizer": seconds(0.0, 0.0, optimizer_bytes),
     }
     step = sum(phases.values())
 
@@ -199,13 +210,19 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     activations = cost.saved_bytes
     checkpointed = cost.blocks * cost.hidden_bytes + cost.saved_bytes / cost.blocks
     frozen = 0 if m.offload_frozen else 1  # model.offload_frozen: on the device only for their calls, not the update
+    ema = trainable * 4 / shard if t.ema.enabled else 0  # engine/ema.py: an fp32 copy of the trained parameters
+    # the VAE decodes a generate call's rows DECODE_ROWS at a time; the caching allocator keeps the blocks of that
+    # working set reserved beside the update's activations (nothing returns them while the device has room)
+    decoding = min(math.ceil(rows / s.score_chunks), DECODE_ROWS) * decode.peak_bytes
     memory = {
         "transformer": transformer_mem,
         "trainable_state": train_state,
+        "ema": ema,
         "reference_copy": reference,
         "text_encoders": frozen * text_bytes,
         "vae": frozen * vae_params * wbytes,
         "trajectories": trajectory,
+        "decode": decoding,
         "activations": checkpointed if m.gradient_checkpointing else activations,
         "context": CONTEXT_GIB * GIB,
     }
@@ -242,12 +259,13 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         efficiency=efficiency,
         assumptions=[
             f"text tokens per sample {text} (prompt tokens {prompt_tokens} where the family cuts padding)",
+            f"condition images per sample {sources} (data.train's; an edit dataset not there yet: one)",
             f"{'true CFG: doubled batch' if cfg_factor == 2 else 'one forward per step'}; micro-batch {micro}",
             f"{evaluations:.3g} transformer evaluations per image in the rollout"
             + ("" if tree is None else f" (a tree of {tree.leaves} leaves instead of {s.num_steps})"),
             f"trainable parameters {trainable / 1e6:.1f}M of {cost.params / 1e9:.2f}B",
-            "rewards, FSDP collectives and the time of offloading's copies are not modelled: they are inside the "
-            "efficiency factor",
+            "rewards, FSDP collectives and the time of offloading's copies are not modelled: the efficiency is "
+            "fitted on single-GPU steps without them (docs/estimate.md)",
         ],
     )
 

@@ -1,7 +1,11 @@
 """`model.attention_backend`: which kernel the transformer's attention runs, through diffusers' attention dispatcher.
 
 `sdpa` (the default) leaves the transformer as diffusers builds it: torch's scaled_dot_product_attention (or what
-the DIFFUSERS_ATTN_BACKEND environment variable names). Any other name is one of diffusers' dispatcher backends
+the DIFFUSERS_ATTN_BACKEND environment variable names). On a CUDA device, `sdpa` keeps torch from choosing its cuDNN
+kernel: on an H200 (torch 2.11, CUDA 13) that kernel's backward failed on FLUX.1-dev's LoRA step ("mha_graph.execute
+… is_good()", an illegal memory access without CUDA_LAUNCH_BLOCKING) while flash and memory-efficient attention ran
+it (benchmarks/RESULTS.md, GPU check); `_native_cudnn` still asks for cuDNN explicitly.
+Any other name is one of diffusers' dispatcher backends
 (`native`, `_native_math`, `flash`, `_flash_3`, `sage`, `flex`, `xformers`, …), set on this transformer's attention
 processors only (diffusers' process-wide active backend is left as it was). Backends that diffusers downloads from
 the Hub at first use (`*_hub`) are not offered: a training node may have no network. A backend whose package is
@@ -13,11 +17,13 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import nn
 
 from diffusion_rl.errors import UserError
 
 DEFAULT_BACKEND = "sdpa"
+logger = logging.getLogger(__name__)
 
 
 def backend_names() -> list[str]:
@@ -41,9 +47,13 @@ def installed_backends() -> list[str]:
     return usable
 
 
-def set_attention_backend(transformer: nn.Module, name: str, family: str) -> None:
-    """Route `transformer`'s attention through backend `name` (sdpa: leave it as built)."""
+def set_attention_backend(transformer: nn.Module, name: str, family: str, device: torch.device) -> None:
+    """Route `transformer`'s attention through backend `name` (sdpa: leave it as built, without cuDNN on CUDA)."""
     if name == DEFAULT_BACKEND:
+        if device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled():
+            torch.backends.cuda.enable_cudnn_sdp(False)  # process-wide: torch has no per-module switch
+            logger.info("model.attention_backend=sdpa: torch's cuDNN attention kernel is off (its backward fails on "
+                        "FLUX shapes); flash and memory-efficient attention remain")  # fmt: skip
         return
     from diffusers.models.attention_dispatch import (
         AttentionBackendName,

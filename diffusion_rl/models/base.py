@@ -96,6 +96,7 @@ class FlowModel(ABC):
     edits: bool = False  # reads condition images with its prompts (an editing family)
     native_size: int | None = None  # pixels a side its pipeline samples by default, where its configs do not say
     caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
+    guidance_embeds: bool = False  # guidance-distilled: the scale is an input embedding (one forward), not CFG
     embedding_cache = None  # an EmbeddingCache (models/embedding_cache.py) once attached: the encoders are gone
 
     # -- what `estimate` counts (estimate/), from the architecture alone: the transformer is built on the meta device
@@ -108,8 +109,8 @@ class FlowModel(ABC):
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
         """The transformer's keyword arguments as meta tensors (`on_meta`), as `velocity` gives them: `batch` rows,
-        latents of `latent` = (frames, height, width) cells, `text` tokens, an editing family's condition image
-        beside the latents; `config` is the transformer's config."""
+        latents of `latent` = (frames, height, width) cells, `text` tokens; `config` is the transformer's config. An
+        editing family's also takes `sources`, its condition images per row (beside the latents)."""
         raise NotImplementedError(f"the family '{cls.family}' gives estimate no transformer inputs (meta_inputs)")
 
     def __init_subclass__(cls, **kwargs):
@@ -222,8 +223,24 @@ class FlowModel(ABC):
 
     def forwards_per_evaluation(self, guidance: float) -> int:
         """Transformer forwards per sample that one `velocity` call costs: 2 with classifier-free guidance (the
-        batch doubled to [uncond; cond]), else 1. The NFE counts of rollouts (`rollout/nfe_per_image`) use it."""
-        return 2 if guidance > 1.0 else 1
+        batch doubled to [uncond; cond]), else 1 (guidance 1, or a guidance-distilled model, whose scale is an
+        input). The NFE counts of rollouts (`rollout/nfe_per_image`) use it."""
+        return 2 if guidance > 1.0 and not self.guidance_embeds else 1
+
+    def conditional_guidance(self, guidance: float) -> float:
+        """The guidance at which `velocity` is the conditional (CFG-free) policy of rollouts sampled at `guidance`:
+        what the forward-process losses train. 1 with classifier-free guidance (the conditional prediction, as the
+        DiffusionNFT / AWM / Diffusion-DPO papers train it); `guidance` itself for a guidance-distilled model
+        (`guidance_embeds`), where the scale is an input of its one forward and guidance 1 is another function
+        than the one sampled."""
+        return float(guidance) if self.guidance_embeds else 1.0
+
+    def guidance_input(self, guidance: float, rows: int, device: torch.device) -> torch.Tensor | None:
+        """The transformer's `guidance` input for `rows` rows: the scale itself (the network scales it by 1000 like
+        the timestep) when the model embeds guidance, else None."""
+        if not self.guidance_embeds:
+            return None
+        return torch.full((rows,), float(guidance), device=device, dtype=torch.float32)
 
     @abstractmethod
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
@@ -307,9 +324,12 @@ def single_frame(family: str, frames: int) -> None:
 def refuse_condition_images(family: str, images: ConditionImages | None) -> None:
     """A text-only family's check of `encode_prompts(images=...)`: condition images need an editing family."""
     if images is not None and any(len(row) for row in images):
+        from diffusion_rl.models.registry import load_families
+
+        readers = ", ".join(name for name, f in load_families().items() if f.adapter.edits)
         raise UserError(
-            f"the {family} family takes no condition images; prompts with images need an editing family "
-            "(qwen_image_edit, flux_kontext)"
+            f"the {family} family takes no condition images; prompts with images need a family that reads them "
+            f"({readers})"
         )
 
 

@@ -21,6 +21,11 @@ logger = logging.getLogger(__name__)
 
 
 def detect_family(path: Path) -> str:
+    return detect_pipeline(path)[0]
+
+
+def detect_pipeline(path: Path) -> tuple[str, str]:
+    """(family, diffusers pipeline class) of the model directory `path`, from its model_index.json."""
     index = path / "model_index.json"
     if not path.exists():
         raise UserError(
@@ -38,7 +43,7 @@ def detect_family(path: Path) -> str:
         class_name = json.loads(index.read_text())["_class_name"]
     except (json.JSONDecodeError, KeyError) as e:
         raise UserError(f"{index}: cannot read the pipeline class ({e})") from e
-    return family_of_pipeline(class_name, str(index)).name
+    return family_of_pipeline(class_name, str(index)).name, class_name
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,7 +87,11 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     """Build the FlowModel for a `ModelConfig` (see diffusion_rl.config). `text_encoders=False`: without them (the
     prompt-embedding cache may need none; `load_text_encoders` adds them later)."""
     path = Path(cfg.path).expanduser()
-    detected = detect_family(path)  # also fails early and clearly on a bad directory
+    detected, pipeline_class = detect_pipeline(path)  # also fails early and clearly on a bad directory
+    chosen = family_named(cfg.family) if cfg.family != "auto" else None
+    if chosen is not None and chosen.name != detected and pipeline_class in chosen.loads_also:
+        # a checkpoint two families read (models/registry.py: loads_also); the user chose, and it loads as theirs
+        detected, pipeline_class = chosen.name, chosen.pipeline
     if cfg.family not in ("auto", detected):
         raise UserError(
             f"model.family={cfg.family} but {path / 'model_index.json'} holds a {detected} pipeline; "
@@ -95,9 +104,13 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     try:
         with quiet_loading():  # no progress bars or info logs, in every process (Ray workers too)
             given = family.components(path) if family.components is not None else {}
+            # diffusers checks a passed component against the class model_index.json names, which transformers may
+            # not build here (FLUX.2-dev's PixtralProcessor without torchvision): load without them, then set them
+            held = dict.fromkeys(given)
             if not text_encoders:
-                given.update({name: None for name in text_encoder_names(path)})
-            pipeline = getattr(diffusers, family.pipeline).from_pretrained(path, dtype=dtype, **given)
+                held.update({name: None for name in text_encoder_names(path)})
+            pipeline = getattr(diffusers, pipeline_class).from_pretrained(path, dtype=dtype, **held)
+            pipeline.register_modules(**given)
     except Exception as e:  # a truncated file, a component without config.json: one line naming the file
         raise_if_damaged(path, e)
         raise
@@ -109,7 +122,7 @@ def model_of_pipeline(pipeline, family, cfg, device: torch.device, dtype: torch.
     placement, LoRA, checkpointing, compilation, autocast); `source` names where it came from in the log."""
     quiet_prompt_truncation(pipeline)
     # before the policies exist: full fine-tuning's copies inherit the backend
-    set_attention_backend(pipeline.transformer, getattr(cfg, "attention_backend", DEFAULT_BACKEND), family.name)
+    set_attention_backend(pipeline.transformer, getattr(cfg, "attention_backend", DEFAULT_BACKEND), family.name, device)
     pipeline.set_progress_bar_config(disable=True)
     offload = getattr(cfg, "offload_frozen", False)
     if offload:  # the frozen components stay on the CPU: they never occupy the device all at once, even while loading

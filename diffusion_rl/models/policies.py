@@ -17,6 +17,7 @@ from torch import nn
 
 DEFAULT = "default"
 REFERENCE = "__reference__"  # full fine-tuning's frozen copy of the starting weights (LoRA: adapters disabled)
+BLOCK_RECOMPILE_LIMIT = 64  # compiled graphs per block forward (model.compile_blocks); see _compile_blocks
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class PolicySet:
         done = self.__dict__.setdefault("_block_compiled", set())
         if id(module) in done:
             return
+        # One graph per block variant and call mode: SD3.5's dual-attention and plain blocks and its last
+        # (context-only) block, each with and without gradients and with the adapter on and off, exceeded torch's
+        # default of 8 per code object on the GPU check, and every block past the 8th then ran eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, BLOCK_RECOMPILE_LIMIT)
         for block in repeated_blocks(module):
             block.compile()
         done.add(id(module))

@@ -29,6 +29,11 @@ class ModelFamily:
     # how a pipeline of the family is written (tiny models, merged exports) when save_pretrained alone would not
     # lay it out as a real checkpoint; None: save_pretrained
     save: Callable[[object, Path], None] | None = None
+    # pipeline classes of other families whose directories this family also loads when model.family names it (Wan
+    # 2.2 TI2V-5B's WanPipeline checkpoint is an image-to-video model too)
+    loads_also: tuple[str, ...] = ()
+    # other pipeline classes whose checkpoints this family loads (FLUX.2-dev's Flux2Pipeline beside klein's)
+    variants: tuple[str, ...] = ()
 
 
 FAMILIES: Registry[ModelFamily] = Registry("model family", plugins=("diffusion_rl.models.families",))
@@ -61,7 +66,9 @@ def save_pipeline(family: str, pipeline, directory: Path) -> None:
 def family_of_pipeline(class_name: str, where: str) -> ModelFamily:
     """The family whose pipeline class is `class_name` (read from `where`, named in the error)."""
     for _, family in FAMILIES.items():
-        if family.pipeline == class_name:
+        if class_name in (family.pipeline, *family.variants):
             return family
-    known = ", ".join(f"{f.pipeline} ({name})" for name, f in FAMILIES.items())
+    known = [f"{f.pipeline} ({name})" for name, f in FAMILIES.items()]
+    known += [f"{variant} ({name})" for name, f in FAMILIES.items() for variant in f.variants]
+    known = ", ".join(known)
     raise UserError(f"{where}: pipeline '{class_name}' is not supported; supported: {known}")

@@ -101,10 +101,6 @@ class RewardCombiner:
         if self.total_weight <= 0:
             raise ValueError(f"the reward weights sum to {self.total_weight}; at least one must be > 0")
 
-    @property
-    def has_group_rewards(self) -> bool:
-        return any(r.group for r in self.rewards)
-
     def __call__(
         self,
         images: np.ndarray,

@@ -8,6 +8,16 @@ for training calls); `sample_images` is what every other caller uses (validation
 `prepare pairs`, pretraining checks): encode the prompts and roll out in chunks, each sample from its own seeds, so
 an image never depends on the chunk it was drawn in.
 `recompute_step` replays one recorded step under the current weights (the policy-gradient update).
+
+Storage in a half type (`sampling.latents_dtype`: half the memory of the kept window's `latents` [B, W+1, …] and
+`means` [B, W, …]; log-probs, stds and sigmas stay fp32): rounding only what is stored would make the update's
+recomputed log-prob differ from the rollout's even on-policy. So inside the SDE window the sample itself is the
+rounded one: x_j is rounded before the window step's velocity, the drawn x_{j+1} is rounded, and the recorded
+log-prob is that of the rounded x_{j+1} (`stored_step`). The update then replays the rollout exactly (ratio 1
+on-policy); the samples differ from fp32 storage's by that rounding (a relative 2⁻⁹ for bf16, 2⁻¹² for fp16, far below
+the step's noise). The stored means are rounded copies of fp32 means: grpo_guard's drift term and flow_dppo's KL mask
+read them at the scale of the step noise, where bf16's rounding is about their thresholds, so those losses refuse
+bf16 and take fp16 (algorithms/policy_gradient.py: `require_exact_anchor_means`).
 """
 
 from __future__ import annotations
@@ -20,12 +30,12 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
-from diffusion_rl.sampling.sde import StepOutput, get_step
-from diffusion_rl.sampling.storage import rounded, storage_dtype, stored_step
+from diffusion_rl.sampling.sde import Generators, StepOutput, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
-from diffusion_rl.sampling.tree import TreeSpec
+from diffusion_rl.sampling.tree import TreeNodes, TreeSpec
 from diffusion_rl.sampling.window import SdeWindow, step_types
-from diffusion_rl.utils.seeding import make_generator, seed_for
+from diffusion_rl.utils.dtypes import DTYPES
+from diffusion_rl.utils.seeding import generator_of, seed_for
 
 if TYPE_CHECKING:
     from diffusion_rl.models.base import ConditionImages, FlowModel
@@ -42,17 +52,18 @@ class SamplerSettings:
     frames: int = 1  # video frames per sample (a video family); 1 for images
     ode_solver: str = "euler"  # how the steps outside the SDE window integrate the ODE (sampling/ode.py)
     tree: TreeSpec | None = None  # training rollouts sampled as trees (sampling/tree.py); None: flat
-    latents_dtype: str = "fp32"  # how the window's latents and means are stored (sampling/storage.py)
+    latents_dtype: str = "fp32"  # how the window's latents and means are stored (module docstring)
 
     def __post_init__(self):
         if self.ode_solver not in ODE_SOLVERS:
             raise ValueError(f"unknown ODE solver '{self.ode_solver}'; known: {', '.join(ODE_SOLVERS)}")
-        storage_dtype(self.latents_dtype)
+        if self.latents_dtype not in DTYPES:
+            raise ValueError(f"unknown latents dtype '{self.latents_dtype}'; known: {', '.join(DTYPES)}")
 
     @property
     def storage(self) -> torch.dtype:
         """The dtype of the stored window latents and means."""
-        return storage_dtype(self.latents_dtype)
+        return DTYPES[self.latents_dtype]
 
     @classmethod
     def of(cls, sampling) -> SamplerSettings:
@@ -62,15 +73,10 @@ class SamplerSettings:
                    s.ode_solver, TreeSpec.of(s.tree), s.latents_dtype)  # fmt: skip
 
 
-def _generator(parts: int | tuple, *node: int) -> torch.Generator:
-    """The generator of a seed (an int, hashed again) or of a seed's parts (a tuple), extended by a node's path."""
-    return make_generator(*(parts if isinstance(parts, tuple) else (parts,)), *node)
-
-
 def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int | tuple]) -> torch.Tensor:
     """x_1 for each root from its own seed: a sample's noise never depends on the batch it is in."""
     shape = model.latent_shape(settings.height, settings.width, settings.frames)
-    noise = torch.stack([torch.randn(shape, generator=_generator(s)) for s in seeds])
+    noise = torch.stack([torch.randn(shape, generator=generator_of(s)) for s in seeds])
     return noise.to(model.device)
 
 
@@ -79,6 +85,23 @@ def anonymous_ids(prompts: Sequence[str]) -> SampleIds:
     rows = torch.arange(len(prompts))
     return SampleIds(sample_index=rows, group_index=rows.clone(), prompt=list(prompts),
                      policy_version=torch.zeros_like(rows), batch_size=[len(prompts)])  # fmt: skip
+
+
+def rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as its storage dtype would hold it, in fp32 (x itself when the storage is fp32)."""
+    return x if dtype == torch.float32 else x.to(dtype).float()
+
+
+def stored_step(kind: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float, noise_level: float,
+                generators: Generators, dtype: torch.dtype) -> StepOutput:  # fmt: skip
+    """One SDE window step whose drawn sample is the one storage keeps: x_{j+1} rounded to `dtype`, with the
+    log-prob of that rounded sample (x, the step's input, must already be rounded). fp32: the plain step."""
+    step = get_step(kind)
+    out = step(x, v, sigma, sigma_next, noise_level, generator=generators)
+    if dtype == torch.float32:
+        return out
+    # the noise is drawn once above; this call only scores the rounded sample under the same Gaussian
+    return step(x, v, sigma, sigma_next, noise_level, prev_sample=rounded(out.prev_sample, dtype))
 
 
 @torch.no_grad()
@@ -102,23 +125,15 @@ def rollout(
     evaluates its velocity once and its b_d children share x_{k_d} and that velocity, each drawing its own noise.
     A seed is an int (hashed again) or a tuple of seed parts (utils/seeding.py)."""
     B, N = ids.batch_size[0], 1 if tree is None else tree.leaves
-    sorted_cond, inverse = cond, None  # flat: the roots are the rows, in the caller's order
-    if tree is not None:  # sorted row r·N + l is root r's leaf l; `order` maps it to its row in the caller's batch
-        order = tree.leaf_order(ids.sample_index.cpu(), ids.group_index.cpu())
-        tree.check_steps(settings.num_steps, window)
-        sorted_cond, inverse = cond[order.to(cond.device)], torch.empty(B, dtype=torch.long)
-        inverse[order] = torch.arange(B)
     R = B // N
+    nodes = None if tree is None else TreeNodes(tree, ids, cond, noise_seeds, settings.num_steps, window)
     if len(init_seeds) != R or len(noise_seeds) != R or cond.batch_size[0] != B:
         raise ValueError(f"rollout: {B} rows ({R} roots), {len(init_seeds)} init seeds, {len(noise_seeds)} noise "
                          f"seeds, {cond.batch_size[0]} conds")  # fmt: skip
     sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width, settings.frames)
     kinds = step_types(settings.num_steps, window, settings.sde_type)
     x = initial_noise(model, settings, init_seeds)
-    # the live nodes: their root, their index among the root's nodes of this depth, their noise generator
-    node_root, node_index, depth = torch.arange(R), torch.zeros(R, dtype=torch.long), 0
-    generators = [_generator(noise_seeds[r], *(() if tree is None else (0, 0))) for r in range(R)]
-    node_cond = sorted_cond if tree is None else sorted_cond[(node_root * N).to(cond.device)]  # its first row's
+    generators = [generator_of(s) for s in noise_seeds] if nodes is None else None  # a tree's: its nodes'
     history: dict[str, list[torch.Tensor]] = {"latents": [], "log_probs": [], "means": [], "stds": []}
     index, evaluations = [], 0
     solver = OdeSolver(settings.ode_solver)
@@ -127,22 +142,15 @@ def rollout(
         for j, kind in enumerate(kinds):
             if kind != "ode":
                 x = rounded(x, dtype)  # the velocity sees what is stored, so the update replays it exactly
-            v = model.velocity(x, sigmas[j].item(), node_cond, settings.guidance)
+            v = model.velocity(x, sigmas[j].item(), cond if nodes is None else nodes.cond, settings.guidance)
             evaluations += x.shape[0]
-            if tree is not None and j in tree.branch_at:  # the children share x_j and its velocity, then draw noise
-                b = tree.branching[depth]
-                depth += 1
-                x, v = x.repeat_interleave(b, 0), v.repeat_interleave(b, 0)
-                history = {k: [t.repeat_interleave(b, 0) for t in ts] for k, ts in history.items()}
-                node_root = node_root.repeat_interleave(b)
-                node_index = node_index.repeat_interleave(b) * b + torch.arange(b).repeat(len(node_index))
-                generators = [_generator(noise_seeds[r], depth, int(i)) for r, i in zip(node_root, node_index)]
-                node_cond = sorted_cond[(node_root * N + node_index * (N // tree.nodes_at(depth))).to(cond.device)]
+            if nodes is not None and j in tree.branch_at:  # the children share x_j and its velocity
+                x, v, history = nodes.split(x, v, history)
             if kind == "ode":  # splits are SDE steps, so the node count is fixed across the solver's history
                 x = solver.step(x, v, sigmas[j].item(), sigmas[j + 1].item())
                 continue
-            out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level, generators,
-                              dtype)  # fmt: skip
+            out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level,
+                              generators if nodes is None else nodes.generators, dtype)  # fmt: skip
             for key, value in zip(history, (x.to(dtype), out.log_prob, out.mean.to(dtype), out.std)):
                 history[key].append(value)
             index.append(j)
@@ -152,18 +160,18 @@ def rollout(
             x = out.prev_sample
 
     def in_order(t: torch.Tensor) -> torch.Tensor:  # a tree's sorted leaves back in the caller's order
-        return t if inverse is None else t[inverse.to(t.device)]
+        return t if nodes is None else nodes.in_order(t)
 
     x = in_order(x)
     device = x.device
     steps = {}
     if window is not None:
-        step_index = torch.tensor(index, device=device)
+        step_index = torch.tensor(index)  # on the CPU, where the schedule `sigmas` lives
         steps = {key: in_order(torch.stack(ts, dim=1)) for key, ts in history.items()}
         steps.update(
             sigmas=sigmas[step_index].to(device).expand(B, -1).clone(),
             sigmas_next=sigmas[step_index + 1].to(device).expand(B, -1).clone(),
-            step_index=step_index.expand(B, -1).clone(),
+            step_index=step_index.to(device).expand(B, -1).clone(),
         )
     # transformer forwards per image: a tree's shared nodes split among their leaves
     forwards = evaluations * model.forwards_per_evaluation(settings.guidance) / N / R
@@ -171,12 +179,21 @@ def rollout(
         final_latents=x.float(),
         cond=cond,
         ids=ids.to(device),
-        images=model.decode(x).to(device),
+        images=decode_in_chunks(model, x).to(device),
         nfe=torch.full((B,), float(forwards), device=device),
         **steps,
         batch_size=[B],
         device=device,
     )
+
+
+DECODE_ROWS = 16  # rows the VAE decodes at once: its working set grows with them (~0.4 GiB per 512² SD3/FLUX image)
+
+
+def decode_in_chunks(model: FlowModel, latents: torch.Tensor) -> torch.Tensor:
+    """model.decode of `latents` [B, …], DECODE_ROWS rows at a time (a Ray worker's 144 rows at once would hold
+    ~54 GiB of the VAE's intermediates at 512 px; `diffusion-rl estimate` counts one chunk's)."""
+    return torch.cat([model.decode(rows) for rows in latents.split(DECODE_ROWS)])
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ class Trajectory:
     cond: TensorDict  # [B]: the model's conditioning (text embeddings, negatives for CFG, condition images)
     ids: SampleIds  # [B]
     images: torch.Tensor | None = None  # uint8 [B, H, W, 3]; None for offline latents
-    # [B, W+1, …] fp32, or sampling.latents_dtype (sampling/storage.py): x before each window step, and after the last
+    # [B, W+1, …] fp32, or sampling.latents_dtype (sampling/rollout.py): x before each window step, and after the last
     latents: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None  # [B, W] fp32: log π_rollout(x_{j+1} | x_j), mean over latent elements
     means: torch.Tensor | None = None  # [B, W, …] fp32 or sampling.latents_dtype: each window step's Gaussian mean

@@ -15,8 +15,10 @@ Cost, in transformer evaluations per group (guidance > 1 doubles it, as it doubl
     NFE_flat = N · T
 
 The one sampler loop samples trees (`sampling.rollout.rollout` with a `TreeSpec`: a flat rollout is a tree with no
-split); this file holds the tree's geometry. Seeds (sampling/rollout.py `training_rollout`) come from (run seed,
-training step, group index, node), so a row is the same sample whichever rows are drawn with it, in whichever order.
+split); this file holds the tree's geometry (`TreeSpec`) and its live nodes during a rollout (`TreeNodes`: each
+node's root and index, its noise stream and conditioning, and what a split does to them). Seeds
+(sampling/rollout.py `training_rollout`) come from (run seed, training step, group index, node), so a row is the
+same sample whichever rows are drawn with it, in whichever order.
 
 A one-split tree (`branch_at: [k]`, branching N) with an SDE window of the single step k is TempFlow-GRPO's
 rollout: the prefix 0 … k − 1 is computed once per prompt, the N children split at k and follow the ODE after it.
@@ -28,8 +30,11 @@ import math
 from dataclasses import dataclass
 
 import torch
+from tensordict import TensorDict
 
+from diffusion_rl.sampling.trajectory import SampleIds
 from diffusion_rl.sampling.window import SdeWindow
+from diffusion_rl.utils.seeding import generator_of
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,45 @@ class TreeSpec:
                 f"sampling.tree.branch_at={list(self.branch_at)}: every branching step must be an SDE step, and this "
                 f"training step's window has {span} (num_steps={num_steps}); move branch_at into sampling.window"
             )
+
+
+class TreeNodes:
+    """The live nodes of a rollout's R trees, one per group present: the rows sorted so that row r·N + l is root r's
+    leaf l (groups by index); each node's root, its index among its root's nodes of its depth, its SDE noise stream
+    (from its root's noise seed followed by its depth and index) and its conditioning (its first leaf's)."""
+
+    def __init__(self, tree: TreeSpec, ids: SampleIds, cond: TensorDict, noise_seeds, num_steps: int,
+                 window: SdeWindow | None):  # fmt: skip
+        tree.check_steps(num_steps, window)
+        B, N = ids.batch_size[0], tree.leaves
+        order = tree.leaf_order(ids.sample_index.cpu(), ids.group_index.cpu())
+        self.tree, self.noise_seeds, self.depth = tree, noise_seeds, 0
+        self.sorted_cond = cond[order.to(cond.device)]
+        self.inverse = torch.empty(B, dtype=torch.long)  # sorted row → the caller's row
+        self.inverse[order] = torch.arange(B)
+        self.root, self.index = torch.arange(B // N), torch.zeros(B // N, dtype=torch.long)
+        self._place()
+
+    def _place(self) -> None:
+        N = self.tree.leaves
+        self.generators = [generator_of(self.noise_seeds[r], self.depth, int(i)) for r, i in zip(self.root, self.index)]
+        rows = self.root * N + self.index * (N // self.tree.nodes_at(self.depth))
+        self.cond = self.sorted_cond[rows.to(self.sorted_cond.device)]
+
+    def split(self, x: torch.Tensor, v: torch.Tensor, history: dict[str, list[torch.Tensor]]):
+        """At a branching step: each node's b_d children share its x_j, its velocity and its history (then each draws
+        its own noise); returns them repeated per child."""
+        b = self.tree.branching[self.depth]
+        self.depth += 1
+        self.root = self.root.repeat_interleave(b)
+        self.index = self.index.repeat_interleave(b) * b + torch.arange(b).repeat(len(self.index))
+        self._place()
+        history = {k: [t.repeat_interleave(b, 0) for t in ts] for k, ts in history.items()}
+        return x.repeat_interleave(b, 0), v.repeat_interleave(b, 0), history
+
+    def in_order(self, t: torch.Tensor) -> torch.Tensor:
+        """Sorted leaves [B, …] back in the caller's row order."""
+        return t[self.inverse.to(t.device)]
 
 
 def nfe_per_image(num_steps: int, tree: TreeSpec | None, forwards_per_evaluation: int, group_size: int) -> float:

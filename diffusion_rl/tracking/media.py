@@ -26,20 +26,23 @@ def is_video(samples: np.ndarray) -> bool:
 
 
 def with_sources(results: np.ndarray, sources: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
-    """uint8 [N, H, (k + 1)·W + k·GAP, 3]: row i's k condition images, then its result, side by side."""
-    if is_video(results):
-        raise ValueError("source → result tiles are for image edits; got videos")
+    """uint8 [N, H, (k + 1)·W + k·GAP, 3]: row i's k condition images, then its result, side by side (videos
+    [N, F, H, …]: each condition image held still beside every frame, e.g. an image-to-video's first frame)."""
     if len(sources) != len(results):
         raise ValueError(f"{len(results)} results but {len(sources)} rows of condition images")
-    bar = np.full((results.shape[1], GAP, 3), 255, dtype=np.uint8)
+    frame = results.shape[2:] if is_video(results) else results.shape[1:]  # (H, W, 3)
+    width_axis = 2 if is_video(results) else 1
+    bar = np.full((frame[0], GAP, 3), 255, dtype=np.uint8)
     tiles = []
     for result, row in zip(results, sources):
         parts = []
         for image in row:
-            if image.shape != result.shape:
-                raise ValueError(f"a condition image {image.shape} differs from its result {result.shape}")
+            if image.shape != frame:
+                raise ValueError(f"a condition image {image.shape} differs from its result's frames {frame}")
             parts += [image, bar]
-        tiles.append(np.concatenate([*parts, result], axis=1))
+        if is_video(results):
+            parts = [np.broadcast_to(part, (len(result), *part.shape)) for part in parts]
+        tiles.append(np.concatenate([*parts, result], axis=width_axis))
     widths = {tile.shape[1] for tile in tiles}
     if len(widths) > 1:
         raise ValueError("the rows of a sheet carry different numbers of condition images")

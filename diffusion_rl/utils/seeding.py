@@ -35,3 +35,9 @@ def make_generator(*parts: int | str) -> torch.Generator:
     generator = torch.Generator(device="cpu")
     generator.manual_seed(seed_for(*parts))
     return generator
+
+
+def generator_of(seed: int | tuple, *more: int | str) -> torch.Generator:
+    """The generator of a seed (an int, hashed again) or of a seed's parts (a tuple), extended by `more` parts (e.g.
+    a tree node's depth and index)."""
+    return make_generator(*(seed if isinstance(seed, tuple) else (seed,)), *more)

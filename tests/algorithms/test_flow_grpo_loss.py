@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.base import LOSSES
-from diffusion_rl.algorithms.losses.base import PolicyLossInput
+from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
 
 CLIP = 0.2
 # Sample 0: ratio e^0.1 inside the clip range. Sample 1: ratio e^0.5 above it with A > 0 (clipped at 1.2).

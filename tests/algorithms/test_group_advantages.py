@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import GroupNorm, combine_per_reward_advantages, compute_group_advantages
+from diffusion_rl.algorithms.base import GroupNorm, combine_per_reward_advantages, compute_group_advantages
 
 NAN = float("nan")
 EPS = 1e-4

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.base import LOSSES
-from diffusion_rl.algorithms.losses.base import PolicyLossInput
+from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
 
 CLIP = 0.05
 SQRT_DT = [0.5, 0.5, 0.5]

@@ -122,8 +122,8 @@ def test_the_weight_floor_is_an_option():
 def test_settings_defaults_and_checks():
     s = NftSettings()
     assert (s.reward_mode, s.weight_floor) == ("continuous", 1e-5)
-    with pytest.raises(ValueError, match="weight_floor must be > 0"):
-        NftSettings(weight_floor=-1.0)
+    with pytest.raises(UserError, match=r"'algorithm.nft.weight_floor' must be in \(0, 1\], got -1"):
+        load(ROOT / "configs/quickstart_nft.yaml", ["algorithm.nft.weight_floor=-1.0"])
     overrides = ["algorithm.nft.reward_mode=binary", "algorithm.nft.weight_floor=1e-3"]
     cfg = load(ROOT / "configs/quickstart_nft.yaml", overrides)
     assert (cfg.algorithm.settings.reward_mode, cfg.algorithm.settings.weight_floor) == ("binary", 1e-3)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.base import LOSSES
-from diffusion_rl.algorithms.losses.base import PolicyLossInput
+from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
 
 # five samples; clip range 0.1: ratio e^0.2 = 1.22 and e^0.15 = 1.16 clip above, e^-0.3 = 0.74 below
 LOG_RATIOS = [0.2, -0.05, -0.3, 0.15, 0.0]
@@ -106,9 +106,9 @@ def test_flow_dppo_splits_its_mask_by_side_and_logs_ratio_extremes():
 
 
 def test_the_update_loop_reports_the_extremes_over_passes_not_their_mean():
-    from diffusion_rl.engine.update_loop import _Means
+    from diffusion_rl.engine.worker import UpdateMeans
 
-    means = _Means()
+    means = UpdateMeans()
     for value in ([1.0, 3.0], [0.5, 5.0], [2.0, 4.0]):
         means.add({"ratio_min": value[0], "ratio_max": value[1], "ratio_mean": value[1]}, {}, rows=2)
     out = means.result()

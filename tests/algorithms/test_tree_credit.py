@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages
+from diffusion_rl.algorithms.base import GroupNorm, compute_group_advantages
 from diffusion_rl.algorithms.tree_credit import tree_credit
 from diffusion_rl.sampling.tree import TreeSpec
 

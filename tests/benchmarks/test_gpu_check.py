@@ -105,6 +105,16 @@ def test_a_crash_or_an_overrun_is_recorded_and_the_next_part_still_runs(tmp_path
     assert record["late"]["status"] == "not_run" and "budget" in record["late"]["reason"]
 
 
+def test_a_check_of_some_parts_still_names_its_device(tmp_path, gpu_check, monkeypatch):
+    parts = {"device": (lambda ctx: {"gpu": "NVIDIA H200"}, 30), "fine": (lambda ctx: {}, 30),
+             "other": (lambda ctx: {}, 30)}  # fmt: skip
+    monkeypatch.setattr(gpu_check, "PARTS", parts)
+    monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
+    gpu_check.main(["--out", str(tmp_path), "--dry-run", "--only", "fine"])
+    assert list(json.loads((tmp_path / "gpu_check.json").read_text())["parts"]) == ["device", "fine"]
+    assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check: NVIDIA H200")
+
+
 @pytest.mark.parametrize("family", ["sd3", "flux", "qwen_image", "wan"])
 def test_random_text_embeddings_have_the_shapes_the_real_encoders_give(family, gpu_check):
     from gpu_check.models import TINY_PRESET, RandomTexts, text_shapes
@@ -143,3 +153,17 @@ def test_the_carried_wheels_are_the_versions_this_environment_tests():
     pins = dict(re.findall(r"([a-z]+)==([0-9.]+)", script.split("WHEELS=(")[1].split(")")[0]))
     assert set(pins) == {"diffusers", "tensordict", "pyvers"}
     assert pins == {name: metadata.version(name) for name in pins}
+
+
+def test_shipped_image_vaes_carry_the_checkpoints_latent_scaling():
+    # the GPU check builds VAEs from these configs and the families decode with vae.config's scaling and shift;
+    # without them AutoencoderKL's defaults (SD1's 0.18215, no shift) stood in and SD3's decode failed on the GPU
+    from diffusion_rl.estimate.architectures import from_shipped, shipped
+
+    real = {"stable-diffusion-3.5-medium": (1.5305, 0.0609), "FLUX.1-dev": (0.3611, 0.1159),
+            "FLUX.1-Kontext-dev": (0.3611, 0.1159), "FLUX.1-schnell": (0.3611, 0.1159),
+            "Z-Image-Turbo": (0.3611, 0.1159)}  # fmt: skip
+    kl = {name: from_shipped(name).vae_config for name in shipped() if from_shipped(name).vae_class == "AutoencoderKL"}
+    assert sorted(kl) == sorted(real)
+    for name, config in kl.items():
+        assert (config.get("scaling_factor"), config.get("shift_factor")) == real[name], name

@@ -183,3 +183,14 @@ def test_absurd_image_sizes_are_refused_before_any_work(tmp_path):
     with pytest.raises(UserError, match=r"ShapesWorld images need a size in \[16, 1024\] px, got 100000"):
         write_edit_files(tmp_path / "shapes", size=100000, train=1, val=0)
     assert not (tmp_path / "shapes").exists()
+
+
+def test_condition_images_in_counts_a_datasets_images_for_estimate(tmp_path):
+    from diffusion_rl.data.prompts import condition_images_in
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    rows = [{"prompt": "two", "images": ["a.png", "a.png"]}, {"prompt": "two more", "images": ["a.png", "a.png"]}]
+    (tmp_path / "two.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert condition_images_in(tmp_path / "two.jsonl") == 2
+    assert condition_images_in(tmp_path / "missing.txt") == 0  # a text file never carries images
+    assert condition_images_in(tmp_path / "missing.parquet") is None  # still to be prepared: estimate assumes one

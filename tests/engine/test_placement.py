@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from diffusion_rl.engine.placement import check_layout_fits, place_units
+from diffusion_rl.engine.ray import place_units
+from diffusion_rl.engine.ray_cluster import check_layout_fits
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,6 +30,7 @@ from diffusion_rl.engine.reward_actors import ActorReward, RewardActorDied  # no
 from diffusion_rl.engine.sharded_worker import WorkerError  # noqa: E402
 from diffusion_rl.sampling.window import default_window  # noqa: E402
 from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
+from tests.helpers import random_pair_file  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -156,7 +157,7 @@ def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the
 ):
     # 2 pairs a step: rows 0-1 chosen, 2-3 rejected; worker 0 holds rows 0-1, worker 1 rows 2-3, so every pair has
     # one row on each worker and one of them must move
-    pairs = _pair_file(tmp_path, 3)
+    pairs = random_pair_file(tmp_path, 3)
     # the workers encode the prompts of their 2 rows, the local engine of all 4: embeddings equal up to float noise,
     # which Adam's eps of 1e-8 would turn into ~lr moves of weights whose gradient is ~0; 1e-4 keeps it proportional
     options = (*EQUAL_PREFERENCE, f"data.pairs={pairs}", "data.prompts_per_step=2", "rewards=[]", "train.adam_eps=1e-4")
@@ -169,24 +170,6 @@ def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the
         sharded.engine.close()
     assert [r["train/units"] for r in ray_rows] == [2.0, 2.0, 2.0]
     assert max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
-
-
-def _pair_file(folder: Path, n: int) -> Path:
-    """n pairs of random 32 × 32 images."""
-    import numpy as np
-    from PIL import Image
-
-    from diffusion_rl.data.pairs import PreferencePair, write_pairs
-
-    rng = np.random.default_rng(0)
-    pairs = []
-    for i in range(n):
-        paths = folder / f"{i}_chosen.png", folder / f"{i}_rejected.png"
-        for path in paths:
-            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(path)
-        pairs.append(PreferencePair(f"prompt {i}", *paths))
-    write_pairs(pairs, folder / "pairs.jsonl")
-    return folder / "pairs.jsonl"
 
 
 def _listening_off_loopback(pids: set[int]) -> list[str]:

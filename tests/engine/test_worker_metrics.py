@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diffusion_rl.engine.update_loop import reduce_metrics
+from diffusion_rl.engine.worker import reduce_metrics
 
 
 def test_max_metrics_take_the_max_min_metrics_the_min_and_the_rest_the_mean():

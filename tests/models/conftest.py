@@ -70,6 +70,20 @@ def load():
 
 
 @pytest.fixture
+def ode_images():
+    """ode_images(model, prompts, settings) → the images [B, H, W, 3] the model samples for `prompts` with `settings`
+    from the seeds 1, 2, … (one per prompt; no negative prompts)."""
+    from diffusion_rl.sampling.rollout import anonymous_ids, rollout
+
+    def sample(model, prompts, settings):
+        seeds = list(range(1, len(prompts) + 1))
+        cond = model.encode_prompts(prompts, None)
+        return rollout(model, cond, settings, None, init_seeds=seeds, noise_seeds=seeds, ids=anonymous_ids(prompts))
+
+    return lambda model, prompts, settings: sample(model, prompts, settings).images
+
+
+@pytest.fixture
 def train_model(make_config):
     """train_model(model_dir, *overrides) → a Trainer of the fast test config on that model."""
 

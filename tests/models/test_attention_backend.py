@@ -62,3 +62,20 @@ def test_an_unknown_backend_is_refused_with_a_suggestion():
         ModelConfig(attention_backend="flsh")
     with pytest.raises(ValueError, match="'flash_hub' is not an attention backend"):
         ModelConfig(attention_backend="flash_hub")  # downloads its kernel from the Hub: not offered
+
+
+@pytest.mark.parametrize("device, cudnn_after", [("cuda", False), ("cpu", True)])
+def test_sdpa_on_cuda_leaves_torchs_cudnn_kernel_off(device, cudnn_after):
+    # On an H200 the cuDNN kernel's backward failed on FLUX.1-dev's LoRA step (benchmarks/RESULTS.md, GPU check):
+    # the default backend keeps torch from choosing it on CUDA and leaves the CPU's settings alone.
+    from torch import nn
+
+    from diffusion_rl.models.attention import set_attention_backend
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        set_attention_backend(nn.Linear(2, 2), "sdpa", "flux", torch.device(device))
+        assert torch.backends.cuda.cudnn_sdp_enabled() is cudnn_after
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

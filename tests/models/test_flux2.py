@@ -113,7 +113,9 @@ def test_distilled_klein_ignores_negative_prompts_and_runs_one_forward(flux2_mod
     assert calls[0]["txt_ids"][3].tolist() == [0, 0, 0, 3]
 
 
-def test_lora_export_loads_with_diffusers_and_samples_identical_images(flux2_model_dir, load, train_model, tmp_path):
+def test_lora_export_loads_with_diffusers_and_samples_identical_images(
+    flux2_model_dir, load, train_model, tmp_path, ode_images
+):
     trainer = train_model(flux2_model_dir, f"run.dir={tmp_path / 'run'}", "model.lora.enabled=true",
                           "model.lora.rank=4", "model.lora.alpha=8", "train.total_steps=1", "train.lr=1e-2",
                           "sampling.guidance=1")  # fmt: skip
@@ -124,9 +126,7 @@ def test_lora_export_loads_with_diffusers_and_samples_identical_images(flux2_mod
     settings = SamplerSettings(num_steps=4, guidance=1.0, height=32, width=32)
 
     def images(model):
-        cond = model.encode_prompts(PROMPTS, None)
-        return rollout(model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2],
-                       ids=anonymous_ids(PROMPTS)).images  # fmt: skip
+        return ode_images(model, PROMPTS, settings)
 
     fresh = load(flux2_model_dir)
     before = images(fresh)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +128,42 @@ def test_latent_shape_is_the_packed_token_grid(qwen_image_model_dir, load):
     assert model.latent_shape(32, 64) == (4, 8, 16)
     with pytest.raises(ValueError, match="multiples of 8"):
         model.latent_shape(32, 44)
+
+
+# Qwen/Qwen-Image-2512's public model_index.json (its components) and scheduler/scheduler_config.json
+QWEN_IMAGE_2512_INDEX = {
+    "_class_name": "QwenImagePipeline",
+    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+    "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
+    "tokenizer": ["transformers", "Qwen2Tokenizer"],
+    "transformer": ["diffusers", "QwenImageTransformer2DModel"],
+    "vae": ["diffusers", "AutoencoderKLQwenImage"],
+}
+QWEN_IMAGE_2512_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5,
+                                 max_shift=0.9, base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02,
+                                 time_shift_type="exponential")  # fmt: skip
+
+
+def test_a_model_laid_out_like_qwen_image_2512_loads_through_the_qwen_image_family(tmp_path, load, monkeypatch):
+    """2512 is new weights for QwenImagePipeline: the tiny Qwen-Image is laid out as its checkpoint is (the same
+    components and scheduler config), loads as `qwen_image`, and `estimate` reads the shipped 2512 architecture."""
+    from diffusion_rl.config import load as load_config
+    from diffusion_rl.estimate.architectures import architecture_for, from_shipped
+    from diffusion_rl.models.tiny import save_tiny
+
+    directory = save_tiny(tmp_path / "Qwen-Image-2512", "qwen_image", "small", seed=0)
+    index = json.loads((directory / "model_index.json").read_text())
+    assert {k: v for k, v in index.items() if k != "_diffusers_version"} == QWEN_IMAGE_2512_INDEX
+    (directory / "model_index.json").write_text(json.dumps({**index, "_diffusers_version": "0.36.0.dev0"}))
+    scheduler = json.loads((directory / "scheduler" / "scheduler_config.json").read_text())
+    assert {k: scheduler[k] for k in QWEN_IMAGE_2512_SCHEDULER} == QWEN_IMAGE_2512_SCHEDULER
+    assert load(directory).family == "qwen_image"
+
+    monkeypatch.chdir(tmp_path)  # no models/Qwen-Image-2512 here: estimate falls back to the shipped architecture
+    ready = load_config(str(Path(__file__).resolve().parents[2] / "configs/qwen_image_2512_ocr_lora.yaml"))
+    arch = architecture_for(ready.model)
+    qwen = from_shipped("Qwen-Image")
+    assert (arch.name, arch.family, arch.transformer_config, arch.vae_config) == (
+        "Qwen-Image-2512", "qwen_image", qwen.transformer_config, qwen.vae_config
+    )  # fmt: skip
+    assert arch.text_encoders == qwen.text_encoders and "Qwen-Image-2512" in arch.source

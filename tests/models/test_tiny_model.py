@@ -93,7 +93,7 @@ def test_load_model_rejects_an_unsupported_pipeline_and_lists_the_supported(tmp_
     supported = (
         "supported: FluxPipeline (flux), Flux2KleinPipeline (flux2), FluxKontextPipeline (flux_kontext), "
         "QwenImagePipeline (qwen_image), QwenImageEditPlusPipeline (qwen_image_edit), StableDiffusion3Pipeline (sd3), "
-        "WanPipeline (wan), ZImagePipeline (z_image)"
+        "WanPipeline (wan), WanImageToVideoPipeline (wan_i2v), ZImagePipeline (z_image)"
     )
     assert supported in str(info.value)
 

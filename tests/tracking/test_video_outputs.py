@@ -73,6 +73,16 @@ def test_edit_tiles_show_the_sources_then_the_result(tmp_path):
     assert save_sample(moving_square(), tmp_path / "clip").name == "clip.webp"
 
 
+def test_a_videos_tiles_hold_its_first_frame_still_beside_every_frame():
+    videos = moving_square()[None]  # [1, 5, 16, 16, 3]: an image-to-video's result
+    source = np.full((16, 16, 3), 7, dtype=np.uint8)
+    tiles = with_sources(videos, [[source]])
+    assert tiles.shape == (1, 5, 16, 16 + 2 + 16, 3)
+    assert (tiles[0, :, :, :16] == 7).all() and (tiles[0, :, :, 16:18] == 255).all()
+    assert np.array_equal(tiles[0, :, :, 18:], videos[0])
+    assert sample_sheet(videos, ["a"], 1, [[source]]).ndim == 4  # a video sheet
+
+
 def test_tensorboard_shows_a_video_as_an_animated_gif(tmp_path):
     tracker = TensorBoardTracker(tmp_path)
     tracker.log_video("val/samples", moving_square(), step=3, caption="moving")

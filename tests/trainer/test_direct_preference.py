@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,6 +12,7 @@ from diffusion_rl.algorithms.preference.awm import ema_decay_awm
 from diffusion_rl.data.sampler import make_step_prompts
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.trainer import Trainer
+from tests.helpers import random_pair_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {mode: ROOT / f"configs/quickstart_{mode}.yaml" for mode in ("dpo", "nft", "awm", "dpo_offline")}
@@ -198,25 +198,9 @@ def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, mode, options
         assert all(torch.equal(wa[k], wb[k]) for k in wa), name
 
 
-def _pair_file(folder: Path, n: int) -> Path:
-    """n pairs of random 32 × 32 images."""
-    from PIL import Image
-
-    from diffusion_rl.data.pairs import PreferencePair, write_pairs
-
-    rng = np.random.default_rng(0)
-    pairs = []
-    for i in range(n):
-        paths = folder / f"{i}_chosen.png", folder / f"{i}_rejected.png"
-        for path in paths:
-            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(path)
-        pairs.append(PreferencePair(f"prompt {i}", *paths))
-    write_pairs(pairs, folder / "pairs.jsonl")
-    return folder / "pairs.jsonl"
-
-
 def test_offline_dpo_without_a_reward_trains_and_resumes_exactly(make_trainer, tmp_path):
-    offline = (f"data.pairs={_pair_file(tmp_path, 3)}", "rewards=[]", "data.prompts_per_step=2", "train.save_every=2")
+    pairs = random_pair_file(tmp_path, 3)
+    offline = (f"data.pairs={pairs}", "rewards=[]", "data.prompts_per_step=2", "train.save_every=2")
     config = CONFIGS["dpo_offline"]
     straight = make_trainer(*offline, f"run.dir={tmp_path / 'straight'}", "train.total_steps=4", config=config)
     assert straight.rewards is None and straight.val_records == []  # nothing to score validation samples with

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms import LOSSES, LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import PolicyLossInput, PolicyLossSettings
-from diffusion_rl.algorithms.policy_gradient import PolicyGradient
+from diffusion_rl.algorithms.policy_gradient import PolicyGradient, PolicyLossInput, PolicyLossSettings
 from diffusion_rl.config import Config
 from diffusion_rl.config_io.reference import field_help
 from diffusion_rl.errors import UserError

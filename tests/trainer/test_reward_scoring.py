@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages
+from diffusion_rl.algorithms.base import GroupNorm, compute_group_advantages
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.timing import PhaseTimer
 
@@ -36,7 +36,7 @@ def test_sum_advantages_normalises_each_reward_then_weights(make_trainer, user_r
         "algorithm.advantage.combine=sum_advantages",
     )
     prompts, _, scored = _first_batch(trainer)
-    got = trainer.algorithm.advantages(scored, prompts.group_index).advantages
+    got = trainer.algorithm.prepare(scored, prompts.group_index)[0].advantages
     # by hand: each reward normalised on its own (global std, ddof 0, eps 1e-8), then 1.0·A1 + 0.5·A2
     expected = torch.zeros(len(prompts))
     for name, weight in ((first, 1.0), (second, 0.5)):

@@ -2,9 +2,11 @@
 the tiny Wan); the edit quickstart's rollouts score higher on ShapesWorld edit success (the tiny FLUX.1 Kontext).
 
 Measured gains of the fixed-seed validation reward for run.seed 0, 1, 2: video (16 steps, lr 3e-3) +1.2/+3.1/+7.4 %
-(lr 1e-2 overshoots: −1.7 % for seed 0). Edit (24 steps, lr 1e-3): the rollouts' shapes_edit, last 6 steps over
-the first 6, +0.062/+0.040/+0.031 (2026-11-26). Under the old rewards (equal weights, preservation of the whole
-image), which paid for copying the source, the validation total rose +0.048/+0.066/+0.028.
+(lr 1e-2 overshoots: −1.7 % for seed 0). Edit (12 steps, lr 2e-3, half of each sample's steps trained): the
+rollouts' shapes_edit, last 4 steps over the first 4, +0.107/+0.132/+0.061 (2026-11-26, AMD EPYC without AMX; the
+curves, and the old rewards' beside them, in benchmarks/RESULTS.md). The earlier 24 steps at lr 1e-3 with every step
+trained gave +0.179/+0.030/−0.005 (last 6 over first 6) on that CPU for 2.9× the CPU time (178.8 vs 61.2 CPU s for
+the whole test; it took 90 s, over the 45 s an end-to-end test may take).
 """
 
 from __future__ import annotations
@@ -39,15 +41,16 @@ def test_video_quickstart_learns_to_make_compressible_videos(make_trainer, base_
 
 
 def test_edit_quickstart_moves_its_edits_towards_the_asked_scene(make_trainer, base_models, tmp_path):
-    """The rollouts' shapes_edit rises (the mean of the last 6 steps over the first 6, averaged over seeds 0-2). Its
-    ODE validation (6 instructions × 4) is too noisy at this size to show it: −0.015/−0.030/+0.022 on the total."""
+    """The rollouts' shapes_edit rises (the mean of the last 4 steps over the first 4, averaged over seeds 0-2). Its
+    ODE validation (6 instructions × 4) is too noisy at this size to show it."""
     gains = []
     for seed in (0, 1, 2):
-        trainer = make_trainer(*REDUCED, "train.lr=1e-3", "train.total_steps=24", "val.before_train=false",
-                               "val.every=0", f"run.seed={seed}", f"model.path={base_models['flux_kontext']}",
+        trainer = make_trainer(*REDUCED, "train.lr=2e-3", "train.total_steps=12", "algorithm.timestep_fraction=0.5",
+                               "val.before_train=false", "val.every=0", f"run.seed={seed}",
+                               f"model.path={base_models['flux_kontext']}",
                                f"data.train={EDITS / 'train.jsonl'}", f"val.prompts={EDITS / 'val.jsonl'}",
                                f"run.dir={tmp_path / str(seed)}",
                                config=ROOT / "configs/quickstart_edit.yaml")  # fmt: skip
         edits = [row["reward/shapes_edit/mean"] for row in trainer.train()]
-        gains.append(sum(edits[-6:]) / 6 - sum(edits[:6]) / 6)
-    assert sum(gains) / 3 > 0.015, f"shapes_edit gains of the rollouts: {gains}"
+        gains.append(sum(edits[-4:]) / 4 - sum(edits[:4]) / 4)
+    assert sum(gains) / 3 > 0.03, f"shapes_edit gains of the rollouts: {gains}"

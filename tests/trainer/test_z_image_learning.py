@@ -1,7 +1,7 @@
 """The tiny Z-Image trains end to end and learns with Flow-GRPO and with DiffusionNFT: the reduced quickstart
 (tests/trainer/conftest.py LEARNS: JPEG compressibility, 4 prompts × 4, 32 px, 4 sampling steps) at 8 training
 steps, CFG-free as Z-Image-Turbo samples, run for seeds 0, 1, 2; the mean gain of the fixed-seed validation reward
-must be positive by more than the validation noise. And the few-step Turbo preset's sampling trains it.
+must be positive by more than the validation noise (the Turbo preset: tests/trainer/test_few_step_presets.py).
 
 Measured gains (2026-11-26, small preset, lr 1e-2, 8 steps; 1 byte of JPEG is 2e-6 of reward, an untrained image
 ~1.6 kB): Flow-GRPO +6.0e-4 / +4.0e-4 / +3.9e-4, DiffusionNFT +1.4e-4 / +3.2e-4 / +2.9e-4 for seeds 0 / 1 / 2
@@ -10,7 +10,6 @@ Measured gains (2026-11-26, small preset, lr 1e-2, 8 steps; 1 byte of JPEG is 2e
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -32,19 +31,3 @@ def test_tiny_z_image_learns_over_seeds_0_to_2(make_trainer, learns, z_image_mod
         gains.append(rows[-1]["val/reward/mean"] - rows[0]["val/reward/mean"])
     # 25 bytes of JPEG on average; the measured means are 4.6e-4 (Flow-GRPO) and 2.5e-4 (NFT)
     assert sum(gains) / 3 > 5e-5, f"{algorithm} gains per seed {gains}"
-
-
-def test_turbo_few_step_preset_trains_the_tiny_model_cfg_free_with_exact_log_probs(make_trainer, z_image_model_dir):
-    """The sampling of configs/z_image_turbo_pickscore_lora.yaml on the tiny model: 8 CFG-free forwards per image,
-    the cps window starting in [0, 2], and the update replaying each window step's log-probability exactly."""
-    from diffusion_rl.config import load
-
-    s = load(str(ROOT / "configs/z_image_turbo_pickscore_lora.yaml")).sampling
-    w = s.window
-    turbo = [f"sampling.{key}={getattr(s, key)}" for key in ("num_steps", "guidance", "sde_type", "noise_level")]
-    turbo += [f"sampling.window.{key}={getattr(w, key)}" for key in ("kind", "size", "lo", "hi")]
-    rows = make_trainer(f"model.path={z_image_model_dir}", *turbo, "train.total_steps=3").train()
-    assert [r["rollout/nfe_per_image"] for r in rows] == [8.0] * 3  # one forward per step: no CFG
-    assert all(0 <= r["window/start"] <= 2 for r in rows)
-    assert rows[0]["train/logp_diff_max"] == 0.0 and rows[0]["ratio_mean"] == 1.0
-    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in rows)

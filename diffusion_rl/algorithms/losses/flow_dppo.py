@@ -16,11 +16,11 @@ Per sample i (cfg: kl_mask_threshold, add_kl_coefficient, kl_beta):
 - The advantages are NOT clamped and the ratio is not clipped: the mask is the only trust region.
 - Masked samples stay in the mean's denominator, so masking lowers the loss's scale rather than re-weighting
   the kept samples. kl_i only decides the mask and is detached.
-- Metrics: policy_loss, kl_ref, the ratio metrics of losses/base.py `ratio_metrics` (no clip fractions: no clip),
+- Metrics: policy_loss, kl_ref, the ratio metrics of policy_gradient.py `ratio_metrics` (no clip fractions: no clip),
   dppo/masked_fraction (mean of masked_i) split into pos_masked_fraction (ratio > 1, A > 0) and
   neg_masked_fraction (ratio < 1, A < 0), dppo/far_fraction (mean of kl_i ≥ kl_mask_threshold, masked or not),
   dppo/kl_mean and dppo/kl_max of kl_i. The unmasked fraction is 1 − masked_fraction.
-- klref_i is the KL term shared by every policy-gradient loss (losses/base.py `kl_to_reference`; kl_beta > 0
+- klref_i is the KL term shared by every policy-gradient loss (policy_gradient.py `kl_to_reference`; kl_beta > 0
   needs ref_mean); it is never masked. Flow-DPPO's recipe runs with kl_beta 0.
 """
 
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import (
+from diffusion_rl.algorithms.policy_gradient import (
+    PolicyGradient,
     PolicyLossInput,
     PolicyLossSettings,
     kl_to_reference,
@@ -37,18 +38,15 @@ from diffusion_rl.algorithms.losses.base import (
     ratio_metrics,
     require_exact_anchor_means,
 )
-from diffusion_rl.algorithms.policy_gradient import PolicyGradient
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import Range, opt
 
 
 @dataclass
 class FlowDppoSettings(PolicyLossSettings):
-    kl_mask_threshold: float = opt(1e-5, "Mask a sample moving further when its KL to the rollout step ≥ this.")
+    kl_mask_threshold: float = opt(
+        1e-5, "Mask a sample moving further when its KL to the rollout step ≥ this.", within=Range(0, 1e6)
+    )
     add_kl_coefficient: bool = opt(True, "Divide the mean gap by 2(std·√dt)² (false: by 2).")
-
-    def __post_init__(self):
-        super().__post_init__()
-        check(self.kl_mask_threshold >= 0, f"kl_mask_threshold must be ≥ 0, got {self.kl_mask_threshold}")
 
     def check_config(self, algorithm, sampling) -> None:
         require_exact_anchor_means(sampling, "flow_dppo", "its KL to the rollout step, against kl_mask_threshold")

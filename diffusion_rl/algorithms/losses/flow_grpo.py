@@ -8,8 +8,8 @@ Per sample i (cfg: clip_range, adv_clip_max, kl_beta):
     kl_i     = mean over the non-batch dims of (mean_i - ref_mean_i)^2 / (2 * std_i^2)    if kl_beta > 0
     loss     = mean_i of weight_i * (policy_i + kl_beta * kl_i)                          (weight_i = 1 if None)
 
-kl_i is the KL term shared by every policy-gradient loss (losses/base.py `kl_to_reference`). Metrics: policy_loss,
-kl_ref and the ratio metrics of losses/base.py `ratio_metrics` (ppo_kl, approx_kl, ratio_mean/std/min/max,
+kl_i is the KL term shared by every policy-gradient loss (policy_gradient.py `kl_to_reference`). Metrics: policy_loss,
+kl_ref and the ratio metrics of policy_gradient.py `ratio_metrics` (ppo_kl, approx_kl, ratio_mean/std/min/max,
 clip_fraction and its _higher / _lower sides).
 """
 
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import (
+from diffusion_rl.algorithms.policy_gradient import (
     ClippedLossSettings,
+    PolicyGradient,
     PolicyLossInput,
     clipped_surrogate,
     kl_to_reference,
     policy_loss_output,
     ratio_metrics,
 )
-from diffusion_rl.algorithms.policy_gradient import PolicyGradient
 
 
 @dataclass

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import (
+from diffusion_rl.algorithms.policy_gradient import (
     ClippedLossSettings,
+    PolicyGradient,
     PolicyLossInput,
     clipped_surrogate,
     kl_to_reference,
@@ -39,13 +40,14 @@ from diffusion_rl.algorithms.losses.base import (
     ratio_metrics,
     require_exact_anchor_means,
 )
-from diffusion_rl.algorithms.policy_gradient import PolicyGradient
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import Range, check, opt
 
 
 @dataclass
 class GrpoGuardSettings(ClippedLossSettings):
-    clip_range: float = opt(2e-6, "Clip range of the re-centred, rescaled ratio (GRPO-Guard's 2e-6).")
+    clip_range: float = opt(
+        2e-6, "Clip range of the re-centred, rescaled ratio (GRPO-Guard's 2e-6).", within=Range(0, 100, lo_open=True)
+    )
 
     def check_config(self, algorithm, sampling) -> None:
         # s = mean(√dt)·mean(std) is over a micro-batch's rows; the update's k-th backward pass holds every row's

@@ -5,7 +5,7 @@ Branching is done by the sampler, not here: with `sampling.share_initial_noise: 
 step (`window.kind: random`, `size: 1`; `hi = lo + 1` fixes the step), every sample of a prompt's group starts
 from the same noise and takes the same ODE steps up to the window's step k, so the group shares x_k exactly; at
 k each sample draws its own SDE step, and ODE steps take every branch to its image. The group's rewards then
-differ only through the step at k, and the group advantage A_i (algorithms/advantages.py) credits that step.
+differ only through the step at k, and the group advantage A_i (algorithms/base.py) credits that step.
 
 Per sample i at its branching step k (cfg: clip_range, adv_clip_max, kl_beta, noise_aware, noise_weight_scale):
 
@@ -24,7 +24,7 @@ out and leaves the early, exploratory steps the larger share. The paper weights 
 of github.com/Shredded-Pork/TempFlow-GRPO). The weight is a property of the step: no gradient flows through it.
 It multiplies the policy term only, not the KL term, as the authors' code does.
 
-Metrics: policy_loss, kl_ref, the ratio metrics of losses/base.py `ratio_metrics`, and tempflow/noise_weight (the
+Metrics: policy_loss, kl_ref, the ratio metrics of policy_gradient.py `ratio_metrics`, and tempflow/noise_weight (the
 mean of w_i).
 """
 
@@ -33,31 +33,29 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.base import LossOutput, register_loss
-from diffusion_rl.algorithms.losses.base import (
+from diffusion_rl.algorithms.policy_gradient import (
     ClippedLossSettings,
+    PolicyGradient,
     PolicyLossInput,
     clipped_surrogate,
     kl_to_reference,
     policy_loss_output,
     ratio_metrics,
 )
-from diffusion_rl.algorithms.policy_gradient import PolicyGradient
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import Range, check, opt
 
 
 @dataclass
 class TempflowGrpoSettings(ClippedLossSettings):
     noise_aware: bool = opt(True, "Weight the policy term by the step's noise std σ·√dt (times noise_weight_scale).")
-    noise_weight_scale: float = opt(2.25, "The constant of the noise-aware weight (the authors' code: 2.25).")
+    noise_weight_scale: float = opt(
+        2.25, "The constant of the noise-aware weight (the authors' code: 2.25).", within=Range(0, 1000, lo_open=True)
+    )
     require_branching: bool = opt(
         True,
         "Refuse configs that do not branch (a window of one step, share_initial_noise on); false: train any "
         "window with the noise-aware weight, the advantage then credits every window step alike.",
     )
-
-    def __post_init__(self):
-        super().__post_init__()
-        check(self.noise_weight_scale > 0, f"noise_weight_scale must be > 0, got {self.noise_weight_scale}")
 
     def check_config(self, algorithm, sampling) -> None:
         if not self.require_branching:

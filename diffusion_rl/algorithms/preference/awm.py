@@ -56,7 +56,7 @@ from diffusion_rl.algorithms.preference.base import (
     weighted,
 )
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import MAX_STEPS, Range, check, opt
 from diffusion_rl.utils.seeding import make_generator
 
 WEIGHTINGS = ("uniform", "t", "ghuber")
@@ -144,25 +144,29 @@ def awm_timestep_indices(num_timesteps: int, train_steps: int, generator: torch.
 @dataclass
 class AwmSettings(LossSettings):
     clip_range: float = opt(
-        1.0, "PPO ratio clip range (AWM's recipes: 1; Flow-GRPO's 1e-4 would clip nearly every row)."
+        1.0,
+        "PPO ratio clip range (AWM's recipes: 1; Flow-GRPO's 1e-4 would clip nearly every row).",
+        within=Range(0, 100, lo_open=True),
     )
-    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this, then scaled to ±advantage_max.")
-    advantage_max: float = opt(1.0, "Scale of the clamped advantages.")
-    kl_beta: float = opt(0.0, "Weight of mean (v_θ − v_ref)² (0 = off: no reference forward).")
-    ema_beta: float = opt(0.0, "Weight of mean (v_θ − v_ema)² (> 0 keeps an `ema` adapter, d = min(0.3, 0.001·step)).")
-    timestep_fraction: float = opt(1.0, "Step indices are drawn from 1..int(num_steps × this) − 1.")
-    train_timesteps: int = opt(6, "Step indices trained per mini-batch, one from each of this many strata.")
+    adv_clip_max: float = opt(
+        5.0, "Advantages are clamped to ±this, then scaled to ±advantage_max.", within=Range(0, 1000, lo_open=True)
+    )
+    advantage_max: float = opt(1.0, "Scale of the clamped advantages.", within=Range(0, 1000, lo_open=True))
+    kl_beta: float = opt(0.0, "Weight of mean (v_θ − v_ref)² (0 = off: no reference forward).", within=Range(0, 1e4))
+    ema_beta: float = opt(
+        0.0,
+        "Weight of mean (v_θ − v_ema)² (> 0 keeps an `ema` adapter, d = min(0.3, 0.001·step)).",
+        within=Range(0, 1e4),
+    )
+    timestep_fraction: float = opt(
+        1.0, "Step indices are drawn from 1..int(num_steps × this) − 1.", within=Range(0, 1, lo_open=True)
+    )
+    train_timesteps: int = opt(
+        6, "Step indices trained per mini-batch, one from each of this many strata.", within=Range(1, MAX_STEPS)
+    )
     weighting: Literal["uniform", "t", "ghuber"] = opt(
         "ghuber", "log p̂ = −w(mse, t): uniform (mse), t (t·mse), ghuber (t·((mse + 1e-10)^¼ − 1e-10^¼)·4)."
     )
-
-    def __post_init__(self):
-        check(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}")
-        for name in ("adv_clip_max", "advantage_max"):
-            check(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
-        check(self.kl_beta >= 0 and self.ema_beta >= 0, "kl_beta and ema_beta must be ≥ 0")
-        check(0 < self.timestep_fraction <= 1, f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
-        check(self.train_timesteps >= 1, f"train_timesteps must be ≥ 1, got {self.train_timesteps}")
 
     def check_config(self, algorithm, sampling) -> None:
         candidates = int(sampling.num_steps * self.timestep_fraction) - 1

@@ -3,10 +3,11 @@
 These train on the final clean latents x0 of rollouts, re-noised by the forward process
 x_t = (1 - t) * x0 + t * eps with fresh eps, instead of on the sampler's per-step log-probs, so their rollouts
 may be plain ODE samples. Each loss is `fn(inp, settings) -> LossOutput` with an input dataclass of its own;
-velocities are the model's conditional predictions (guidance 1), and "old", reference and EMA predictions are
-computed under no_grad (the losses detach them anyway). Every eps and t comes from a generator seeded by
-(run seed, step, sample, …), so a sample's draws never depend on the batch it is in, and a resumed run draws the
-same ones.
+velocities are the model's conditional predictions (at `FlowModel.conditional_guidance` of sampling.guidance: 1
+with classifier-free guidance, the sampled scale for a guidance-distilled model such as FLUX.1-dev, whose guidance
+is an input; offline pairs too), and "old", reference and EMA predictions are computed the same way under no_grad
+(the losses detach them anyway). Every eps and t comes from a generator seeded by (run seed, step, sample, …), so
+a sample's draws never depend on the batch it is in, and a resumed run draws the same ones.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class ForwardProcess(Algorithm):
     """Base of the direct-preference algorithms: velocities of the named policies at re-noised final latents."""
 
     family = "direct_preference"
-    guided = False  # velocities are the model's conditional predictions
+    guided = False  # velocities are the model's conditional predictions (no CFG: one row a call)
 
     @classmethod
     def check_config(cls, algorithm, sampling, sample_source) -> None:
@@ -103,7 +104,8 @@ class ForwardProcess(Algorithm):
         self.sigmas = model.sigma_schedule(s.num_steps, s.height, s.width, s.frames)  # [T + 1], σ_0 = 1, σ_T = 0
 
     def velocity(self, x_t: torch.Tensor, t_B: torch.Tensor, cond: TensorDict) -> torch.Tensor:
-        return self.model.velocity(x_t, t_B, cond, 1.0)  # conditional prediction: guidance 1
+        """The conditional velocity of the active policy: no CFG, the embedded guidance as sampled (module doc)."""
+        return self.model.velocity(x_t, t_B, cond, self.model.conditional_guidance(self.sampler.guidance))
 
     @torch.no_grad()
     def velocity_of(self, policy: str, x_t: torch.Tensor, t_B: torch.Tensor, cond: TensorDict) -> torch.Tensor:

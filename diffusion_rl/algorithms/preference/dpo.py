@@ -42,7 +42,7 @@ from diffusion_rl.algorithms.preference.base import (
     weighted,
 )
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import Range, opt
 from diffusion_rl.utils.seeding import make_generator
 
 TRAIN_SCHEDULE_STEPS = 1000  # the training schedule DPO's logit-normal t indexes (SD3-style: 1000 timesteps)
@@ -163,10 +163,7 @@ def dpo_timesteps(num_pairs: int, generator: torch.Generator, sigmas_train: torc
 
 @dataclass
 class DpoSettings(LossSettings):
-    dpo_beta: float = opt(2000.0, "β of Diffusion-DPO (flow models use ~100–5000).")
-
-    def __post_init__(self):
-        check(self.dpo_beta > 0, f"dpo_beta must be > 0, got {self.dpo_beta}")
+    dpo_beta: float = opt(2000.0, "β of Diffusion-DPO (flow models use ~100–5000).", within=Range(0, 1e6, lo_open=True))
 
 
 @tensorclass
@@ -175,7 +172,9 @@ class PairUnits:
 
     chosen: Trajectory
     rejected: Trajectory
-    weight: torch.Tensor  # [P] 1, or 0 for a pair that only pads this worker's share (engine/update_loop.py)
+    weight: (
+        torch.Tensor
+    )  # [P] 1, or 0 for a pair that only pads this worker's share (engine/worker.py: the update loop)
 
 
 class Dpo(ForwardProcess):

@@ -58,7 +58,7 @@ from diffusion_rl.algorithms.preference.base import (
     weighted,
 )
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.settings import check, opt
+from diffusion_rl.settings import MAX_COUNT, Range, check, opt
 from diffusion_rl.utils.seeding import make_generator
 
 MIN_WEIGHT = 1e-5  # DiffusionNFT's floor of the adaptive normaliser (the default of `weight_floor`)
@@ -147,34 +147,47 @@ def nft_timestep_indices(num_steps: int, fraction: float, generator: torch.Gener
 
 @dataclass
 class NftSettings(LossSettings):
-    nft_beta: float = opt(1.0, "β of the implicit policies v± = old ± β·(v_θ − old) (0.1 in NFT's OCR recipe).")
-    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this; r = clamp(A)/(2·this) + 1/2.")
-    kl_beta: float = opt(1e-4, "Weight of mean (v_θ − v_ref)² (0 = off: no reference forward). DiffusionNFT's 1e-4.")
-    timestep_fraction: float = opt(0.99, "Fraction of the rollout schedule's σs each sample trains at (NFT's 0.99).")
-    old_update_interval: int = opt(1, "Update the `old` adapter (which samples) every N training steps.")
+    nft_beta: float = opt(
+        1.0,
+        "β of the implicit policies v± = old ± β·(v_θ − old) (0.1 in NFT's OCR recipe).",
+        within=Range(0, 1000, lo_open=True),
+    )
+    adv_clip_max: float = opt(
+        5.0, "Advantages are clamped to ±this; r = clamp(A)/(2·this) + 1/2.", within=Range(0, 1000, lo_open=True)
+    )
+    kl_beta: float = opt(
+        1e-4,
+        "Weight of mean (v_θ − v_ref)² (0 = off: no reference forward). DiffusionNFT's 1e-4.",
+        within=Range(0, 1e4),
+    )
+    timestep_fraction: float = opt(
+        0.99,
+        "Fraction of the rollout schedule's σs each sample trains at (NFT's 0.99).",
+        within=Range(0, 1, lo_open=True),
+    )
+    old_update_interval: int = opt(
+        1, "Update the `old` adapter (which samples) every N training steps.", within=Range(1, MAX_COUNT)
+    )
     old_decay: Literal["copy", "linear_to_0_5", "delayed_linear_to_0_999", "fixed"] = opt(
         "delayed_linear_to_0_999",
         "d of old ← d·old + (1 − d)·θ after `step` completed steps: copy (0), linear_to_0_5 (min(0.001·step, 0.5)), "
         "delayed_linear_to_0_999 (0 before step 75, then min(0.0075·(step − 75), 0.999)), fixed (old_decay_value).",
     )
-    old_decay_value: float | None = opt(None, "The constant d in [0, 1] of old_decay=fixed.")
+    old_decay_value: float | None = opt(None, "The constant d of old_decay=fixed.", within=Range(0, 1))
     reward_mode: Literal["continuous", "positive_only", "negative_only", "one_only", "binary"] = opt(
         "continuous",
         "How the clamped advantage a becomes r = a/(2·adv_clip_max) + 1/2: continuous (a), positive_only (max(a, 0)), "
         "negative_only (min(a, 0)), one_only (1 if a > 0 else 0), binary (sign a).",
     )
-    weight_floor: float = opt(MIN_WEIGHT, "Floor of the adaptive normaliser mean |x0± − x0| (DiffusionNFT's 1e-5).")
+    weight_floor: float = opt(
+        MIN_WEIGHT,
+        "Floor of the adaptive normaliser mean |x0± − x0| (DiffusionNFT's 1e-5).",
+        within=Range(0, 1, lo_open=True),
+    )
 
     def __post_init__(self):
-        check(self.weight_floor > 0, f"weight_floor must be > 0 (the loss divides by it), got {self.weight_floor}")
-        check(self.nft_beta > 0, f"nft_beta must be > 0, got {self.nft_beta}")
-        check(self.adv_clip_max > 0, f"adv_clip_max must be > 0, got {self.adv_clip_max}")
-        check(self.kl_beta >= 0, f"kl_beta must be ≥ 0, got {self.kl_beta}")
-        check(0 < self.timestep_fraction <= 1, f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
-        check(self.old_update_interval >= 1, f"old_update_interval must be ≥ 1, got {self.old_update_interval}")
         if self.old_decay == "fixed":
-            d = self.old_decay_value
-            check(d is not None and 0 <= d <= 1, f"old_decay=fixed needs old_decay_value in [0, 1], got {d}")
+            check(self.old_decay_value is not None, "old_decay=fixed needs old_decay_value, a number in [0, 1]")
         else:
             check(
                 self.old_decay_value is None,

@@ -81,9 +81,10 @@ class FluxModel(PackedLatentModel):
 
     # -- the network ------------------------------------------------------------------------------------------
     @classmethod
-    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
+                    sources: int = 0) -> dict:  # fmt: skip
         _, h, w = latent
-        tokens = (h // 2) * (w // 2) * (1 + cls.edits)  # packed 2×2 patches; Kontext's source image beside them
+        tokens = (h // 2) * (w // 2) * (1 + sources)  # packed 2×2 patches; Kontext's source image beside them
         t = torch.ones(batch, device="meta")
         inputs = dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype), timestep=t,
                       encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
@@ -92,9 +93,6 @@ class FluxModel(PackedLatentModel):
         if config.get("guidance_embeds"):
             inputs["guidance"] = t
         return inputs
-
-    def forwards_per_evaluation(self, guidance: float) -> int:
-        return 2 if not self.guidance_embeds and guidance > 1.0 else 1  # dev: guidance is an input, one forward
 
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape
@@ -113,9 +111,7 @@ class FluxModel(PackedLatentModel):
             x, sigma_B = torch.cat([x, x]), torch.cat([sigma_B, sigma_B])
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
             pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])
-        guidance_B = None
-        if self.guidance_embeds:  # the scale itself; the network scales it by 1000 like the timestep
-            guidance_B = torch.full((x.shape[0],), float(guidance), device=latents.device, dtype=torch.float32)
+        guidance_B = self.guidance_input(guidance, x.shape[0], latents.device)
         v = self.policies.module(
             hidden_states=x,
             timestep=self.model_timestep(sigma_B),

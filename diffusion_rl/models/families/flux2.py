@@ -1,24 +1,39 @@
-"""FLUX.2-klein (4B, 9B; step-distilled and base): Qwen3 text features, 2×2-patchified latents normalised by the
-VAE's batch-norm statistics, 4-axis positional ids and an empirical σ shift that depends on the step count.
+"""FLUX.2-klein (4B, 9B; step-distilled and base) and FLUX.2-dev: a decoder's text features, 2×2-patchified latents
+normalised by the VAE's batch-norm statistics, 4-axis positional ids and an empirical σ shift that depends on the
+step count.
 
-As Flux2KleinPipeline does it:
-- text: each prompt in Qwen3's chat template (thinking off), padded to `max_sequence_length` tokens; the hidden
-  states of layers 9, 18 and 27 side by side are the transformer's text tokens (3 × the encoder width);
+As Flux2KleinPipeline and Flux2Pipeline (FLUX.2-dev) do it:
+- text: each prompt in the text encoder's chat template, padded to `max_sequence_length` tokens; the hidden states
+  of three layers side by side are the transformer's text tokens (3 × the encoder width). klein: Qwen3, thinking
+  off, layers 9, 18, 27; dev: Mistral-Small-3 (Mistral3ForConditionalGeneration) with the pipeline's system
+  message, layers 10, 20, 30 — its PixtralProcessor is built by transformers only with torchvision, and the
+  pipeline uses only its tokenizer, so the family loads that (`flux2_components`) and writes the processor's files
+  back (`save_flux2_pipeline`);
 - latents: the VAE latent [C, H, W] cut into 2×2 patches (channel, row, column: our packed token grid
   [H/2, W/2, 4·C]) and normalised per patch channel with the VAE's `bn` running mean and variance;
 - positional ids (t, h, w, l): image tokens (0, row, column, 0), text tokens (0, 0, 0, index);
 - σ: evenly spaced in [1/T, 1], shifted with μ = the pipeline's `compute_empirical_mu(tokens, T)` (exponential
   time shift); the transformer takes σ and scales it by 1000 itself;
+- reference images (the pipelines' `image`: 0..N per prompt; in a dataset, a record's `images`): each VAE-encoded
+  like the latents (the posterior's mode, patchified, batch-norm normalised; `image_latents` [B, k, h', w', 4·C] in
+  the conditioning), their tokens after the generated ones, reference i's ids (10 + 10·i, row, column, 0); only
+  the generated tokens' velocity is kept, and the σ shift follows the generated tokens alone. With true CFG both
+  halves see the references. The references come at the output size (data/condition_images.py); the pipeline
+  keeps each image's own size (cut to a multiple of 16, shrunk to at most 1024² pixels), which is the same image at
+  that output size. FLUX.2-dev's pipeline shows the images to its text encoder only to rewrite the prompt
+  (`caption_upsample_temperature`, off by default): not done here;
 - guidance: klein (`is_distilled`) is CFG-free, guidance is ignored as the pipeline ignores it (one forward);
-  klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward.
-
-FLUX.2-dev (Flux2Pipeline: Mistral-3 text encoder, guidance embedding) is not supported yet.
+  klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward;
+  dev is guidance-distilled: the scale enters the transformer's guidance embedding (scaled by 1000 inside, like
+  the timestep), one forward, no negative prompt.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,9 +44,9 @@ from diffusion_rl.models.base import (
     as_sigma_batch,
     images_to_uint8,
     on_meta,
-    refuse_condition_images,
     uint8_to_images,
 )
+from diffusion_rl.models.condition import condition_count, condition_latents
 from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_of, unpack_latents
 from diffusion_rl.models.registry import ModelFamily, register_family
 
@@ -62,6 +77,14 @@ def image_ids(h: int, w: int, device) -> torch.Tensor:
     return torch.stack([zeros, rows, cols, zeros], dim=-1).reshape(h * w, 4).to(device)
 
 
+def reference_ids(count: int, h: int, w: int, device) -> torch.Tensor:
+    """The reference images' positional ids [count·h·w, 4]: reference i's tokens (10 + 10·i, row, column, 0), as the
+    pipelines' `_prepare_image_ids` (its time offset `scale` 10)."""
+    ids = image_ids(h, w, device).repeat(count, 1)
+    ids[:, 0] = (10 + 10 * torch.arange(count, device=device)).repeat_interleave(h * w)
+    return ids
+
+
 def text_ids(length: int, device) -> torch.Tensor:
     """The text tokens' positional ids [L, 4]: (0, 0, 0, index)."""
     ids = torch.zeros(length, 4, dtype=torch.long)
@@ -71,18 +94,24 @@ def text_ids(length: int, device) -> torch.Tensor:
 
 class Flux2Model(PackedLatentModel):
     frozen_components = ("text_encoder", "vae")
+    edits = True  # reference images, 0..N per prompt (none: text-to-image)
 
     def configure(self) -> None:
         self.distilled = bool(self.pipeline.config.get("is_distilled", False))
+        self.guidance_embeds = bool(self.pipeline.transformer.config.guidance_embeds)  # FLUX.2-dev
         self.latent_channels = self.pipeline.transformer.config.in_channels // 4
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
-        refuse_condition_images(self.family, images)
-        if self.distilled:  # CFG-free: negatives play no part
-            return self.text_conditioning(prompts, None)
-        return self.text_conditioning(prompts, [""] * len(prompts) if negative is None else negative)
+        k = condition_count(self.family, images, len(prompts), most=None)
+        if self.distilled or self.guidance_embeds:  # CFG-free or guidance-distilled: negatives play no part
+            cond = self.text_conditioning(prompts, None)
+        else:
+            cond = self.text_conditioning(prompts, [""] * len(prompts) if negative is None else negative)
+        if k:
+            cond["image_latents"] = condition_latents(self.encode, images).to(self.dtype)  # [B, k, h', w', 4·C]
+        return cond
 
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         embeds, _ = self.pipeline.encode_prompt(
@@ -102,12 +131,14 @@ class Flux2Model(PackedLatentModel):
 
     # -- the network ------------------------------------------------------------------------------------------
     @classmethod
-    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
+                    sources: int = 0) -> dict:  # fmt: skip
         _, h, w = latent
-        tokens = (h // 2) * (w // 2)
+        tokens = (h // 2) * (w // 2) * (1 + sources)  # the reference images' tokens after the generated ones
         return dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype),
                     encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
                     timestep=torch.ones(batch, device="meta"), img_ids=on_meta(tokens, 4), txt_ids=on_meta(text, 4),
+                    guidance=torch.ones(batch, device="meta") if config.get("guidance_embeds") else None,
                     return_dict=False)  # fmt: skip
 
     def forwards_per_evaluation(self, guidance: float) -> int:
@@ -116,25 +147,32 @@ class Flux2Model(PackedLatentModel):
     def true_cfg(self, guidance: float) -> bool:
         if self.distilled and guidance > 1.0:
             warn_guidance_ignored(float(guidance))
-        return not self.distilled and guidance > 1.0
+        return not self.distilled and not self.guidance_embeds and guidance > 1.0
 
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape
-        x = tokens_of(latents).to(self.dtype)
+        x, ids = tokens_of(latents), image_ids(h, w, latents.device)
+        refs = cond.get("image_latents", None)  # [B, k, h', w', K]: reference images, their tokens after ours
+        if refs is not None:
+            x = torch.cat([x, refs.reshape(B, -1, K).to(x.dtype)], dim=1)
+            ids = torch.cat([ids, reference_ids(*refs.shape[1:4], latents.device)])
+        x = x.to(self.dtype)
         sigma_B = as_sigma_batch(sigma, B, latents.device)
         embeds = cond["prompt_embeds"]
         true_cfg = self.true_cfg(guidance)
         if true_cfg:  # one forward over [uncond; cond]
             x, sigma_B = torch.cat([x, x]), torch.cat([sigma_B, sigma_B])
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+        guidance_B = self.guidance_input(guidance, x.shape[0], latents.device)
         v = self.policies.module(
             hidden_states=x,
             encoder_hidden_states=embeds,
             timestep=sigma_B,  # σ: the network scales it by 1000
-            img_ids=image_ids(h, w, latents.device),
+            guidance=guidance_B,
+            img_ids=ids,
             txt_ids=text_ids(embeds.shape[1], latents.device),
             return_dict=False,
-        )[0].float()
+        )[0][:, : h * w].float()  # the generated tokens' velocity (reference tokens are inputs only)
         if true_cfg:
             v_uncond, v_cond = v.chunk(2)
             v = v_uncond + guidance * (v_cond - v_uncond)
@@ -162,6 +200,40 @@ class Flux2Model(PackedLatentModel):
         return ((z - mean) / std).float()
 
 
+PROCESSOR = "PixtralProcessor"  # FLUX.2-dev's tokenizer/ component
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def flux2_components(path: Path) -> dict:
+    """FLUX.2-dev: the tokenizer of its PixtralProcessor folder, with the processor's chat template when the tokenizer
+    has none and the processor's own files kept for writing back; klein: nothing (diffusers loads it all)."""
+    from transformers import AutoTokenizer
+
+    if json.loads((path / "model_index.json").read_text()).get("tokenizer", [None, None])[1] != PROCESSOR:
+        return {}
+    folder = path / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.chat_template is None and (folder / "chat_template.json").is_file():
+        tokenizer.chat_template = json.loads((folder / "chat_template.json").read_text())["chat_template"]
+    tokenizer.processor_files = {name: (folder / name).read_text() for name in PROCESSOR_FILES
+                                 if (folder / name).is_file()}  # fmt: skip
+    return {"tokenizer": tokenizer}
+
+
+def save_flux2_pipeline(pipeline, directory: Path) -> None:
+    """save_pretrained; for FLUX.2-dev the tokenizer/ folder and model_index.json as a PixtralProcessor's."""
+    pipeline.save_pretrained(directory)
+    files = getattr(pipeline.tokenizer, "processor_files", None)
+    if files is None:  # klein
+        return
+    for name, text in files.items():
+        (directory / "tokenizer" / name).write_text(text)
+    index_file = directory / "model_index.json"
+    index = json.loads(index_file.read_text())
+    index["tokenizer"] = ["transformers", PROCESSOR]
+    index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
 register_family(
     ModelFamily(
         name="flux2",
@@ -169,5 +241,8 @@ register_family(
         adapter=Flux2Model,
         tiny="diffusion_rl.models.tiny.flux2",
         lora_targets=FLUX2_LORA_TARGETS,
+        components=flux2_components,
+        save=save_flux2_pipeline,
+        variants=("Flux2Pipeline",),
     )
 )

@@ -143,9 +143,10 @@ class QwenImageModel(PackedLatentModel):
         return min(prompt_tokens, max_sequence_length)  # the template is cut, and so are the padding columns
 
     @classmethod
-    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
+                    sources: int = 0) -> dict:  # fmt: skip
         _, h, w = latent
-        grid, images = (1, h // 2, w // 2), 1 + cls.edits  # an edit's source image beside the latents
+        grid, images = (1, h // 2, w // 2), 1 + sources  # an edit's source images beside the latents
         return dict(hidden_states=on_meta(batch, grid[1] * grid[2] * images, config["in_channels"], dtype=dtype),
                     timestep=torch.ones(batch, device="meta"),
                     encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),

@@ -18,7 +18,7 @@ single steps with a Gaussian log-density, so we take the same shifted time, σ' 
 flow-matching Euler grid (diffusers' FlowMatchEulerDiscreteScheduler with shift s) and step it with our ODE/SDE
 steps, as the other families do.
 
-Not covered: Wan 2.2 A14B (two transformers switched at a boundary σ) and the image-to-video pipelines.
+Not covered: Wan 2.2 A14B (two transformers switched at a boundary σ). Image-to-video: models/families/wan_i2v.py.
 """
 
 from __future__ import annotations
@@ -107,16 +107,21 @@ class WanModel(FlowModel):
 
     # -- the network ------------------------------------------------------------------------------------------
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
-        B = latents.shape[0]
-        x = latents.to(self.dtype)  # [B, C, F', H', W']
-        timestep = self.model_timestep(as_sigma_batch(sigma, B, latents.device))
+        timestep = self.model_timestep(as_sigma_batch(sigma, latents.shape[0], latents.device))
+        return self.guided_forward(latents.to(self.dtype), timestep, cond, guidance)  # x: [B, C, F', H', W']
+
+    def guided_forward(self, x, timestep, cond: TensorDict, guidance: float, **same) -> torch.Tensor:
+        """The transformer on x [B, …] at `timestep` ([B] or per token [B, L]), CFG applied when guidance > 1 in one
+        forward over [uncond; cond]; `same`: further inputs both halves share (an image-to-video's image
+        embeddings). fp32."""
         embeds = cond["prompt_embeds"]
-        if guidance > 1.0:  # one forward over [uncond; cond]
+        if guidance > 1.0:
             x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
-        v = self.policies.module(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds, return_dict=False)[
-            0
-        ].float()
+            same = {name: torch.cat([value, value]) for name, value in same.items()}
+        v = self.policies.module(
+            hidden_states=x, timestep=timestep, encoder_hidden_states=embeds, return_dict=False, **same
+        )[0].float()
         if guidance > 1.0:
             v_uncond, v_cond = v.chunk(2)
             v = v_uncond + guidance * (v_cond - v_uncond)

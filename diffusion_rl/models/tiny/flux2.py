@@ -6,7 +6,10 @@ statistics of the 2×2-patchified latents set to fixed values like a trained VAE
 encoder of 27 layers, so that the pipeline's default hidden-state layers (9, 18, 27) exist. The tokenizer is the
 offline byte-level BPE of the tiny Qwen-Image with a chat template that renders a user turn as Qwen3's does
 (`enable_thinking=False`: an empty think block). `base` and `small` are the step-distilled klein (`is_distilled`:
-CFG-free); `small_undistilled` is klein base (true CFG with the empty prompt as negative).
+CFG-free); `small_undistilled` is klein base (true CFG with the empty prompt as negative). `dev` and `small_dev` are
+FLUX.2-dev: a
+Flux2Pipeline with the guidance embedding in the transformer and a Mistral-3 text encoder (models/tiny/mistral3.py)
+behind a PixtralProcessor's tokenizer, the transformer reading its layers 10, 20 and 30.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class TinyFlux2Spec:
     vae_channels: tuple[int, ...] = (32, 32, 32)  # 3 blocks: 4× down-sampling
     text_hidden: int = 16
     distilled: bool = True  # klein (step-distilled, CFG-free); False: klein base
+    dev: bool = False  # FLUX.2-dev: Flux2Pipeline, Mistral-3 text encoder, guidance embedding
 
 
 _SMALL = dict(double_layers=1, single_layers=1, head_dim=16, heads=2, rope_axes=(4, 4, 4, 4))
@@ -45,6 +49,8 @@ PRESETS = {
     "base": TinyFlux2Spec(),  # ~1.9M-parameter transformer
     "small": TinyFlux2Spec(**_SMALL),  # ~0.06M: for the test suite
     "small_undistilled": TinyFlux2Spec(**_SMALL, distilled=False),
+    "dev": TinyFlux2Spec(dev=True),  # FLUX.2-dev at base's size; a 30-layer Mistral-3 of 0.09M
+    "small_dev": TinyFlux2Spec(**_SMALL, dev=True),  # ~0.07M: for the test suite
 }
 
 # FlowMatchEulerDiscreteScheduler as FLUX.2 uses it: dynamic shifting with the exponential time shift; the
@@ -53,9 +59,18 @@ FLUX2_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting
 
 
 def build(spec: TinyFlux2Spec):
-    """A Flux2KleinPipeline of `spec`, its random weights drawn from the global RNG (see build_seeded)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+    """A Flux2KleinPipeline (FLUX.2-dev: Flux2Pipeline) of `spec`, its random weights drawn from the global RNG
+    (see build_seeded)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Pipeline
 
+    if spec.dev:
+        from diffusion_rl.models.tiny import mistral3
+
+        tokenizer = mistral3.build_tokenizer()
+        text_encoder = mistral3.build_text_encoder(tokenizer, spec.text_hidden)  # in this order: the global RNG
+        transformer = tiny_transformer(spec)
+        return Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER), vae=tiny_vae(spec),
+                             text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)  # fmt: skip
     tokenizer = build_qwen_tokenizer(CHAT_TEMPLATE + "user assistant", SPECIAL_TOKENS + THINK_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
     text_encoder = tiny_qwen3(spec, tokenizer)  # in this order: each draws from the global RNG
@@ -102,7 +117,7 @@ def tiny_transformer(spec: TinyFlux2Spec):
         num_attention_heads=spec.heads,
         joint_attention_dim=3 * spec.text_hidden,  # three hidden-state layers side by side
         axes_dims_rope=spec.rope_axes,
-        guidance_embeds=False,  # klein has none; FLUX.2-dev has
+        guidance_embeds=spec.dev,  # klein has none; FLUX.2-dev has
     )
 
 

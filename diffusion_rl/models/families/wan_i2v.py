@@ -1,0 +1,191 @@
+"""Wan image-to-video: a video that starts from a given first frame (Wan 2.1 I2V, and Wan 2.2 TI2V-5B's image mode).
+
+The first frame is the prompt's condition image, through the path every editing family's images take
+(data/condition_images.py fits it to the output size; `encode_prompts(..., images)` gets one per row). As
+WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decides:
+
+- Wan 2.1 I2V (Wan2.1-I2V-14B-480P / 720P): the transformer reads 2·C + 4 channels, its latents followed by a
+  4-channel mask (1 on the first latent frame) and the VAE latents of the video [first frame, then F − 1 frames of
+  zeros] (normalised as the pipeline does: (z − mean)·(1/std)); and it cross-attends to the first frame's CLIP
+  image tokens (the second-to-last hidden states of the pipeline's CLIPVisionModel, `image_embeds`). Both halves of
+  CFG see the same image. Every latent frame is generated: whether the video keeps the first frame is up to the
+  model (and a reward). The condition's VAE latents depend on the frame count, which only `velocity` knows (from
+  the latents' shape): they are made there, each distinct (image, frame count) once, and kept for the next calls
+  (`CONDITIONS_KEPT`); the VAE's causal chunks make them the same however often they are made.
+- Wan 2.2 TI2V-5B (`expand_timesteps` in the pipeline's config): the first latent frame is the first frame's VAE
+  latents, in place of the sampled ones, at timestep 0 (every other token at t). Here the first latent frame's
+  velocity is (x − c)/σ, the velocity whose clean estimate is exactly the condition c: the first frame follows
+  the straight path from its noise to c (it ends at c, up to rounding), its velocity and so its part of a step's
+  mean do not depend on the weights (a constant in every log-prob ratio, nothing for a forward-process loss to
+  train), and the other frames see what the pipeline shows them. The released checkpoint's model_index.json names
+  WanPipeline (one checkpoint for text- and image-to-video): `model.family: wan_i2v` loads that directory as this
+  family (`loads_also`).
+
+The CLIP encoder sees the fitted image; the pipeline shows it the image as given, which is the same when the image
+comes at the output size (as in the pipeline's own example). Not covered: a last frame (`last_image`, first-and-last
+frame interpolation) and Wan 2.2 I2V-A14B (two transformers, refused as in text-to-video).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from tensordict import TensorDict
+
+from diffusion_rl.errors import UserError
+from diffusion_rl.models.base import as_sigma_batch, on_meta, video_vae_stats
+from diffusion_rl.models.condition import condition_count, condition_latents, distinct_images, image_key
+from diffusion_rl.models.families.wan import WAN_LORA_TARGETS, WanModel, uint8_to_video
+from diffusion_rl.models.registry import ModelFamily, register_family
+
+MASK_CHANNELS = 4  # Wan 2.1 I2V's mask: one channel per frame the VAE folds into a latent frame
+CLIP_IMAGE_TOKENS = 257  # the real image encoder's (ViT-H/14 at 224 px: 16² patches and the class token)
+CONDITIONS_KEPT = 64  # video conditions (image × frame count) kept between velocity calls
+# Wan's text-to-video targets and, in Wan 2.1 I2V, the image cross-attention's own key and value projections
+# (diffusers' Wan LoRA loader fills them with zeros when a LoRA leaves them out)
+WAN_I2V_LORA_TARGETS = (*WAN_LORA_TARGETS, "attn2.add_k_proj", "attn2.add_v_proj")
+
+
+class WanI2VModel(WanModel):
+    frozen_components = ("text_encoder", "vae", "image_encoder")
+    edits = True
+
+    def configure(self) -> None:
+        super().configure()
+        config = self.pipeline.transformer.config
+        self.latent_channels = int(self.vae.config.z_dim)
+        self.replaces_first_frame = bool(self.pipeline.config.get("expand_timesteps", False))  # Wan 2.2 TI2V
+        self.reads_image_tokens = config.image_dim is not None  # Wan 2.1 I2V's CLIP image tokens
+        c = self.latent_channels
+        wanted = c if self.replaces_first_frame else 2 * c + MASK_CHANNELS
+        if config.in_channels != wanted:
+            raise UserError(
+                f"this Wan transformer reads {config.in_channels} channels, not the {wanted} of image-to-video with "
+                f"its {self.latent_channels}-channel VAE: a text-to-video checkpoint without expand_timesteps cannot "
+                "take a first frame (use Wan2.1-I2V or Wan2.2-TI2V-5B)"
+            )
+        if self.reads_image_tokens and getattr(self.pipeline, "image_encoder", None) is None:
+            raise UserError("this Wan I2V transformer reads CLIP image tokens, but the model has no image_encoder/")
+        self._conditions: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+    # -- conditioning -----------------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
+        if condition_count(self.family, images, len(prompts), most=1) == 0:
+            raise UserError(
+                f"the {self.family} family animates a first frame: every prompt needs one condition image (a "
+                "dataset row's `images`; see data/condition_images.py)"
+            )
+        cond = self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
+        if self.replaces_first_frame:  # [B, 1, C, 1, h, w]: the first frame alone through the VAE
+            encode = lambda pixels: self.vae_latents(uint8_to_video(pixels[:, None]))  # noqa: E731
+            cond["image_latents"] = condition_latents(encode, images).to(self.dtype)
+            return cond
+        cond["first_frame"] = torch.from_numpy(np.stack([row[0] for row in images])).to(self.device)
+        if self.reads_image_tokens:
+            unique, index = distinct_images(images)
+            with torch.no_grad():
+                tokens = self.pipeline.encode_image([Image.fromarray(i) for i in unique], self.device)
+            cond["image_embeds"] = tokens.to(self.dtype)[index[:, 0].to(self.device)]  # [B, T, D]
+        return cond
+
+    def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """WanPipeline's text encoding, which the image-to-video pipeline copies but for its text cleaning: that
+        calls ftfy unguarded (diffusers 0.42.1), where WanPipeline's uses it when installed."""
+        from diffusers import WanPipeline
+
+        embeds = WanPipeline._get_t5_prompt_embeds(
+            self.pipeline, texts, max_sequence_length=self.max_sequence_length, device=self.device
+        )
+        return {"prompt_embeds": embeds}
+
+    @torch.no_grad()
+    def vae_latents(self, pixels_B3FHW: torch.Tensor) -> torch.Tensor:
+        """[-1, 1] videos → their VAE latents normalised as the image-to-video pipeline does, (z − mean)·(1/std)."""
+        with self.frozen_on_device("vae"):
+            mean, std = video_vae_stats(self.vae, self.vae.dtype)
+            z = self.vae.encode(pixels_B3FHW.to(self.vae.device, self.vae.dtype)).latent_dist.mode()
+            return ((z - mean) * (1.0 / std)).float().to(self.device)
+
+    def video_condition(self, first_frame_BHW3: torch.Tensor, latent_frames: int) -> torch.Tensor:
+        """[B, 4 + C, F', h, w]: Wan 2.1 I2V's mask and the VAE latents of [first frame, F − 1 frames of zeros]."""
+        rows = []
+        for image in first_frame_BHW3.cpu().numpy():
+            key = (image_key(image), latent_frames)
+            if key not in self._conditions:
+                frames = (latent_frames - 1) * self.temporal_scale + 1
+                first = uint8_to_video(torch.from_numpy(image)[None, None])  # [1, 3, 1, H, W]
+                video = torch.cat([first, first.new_zeros(1, 3, frames - 1, *first.shape[-2:])], dim=2)
+                latents = self.vae_latents(video)[0]  # [C, F', h, w]
+                mask = torch.zeros(MASK_CHANNELS, *latents.shape[1:], device=latents.device)
+                mask[:, 0] = 1  # the first latent frame is given
+                self._conditions[key] = torch.cat([mask, latents])
+                if len(self._conditions) > CONDITIONS_KEPT:
+                    self._conditions.popitem(last=False)
+            self._conditions.move_to_end(key)
+            rows.append(self._conditions[key])
+        return torch.stack(rows)
+
+    # -- the network ------------------------------------------------------------------------------------------
+    def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
+        B = latents.shape[0]
+        sigma_B = as_sigma_batch(sigma, B, latents.device)
+        timestep = self.model_timestep(sigma_B)
+        x = latents.to(self.dtype)  # [B, C, F', H', W']
+        if not self.replaces_first_frame:  # Wan 2.1 I2V: the condition as extra channels, the image's tokens
+            condition = self.video_condition(cond["first_frame"], latents.shape[2]).to(self.dtype)
+            same = {"encoder_hidden_states_image": cond["image_embeds"]} if self.reads_image_tokens else {}
+            return self.guided_forward(torch.cat([x, condition], dim=1), timestep, cond, guidance, **same)
+        c = cond["image_latents"][:, 0]  # [B, C, 1, H', W']
+        frame_tokens = (x.shape[3] // self.patch[1]) * (x.shape[4] // self.patch[2])
+        per_token = timestep[:, None].repeat(1, x.shape[2] * frame_tokens)  # [B, L]: the first frame's at 0
+        per_token[:, :frame_tokens] = 0
+        v = self.guided_forward(torch.cat([c.to(self.dtype), x[:, :, 1:]], dim=2), per_token, cond, guidance)
+        first = (latents[:, :, :1].float() - c.float()) / sigma_B.view(B, 1, 1, 1, 1)
+        return torch.cat([first, v[:, :, 1:]], dim=2)  # not in place: v may be what autograd saved
+
+    @classmethod
+    def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
+                    sources: int = 1) -> dict:  # fmt: skip
+        inputs = super().meta_inputs(config, batch, latent, text, dtype)  # in_channels: the first frame's included
+        if config.get("image_dim"):
+            inputs["encoder_hidden_states_image"] = on_meta(batch, CLIP_IMAGE_TOKENS, config["image_dim"], dtype=dtype)
+        return inputs
+
+
+def save_i2v_pipeline(pipeline, directory: Path) -> None:
+    """save_pretrained, with model_index.json naming the image processor as a real checkpoint does
+    (CLIPImageProcessor; transformers builds its PIL variant where torchvision is missing)."""
+    pipeline.save_pretrained(directory)
+    index_file = Path(directory) / "model_index.json"
+    index = json.loads(index_file.read_text())
+    if (index.get("image_processor") or [None])[0] == "transformers":
+        index["image_processor"] = ["transformers", "CLIPImageProcessor"]
+        index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def i2v_components(path: Path) -> dict:
+    """The image processor as its PIL variant (transformers asks for torchvision for CLIPImageProcessor and warns
+    when it falls back); none where the checkpoint has no image encoder (Wan 2.2 TI2V)."""
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    folder = Path(path) / "image_processor"
+    return {"image_processor": CLIPImageProcessorPil.from_pretrained(folder)} if folder.is_dir() else {}
+
+
+register_family(
+    ModelFamily(
+        name="wan_i2v",
+        pipeline="WanImageToVideoPipeline",
+        adapter=WanI2VModel,
+        tiny="diffusion_rl.models.tiny.wan_i2v",
+        lora_targets=WAN_I2V_LORA_TARGETS,
+        components=i2v_components,
+        save=save_i2v_pipeline,
+        loads_also=("WanPipeline",),
+    )
+)

@@ -1,0 +1,73 @@
+"""A tiny Wan image-to-video model: a real WanImageToVideoPipeline with random weights, for CPUs and tests.
+
+The pieces of the tiny Wan text-to-video model (tiny/wan.py) with what the first frame adds, as in
+Wan-AI/Wan2.1-I2V-14B-480P-Diffusers at toy sizes: a transformer that reads 2·C + 4 channels (its latents, the
+first frame's video latents and a 4-channel mask) and cross-attends to a CLIP vision encoder's image tokens
+(`image_dim`, `added_kv_proj_dim`), that CLIPVisionModel (image_encoder/) and its CLIPImageProcessor
+(image_processor/). Wan 2.2 TI2V-5B's image mode needs no model of its own: its checkpoint is the text-to-video
+one (tiny/wan.py's `ti2v` preset), which `model.family: wan_i2v` loads as this family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diffusion_rl.models.families.wan_i2v import MASK_CHANNELS
+from diffusion_rl.models.tiny.wan import TinyWanSpec
+from diffusion_rl.models.tiny.wan import build as build_text_to_video
+
+
+@dataclass(frozen=True)
+class TinyWanI2VSpec(TinyWanSpec):
+    clip_hidden: int = 32  # the vision encoder's width (1280 in Wan 2.1 I2V's ViT-H), the transformer's image_dim
+    clip_layers: int = 2  # the pipeline reads the second-to-last layer's hidden states
+    clip_image_size: int = 32  # 224 in the real one (257 tokens); here (32 / 8)² + 1 = 17
+    clip_patch: int = 8
+
+
+PRESETS = {
+    "base": TinyWanI2VSpec(),  # ~0.8M-parameter transformer: the image-to-video quickstart's model
+    "small": TinyWanI2VSpec(layers=1, head_dim=12, heads=2, clip_hidden=16, clip_layers=2),  # for the test suite
+}
+
+
+def image_encoder(spec: TinyWanI2VSpec):
+    """The CLIP vision tower and its image processor (random weights from the global RNG)."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    encoder = CLIPVisionModel(
+        CLIPVisionConfig(
+            hidden_size=spec.clip_hidden,
+            intermediate_size=spec.clip_hidden * 2,
+            num_hidden_layers=spec.clip_layers,
+            num_attention_heads=2,
+            image_size=spec.clip_image_size,
+            patch_size=spec.clip_patch,
+        )
+    )
+    size = spec.clip_image_size
+    return encoder, CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+
+
+def build(spec: TinyWanI2VSpec):
+    """A WanImageToVideoPipeline of `spec`, its random weights drawn from the global RNG (see build_seeded)."""
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+
+    t2v = build_text_to_video(spec)  # tokenizer, text encoder, VAE and scheduler as the text-to-video model's
+    components = {name: getattr(t2v, name) for name in ("tokenizer", "text_encoder", "vae", "scheduler")}
+    config = dict(t2v.transformer.config)
+    encoder, processor = image_encoder(spec)
+    c = spec.latent_channels
+    inner = spec.head_dim * spec.heads
+    keep = ("patch_size", "num_attention_heads", "attention_head_dim", "text_dim", "freq_dim", "ffn_dim",
+            "num_layers", "rope_max_seq_len")  # fmt: skip
+    transformer = WanTransformer3DModel(
+        **{k: config[k] for k in keep},
+        in_channels=2 * c + MASK_CHANNELS,
+        out_channels=c,
+        image_dim=spec.clip_hidden,
+        added_kv_proj_dim=inner,
+    )
+    return WanImageToVideoPipeline(**components, transformer=transformer, image_encoder=encoder,
+                                   image_processor=processor)  # fmt: skip

@@ -1,0 +1,187 @@
+"""Wan image-to-video: the tiny model in the real layout, the first frame's conditioning as WanImageToVideoPipeline
+builds it, our sampler against the pipeline for the same noise (Wan 2.1 I2V and Wan 2.2 TI2V), what the adapter
+refuses, LoRA export to diffusers, doctor and estimate."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from diffusion_rl.cli import main
+from diffusion_rl.errors import UserError
+from diffusion_rl.models.tiny import build_tiny
+from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ["the circle rolls left", "a square falls"]
+FIRST = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)  # one first frame per row
+ROWS = [[FIRST[0]], [FIRST[1]]]
+
+
+@pytest.fixture
+def weights_of():
+    return lambda trainer: trainer.engine.model.policies.trainable_state_dict()  # detached copies
+
+
+def test_init_tiny_writes_a_wan21_i2v_that_loads_back_bit_identical(tmp_path, load):
+    assert main(["init-tiny", str(tmp_path / "m"), "--family", "wan_i2v", "--preset", "small"]) == 0
+    index = json.loads((tmp_path / "m" / "model_index.json").read_text())
+    assert index["_class_name"] == "WanImageToVideoPipeline" and index["expand_timesteps"] is False
+    assert index["image_encoder"] == ["transformers", "CLIPVisionModel"]
+    assert index["image_processor"] == ["transformers", "CLIPImageProcessor"]  # as the real checkpoint names it
+    model, built = load(tmp_path / "m"), build_tiny("wan_i2v", "small", seed=0)
+    assert model.family == "wan_i2v" and model.edits and model.video
+    for name in ("transformer", "vae", "text_encoder", "image_encoder"):
+        expected, actual = getattr(built, name).state_dict(), getattr(model.pipeline, name).state_dict()
+        assert expected.keys() == actual.keys(), name
+        assert all(torch.equal(actual[k], v) for k, v in expected.items()), name
+    config = model.pipeline.transformer.config
+    assert (config.in_channels, config.out_channels, config.image_dim) == (2 * 4 + 4, 4, 16)  # 2·C + mask, CLIP
+    assert model.latent_shape(32, 32, 5) == (4, 2, 8, 8)  # the generated latents alone
+
+
+def test_the_video_condition_is_the_pipelines_mask_and_first_frame_latents(wan_i2v_model_dir, load):
+    model = load(wan_i2v_model_dir)
+    pipe = model.pipeline
+    image = pipe.video_processor.preprocess(Image.fromarray(FIRST[0]), height=32, width=32)  # [1, 3, 32, 32]
+    with torch.no_grad():
+        _, expected = pipe.prepare_latents(image, 1, 4, 32, 32, 9, torch.float32, torch.device("cpu"))
+    condition = model.video_condition(torch.from_numpy(FIRST[:1]), 3)
+    assert condition.shape == expected.shape == (1, 4 + 4, 3, 8, 8)
+    assert torch.equal(condition[:, :4], expected[:, :4])  # the mask: 1 on the first latent frame only
+    assert condition[:, :4, 0].eq(1).all() and condition[:, :4, 1:].eq(0).all()
+    assert (condition - expected).abs().max() <= 1e-5  # [-1, 1] pixels by /127.5 − 1 here, by /255·2 − 1 there
+    # kept between calls, and a shorter video's condition is a prefix (the VAE encodes causally, chunk by chunk)
+    assert torch.equal(model.video_condition(torch.from_numpy(FIRST[:1]), 3), condition)
+    assert torch.equal(model.video_condition(torch.from_numpy(FIRST[:1]), 2), condition[:, :, :2])
+
+
+def _pipeline_latents(model, cond, noise, guidance: float) -> torch.Tensor:
+    """WanImageToVideoPipeline's own sampling from our initial noise, our σ grid (its flow-matching Euler scheduler
+    with the model's shift) and our text embeddings (its prompt cleaning needs ftfy, absent here)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = model.pipeline
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=model.shift)
+    rows = [slice(i, i + 1) for i in range(len(FIRST))]  # the pipeline takes one image per call
+    return torch.cat([pipe(image=Image.fromarray(FIRST[r][0]), prompt_embeds=cond["prompt_embeds"][r],
+                           negative_prompt_embeds=cond["negative_prompt_embeds"][r], latents=noise[r], height=32,
+                           width=32, num_frames=5, num_inference_steps=4, guidance_scale=guidance,
+                           output_type="latent").frames for r in rows])  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["wan21_i2v", "wan22_ti2v"])
+def test_ode_sampling_equals_the_pipelines_for_the_same_noise(wan_i2v_model_dir, wan_ti2v_model_dir, load, variant):
+    path = wan_i2v_model_dir if variant == "wan21_i2v" else wan_ti2v_model_dir
+    model = load(path, family="wan_i2v")  # Wan 2.2 TI2V-5B's checkpoint is a WanPipeline: the family is named
+    guidance = 4.0
+    settings = SamplerSettings(num_steps=4, guidance=guidance, height=32, width=32, frames=5)
+    cond = model.encode_prompts(PROMPTS, ["", ""], ROWS)
+    traj = rollout(model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2], ids=anonymous_ids(PROMPTS))
+    with torch.no_grad():
+        expected = _pipeline_latents(model, cond, initial_noise(model, settings, [1, 2]), guidance)
+    # the same operations but for the pixels' scaling and the timestep's rounding: 1e-4 (TI2V's first frame: our
+    # path to the condition against the pipeline's replacement at the end)
+    assert (traj.final_latents - expected).abs().max() <= 1e-4
+    if variant == "wan22_ti2v":
+        assert model.replaces_first_frame and "image_latents" in cond.keys()  # noqa: SIM118  (TensorDict refuses `in`)
+        assert torch.allclose(traj.final_latents[:, :, :1], cond["image_latents"][:, 0], atol=1e-5)
+
+
+def test_ti2v_gives_the_first_frame_timestep_zero_and_a_weight_free_velocity(wan_ti2v_model_dir, load):
+    model = load(wan_ti2v_model_dir, family="wan_i2v")
+    calls = []
+    model.pipeline.transformer.register_forward_pre_hook(lambda _, a, kw: calls.append(kw), with_kwargs=True)
+    cond = model.encode_prompts(PROMPTS, None, ROWS)
+    x = torch.randn(2, *model.latent_shape(32, 32, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        v = model.velocity(x, 0.6, cond, 1.0)
+    c = cond["image_latents"][:, 0]
+    timestep, hidden = calls[0]["timestep"], calls[0]["hidden_states"]
+    assert timestep.shape == (2, 2 * 2 * 2)  # 2 latent frames × (4 / 2)² tokens: the first frame's 4 at 0
+    assert timestep[:, :4].eq(0).all() and torch.allclose(timestep[:, 4:], torch.tensor(600.0))
+    assert torch.equal(hidden[:, :, :1], c) and torch.equal(hidden[:, :, 1:], x[:, :, 1:])
+    assert torch.allclose(v[:, :, :1], (x[:, :, :1] - c) / 0.6)  # clean estimate x − σ·v is the condition
+
+
+def test_ti2v_trains_from_its_wan_pipeline_checkpoint(wan_ti2v_model_dir, train_model, weights_of, tmp_path):
+    edits = ROOT / "configs/prompts/shapes_edits"
+    trainer = train_model(wan_ti2v_model_dir, f"run.dir={tmp_path / 'run'}", "model.family=wan_i2v",
+                          "train.total_steps=1", "train.lr=1e-2", "sampling.num_frames=5",
+                          f"data.train={edits / 'train.jsonl'}", f"val.prompts={edits / 'val.jsonl'}")  # fmt: skip
+    before = weights_of(trainer)
+    (row,) = trainer.train()
+    after = weights_of(trainer)
+    assert trainer.engine.model.family == "wan_i2v" and math.isfinite(row["loss"])
+    assert row["train/logp_diff_max"] < 1e-4  # the update replays the rollout's steps, first frame included
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_what_the_family_refuses(wan_i2v_model_dir, wan_model_dir, wan_ti2v_model_dir, load):
+    model = load(wan_i2v_model_dir)
+    with pytest.raises(UserError, match="every prompt needs one condition image"):
+        model.encode_prompts(PROMPTS, None)
+    with pytest.raises(UserError, match="at most 1 condition image"):
+        model.encode_prompts(PROMPTS[:1], None, [[FIRST[0], FIRST[1]]])
+    with pytest.raises(UserError, match="cannot take a first frame"):  # Wan 2.1 T2V: no first-frame channels
+        load(wan_model_dir, family="wan_i2v")
+    assert load(wan_ti2v_model_dir).family == "wan"  # auto: the checkpoint's own pipeline
+
+
+def test_lora_export_loads_with_diffusers_and_samples_identical_videos(wan_i2v_model_dir, load, train_model, tmp_path):
+    edits = ROOT / "configs/prompts/shapes_edits"
+    trainer = train_model(wan_i2v_model_dir, f"run.dir={tmp_path / 'run'}", "model.lora.enabled=true",
+                          "model.lora.rank=4", "model.lora.alpha=8", "train.total_steps=1", "train.lr=1e-2",
+                          "sampling.num_frames=5", f"data.train={edits / 'train.jsonl'}",
+                          f"val.prompts={edits / 'val.jsonl'}")  # fmt: skip
+    trainer.train()
+    trained = trainer.engine.model
+    names = [n for n, p in trained.policies.trained.named_parameters() if p.requires_grad]
+    assert any("attn2.add_k_proj.lora_A" in n for n in names)  # the image cross-attention is in the preset
+    out = tmp_path / "lora"
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out)]) == 0
+    settings = SamplerSettings(num_steps=4, guidance=4.0, height=32, width=32, frames=5)
+
+    def videos(model):
+        cond = model.encode_prompts(PROMPTS, ["", ""], ROWS)
+        return rollout(model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2],
+                       ids=anonymous_ids(PROMPTS)).images  # fmt: skip
+
+    fresh = load(wan_i2v_model_dir, max_sequence_length=trained.max_sequence_length)
+    before = videos(fresh)
+    fresh.pipeline.load_lora_weights(out)  # diffusers' own loader, into a WanImageToVideoPipeline
+    after, wanted = videos(fresh), videos(trained)
+    assert not torch.equal(before, wanted)  # the update moved the videos
+    assert torch.equal(after, wanted)
+
+
+def test_doctor_reports_the_i2v_model_and_samples_one_video(wan_i2v_model_dir, tmp_path, capsys):
+    out = tmp_path / "doctor.png"
+    argv = ["doctor", "--model", str(wan_i2v_model_dir), "--dtype", "fp32", "--device", "cpu", "--height", "32",
+            "--width", "32", "--frames", "5", "--steps", "2", "--micro-batch", "2", "--max-sequence-length", "16",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "family     wan_i2v" in text and "  image_encoder " in text and "LoRA r=32" in text
+    assert out.with_suffix(".webp").is_file()  # a video: the source beside every frame
+
+
+def test_estimate_reads_the_shipped_wan21_i2v_architecture(capsys):
+    from diffusion_rl.estimate.architectures import from_shipped
+    from diffusion_rl.estimate.counting import Shapes, transformer_inputs
+
+    arch = from_shipped("Wan2.1-I2V-14B-480P-Diffusers")
+    assert arch.family == "wan_i2v" and (arch.vae_scale, arch.temporal_scale) == (8, 4)
+    inputs = transformer_inputs(arch, Shapes(1, 480, 832, 81, 512), torch.bfloat16)
+    assert inputs["hidden_states"].shape == (1, 36, 21, 60, 104)  # 16 latents + 4 mask + 16 condition channels
+    assert inputs["encoder_hidden_states_image"].shape == (1, 257, 1280)  # ViT-H/14 at 224 px
+    config = str(ROOT / "configs/wan21_i2v_lora.yaml")
+    assert main(["estimate", config, "--gpu", "h100", "--gpus", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["peak_memory_gib_per_gpu"] > 0 and out["step_seconds"] > 0
