@@ -114,7 +114,7 @@ def plot_metrics(
         else:
             label = "each validation" if panel.key.startswith("val/") else "each step"
             ax.plot(panel.steps, panel.values, color="tab:blue", linewidth=1.2, marker="o", markersize=4, label=label)
-        ax.set_title(panel.key)
+        ax.set_title(panel.key, y=1.0)  # a set height: matplotlib skips measuring every panel to place it
         ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")
