@@ -443,13 +443,13 @@ class OnlineRollouts:
             with timer("generate"):
                 collected, seconds = future.result()
             collected.scored.metrics["timing/sampled_ahead"] = seconds
-        if getattr(self.engine, "max_staleness", 0):  # the engine samples ahead (separate rollout actors)
-            self._sample_ahead(step)
+        ahead = getattr(self.engine, "max_staleness", 0)  # > 0: the engine samples ahead (separate rollout actors)
+        if ahead:
+            self._sample_ahead(step, ahead)
         return collected
 
-    def _sample_ahead(self, step: int) -> None:
-        """Start the next engine.max_staleness steps (those not started yet) in the background thread."""
-        ahead = getattr(self.engine, "max_staleness", 0)
+    def _sample_ahead(self, step: int, ahead: int) -> None:
+        """Start the next `ahead` steps (those not started yet) in the background thread."""
         for later in range(step + 1, min(step + ahead, self.cfg.train.total_steps - 1) + 1):
             if later not in self.sampled_ahead:
                 window = window_for_step(self.cfg.sampling, self.cfg.run.seed, later)
