@@ -9,7 +9,9 @@ LoRA where the memory allows, Wan 2.1 1.3B LoRA; last, FLUX.2-klein-4B, Z-Image-
 `estimate`'s error against it; the rollout's log-prob replay
 (train/logp_diff_max) for sde and cps in bf16 and fp32; model.compile_blocks against eager; each installed
 model.attention_backend against sdpa; the Ray engine's FSDP2 worker at world size 1 without Ray; past the default
-budget (run with --only), torch's cuDNN attention kernel off against on for each model (gpu_check/cudnn_ab.py).
+budget (run with --only), torch's cuDNN attention kernel off against on for each model (gpu_check/cudnn_ab.py) and
+CUDA's allocator with fixed blocks against expandable segments (gpu_check/alloc_ab.py). Every part runs with the
+allocator the CLI gives a run by default (diffusion_rl/utils/cuda_alloc.py), recorded as `allocator`.
 
 Each part runs in a child process forked from this one (imports done once, here): a crash (even a segfault or an
 out-of-memory kill) is recorded and the next part runs; a part past its time cap is killed and recorded as
@@ -34,6 +36,9 @@ from pathlib import Path
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without a CUDA context
+from diffusion_rl.utils import cuda_alloc  # noqa: E402  (stdlib only)
+
+ALLOCATOR = cuda_alloc.apply(True)  # what the CLI gives a run by default (the user's variables win), before torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check.parts import PARTS, Context, Skipped, warm_imports  # noqa: E402
@@ -122,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "argv": sys.argv if argv is None else argv,
         "budget_s": args.budget,
         "start_method": method,
+        "allocator": ALLOCATOR,  # from run 8 on; runs 1-7 ran with torch's default (fixed blocks)
         "parts": {name: {"status": "not_run", "cap_s": PARTS[name][1]} for name in names},
     }
     start = time.perf_counter()

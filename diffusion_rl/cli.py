@@ -18,7 +18,7 @@ from pathlib import Path
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvision notices of image processors
 
 from diffusion_rl.errors import GuardStopped, RunStopped, UserError  # noqa: E402
-from diffusion_rl.utils import omp  # noqa: E402  (stdlib only: imported before torch)
+from diffusion_rl.utils import cuda_alloc, omp  # noqa: E402  (stdlib only: imported before torch)
 
 logger = logging.getLogger("diffusion_rl")
 
@@ -310,29 +310,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def requested_omp_policy(argv: list[str]) -> str:
-    """engine.omp_wait_policy as the command line asks for it, read before torch loads (config_io imports no torch):
-    its last `engine.omp_wait_policy=` override, else the first config file it names (with its base files); auto
-    when neither says. A bad file or value counts as auto here: the command itself refuses it in one line."""
+def requested_engine_setting(argv: list[str], key: str):
+    """engine.<key> as the command line asks for it, read before torch loads (config_io imports no torch): its last
+    `engine.<key>=` override, else the first config file it names (with its base files); None when neither says. A
+    bad file or value counts as unsaid here: the command itself refuses it in one line."""
     from diffusion_rl.config_io.yaml_files import apply_overrides, read_yaml_config
 
-    overrides = [a for a in argv if a.startswith("engine.omp_wait_policy=")]
+    overrides = [a for a in argv if a.startswith(f"engine.{key}=")]
     files = [a for a in argv if a.endswith((".yaml", ".yml")) and os.path.isfile(a)]
     try:
         data = apply_overrides(read_yaml_config(files[0]) if files else {}, overrides)
     except UserError:
-        return "auto"
+        return None
     engine = data.get("engine")
-    value = engine.get("omp_wait_policy", "auto") if isinstance(engine, dict) else "auto"
-    return value if value in omp.CHOICES else "auto"
+    return engine.get(key) if isinstance(engine, dict) else None
 
 
-def decide_omp_policy(argv: list[str]):
-    """Idle OpenMP threads spin or sleep (utils/omp.py), decided before torch loads OpenMP (build_parser imports it):
-    libgomp reads the variables once. None when torch is already loaded (main called again in one process)."""
+def prepare_process_env(argv: list[str]):
+    """What must be in the environment before torch loads, decided from the command line: idle OpenMP threads spin or
+    sleep (utils/omp.py; libgomp reads the variables once) and CUDA's allocator uses expandable segments
+    (utils/cuda_alloc.py). Returns the OpenMP decision; None when torch is already loaded (main called again in one
+    process)."""
     if "torch" in sys.modules:
         return None
-    requested = requested_omp_policy(argv)
+    cuda_alloc.apply(requested_engine_setting(argv, "cuda_expandable_segments") is not False)
+    requested = requested_engine_setting(argv, "omp_wait_policy")
+    requested = requested if requested in omp.CHOICES else "auto"
     measure = requested == "auto" and not omp.user_setting(os.environ)
     busy, cpus = omp.busy_cpus() if measure else (None, 0)
     decision = omp.decide(requested, os.environ, busy, cpus)
@@ -341,7 +344,7 @@ def decide_omp_policy(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    omp_decision = decide_omp_policy(sys.argv[1:] if argv is None else list(argv))
+    omp_decision = prepare_process_env(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and isinstance(getattr(args, "overrides", None), list) and all(_is_override(a) for a in extra):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diffusion_rl.cli import requested_omp_policy
+from diffusion_rl.cli import requested_engine_setting
 from diffusion_rl.utils import omp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,18 +105,24 @@ def test_busy_cpus_counts_the_cpus_this_process_may_use():
     assert busy is None or 0.0 <= busy <= cpus + 1e-9
 
 
-def test_the_cli_reads_the_requested_policy_from_the_command_line_before_torch(tmp_path):
+def test_the_cli_reads_engine_settings_from_the_command_line_before_torch(tmp_path):
     base = tmp_path / "base.yaml"
-    base.write_text("engine:\n  omp_wait_policy: passive\n")
+    base.write_text("engine:\n  omp_wait_policy: passive\n  cuda_expandable_segments: false\n")
     child = tmp_path / "run.yaml"
     child.write_text("base: base.yaml\ntrain:\n  lr: 1.0e-4\n")
-    assert requested_omp_policy(["train", str(child)]) == "passive"  # through the base file
-    assert requested_omp_policy(["train", str(child), "engine.omp_wait_policy=spin"]) == "spin"  # the override wins
-    assert requested_omp_policy(["config", "reference"]) == "auto"
+
+    def policy(*argv):
+        return requested_engine_setting(list(argv), "omp_wait_policy")
+
+    assert policy("train", str(child)) == "passive"  # through the base file
+    assert policy("train", str(child), "engine.omp_wait_policy=spin") == "spin"  # the override wins
+    assert requested_engine_setting(["train", str(child)], "cuda_expandable_segments") is False
+    assert requested_engine_setting(["train", "engine.cuda_expandable_segments=true"], "cuda_expandable_segments")
+    assert policy("config", "reference") is None  # unsaid: the CLI takes the default
     bad = tmp_path / "bad.yaml"
     bad.write_text("engine: [unclosed\n")
-    assert requested_omp_policy(["train", str(bad)]) == "auto"  # the command itself reports the file
-    assert requested_omp_policy(["train", "engine.omp_wait_policy=sometimes"]) == "auto"
+    assert policy("train", str(bad)) is None  # the command itself reports the file
+    assert policy("train", "engine.omp_wait_policy=sometimes") == "sometimes"  # refused later, by the config's check
 
 
 def _libgomp_spincount(args: list[str], environ: dict[str, str]) -> tuple[int, str]:

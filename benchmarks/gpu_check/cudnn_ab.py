@@ -152,6 +152,15 @@ def isolated(function: Callable[[], dict], result_file: Path, cap_s: float) -> d
     return {**record, "seconds": time.perf_counter() - started}
 
 
+def run_variant(ctx: Context, label: str, function: Callable[[], dict], cap_s: float) -> dict:
+    """One variant of an A/B part (`label` names its result file) in its own process (`isolated`), capped at `cap_s`
+    and inside the part's own cap; "not_run" when too little of that is left."""
+    cap = min(cap_s, ctx.seconds_left() - MARGIN_S)
+    if cap < MIN_VARIANT_S:
+        return {"status": "not_run", "error": "the part's cap was near"}
+    return isolated(function, ctx.work / f"{label}.json", cap)
+
+
 def die_with(parent: int) -> None:
     """Have the kernel kill this process when its parent dies (Linux's PR_SET_PDEATHSIG): a variant left running by a
     killed part would hold the GPU's memory through the next parts."""
@@ -177,12 +186,8 @@ def cudnn_ab_part(ctx: Context) -> dict:
     for name in names:
         runs = result["runs"][name] = {"size": "tiny preset, 2 images" if ctx.dry_run else AB_RUNS[name].note}
         for label, cudnn in VARIANTS.items():
-            cap = min(VARIANT_CAP_S, ctx.seconds_left() - MARGIN_S)
-            if cap < MIN_VARIANT_S:
-                runs[label] = {"status": "not_run", "error": "the part's cap was near"}
-                continue
-            result_file = ctx.work / f"cudnn_ab_{name}_{label}.json"
-            runs[label] = isolated(functools.partial(variant, ctx, name, cudnn), result_file, cap)
+            runs[label] = run_variant(ctx, f"cudnn_ab_{name}_{label}", functools.partial(variant, ctx, name, cudnn),
+                                      VARIANT_CAP_S)  # fmt: skip
             off, on = (runs.get(v, {}).get("result") or {} for v in VARIANTS)
             if off.get("update_s") and on.get("update_s"):
                 runs["update_ratio"] = on["update_s"] / off["update_s"]

@@ -431,10 +431,11 @@ def warm_imports() -> None:
             getattr(diffusers, name)
 
 
-from .cudnn_ab import cudnn_ab_part  # noqa: E402 — that part builds on this module's helpers
+from .alloc_ab import alloc_ab_part  # noqa: E402 — these parts build on this module's helpers
+from .cudnn_ab import cudnn_ab_part  # noqa: E402
 
-# name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, past the default
-# budget, runs with --only)
+# name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab and alloc_ab, past
+# the default budget, run with --only)
 PARTS = {
     "device": (device_part, 30),
     "sd35_lora": (model_part("sd35_lora"), 80),
@@ -450,4 +451,5 @@ PARTS = {
     "z_image_lora": (model_part("z_image_lora"), 60),
     "wan22_ti2v_lora": (model_part("wan22_ti2v_lora"), 80),
     "cudnn_ab": (cudnn_ab_part, 150),
+    "alloc_ab": (alloc_ab_part, 170),
 }

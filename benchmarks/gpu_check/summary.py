@@ -74,6 +74,9 @@ def markdown(record: dict) -> str:
     ab = (parts.get("cudnn_ab") or {}).get("result")
     if ab:
         lines += cudnn_ab_table(ab)
+    alloc = (parts.get("alloc_ab") or {}).get("result")
+    if alloc:
+        lines += alloc_ab_table(alloc)
     fsdp = (parts.get("fsdp2") or {}).get("result")
     if fsdp:
         lines += ["", f"## FSDP2 worker at world size 1 ({fsdp['backend']}, without Ray)", "",
@@ -108,4 +111,27 @@ def cudnn_ab_table(ab: dict) -> list[str]:
         )
     lines += ["", f"cudnn_off: {ab['variants']['cudnn_off']}; cudnn_on: {ab['variants']['cudnn_on']}; the switch: "
               f"{ab['switch']}. Kernels: torch's pick per attention call in the warm-up step."]  # fmt: skip
+    return lines
+
+
+def alloc_ab_table(ab: dict) -> list[str]:
+    """The alloc_ab part's table: peak allocated and reserved GiB and step seconds with the allocator's fixed blocks
+    and with expandable segments."""
+
+    def cells(record: dict) -> str:
+        if record.get("status") != "ok":
+            return f"{record.get('status', 'not_run')}: {record.get('error', '')[:80]} | | "
+        r = record["result"]
+        return f"{_f(r['peak_allocated_gib'])} | {_f(r['peak_reserved_gib'])} | {_f(r['step_s'])}"
+
+    lines = ["", "## CUDA's allocator: fixed blocks vs expandable segments (alloc_ab; a process per variant)", "",
+             "| model | fixed: allocated GiB | fixed: reserved GiB | fixed: step s | expandable: allocated GiB "
+             "| expandable: reserved GiB | expandable: step s | reserved exp./fixed | step exp./fixed |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, runs in ab["runs"].items():
+        lines.append(
+            f"| {name} | {cells(runs.get('fixed_blocks', {}))} | {cells(runs.get('expandable', {}))} "
+            f"| {_f(runs.get('peak_reserved_gib_ratio'), '.3f')} | {_f(runs.get('step_s_ratio'), '.3f')} |"
+        )
+    lines += ["", f"Effect: {ab['effect']}. Peaks of the measured (second) step; the first step's in the record."]
     return lines

@@ -31,6 +31,12 @@ class EngineConfig:
         "shared cores). auto: spin unless other work keeps this process's CPUs busy when the CLI starts; Ray "
         "trainers, rollout and reward actors sleep. OMP_WAIT_POLICY / GOMP_SPINCOUNT set in the environment win.",
     )
+    cuda_expandable_segments: bool = opt(
+        True,
+        "CUDA's caching allocator grows segments in place (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) instead "
+        "of holding fixed blocks: less device memory lost to fragmentation. Set by the CLI and for Ray's actors; "
+        "PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF set in the environment win.",
+    )
     num_workers: int = opt(
         2, "ray: PolicyWorker actors (one per GPU); each samples and trains on 1/N of the batch.", within=Range(1, 4096)
     )

@@ -27,6 +27,7 @@ from tensordict import is_tensorclass
 
 from diffusion_rl.engine.sharded_worker import WorkerError
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils import cuda_alloc, omp
 
 logger = logging.getLogger(__name__)
 
@@ -171,11 +172,18 @@ def check_layout_fits(engine_cfg, cluster: dict[str, float] | None = None) -> No
         )
 
 
+def actor_env(engine) -> dict[str, str]:
+    """The variables every process a run starts on Ray (trainers, rollout and reward actors) starts with, read by
+    libraries before any of our code runs: OpenMP's wait policy (utils/omp.py) and CUDA's allocator
+    (utils/cuda_alloc.py), from the `engine` section, the user's own variables forwarded."""
+    return {**omp.child_env(engine.omp_wait_policy), **cuda_alloc.child_env(engine.cuda_expandable_segments)}
+
+
 class ActorGroup:
     """`count` actors of `cls`, one per bundle of one placement group, each made with `args(rank)`.
 
     `group` ("trainer" or "rollout") and `role` ("worker rank", "rollout actor") name them in errors; `env`: variables
-    their processes start with (utils/omp.py's child_env).
+    their processes start with (`actor_env`).
     """
 
     def __init__(self, cls, count: int, bundle_list: list[dict], args, *, group: str, role: str, start_timeout_s,
@@ -207,7 +215,7 @@ class ActorGroup:
                     resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")} or None,
                     max_restarts=0,  # a lost actor is replaced by the engine (its whole group), not restarted by Ray
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement, rank),
-                    runtime_env={"env_vars": env} if env else None,  # set when the process starts (OpenMP's policy)
+                    runtime_env={"env_vars": env} if env else None,  # set when the process starts (`actor_env`)
                 ).remote(*args(rank))
             )
         self.where = [f"{role} {r}" for r in range(count)]

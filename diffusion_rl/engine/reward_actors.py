@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.utils.omp import child_env
 from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ class ActorReward:
     """A reward callable whose batches are scored by `num_actors` Ray actors, each with its own copy of the reward.
 
     `name` is the reward to build (make_reward's name); `label` the reward's name in messages (default: name); `env`
-    variables the actors' processes start with (utils/omp.py's child_env).
+    variables the actors' processes start with (ray_cluster.py's actor_env).
     """
 
     def __init__(
@@ -139,7 +138,7 @@ def make_reward_fn(spec, engine_cfg):
 
     if spec.actors == 0:
         return make_reward(spec.name, **spec.kwargs)
-    from diffusion_rl.engine.ray_cluster import ensure_ray
+    from diffusion_rl.engine.ray_cluster import actor_env, ensure_ray
 
     ensure_ray(engine_cfg)
     return ActorReward(
@@ -149,5 +148,5 @@ def make_reward_fn(spec, engine_cfg):
         spec.actor_cpus,
         spec.actor_gpus,
         label=spec.metric_name,
-        env=child_env(engine_cfg.omp_wait_policy),  # beside the policy's torch processes: utils/omp.py
+        env=actor_env(engine_cfg),  # beside the policy's torch processes: OpenMP's policy, CUDA's allocator
     )

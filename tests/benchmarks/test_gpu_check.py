@@ -34,7 +34,8 @@ def gpu_check(load_benchmark):
 
 
 def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_check):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env |= {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_check.py"), "--out", str(tmp_path), "--dry-run"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -80,10 +81,23 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
         assert off["kernels"] == on["kernels"] and sum(off["kernels"].values()) > 0  # a no-op on the CPU
         assert off["update_s"] > 0 and on["update_s"] > 0 and off["logp_diff_max"] == on["logp_diff_max"] == 0.0
         assert runs["update_ratio"] == on["update_s"] / off["update_s"]
+    from gpu_check.alloc_ab import DRY_MODELS as ALLOC_MODELS
+
+    assert record["allocator"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # the CLI's default
+    alloc = parts["alloc_ab"]["result"]
+    assert list(alloc["runs"]) == list(ALLOC_MODELS) and "none on the CPU" in alloc["effect"]
+    for runs in alloc["runs"].values():
+        fixed, expandable = runs["fixed_blocks"]["result"], runs["expandable"]["result"]
+        assert (fixed["allocator_settings"], expandable["allocator_settings"]) == (
+            "expandable_segments:False",
+            "expandable_segments:True",
+        )  # each variant set it before building
+        assert fixed["step_s"] > 0 and expandable["step_s"] > 0
+        assert runs["step_s_ratio"] == expandable["step_s"] / fixed["step_s"]
     summary = (tmp_path / "gpu_check.md").read_text()
     headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
-                "## model.attention_backend", "## FSDP2 worker",
-                "## torch's cuDNN attention kernel off vs on")  # fmt: skip
+                "## model.attention_backend", "## FSDP2 worker", "## torch's cuDNN attention kernel off vs on",
+                "## CUDA's allocator: fixed blocks vs expandable")  # fmt: skip
     for heading in headings:
         assert heading in summary
 

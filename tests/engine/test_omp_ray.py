@@ -1,5 +1,6 @@
-"""The processes a run starts beside its own torch processes get OpenMP's wait policy when they start (utils/omp.py's
-child_env, through Ray's runtime_env): the Ray trainers and the reward actors; the user's variables are forwarded."""
+"""The processes a run starts beside its own torch processes get OpenMP's wait policy and CUDA's allocator setting when
+they start (engine/ray_cluster.py's actor_env, through Ray's runtime_env): the Ray trainers and the reward actors; the
+user's variables are forwarded."""
 
 from __future__ import annotations
 
@@ -23,12 +24,16 @@ def test_ray_trainers_and_reward_actors_start_with_the_policy_the_driver_gives_t
     make_config, ray_overrides, monkeypatch
 ):
     monkeypatch.setenv("GOMP_SPINCOUNT", "12345")  # the user's: forwarded (the local cluster started without it)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     cfg = make_config(*ray_overrides, "engine.num_workers=1", "rewards=[{name: jpeg_compressibility, actors: 1}]")
     engine = RayEngine(cfg)
     reward = make_reward_fn(cfg.rewards[0], cfg.engine)
     try:
         assert _environ(engine.trainers.actors[0]).get("GOMP_SPINCOUNT") == "12345"
         assert _environ(reward.actors[0]).get("GOMP_SPINCOUNT") == "12345"
+        for actor in (engine.trainers.actors[0], reward.actors[0]):  # engine.cuda_expandable_segments' default
+            assert _environ(actor).get("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True"
     finally:
         reward.close()
         engine.close()
