@@ -111,6 +111,28 @@ def test_ti2v_gives_the_first_frame_timestep_zero_and_a_weight_free_velocity(wan
     assert torch.allclose(v[:, :, :1], (x[:, :, :1] - c) / 0.6)  # clean estimate x − σ·v is the condition
 
 
+def test_ti2v_first_frame_latents_are_the_pipelines_fp32_ones_in_a_bf16_model(wan_ti2v_model_dir, load):
+    """WanImageToVideoPipeline normalises the first frame's VAE latents in fp32 and puts them, fp32, in the finished
+    video's first latent frame: a bf16 model must not round them to bf16 (the sampled video's first frame ends
+    at them)."""
+    from diffusers import WanImageToVideoPipeline
+
+    model = load(wan_ti2v_model_dir, family="wan_i2v", dtype="bf16")
+    pipe = model.pipeline
+    image = pipe.video_processor.preprocess(Image.fromarray(FIRST[0]), height=32, width=32)
+    with torch.no_grad():  # its VAE in bf16, as ours; the condition normalised in the latents' dtype, fp32
+        _, expected, _ = WanImageToVideoPipeline.prepare_latents(pipe, image, 1, 4, 32, 32, 5, torch.float32,
+                                                                 torch.device("cpu"))  # fmt: skip
+    cond = model.encode_prompts(PROMPTS[:1], None, ROWS[:1])
+    c = cond["image_latents"][:, 0]
+    assert c.shape == expected.shape == (1, 4, 1, 4, 4) and expected.dtype == torch.float32
+    assert torch.equal(c.float(), expected)  # the same bf16 VAE output, normalised and kept in fp32
+    settings = SamplerSettings(num_steps=4, guidance=1.0, height=32, width=32, frames=5)
+    final = rollout(model, cond, settings, None, init_seeds=[1], noise_seeds=[1],
+                    ids=anonymous_ids(PROMPTS[:1])).final_latents  # fmt: skip
+    assert (final[:, :, :1] - expected).abs().max() <= 1e-5  # the straight path ends at c (fp32 rounding)
+
+
 def test_ti2v_trains_from_its_wan_pipeline_checkpoint(wan_ti2v_model_dir, train_model, weights_of, tmp_path):
     edits = ROOT / "configs/prompts/shapes_edits"
     trainer = train_model(wan_ti2v_model_dir, f"run.dir={tmp_path / 'run'}", "model.family=wan_i2v",

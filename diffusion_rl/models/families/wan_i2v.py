@@ -83,7 +83,9 @@ class WanI2VModel(WanModel):
         cond = self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
         if self.replaces_first_frame:  # [B, 1, C, 1, h, w]: the first frame alone through the VAE
             encode = lambda pixels: self.vae_latents(uint8_to_video(pixels[:, None]))  # noqa: E731
-            cond["image_latents"] = condition_latents(encode, images).to(self.dtype)
+            # fp32, as the pipeline keeps them: the video's first latent frame ends at them (velocity), and the
+            # model's dtype would round it (bf16: by up to 2⁻⁹ of each value); the transformer sees them cast
+            cond["image_latents"] = condition_latents(encode, images)
             return cond
         cond["first_frame"] = torch.from_numpy(np.stack([row[0] for row in images])).to(self.device)
         if self.reads_image_tokens:
@@ -105,11 +107,12 @@ class WanI2VModel(WanModel):
 
     @torch.no_grad()
     def vae_latents(self, pixels_B3FHW: torch.Tensor) -> torch.Tensor:
-        """[-1, 1] videos → their VAE latents normalised as the image-to-video pipeline does, (z − mean)·(1/std)."""
+        """[-1, 1] videos → their fp32 VAE latents normalised as the image-to-video pipeline does, (z − mean)·(1/std)
+        in fp32 whatever the VAE's dtype."""
         with self.frozen_on_device("vae"):
-            mean, std = video_vae_stats(self.vae, self.vae.dtype)
-            z = self.vae.encode(pixels_B3FHW.to(self.vae.device, self.vae.dtype)).latent_dist.mode()
-            return ((z - mean) * (1.0 / std)).float().to(self.device)
+            mean, std = video_vae_stats(self.vae, torch.float32)
+            z = self.vae.encode(pixels_B3FHW.to(self.vae.device, self.vae.dtype)).latent_dist.mode().float()
+            return ((z - mean) * (1.0 / std)).to(self.device)
 
     def video_condition(self, first_frame_BHW3: torch.Tensor, latent_frames: int) -> torch.Tensor:
         """[B, 4 + C, F', h, w]: Wan 2.1 I2V's mask and the VAE latents of [first frame, F − 1 frames of zeros]."""
