@@ -18,6 +18,7 @@ from diffusion_rl.cli import main
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.tiny import build_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
+from diffusion_rl.sampling.window import SdeWindow
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["the circle rolls left", "a square falls"]
@@ -131,6 +132,24 @@ def test_ti2v_first_frame_latents_are_the_pipelines_fp32_ones_in_a_bf16_model(wa
     final = rollout(model, cond, settings, None, init_seeds=[1], noise_seeds=[1],
                     ids=anonymous_ids(PROMPTS[:1])).final_latents  # fmt: skip
     assert (final[:, :, :1] - expected).abs().max() <= 1e-5  # the straight path ends at c (fp32 rounding)
+
+
+@pytest.mark.parametrize("sde_type", ["sde", "dance_sde"])
+def test_ti2v_videos_start_at_the_given_frame_when_the_last_step_is_stochastic(wan_ti2v_model_dir, load, sde_type):
+    """A window through the last step (sampling.window.hi = num_steps) draws noise into the first latent frame too:
+    the video must still end at the given frame's latents, as the pipeline's (it puts them back after its loop), and
+    the window's stored latents stay the drawn ones the update replays."""
+    model = load(wan_ti2v_model_dir, family="wan_i2v")
+    cond = model.encode_prompts(PROMPTS, None, ROWS)
+    settings = SamplerSettings(num_steps=4, guidance=4.0, height=32, width=32, frames=5, sde_type=sde_type,
+                               noise_level=0.7 if sde_type == "sde" else 0.3)  # fmt: skip
+    traj = rollout(model, cond, settings, SdeWindow(0, 4), init_seeds=[1, 2], noise_seeds=[1, 2],
+                   ids=anonymous_ids(PROMPTS))  # fmt: skip
+    c = cond["image_latents"][:, 0]
+    assert torch.equal(traj.final_latents[:, :, :1], c)
+    assert torch.equal(traj.final_latents[:, :, 1:], traj.latents[:, -1, :, 1:])
+    assert (traj.latents[:, -1, :, :1] - c).abs().max() > 0.1  # what the last step drew there
+    assert torch.equal(traj.images, model.decode(torch.cat([c, traj.latents[:, -1, :, 1:]], dim=2)))
 
 
 def test_ti2v_trains_from_its_wan_pipeline_checkpoint(wan_ti2v_model_dir, train_model, weights_of, tmp_path):

@@ -15,11 +15,12 @@ WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decid
 - Wan 2.2 TI2V-5B (`expand_timesteps` in the pipeline's config): the first latent frame is the first frame's VAE
   latents, in place of the sampled ones, at timestep 0 (every other token at t). Here the first latent frame's
   velocity is (x − c)/σ, the velocity whose clean estimate is exactly the condition c: the first frame follows
-  the straight path from its noise to c (it ends at c, up to rounding), its velocity and so its part of a step's
-  mean do not depend on the weights (a constant in every log-prob ratio, nothing for a forward-process loss to
-  train), and the other frames see what the pipeline shows them. The released checkpoint's model_index.json names
-  WanPipeline (one checkpoint for text- and image-to-video): `model.family: wan_i2v` loads that directory as this
-  family (`loads_also`).
+  the straight path from its noise to c, its velocity and so its part of a step's mean do not depend on the
+  weights (a constant in every log-prob ratio, nothing for a forward-process loss to train), and the other frames
+  see what the pipeline shows them. The finished video's first latent frame is c, as the pipeline puts it back
+  after its loop (`finished_latents`: a stochastic last step would leave noise there); c stays fp32, as there.
+  The released checkpoint's model_index.json names WanPipeline (one checkpoint for text- and image-to-video):
+  `model.family: wan_i2v` loads that directory as this family (`loads_also`).
 
 The CLIP encoder sees the fitted image; the pipeline shows it the image as given, which is the same when the image
 comes at the output size (as in the pipeline's own example). Not covered: a last frame (`last_image`, first-and-last
@@ -150,6 +151,14 @@ class WanI2VModel(WanModel):
         v = self.guided_forward(torch.cat([c.to(self.dtype), x[:, :, 1:]], dim=2), per_token, cond, guidance)
         first = (latents[:, :, :1].float() - c.float()) / sigma_B.view(B, 1, 1, 1, 1)
         return torch.cat([first, v[:, :, 1:]], dim=2)  # not in place: v may be what autograd saved
+
+    def finished_latents(self, latents: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        """Wan 2.2 TI2V: the given first frame's latents in the first latent frame, as the pipeline puts them back
+        after its loop. An ODE last step ends there already (up to rounding); a stochastic one (a window through
+        the last step) draws noise into it too, ~0.8 of a unit off with Flow-GRPO's SDE at noise level 0.7."""
+        if not self.replaces_first_frame:
+            return latents
+        return torch.cat([cond["image_latents"][:, 0].to(latents), latents[:, :, 1:]], dim=2)
 
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
