@@ -11,7 +11,8 @@ of 5 frames at 32×32 a step, CFG 4.5, lr 1e-2):
 
 Measured gains (2026-11-26, AMD EPYC without AMX, load 10–14 from other jobs): text-to-video +1.6e-4 / +5.8e-5 /
 +1.6e-4 (+82 / +29 / +78 bytes; 8 steps: +8.3e-5 / +8.7e-6 / +1.1e-4), image-to-video +0.020 / +0.021 / +0.023 of a
-reward near 0.56 (frames: mean, frame 0 included: +0.008 / +0.008 / +0.010).
+reward near 0.56 (frames: mean, frame 0 included: +0.008 / +0.008 / +0.010; frames: first: 0 / 0 / 0). Each case
+took 20–24 s at load 9–11 (its pytest process 20–23 s of CPU, setup included).
 """
 
 from __future__ import annotations
