@@ -270,6 +270,11 @@ class FlowModel(ABC):
         """A new scheduler of the pipeline's kind and config (set_timesteps changes a scheduler's state)."""
         return type(self.pipeline.scheduler).from_config(copy.deepcopy(self._scheduler_config))
 
+    def finished_latents(self, latents: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        """The sampler's last latents [B, …] as the pipeline hands them to the VAE: the latents themselves, but
+        where a family gives part of them (Wan 2.2 TI2V's first frame), that part put back."""
+        return latents
+
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Images as uint8 [B, H, W, 3] (a video family: [B, F, H, W, 3]) on the CPU."""

@@ -147,7 +147,7 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
     def in_order(t: torch.Tensor) -> torch.Tensor:  # a tree's sorted leaves back in the caller's order
         return t if nodes is None else nodes.in_order(t)
 
-    x = in_order(x)
+    x = model.finished_latents(in_order(x), cond)  # after the window's latents were kept: the update replays those
     device = x.device
     steps = {}
     if window is not None:

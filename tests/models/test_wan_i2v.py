@@ -18,6 +18,7 @@ from diffusion_rl.cli import main
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.tiny import build_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
+from diffusion_rl.sampling.window import SdeWindow
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["the circle rolls left", "a square falls"]
@@ -109,6 +110,46 @@ def test_ti2v_gives_the_first_frame_timestep_zero_and_a_weight_free_velocity(wan
     assert timestep[:, :4].eq(0).all() and torch.allclose(timestep[:, 4:], torch.tensor(600.0))
     assert torch.equal(hidden[:, :, :1], c) and torch.equal(hidden[:, :, 1:], x[:, :, 1:])
     assert torch.allclose(v[:, :, :1], (x[:, :, :1] - c) / 0.6)  # clean estimate x − σ·v is the condition
+
+
+def test_ti2v_first_frame_latents_are_the_pipelines_fp32_ones_in_a_bf16_model(wan_ti2v_model_dir, load):
+    """WanImageToVideoPipeline normalises the first frame's VAE latents in fp32 and puts them, fp32, in the finished
+    video's first latent frame: a bf16 model must not round them to bf16 (the sampled video's first frame ends
+    at them)."""
+    from diffusers import WanImageToVideoPipeline
+
+    model = load(wan_ti2v_model_dir, family="wan_i2v", dtype="bf16")
+    pipe = model.pipeline
+    image = pipe.video_processor.preprocess(Image.fromarray(FIRST[0]), height=32, width=32)
+    with torch.no_grad():  # its VAE in bf16, as ours; the condition normalised in the latents' dtype, fp32
+        _, expected, _ = WanImageToVideoPipeline.prepare_latents(pipe, image, 1, 4, 32, 32, 5, torch.float32,
+                                                                 torch.device("cpu"))  # fmt: skip
+    cond = model.encode_prompts(PROMPTS[:1], None, ROWS[:1])
+    c = cond["image_latents"][:, 0]
+    assert c.shape == expected.shape == (1, 4, 1, 4, 4) and expected.dtype == torch.float32
+    assert torch.equal(c.float(), expected)  # the same bf16 VAE output, normalised and kept in fp32
+    settings = SamplerSettings(num_steps=4, guidance=1.0, height=32, width=32, frames=5)
+    final = rollout(model, cond, settings, None, init_seeds=[1], noise_seeds=[1],
+                    ids=anonymous_ids(PROMPTS[:1])).final_latents  # fmt: skip
+    assert (final[:, :, :1] - expected).abs().max() <= 1e-5  # the straight path ends at c (fp32 rounding)
+
+
+@pytest.mark.parametrize("sde_type", ["sde", "dance_sde"])
+def test_ti2v_videos_start_at_the_given_frame_when_the_last_step_is_stochastic(wan_ti2v_model_dir, load, sde_type):
+    """A window through the last step (sampling.window.hi = num_steps) draws noise into the first latent frame too:
+    the video must still end at the given frame's latents, as the pipeline's (it puts them back after its loop), and
+    the window's stored latents stay the drawn ones the update replays."""
+    model = load(wan_ti2v_model_dir, family="wan_i2v")
+    cond = model.encode_prompts(PROMPTS, None, ROWS)
+    settings = SamplerSettings(num_steps=4, guidance=4.0, height=32, width=32, frames=5, sde_type=sde_type,
+                               noise_level=0.7 if sde_type == "sde" else 0.3)  # fmt: skip
+    traj = rollout(model, cond, settings, SdeWindow(0, 4), init_seeds=[1, 2], noise_seeds=[1, 2],
+                   ids=anonymous_ids(PROMPTS))  # fmt: skip
+    c = cond["image_latents"][:, 0]
+    assert torch.equal(traj.final_latents[:, :, :1], c)
+    assert torch.equal(traj.final_latents[:, :, 1:], traj.latents[:, -1, :, 1:])
+    assert (traj.latents[:, -1, :, :1] - c).abs().max() > 0.1  # what the last step drew there
+    assert torch.equal(traj.images, model.decode(torch.cat([c, traj.latents[:, -1, :, 1:]], dim=2)))
 
 
 def test_ti2v_trains_from_its_wan_pipeline_checkpoint(wan_ti2v_model_dir, train_model, weights_of, tmp_path):

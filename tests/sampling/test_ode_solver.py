@@ -123,6 +123,9 @@ class GaussianFlow:
     def eval_mode(self):
         yield
 
+    def finished_latents(self, x, cond):
+        return x
+
     def decode(self, x):
         return torch.zeros(x.shape[0], 1, 1, 3, dtype=torch.uint8)
 

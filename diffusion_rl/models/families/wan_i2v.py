@@ -15,11 +15,12 @@ WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decid
 - Wan 2.2 TI2V-5B (`expand_timesteps` in the pipeline's config): the first latent frame is the first frame's VAE
   latents, in place of the sampled ones, at timestep 0 (every other token at t). Here the first latent frame's
   velocity is (x − c)/σ, the velocity whose clean estimate is exactly the condition c: the first frame follows
-  the straight path from its noise to c (it ends at c, up to rounding), its velocity and so its part of a step's
-  mean do not depend on the weights (a constant in every log-prob ratio, nothing for a forward-process loss to
-  train), and the other frames see what the pipeline shows them. The released checkpoint's model_index.json names
-  WanPipeline (one checkpoint for text- and image-to-video): `model.family: wan_i2v` loads that directory as this
-  family (`loads_also`).
+  the straight path from its noise to c, its velocity and so its part of a step's mean do not depend on the
+  weights (a constant in every log-prob ratio, nothing for a forward-process loss to train), and the other frames
+  see what the pipeline shows them. The finished video's first latent frame is c, as the pipeline puts it back
+  after its loop (`finished_latents`: a stochastic last step would leave noise there); c stays fp32, as there.
+  The released checkpoint's model_index.json names WanPipeline (one checkpoint for text- and image-to-video):
+  `model.family: wan_i2v` loads that directory as this family (`loads_also`).
 
 The CLIP encoder sees the fitted image; the pipeline shows it the image as given, which is the same when the image
 comes at the output size (as in the pipeline's own example). Not covered: a last frame (`last_image`, first-and-last
@@ -83,7 +84,9 @@ class WanI2VModel(WanModel):
         cond = self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
         if self.replaces_first_frame:  # [B, 1, C, 1, h, w]: the first frame alone through the VAE
             encode = lambda pixels: self.vae_latents(uint8_to_video(pixels[:, None]))  # noqa: E731
-            cond["image_latents"] = condition_latents(encode, images).to(self.dtype)
+            # fp32, as the pipeline keeps them: the video's first latent frame ends at them (velocity), and the
+            # model's dtype would round it (bf16: by up to 2⁻⁹ of each value); the transformer sees them cast
+            cond["image_latents"] = condition_latents(encode, images)
             return cond
         cond["first_frame"] = torch.from_numpy(np.stack([row[0] for row in images])).to(self.device)
         if self.reads_image_tokens:
@@ -105,11 +108,12 @@ class WanI2VModel(WanModel):
 
     @torch.no_grad()
     def vae_latents(self, pixels_B3FHW: torch.Tensor) -> torch.Tensor:
-        """[-1, 1] videos → their VAE latents normalised as the image-to-video pipeline does, (z − mean)·(1/std)."""
+        """[-1, 1] videos → their fp32 VAE latents normalised as the image-to-video pipeline does, (z − mean)·(1/std)
+        in fp32 whatever the VAE's dtype."""
         with self.frozen_on_device("vae"):
-            mean, std = video_vae_stats(self.vae, self.vae.dtype)
-            z = self.vae.encode(pixels_B3FHW.to(self.vae.device, self.vae.dtype)).latent_dist.mode()
-            return ((z - mean) * (1.0 / std)).float().to(self.device)
+            mean, std = video_vae_stats(self.vae, torch.float32)
+            z = self.vae.encode(pixels_B3FHW.to(self.vae.device, self.vae.dtype)).latent_dist.mode().float()
+            return ((z - mean) * (1.0 / std)).to(self.device)
 
     def video_condition(self, first_frame_BHW3: torch.Tensor, latent_frames: int) -> torch.Tensor:
         """[B, 4 + C, F', h, w]: Wan 2.1 I2V's mask and the VAE latents of [first frame, F − 1 frames of zeros]."""
@@ -147,6 +151,14 @@ class WanI2VModel(WanModel):
         v = self.guided_forward(torch.cat([c.to(self.dtype), x[:, :, 1:]], dim=2), per_token, cond, guidance)
         first = (latents[:, :, :1].float() - c.float()) / sigma_B.view(B, 1, 1, 1, 1)
         return torch.cat([first, v[:, :, 1:]], dim=2)  # not in place: v may be what autograd saved
+
+    def finished_latents(self, latents: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        """Wan 2.2 TI2V: the given first frame's latents in the first latent frame, as the pipeline puts them back
+        after its loop. An ODE last step ends there already (up to rounding); a stochastic one (a window through
+        the last step) draws noise into it too, ~0.8 of a unit off with Flow-GRPO's SDE at noise level 0.7."""
+        if not self.replaces_first_frame:
+            return latents
+        return torch.cat([cond["image_latents"][:, 0].to(latents), latents[:, :, 1:]], dim=2)
 
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
