@@ -11,8 +11,6 @@ guidance scale), so σ goes in unchanged (`model_timestep`).
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from tensordict import TensorDict
 
@@ -32,8 +30,6 @@ from diffusion_rl.models.packed import (
     unpack_latents,
 )
 from diffusion_rl.models.registry import ModelFamily, register_family
-
-logger = logging.getLogger(__name__)
 
 # Attention of both streams (the single blocks' to_q/k/v match too), the double blocks' feed-forwards and the
 # single blocks' MLP input. Not `proj_out`: the name also matches the model's final output layer.
