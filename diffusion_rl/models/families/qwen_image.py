@@ -23,7 +23,6 @@ from diffusion_rl.models.base import (
     as_sigma_batch,
     images_to_uint8,
     on_meta,
-    refuse_condition_images,
     uint8_to_images,
     video_vae_stats,
 )
@@ -62,10 +61,6 @@ class QwenImageModel(PackedLatentModel):
         return sigma_B
 
     # -- conditioning -----------------------------------------------------------------------------------------
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
-        refuse_condition_images(self.family, images)
-        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
-
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         embeds, mask = self.pipeline.encode_prompt(
             prompt=texts, device=self.device, max_sequence_length=self.max_sequence_length
