@@ -9,7 +9,7 @@ Guidance: true CFG in one batched forward over [negative; positive], then the co
 by token, to the norm of the conditional one over the channel dimension, as QwenImagePipeline does.
 
 Time units: `QwenImageTransformer2DModel` takes `timestep` = σ and scales it by 1000 in its time projection,
-so σ goes in unchanged (`model_timestep`).
+so σ goes in unchanged.
 """
 
 from __future__ import annotations
@@ -54,11 +54,6 @@ class QwenImageModel(PackedLatentModel):
         self.max_sequence_length = min(self.max_sequence_length, MAX_TEXT_TOKENS)
         self.latent_channels = self.pipeline.transformer.config.in_channels // 4
         self.vae_scale = 2 ** len(self.vae.temperal_downsample)
-
-    @staticmethod
-    def model_timestep(sigma_B: torch.Tensor) -> torch.Tensor:
-        """The transformer's `timestep` input for σ: σ itself (its time projection scales by 1000)."""
-        return sigma_B
 
     # -- conditioning -----------------------------------------------------------------------------------------
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -121,7 +116,7 @@ class QwenImageModel(PackedLatentModel):
         length = int(used.max()) + 1 if len(used) else mask.shape[1]  # cut the columns that pad every row
         v = self.policies.module(
             hidden_states=x,
-            timestep=self.model_timestep(sigma_B),
+            timestep=sigma_B,  # σ: the network scales it by 1000
             encoder_hidden_states=embeds[:, :length],
             encoder_hidden_states_mask=mask[:, :length],
             img_shapes=[shapes] * x.shape[0],
