@@ -19,7 +19,6 @@ converts them (checkpoint/legacy.py).
 from __future__ import annotations
 
 import io
-import logging
 import pickle
 import warnings
 from pathlib import Path
@@ -32,8 +31,6 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from diffusion_rl.errors import UserError
-
-logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 DCP_DIR = "dcp"

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
-
-logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:

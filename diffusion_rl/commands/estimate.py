@@ -4,9 +4,6 @@ launch, from the config and the model's architecture alone (no weights; see diff
 from __future__ import annotations
 
 import json
-import logging
-
-logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from diffusion_rl.data.images import cover_and_crop
+from diffusion_rl.data.prompts import read_jsonl
 from diffusion_rl.errors import UserError, did_you_mean
 
 PAIR_EXTENSIONS = (".jsonl", ".parquet")
@@ -47,10 +48,7 @@ def load_pairs(path: str | Path) -> list[PreferencePair]:
     if not path.is_file():
         what = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise UserError(f"pair file {path} {what} (make one with `diffusion-rl prepare pairs`)")
-    if path.suffix.lower() == ".jsonl":
-        rows = _jsonl_rows(path)
-    else:
-        rows = _parquet_rows(path)
+    rows = list(read_jsonl(path, _KEYS, _EXAMPLE)) if path.suffix.lower() == ".jsonl" else _parquet_rows(path)
     pairs = [_pair(obj, where, path.parent) for obj, where in rows]
     if not pairs:
         raise UserError(f"{path}: no pairs found; expected one object per line, e.g. {_EXAMPLE}")
@@ -92,23 +90,6 @@ def _relative(image: Path, root: Path) -> str:
         return str(image)
 
 
-def _jsonl_rows(path: Path) -> list[tuple[Any, str]]:
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    rows = []
-    for line_no, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}, line {line_no}"
-        try:
-            rows.append((json.loads(line), where))
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); e.g. {_EXAMPLE}") from None
-    return rows
-
-
 def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -124,9 +105,7 @@ def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
     ]
 
 
-def _pair(obj: Any, where: str, root: Path) -> PreferencePair:
-    if not isinstance(obj, dict):
-        raise UserError(f"{where}: expected an object, got {type(obj).__name__}; e.g. {_EXAMPLE}")
+def _pair(obj: dict[str, Any], where: str, root: Path) -> PreferencePair:
     for key in obj:
         if key not in _KEYS:
             raise UserError(f"{where}: unknown key '{key}'{did_you_mean(key, _KEYS)}; known: {', '.join(_KEYS)}")

@@ -185,13 +185,17 @@ class FlowModel(ABC):
         """Family-specific settings read from the pipeline, after the common set-up."""
 
     # -- conditioning -------------------------------------------------------------------------------------
-    @abstractmethod
     def encode_prompts(
         self, prompts: list[str], negative: list[str] | None = None, images: ConditionImages | None = None
     ) -> TensorDict:
         """Conditioning, batch [B]: text (negative embeddings included for classifier-free guidance) and, for an
         editing family, the condition images of each row (`images[i]`: uint8 [H, W, 3] arrays at the output size,
-        see data/condition_images.py); a text-only family refuses images."""
+        see data/condition_images.py); a text-only family refuses images. This default is a text-only family's whose
+        negative prompts default to the empty prompt."""
+        refuse_condition_images(self.family, images)
+        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
+
+    encode_prompts = _with_frozen_on_device(encode_prompts, USES_FROZEN["encode_prompts"])  # as a family's own are
 
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """Each text through the text encoders on its own: name → [N, …] (encoder dtype; a family's names, e.g.

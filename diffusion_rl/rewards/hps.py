@@ -36,7 +36,6 @@ BPE, which is the CLIP tokenizer of laion/CLIP-ViT-H-14-laion2B-s32B-b79K (`toke
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
@@ -53,8 +52,6 @@ from diffusion_rl.rewards.clip import (
     load_state,
     load_weights,
 )
-
-logger = logging.getLogger(__name__)
 
 _BLOCK = re.compile(r"(visual\.)?transformer\.resblocks\.(\d+)\.(.+)")
 _BLOCK_PARTS = {

@@ -62,7 +62,7 @@ def test_write_pairs_reads_back_with_relative_paths(tmp_path, images):
     ("line", "message"),
     [
         ("{not json", r"line 2: invalid JSON"),
-        ('["a", "b"]', r"line 2: expected an object"),
+        ('["a", "b"]', r"line 2: expected a JSON object"),
         ({"chosen": "images/a.png", "rejected": "images/b.png"}, r"line 2: 'prompt' must be a non-empty string"),
         ({**GOOD, "rejected": ""}, r"line 2: 'rejected' must be a non-empty string"),
         ({**GOOD, "chosen_scor": 1.0}, r"line 2: unknown key 'chosen_scor' \(did you mean 'chosen_score'\?\)"),

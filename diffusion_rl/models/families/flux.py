@@ -6,12 +6,10 @@ FLUX transformer without one) `guidance > 1` means ordinary classifier-free guid
 in one batched forward over [negative; positive].
 
 Time units: `FluxTransformer2DModel` takes `timestep` = σ and multiplies it by 1000 itself (as it does the
-guidance scale), so σ goes in unchanged (`model_timestep`).
+guidance scale), so σ goes in unchanged.
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 from tensordict import TensorDict
@@ -32,8 +30,6 @@ from diffusion_rl.models.packed import (
     unpack_latents,
 )
 from diffusion_rl.models.registry import ModelFamily, register_family
-
-logger = logging.getLogger(__name__)
 
 # Attention of both streams (the single blocks' to_q/k/v match too), the double blocks' feed-forwards and the
 # single blocks' MLP input. Not `proj_out`: the name also matches the model's final output layer.
@@ -59,11 +55,6 @@ class FluxModel(PackedLatentModel):
         self.guidance_embeds = bool(config.guidance_embeds)
         self.latent_channels = config.in_channels // 4
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
-
-    @staticmethod
-    def model_timestep(sigma_B: torch.Tensor) -> torch.Tensor:
-        """The transformer's `timestep` input for σ: σ itself (it scales by 1000 inside, to the 0–1000 range)."""
-        return sigma_B
 
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
@@ -121,7 +112,7 @@ class FluxModel(PackedLatentModel):
         guidance_B = self.guidance_input(guidance, x.shape[0], latents.device)
         v = self.policies.module(
             hidden_states=x,
-            timestep=self.model_timestep(sigma_B),
+            timestep=sigma_B,  # σ: the network scales it by 1000
             guidance=guidance_B,
             pooled_projections=pooled,
             encoder_hidden_states=embeds,

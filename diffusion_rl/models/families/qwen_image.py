@@ -9,7 +9,7 @@ Guidance: true CFG in one batched forward over [negative; positive], then the co
 by token, to the norm of the conditional one over the channel dimension, as QwenImagePipeline does.
 
 Time units: `QwenImageTransformer2DModel` takes `timestep` = σ and scales it by 1000 in its time projection,
-so σ goes in unchanged (`model_timestep`).
+so σ goes in unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from diffusion_rl.models.base import (
     as_sigma_batch,
     images_to_uint8,
     on_meta,
-    refuse_condition_images,
     uint8_to_images,
     video_vae_stats,
 )
@@ -56,16 +55,7 @@ class QwenImageModel(PackedLatentModel):
         self.latent_channels = self.pipeline.transformer.config.in_channels // 4
         self.vae_scale = 2 ** len(self.vae.temperal_downsample)
 
-    @staticmethod
-    def model_timestep(sigma_B: torch.Tensor) -> torch.Tensor:
-        """The transformer's `timestep` input for σ: σ itself (its time projection scales by 1000)."""
-        return sigma_B
-
     # -- conditioning -----------------------------------------------------------------------------------------
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
-        refuse_condition_images(self.family, images)
-        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
-
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         embeds, mask = self.pipeline.encode_prompt(
             prompt=texts, device=self.device, max_sequence_length=self.max_sequence_length
@@ -126,7 +116,7 @@ class QwenImageModel(PackedLatentModel):
         length = int(used.max()) + 1 if len(used) else mask.shape[1]  # cut the columns that pad every row
         v = self.policies.module(
             hidden_states=x,
-            timestep=self.model_timestep(sigma_B),
+            timestep=sigma_B,  # σ: the network scales it by 1000
             encoder_hidden_states=embeds[:, :length],
             encoder_hidden_states_mask=mask[:, :length],
             img_shapes=[shapes] * x.shape[0],

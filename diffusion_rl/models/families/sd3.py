@@ -11,7 +11,6 @@ from diffusion_rl.models.base import (
     as_sigma_batch,
     images_to_uint8,
     on_meta,
-    refuse_condition_images,
     single_frame,
     uint8_to_images,
 )
@@ -27,10 +26,6 @@ class SD3Model(FlowModel):
     def configure(self) -> None:
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.timestep_scale = float(self._scheduler_config.num_train_timesteps)  # SD3 timestep = 1000·σ
-
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
-        refuse_condition_images(self.family, images)
-        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
 
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         # a negative prompt goes through the same encoders as a prompt: one batch of distinct texts serves both

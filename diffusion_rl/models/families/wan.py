@@ -27,7 +27,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.base import FlowModel, as_sigma_batch, on_meta, refuse_condition_images, video_vae_stats
+from diffusion_rl.models.base import FlowModel, as_sigma_batch, on_meta, video_vae_stats
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # attention of both kinds (self-attention over the video tokens, cross-attention to the text) and the feed-forward
@@ -92,10 +92,6 @@ class WanModel(FlowModel):
         return sigma_B * self.timestep_scale
 
     # -- conditioning -----------------------------------------------------------------------------------------
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
-        refuse_condition_images(self.family, images)
-        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
-
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         embeds, _ = self.pipeline.encode_prompt(
             prompt=texts,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from diffusion_rl.models.base import as_sigma_batch, on_meta, refuse_condition_images
+from diffusion_rl.models.base import as_sigma_batch, on_meta
 from diffusion_rl.models.families.sd3 import SD3Model
 from diffusion_rl.models.packed import packed_sigma_schedule
 from diffusion_rl.models.registry import ModelFamily, register_family
@@ -37,10 +37,6 @@ class ZImageModel(SD3Model):
     frozen_components = ("text_encoder", "vae")
 
     # -- conditioning -----------------------------------------------------------------------------------------
-    def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
-        refuse_condition_images(self.family, images)
-        return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
-
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         # a copy: the pipeline writes the chat-templated prompts back into the list it is given
         rows, _ = self.pipeline.encode_prompt(list(texts), device=self.device, do_classifier_free_guidance=False,

@@ -18,15 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.models.tiny.qwen_image import SPECIAL_TOKENS, build_qwen_tokenizer
+from diffusion_rl.models.tiny.qwen_image import QWEN3_CHAT_TEMPLATE, SPECIAL_TOKENS, build_qwen_tokenizer
 
 THINK_TOKENS = ("<think>", "</think>")
-# Qwen3's chat template, reduced to what the pipeline asks of it: user turns, the generation prompt, thinking off
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
 TEXT_LAYERS = 27  # hidden_states[27] is the deepest layer the pipeline reads
 
 
@@ -71,8 +65,8 @@ def build(spec: TinyFlux2Spec):
         transformer = tiny_transformer(spec)
         return Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER), vae=tiny_vae(spec),
                              text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)  # fmt: skip
-    tokenizer = build_qwen_tokenizer(CHAT_TEMPLATE + "user assistant", SPECIAL_TOKENS + THINK_TOKENS)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = build_qwen_tokenizer(QWEN3_CHAT_TEMPLATE + "user assistant", SPECIAL_TOKENS + THINK_TOKENS)
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE  # the pipeline turns thinking off
     text_encoder = tiny_qwen3(spec, tokenizer)  # in this order: each draws from the global RNG
     transformer = tiny_transformer(spec)
     return Flux2KleinPipeline(

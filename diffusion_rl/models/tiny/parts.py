@@ -66,12 +66,13 @@ def tiny_clip_config(spec, vocab_size: int, bos: int, eos: int, **extra):
     )
 
 
-def tiny_t5(spec, vocab_size: int):
-    """The tiny T5 text encoder (random weights from the global RNG)."""
-    from transformers import T5Config, T5EncoderModel
+def tiny_t5(spec, vocab_size: int, umt5: bool = False):
+    """The tiny T5 text encoder (`umt5`: Wan's UMT5 of the same sizes; random weights from the global RNG)."""
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    return T5EncoderModel(
-        T5Config(
+    model, config = (UMT5EncoderModel, UMT5Config) if umt5 else (T5EncoderModel, T5Config)
+    return model(
+        config(
             vocab_size=vocab_size,
             d_model=spec.t5_hidden,
             d_ff=spec.t5_hidden * 2,

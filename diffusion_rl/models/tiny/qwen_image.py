@@ -18,6 +18,13 @@ import torch
 from diffusion_rl.models.tiny.parts import byte_level_alphabet
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Qwen3's chat template (FLUX.2 klein's and Z-Image's text encoders), reduced to what their pipelines ask of it: the
+# messages, then the assistant's turn; with enable_thinking=False an empty think block
+QWEN3_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.models.tiny.parts import build_tokenizers
+from diffusion_rl.models.tiny.parts import build_tokenizers, tiny_t5
 
 
 @dataclass(frozen=True)
@@ -46,20 +46,9 @@ PRESETS = {
 def build(spec: TinyWanSpec):
     """A WanPipeline of `spec`, its random weights drawn from the global RNG (see build_seeded)."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
 
     _, tokenizer = build_tokenizers(spec.max_sequence_length)
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=spec.t5_hidden,
-            d_ff=spec.t5_hidden * 2,
-            d_kv=16,
-            num_layers=spec.text_layers,
-            num_heads=2,
-            relative_attention_num_buckets=8,
-        )
-    )
+    text_encoder = tiny_t5(spec, len(tokenizer), umt5=True)
     inner = spec.head_dim * spec.heads
     transformer = WanTransformer3DModel(
         patch_size=(1, 2, 2),

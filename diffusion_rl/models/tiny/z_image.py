@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffusion_rl.models.tiny.parts import tiny_autoencoder
-from diffusion_rl.models.tiny.qwen_image import build_qwen_tokenizer
+from diffusion_rl.models.tiny.qwen_image import QWEN3_CHAT_TEMPLATE, build_qwen_tokenizer
 
 
 @dataclass(frozen=True)
@@ -40,14 +40,6 @@ PRESETS = {
 # the scheduler config of Tongyi-MAI/Z-Image-Turbo (scheduler/scheduler_config.json): a fixed shift of 3
 Z_IMAGE_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
 
-# Qwen3's chat template reduced to what ZImagePipeline asks of it: the messages, then the assistant's turn
-# (with enable_thinking=False Qwen3 adds an empty think block; the pipeline passes True: nothing is added)
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
-
 
 def build(spec: TinyZImageSpec):
     """A ZImagePipeline of `spec`, its random weights drawn from the global RNG (see build_seeded)."""
@@ -55,7 +47,7 @@ def build(spec: TinyZImageSpec):
     from transformers import Qwen3Config, Qwen3Model
 
     tokenizer = build_qwen_tokenizer("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE  # the pipeline passes enable_thinking=True
     text_encoder = Qwen3Model(
         Qwen3Config(
             vocab_size=len(tokenizer),
