@@ -152,6 +152,49 @@ def test_every_direct_preference_loss_takes_the_same_steps_on_two_workers(
     assert difference <= 1e-5
 
 
+def _of_samples(row: dict) -> dict:
+    """A row's numbers computed from the step's images alone (rewards, advantages, image statistics)."""
+    return {k: v for k, v in row.items() if k.startswith(("reward/", "advantage/", "guard/"))}
+
+
+def test_nft_with_lora_samples_the_same_rows_as_two_workers_from_the_same_weights(
+    make_config, tmp_path, run_trainer, rows_close, max_difference, ray_overrides
+):
+    # LoRA starts with B = 0, so Adam's first step moves each B entry by lr·g/(|g| + eps): the ~100 entries whose
+    # gradient is below eps move by up to lr/eps = 1e4 times its float noise, which differs here because 2 workers
+    # sum the gradients of rows 0-1 and 2-3 while the local engine takes all 4 rows in one pass (measured: gradients
+    # ≤ 4.7e-10 apart, weights after step 1 3.1e-8; bound 1e4 · 4.7e-10 < 1e-5). From step 2 on, that can round one
+    # pixel in ~10^4 the other way and a JPEG reward by a byte (1.7e-4 of reward/mean): later steps cannot be compared
+    # bit for bit run against run, so step 2 is taken from the same weights, the local engine resuming the Ray run's
+    # checkpoint. old_decay 0.5: `old`, which samples, lags the policy after step 1, so step 2's images also tell
+    # whether both engines sample with `old`.
+    options = ("train.lr=1e-4", "engine.num_threads=1", "sampling.score_chunks=2", "model.lora.enabled=true",
+               "algorithm.nft.old_decay=fixed", "algorithm.nft.old_decay_value=0.5", "train.save_every=1")  # fmt: skip
+    config = ROOT / "configs/quickstart_nft.yaml"
+    sharded, ray_rows = run_trainer(
+        make_config(*options, *ray_overrides, "engine.num_workers=2", "train.total_steps=2", config=config)
+    )
+    try:
+        ray_weights = sharded.engine.trainable_state_dict()
+    finally:
+        sharded.engine.close()
+    step1 = CheckpointManager(sharded.cfg.run.dir).dir / "step_000001"
+    local, (local_row,) = run_trainer(
+        make_config(*options, "train.total_steps=1", f"run.dir={tmp_path / 'local'}", config=config)
+    )
+    # step 1, before any update: the same rows, bit for bit; the update's numbers up to float reduction order
+    assert _of_samples(local_row) == _of_samples(ray_rows[0]) and local_row["reward/mean"] == ray_rows[0]["reward/mean"]
+    rows_close(local_row, ray_rows[0])
+    local_step1 = local.engine.model.policies.trainable_state_dict()
+    assert max_difference(local_step1, read_saved_tensors(step1, "policies.default.")) <= 1e-5
+    # step 2 from the Ray run's weights after step 1 (policy and `old`): the same rows again, bit for bit
+    resumed, (resumed_row,) = run_trainer(make_config(*options, "train.total_steps=2", f"run.resume={step1}",
+                                                      f"run.dir={tmp_path / 'resumed'}", config=config))  # fmt: skip
+    assert resumed_row["step"] == 2 and _of_samples(resumed_row) == _of_samples(ray_rows[1])
+    rows_close(resumed_row, ray_rows[1])
+    assert max_difference(resumed.engine.model.policies.trainable_state_dict(), ray_weights) <= 1e-5
+
+
 def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the_local_engine(
     make_config, tmp_path, run_trainer, max_difference, ray_overrides
 ):
