@@ -23,7 +23,7 @@ import pytest
 
 from diffusion_rl.rewards.base import make_reward
 
-from .conftest import LEARNS
+from .conftest import LEARNS, ONE_MICRO_BATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/quickstart_pairwise.yaml"
@@ -115,7 +115,7 @@ def test_the_reduced_pairwise_quickstart_learns_to_compress(make_trainer, tmp_pa
         rows = make_trainer(
             *learns,
             PREFERENCE,
-            "train.micro_batch_size=16",
+            ONE_MICRO_BATCH,
             f"run.seed={seed}",
             f"run.dir={tmp_path / str(seed)}",
             config=CONFIG,

@@ -8,6 +8,8 @@ import pytest
 
 from diffusion_rl.config import load
 
+from .conftest import ONE_MICRO_BATCH
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # At 32 px / 6 steps the windows of the full-size configs are rescaled to fit. Measured gains of the fixed-seed
@@ -89,7 +91,7 @@ def test_mixgrpo_with_a_second_order_ode_solver_improves_the_validation_reward(m
     gains = []
     for seed in (0, 1, 2):
         rows = make_trainer(*learns, "sampling.num_steps=6", *VARIANTS["mixgrpo"], f"sampling.ode_solver={solver}",
-                            "train.micro_batch_size=16", f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}",
+                            ONE_MICRO_BATCH, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}",
                             config=config).train()  # fmt: skip
         gains.append(rows[-1]["val/reward/mean"] - rows[0]["val/reward/mean"])
     assert sum(gains) / len(gains) > 2e-5, f"{solver}: val/reward/mean gains {gains}"

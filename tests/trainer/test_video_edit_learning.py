@@ -18,6 +18,8 @@ import pytest
 
 from diffusion_rl.models.tiny import save_tiny
 
+from .conftest import ONE_MICRO_BATCH
+
 ROOT = Path(__file__).resolve().parents[2]
 EDITS = ROOT / "configs/prompts/shapes_edits"
 # the reduced quickstart's shape (tests/trainer/conftest.py LEARNS) without its reward: each quickstart keeps its own
@@ -34,7 +36,7 @@ def base_models(tmp_path_factory):
 
 def test_video_quickstart_learns_to_make_compressible_videos(make_trainer, base_models):
     trainer = make_trainer(*REDUCED, "train.lr=3e-3", f"model.path={base_models['wan']}", "sampling.num_frames=9",
-                           "train.micro_batch_size=16", config=ROOT / "configs/quickstart_video.yaml")  # fmt: skip
+                           ONE_MICRO_BATCH, config=ROOT / "configs/quickstart_video.yaml")  # fmt: skip
     rows = trainer.train()
     before, after = rows[0]["val/reward/mean"], rows[-1]["val/reward/mean"]
     assert after > before, f"val/reward/mean {before:.6g} -> {after:.6g}"
