@@ -2,11 +2,13 @@
 algorithm family, and, reduced, makes the images compress better.
 
 Learning settings: the `learns` overrides with the pairwise reward kept (16 steps of 4 prompts × 4, lr 1e-2, 32 px,
-4 sampling steps), validated on jpeg_compressibility. Gains of the fixed-seed validation reward, measured for
-run.seed 0-5 with the config's temperature of 5 bytes: +2.7/+5.1/+11.2/+5.4/+6.5/+7.6 % (about 11 s each on 2
-cores; on a CPU with AMX, whose kernels round differently, +0.3/+2.6/+9.7/+1.1/+2.5/−3.7 %: one seed's gain depends
-on the machine, so the test asks for the mean over seeds 0-2); Flow-GRPO on jpeg_compressibility itself gains
-2.8-14 % (seeds 0-9). A softer preference (20 bytes) moved seed 0 by −0.7 % (+6.1/+1.3 % for seeds 1, 2): near-ties
+4 sampling steps), validated on jpeg_compressibility, the step's 16 samples in one micro-batch (the gradient of 4
+micro-batches up to float rounding, in about 3/4 of the time). Gains of the fixed-seed validation reward,
+measured for run.seed 0-5 with the config's temperature of 5 bytes: +14.5/+3.2/+4.0/+7.8/+7.9/+8.6 % (2026-11-26,
+AMD EPYC without AMX; in micro-batches of 4 earlier: +2.7/+5.1/+11.2/+5.4/+6.5/+7.6 %, and on a CPU with AMX, whose
+kernels round differently, +0.3/+2.6/+9.7/+1.1/+2.5/−3.7 %: one seed's gain depends on the machine, so the test asks
+for the mean over seeds 0-2); Flow-GRPO on jpeg_compressibility itself gains 2.8-14 % (seeds 0-9). A softer
+preference (20 bytes) moved seed 0 by −0.7 % (+6.1/+1.3 % for seeds 1, 2): near-ties
 then give win rates close to ½ whose differences the advantage normalisation blows up.
 """
 
@@ -21,7 +23,7 @@ import pytest
 
 from diffusion_rl.rewards.base import make_reward
 
-from .conftest import LEARNS
+from .conftest import LEARNS, ONE_MICRO_BATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/quickstart_pairwise.yaml"
@@ -111,7 +113,12 @@ def test_the_reduced_pairwise_quickstart_learns_to_compress(make_trainer, tmp_pa
     gains = []
     for seed in SEEDS:
         rows = make_trainer(
-            *learns, PREFERENCE, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}", config=CONFIG
+            *learns,
+            PREFERENCE,
+            ONE_MICRO_BATCH,
+            f"run.seed={seed}",
+            f"run.dir={tmp_path / str(seed)}",
+            config=CONFIG,
         ).train()
         gains.append(rows[-1]["val/reward/mean"] - rows[0]["val/reward/mean"])
         assert all(r["reward/mean"] == pytest.approx(0.5, abs=1e-6) for r in rows if "reward/mean" in r)

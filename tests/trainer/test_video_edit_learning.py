@@ -1,12 +1,13 @@
 """The video and edit quickstarts at reduced size learn: their validation reward rises (JPEG size of the frames for
 the tiny Wan); the edit quickstart's rollouts score higher on ShapesWorld edit success (the tiny FLUX.1 Kontext).
 
-Measured gains of the fixed-seed validation reward for run.seed 0, 1, 2: video (16 steps, lr 3e-3) +1.2/+3.1/+7.4 %
-(lr 1e-2 overshoots: −1.7 % for seed 0). Edit (12 steps, lr 2e-3, half of each sample's steps trained): the
-rollouts' shapes_edit, last 4 steps over the first 4, +0.107/+0.132/+0.061 (2026-11-26, AMD EPYC without AMX; the
-curves, and the old rewards' beside them, in benchmarks/RESULTS.md). The earlier 24 steps at lr 1e-3 with every step
-trained gave +0.179/+0.030/−0.005 (last 6 over first 6) on that CPU for 2.9× the CPU time (178.8 vs 61.2 CPU s for
-the whole test; it took 90 s, over the 45 s an end-to-end test may take).
+Measured gains of the fixed-seed validation reward for run.seed 0, 1, 2: video (16 steps, lr 3e-3, each step's 16
+samples in one micro-batch) +0.8/+2.1/+1.3 % (2026-11-26; in micro-batches of 4, the same gradient up to float
+rounding in more time: +1.2/+3.1/+7.4 %; lr 1e-2 overshoots: −1.7 % for seed 0). Edit (12 steps, lr 2e-3, half of
+each sample's steps trained): the rollouts' shapes_edit, last 4 steps over the first 4, +0.107/+0.132/+0.061
+(2026-11-26, AMD EPYC without AMX; the curves, and the old rewards' beside them, in benchmarks/RESULTS.md). The
+earlier 24 steps at lr 1e-3 with every step trained gave +0.179/+0.030/−0.005 (last 6 over first 6) on that CPU for
+2.9× the CPU time (178.8 vs 61.2 CPU s for the whole test; it took 90 s, over the 45 s an end-to-end test may take).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from diffusion_rl.models.tiny import save_tiny
+
+from .conftest import ONE_MICRO_BATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 EDITS = ROOT / "configs/prompts/shapes_edits"
@@ -33,7 +36,7 @@ def base_models(tmp_path_factory):
 
 def test_video_quickstart_learns_to_make_compressible_videos(make_trainer, base_models):
     trainer = make_trainer(*REDUCED, "train.lr=3e-3", f"model.path={base_models['wan']}", "sampling.num_frames=9",
-                           config=ROOT / "configs/quickstart_video.yaml")  # fmt: skip
+                           ONE_MICRO_BATCH, config=ROOT / "configs/quickstart_video.yaml")  # fmt: skip
     rows = trainer.train()
     before, after = rows[0]["val/reward/mean"], rows[-1]["val/reward/mean"]
     assert after > before, f"val/reward/mean {before:.6g} -> {after:.6g}"
