@@ -5,9 +5,11 @@
 Writes DIR/gpu_check.json (after every part, so a killed run keeps what it measured) and DIR/gpu_check.md (a
 summary). The parts (benchmarks/gpu_check/parts.py), most important first: the device; one Flow-GRPO step of each
 ready config on a real-size random-weight model (SD3.5-Medium LoRA and full fine-tuning, FLUX.1-dev LoRA, Qwen-Image
-LoRA where the memory allows, Wan 2.1 1.3B LoRA) with `estimate`'s error against it; the rollout's log-prob replay
+LoRA where the memory allows, Wan 2.1 1.3B LoRA; last, FLUX.2-klein-4B, Z-Image-Turbo and Wan 2.2 TI2V-5B LoRA) with
+`estimate`'s error against it; the rollout's log-prob replay
 (train/logp_diff_max) for sde and cps in bf16 and fp32; model.compile_blocks against eager; each installed
-model.attention_backend against sdpa; the Ray engine's FSDP2 worker at world size 1 without Ray.
+model.attention_backend against sdpa; the Ray engine's FSDP2 worker at world size 1 without Ray; past the default
+budget (run with --only), torch's cuDNN attention kernel off against on for each model (gpu_check/cudnn_ab.py).
 
 Each part runs in a child process forked from this one (imports done once, here): a crash (even a segfault or an
 out-of-memory kill) is recorded and the next part runs; a part past its time cap is killed and recorded as

@@ -308,7 +308,6 @@ def write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=["shapes", "quickstart"], default="shapes",

@@ -173,8 +173,11 @@ class Benchmark:
 
     def namespace(self, seed: int, extra: list[str]):
         heldout = self.model_dir / "shapes_prompts" / "heldout.jsonl"  # every held-out prompt (78)
-        return argparse.Namespace(seed=seed, threads=self.args.threads,
-                                  set=[*self.args.set, f"val.prompts={heldout}", f"val.n={self.args.val_n}", *extra])
+        return argparse.Namespace(
+            seed=seed,
+            threads=self.args.threads,
+            set=[*self.args.set, f"val.prompts={heldout}", f"val.n={self.args.val_n}", *extra],
+        )
 
     def check_settings(self) -> None:
         kept = self.out / "settings.json"
@@ -233,8 +236,10 @@ class Benchmark:
         for path in sorted(self.kept_dir(s).glob("*.json")):
             kept = json.loads(path.read_text()).get("base_model_sha256")
             if kept != self.model_hash():
-                sys.exit(f"{path} was made from another base model (transformer sha256 {kept}, now "
-                         f"{self.model_hash()} at {self.model_dir}): use that model, or delete {self.kept_dir(s)}")
+                sys.exit(
+                    f"{path} was made from another base model (transformer sha256 {kept}, now "
+                    f"{self.model_hash()} at {self.model_dir}): use that model, or delete {self.kept_dir(s)}"
+                )
 
     def run_one(self, s: int, name: str, lr: float) -> dict:
         from diffusion_rl.trainer import make_trainer
@@ -333,8 +338,10 @@ class Benchmark:
             todo = sum(v == "to do" for v in status.values())
             total_todo += todo
             phase = "select" if s in SELECT_SEEDS else "report"
-            lines.append(f"shard {s} ({phase}, seed {s}): {len(runs)} runs, {todo} to do, "
-                         f"{len(runs) * self.budget:.4g} training FLOPs, {len(runs) * images} validation images")
+            lines.append(
+                f"shard {s} ({phase}, seed {s}): {len(runs)} runs, {todo} to do, "
+                f"{len(runs) * self.budget:.4g} training FLOPs, {len(runs) * images} validation images"
+            )
             for (name, lr), state in status.items():
                 rate = f"{lr:.3g}" if lr is not None else "chosen on shards " + "+".join(map(str, SELECT_SEEDS))
                 lines.append(f"  {name:<14} lr {rate:<22} {state}")
@@ -390,8 +397,10 @@ def main(argv: list[str] | None = None) -> None:
         for name, (first, second) in measured.items():
             print(f"{name:<14} {first:>13.6g} {second:>13.6g} {math.ceil(bench.budget / second):>20}", flush=True)
         if "flow_grpo" in measured:
-            print(f"Flow-GRPO × {FLOW_GRPO_QUIET_STEPS} quiet steps = "
-                  f"{FLOW_GRPO_QUIET_STEPS * measured['flow_grpo'][1]:.6g} FLOPs")
+            print(
+                f"Flow-GRPO × {FLOW_GRPO_QUIET_STEPS} quiet steps = "
+                f"{FLOW_GRPO_QUIET_STEPS * measured['flow_grpo'][1]:.6g} FLOPs"
+            )
     elif args.wallclock:
         from ranking_wallclock import measure
 

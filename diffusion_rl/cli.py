@@ -18,6 +18,7 @@ from pathlib import Path
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvision notices of image processors
 
 from diffusion_rl.errors import GuardStopped, RunStopped, UserError  # noqa: E402
+from diffusion_rl.utils import omp  # noqa: E402  (stdlib only: imported before torch)
 
 logger = logging.getLogger("diffusion_rl")
 
@@ -309,10 +310,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def requested_omp_policy(argv: list[str]) -> str:
+    """engine.omp_wait_policy as the command line asks for it, read before torch loads (config_io imports no torch):
+    its last `engine.omp_wait_policy=` override, else the first config file it names (with its base files); auto
+    when neither says. A bad file or value counts as auto here: the command itself refuses it in one line."""
+    from diffusion_rl.config_io.yaml_files import apply_overrides, read_yaml_config
+
+    overrides = [a for a in argv if a.startswith("engine.omp_wait_policy=")]
+    files = [a for a in argv if a.endswith((".yaml", ".yml")) and os.path.isfile(a)]
+    try:
+        data = apply_overrides(read_yaml_config(files[0]) if files else {}, overrides)
+    except UserError:
+        return "auto"
+    engine = data.get("engine")
+    value = engine.get("omp_wait_policy", "auto") if isinstance(engine, dict) else "auto"
+    return value if value in omp.CHOICES else "auto"
+
+
+def decide_omp_policy(argv: list[str]):
+    """Idle OpenMP threads spin or sleep (utils/omp.py), decided before torch loads OpenMP (build_parser imports it):
+    libgomp reads the variables once. None when torch is already loaded (main called again in one process)."""
+    if "torch" in sys.modules:
+        return None
+    requested = requested_omp_policy(argv)
+    measure = requested == "auto" and not omp.user_setting(os.environ)
+    busy, cpus = omp.busy_cpus() if measure else (None, 0)
+    decision = omp.decide(requested, os.environ, busy, cpus)
+    omp.apply(decision)
+    return decision
+
+
 def main(argv: list[str] | None = None) -> int:
-    # Before torch loads OpenMP (build_parser imports it): idle OpenMP threads sleep instead of spinning, so two
-    # torch processes on the same cores do not spin-wait each other into 10–50× slowdowns (docs/distributed.md).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    omp_decision = decide_omp_policy(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and isinstance(getattr(args, "overrides", None), list) and all(_is_override(a) for a in extra):
@@ -320,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging(args.verbose)
+    if omp_decision is not None:  # one line when the machine's load made auto sleep; -v: every decision
+        omp.logger.log(logging.INFO if omp_decision.announce else logging.DEBUG, "%s", omp.describe(omp_decision))
     try:
         args.fn(args)
     except UserError as e:

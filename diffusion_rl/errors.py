@@ -15,6 +15,10 @@ class RunStopped(RuntimeError):
     exit_code = 1  # the CLI's exit status
 
 
+class TrainingDiverged(RunStopped):
+    """Too many consecutive updates had a non-finite loss or gradient norm."""
+
+
 class GuardStopped(RunStopped):
     """The reward-hacking guard ended the run (guard.action stop or rollback); the message says how to go on."""
 

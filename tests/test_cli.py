@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -235,27 +233,3 @@ def test_sample_ode_solver_changes_the_ode_steps_only(tiny_model_dir, tmp_path):
             grids[solver] = np.asarray(image.convert("RGB")).astype(int)
     assert grids["euler"].shape == grids["ab2"].shape
     assert np.abs(grids["euler"] - grids["ab2"]).max() > 0  # 5 ODE steps: steps 1–3 are two-step ab2 steps
-
-
-def test_the_cli_defaults_omp_wait_policy_to_passive_before_torch_loads(monkeypatch, capsys):
-    """Two torch processes on shared cores spin-waited each other (2 → 20–55 s per quickstart step); a user's own
-    setting stays."""
-    probe = (
-        "import os, sys\n"
-        "seen = []\n"
-        "class Spy:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'torch' and not seen:\n"
-        "            seen.append(os.environ.get('OMP_WAIT_POLICY'))\n"
-        "sys.meta_path.insert(0, Spy())\n"
-        "from diffusion_rl.cli import main\n"
-        "main(['config', 'reference'])\n"
-        "print('policy when torch loaded:', seen)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.strip().splitlines()[-1] == "policy when torch loaded: ['PASSIVE']"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert main(["config", "reference"]) == 0 and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -108,6 +108,31 @@ def test_lora_backward_costs_about_one_forward_full_backward_two():
     assert full.train_flops - lora.train_flops > 0.8 * full.forward_flops
 
 
+def test_a_count_is_made_once_per_architecture_and_arguments(monkeypatch, toy_family):
+    """A repeated count is answered from memory (estimate asks again for a config's variants): the same classes and
+    configs under another name too; another config, shape or family adapter is counted."""
+    from diffusion_rl.estimate import counting
+
+    built, real = [], counting.build_on_meta
+    monkeypatch.setattr(counting, "build_on_meta", lambda *a: built.append(a[0]) or real(*a))
+    arch, shapes = small_sd3_arch(), Shapes(1, 32, 32, 1, 7)  # shapes no other test here asks for
+
+    def count(arch, shapes):
+        return transformer_cost(arch, shapes, full_finetune=True, dtype=torch.float32)
+
+    first = count(arch, shapes)
+    assert count(dataclasses.replace(arch, name="renamed"), shapes) is first and built == ["SD3Transformer2DModel"]
+    assert count(arch, dataclasses.replace(shapes, batch=2)).forward_flops == 2 * first.forward_flops
+    deeper = dataclasses.replace(arch, transformer_config={**SMALL_SD3, "num_layers": 3})
+    assert count(deeper, shapes).forward_flops > first.forward_flops and len(built) == 3
+    count(dataclasses.replace(arch, family=toy_family), shapes)
+    assert ToySd3.asked[-1] == (1, (1, 16, 16), 7) and len(built) == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.forward_flops = 0.0  # the next caller gets the same object
+    decode = vae_decode_cost(arch, 32, 32, 1, torch.float32)
+    assert vae_decode_cost(arch, 32, 32, 1, torch.float32) is decode and len(built) == 5
+
+
 def test_saved_bytes_on_meta_count_each_storage_once_and_skip_attention_matrices():
     x = torch.empty(3, 5, device="meta", requires_grad=True)
     with count_saved_tensors() as saved:

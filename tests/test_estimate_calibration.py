@@ -1,12 +1,14 @@
 """`estimate` against the GPU check's measurements (benchmarks/results/gpu_check_h200.json, one NVIDIA H200,
-2026-11-26): for each of its five model parts, today's estimate of the same config (the check's overrides, batch and
+2026-11-26; `merged` holds each part's newest run that ran ok, but Wan 2.1's: see its `argv`): for each measured
+model part, today's estimate of the same config (the check's overrides, batch and
 prompt length), on the same GPU's table entry, compared as the check compares it (benchmarks/gpu_check/parts.py:
 without the text encoders, which the check does not run). A regression guard: it fails when the estimator moves away
 from the measurements. The tolerances are what the calibration reached (docs/estimate.md):
 
-- time (rollout + update seconds): within ±20 % (reached −11 % … +15 %);
+- time (rollout + update seconds): within ±20 % (reached −11 % … +15 % on the runs it was fitted on, −11 % … +12 %
+  on the next session's runs 6 and 7, which it was not, FLUX.2-klein's +19 % the widest);
 - memory (the peak reserved by torch's caching allocator): within ±35 % (reached −33 % … +28 %; SD3.5-Medium LoRA
-  is the −33 %: its allocator reserved 9.6 GiB above its 13.8 GiB allocated peak, more than any other part).
+  is the −31 % of run 6: its allocator reserved 9.2 GiB above its 13.4 GiB allocated peak, more than any other part).
 """
 
 from __future__ import annotations
@@ -26,10 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # as benchmarks/gpu_check.py finds
 from gpu_check.parts import PROMPT_TOKENS, RUNS, Context, run_config  # noqa: E402
 
 RECORDS = json.loads((ROOT / "benchmarks/results/gpu_check_h200.json").read_text())["merged"]["parts"]
-# Settings the 2026-11-26 records ran with where a ready config changed since (newer records carry them):
-# flux_pickscore_lora.yaml turned gradient checkpointing on after the check (its estimate at the full batch was over
-# 80 GB once the EMA and the decode counted).
-RAN_WITH = {"flux_lora": {"gradient_checkpointing": False}}
+MEASURED = sorted(name for name in RUNS if RECORDS.get(name, {}).get("status") == "ok")  # parts added since: none yet
 TIME_TOLERANCE = 0.20
 MEMORY_TOLERANCE = 0.35
 
@@ -37,14 +36,13 @@ MEMORY_TOLERANCE = 0.35
 def test_the_records_are_the_h200_check_the_calibration_cites():
     device = RECORDS["device"]["result"]
     assert device["gpu"] == "NVIDIA H200" and device["table_entry"] == "h200"
-    assert set(RUNS) <= {name for name, part in RECORDS.items() if part["status"] == "ok"}
+    assert {"sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora"} <= set(MEASURED)
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", MEASURED)
 def test_the_estimate_of_each_measured_step_is_within_the_calibrated_tolerance(name, tmp_path):
     run, measured = RUNS[name], RECORDS[name]["result"]
-    ran = {"gradient_checkpointing": measured.get("gradient_checkpointing"), **RAN_WITH.get(name, {})}
-    checkpointing = ran["gradient_checkpointing"]
+    checkpointing = measured.get("gradient_checkpointing")  # as it ran, should the ready config change since
     extra = [] if checkpointing is None else [f"model.gradient_checkpointing={checkpointing}"]
     cfg = run_config(Context(dry_run=False, work=tmp_path), run, extra)
     assert cfg.data.prompts_per_step * cfg.data.group_size == measured["images_per_step"]

@@ -4,10 +4,11 @@ A model is the family's diffusers pipeline with the transformer and the VAE buil
 (diffusion_rl/assets/architectures: the public configs of the checkpoints the ready configs train; in the dry run a
 tiny preset's), born on the run's device in the run's dtype with random weights (never on the CPU in fp32 first:
 FLUX.1-dev's 12B would need 48 GB of host memory for nothing), and without text encoders: `RandomTexts` stands in
-for the prompt-embedding cache, handing each text random embeddings of the shapes the real encoders give. The
-scheduler, the tokenizers and the pipeline's own settings come from the family's tiny pipeline (the tiny builders
-carry the real checkpoints' scheduler configs). `model_of_pipeline` (models/loader.py) turns it into the FlowModel a
-run trains, as `load_model` does for a directory.
+for the prompt-embedding cache, handing each text random embeddings of the shapes the real encoders give (the
+family adapter's `text_shapes`). The scheduler, the tokenizers and the pipeline's own settings come from the family's
+tiny pipeline at a preset shaped like the checkpoint (the tiny builders carry the real checkpoints' scheduler
+configs; Wan 2.2 TI2V's `ti2v` preset its flow shift and per-token timesteps). `model_of_pipeline`
+(models/loader.py) turns it into the FlowModel a run trains, as `load_model` does for a directory.
 """
 
 from __future__ import annotations
@@ -28,23 +29,6 @@ from diffusion_rl.models.tiny import build_tiny
 from diffusion_rl.utils.dtypes import DTYPES
 
 TINY_PRESET = "small"  # the tiny pipeline that lends its scheduler, tokenizers and settings (and the dry run's sizes)
-
-
-def text_shapes(arch: Architecture, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
-    """What the family's `_encode_texts` gives per text: name → shape (without the batch). A bool entry is a mask."""
-    c, family = arch.transformer_config, arch.family
-    tokens = family_named(family).adapter.text_tokens(arch, max_sequence_length, prompt_tokens)
-    # SD3: the CLIPs' 77 tokens (padded to T5's width), then T5's, and the CLIPs' pooled outputs; FLUX.1: T5's tokens
-    # and CLIP-L's pooled output
-    if family in ("sd3", "flux", "flux_kontext"):
-        width, pooled = c["joint_attention_dim"], c["pooled_projection_dim"]
-        return {"prompt_embeds": (tokens, width), "pooled_prompt_embeds": (pooled,)}
-    if family == "qwen_image":  # Qwen2.5-VL's last hidden states padded to max_sequence_length, and their mask
-        length = max_sequence_length
-        return {"prompt_embeds": (length, c["joint_attention_dim"]), "prompt_embeds_mask": (length,)}
-    if family == "wan":  # UMT5's tokens
-        return {"prompt_embeds": (tokens, c["text_dim"])}
-    raise ValueError(f"the GPU check has no text shapes for the {family} family")
 
 
 class RandomTexts:
@@ -92,10 +76,11 @@ def _born(class_name: str, config: dict, device: torch.device, dtype: torch.dtyp
     return in_dtype(module, dtype)  # what from_pretrained(dtype=…) keeps in fp32 (Wan: rope, norms, time embedding)
 
 
-def random_pipeline(arch: Architecture, device: torch.device, dtype: torch.dtype, seed: int = 0):
+def random_pipeline(arch: Architecture, device: torch.device, dtype: torch.dtype, seed: int = 0,
+                    preset: str = TINY_PRESET):  # fmt: skip
     """The family's diffusers pipeline: transformer and VAE of `arch` with random weights on `device`, no text
-    encoders; scheduler, tokenizers and pipeline settings from the family's tiny pipeline."""
-    tiny = build_tiny(arch.family, TINY_PRESET)
+    encoders; scheduler, tokenizers and pipeline settings from the family's tiny pipeline at `preset`."""
+    tiny = build_tiny(arch.family, preset)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         components = dict(tiny.components)
@@ -108,12 +93,15 @@ def random_pipeline(arch: Architecture, device: torch.device, dtype: torch.dtype
     return type(tiny)(**components, **settings)
 
 
-def random_model(arch: Architecture, model_cfg, prompt_tokens: int = 64, seed: int = 0) -> FlowModel:
-    """The FlowModel a run of `model_cfg` trains, on `arch` with random weights and random text embeddings."""
+def random_model(arch: Architecture, model_cfg, prompt_tokens: int = 64, seed: int = 0,
+                 preset: str = TINY_PRESET) -> FlowModel:  # fmt: skip
+    """The FlowModel a run of `model_cfg` trains, on `arch` with random weights and random text embeddings (the
+    pipeline's settings from the tiny `preset`)."""
     device, dtype = resolve_device(model_cfg.device), DTYPES[model_cfg.dtype]
-    pipeline = random_pipeline(arch, device, dtype, seed)
-    model = model_of_pipeline(pipeline, family_named(arch.family), model_cfg, device, dtype, f"random {arch.name}")
-    shapes = text_shapes(arch, model_cfg.max_sequence_length, prompt_tokens)
+    pipeline = random_pipeline(arch, device, dtype, seed, preset)
+    family = family_named(arch.family)
+    model = model_of_pipeline(pipeline, family, model_cfg, device, dtype, f"random {arch.name}")
+    shapes = family.adapter.text_shapes(arch, model_cfg.max_sequence_length, prompt_tokens)
     model.embedding_cache = RandomTexts(shapes, dtype, prompt_tokens)
     return model
 

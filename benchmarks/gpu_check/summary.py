@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-MODEL_PARTS = ("sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora")
+MODEL_PARTS = ("sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora", "flux2_klein_lora",
+               "z_image_lora", "wan22_ti2v_lora")  # fmt: skip
 
 
 def _f(value, spec: str = ".2f", scale: float = 1.0) -> str:
@@ -70,8 +71,41 @@ def markdown(record: dict) -> str:
                   "| backend | step s | vs sdpa | error |", "|---|---|---|---|"]  # fmt: skip
         lines += [f"| {k} | {_f(v.get('step_s'))} | {_f(v.get('vs_sdpa'))} | {v.get('error', '')[:120]} |"
                   for k, v in attention["runs"].items()]  # fmt: skip
+    ab = (parts.get("cudnn_ab") or {}).get("result")
+    if ab:
+        lines += cudnn_ab_table(ab)
     fsdp = (parts.get("fsdp2") or {}).get("result")
     if fsdp:
         lines += ["", f"## FSDP2 worker at world size 1 ({fsdp['backend']}, without Ray)", "",
                   f"step {_f(fsdp['step_s'])} s, logp_diff_max {_f(fsdp['logp_diff_max'], '.3g')}."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def cudnn_ab_table(ab: dict) -> list[str]:
+    """The cudnn_ab part's table: each model's rollout and update seconds with torch's cuDNN attention off and on."""
+
+    def seconds(record: dict, key: str) -> str:
+        return _f(record["result"].get(key)) if record.get("status") == "ok" else record.get("status", "–")
+
+    def kernels(record: dict) -> str:
+        counts = (record.get("result") or {}).get("kernels") or {}
+        return ", ".join(f"{k.lower().removesuffix('_attention')} {n}" for k, n in counts.items()) or "–"
+
+    def crashed(record: dict) -> str:
+        if record.get("status") == "ok":
+            return "no"
+        return f"{record.get('status', 'not_run')}: {record.get('error', '')[:100]}"
+
+    lines = ["", "## torch's cuDNN attention kernel off vs on (cudnn_ab; `sdpa`, each variant its own process)", "",
+             "| model | size | off: rollout s | off: update s | on: rollout s | on: update s | update on/off "
+             "| kernels off / on | cuDNN variant crashed? |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, runs in ab["runs"].items():
+        off, on = runs.get("cudnn_off", {}), runs.get("cudnn_on", {})
+        lines.append(
+            f"| {name} | {runs['size']} | {seconds(off, 'rollout_s')} | {seconds(off, 'update_s')} "
+            f"| {seconds(on, 'rollout_s')} | {seconds(on, 'update_s')} | {_f(runs.get('update_ratio'), '.3f')} "
+            f"| {kernels(off)} / {kernels(on)} | {crashed(on)} |"
+        )
+    lines += ["", f"cudnn_off: {ab['variants']['cudnn_off']}; cudnn_on: {ab['variants']['cudnn_on']}; the switch: "
+              f"{ab['switch']}. Kernels: torch's pick per attention call in the warm-up step."]  # fmt: skip
+    return lines

@@ -302,11 +302,8 @@ def compute_group_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, norm: GroupNorm = GroupNorm()
 ) -> AdvantageResult:
     """Advantages for rewards [B] (NaN = failed) grouped by group_ids [B] (any integers, e.g. prompt indices).
-
-    Metrics: advantage/{mean,std,min,max,abs_mean} over the whole batch (zeros of failed samples included: what
-    the loss sees), advantage/zero_std_group_fraction and advantage/singleton_group_fraction over the groups with
-    at least one valid sample (a singleton group counts in both).
-    """
+    Metrics: advantage/{mean,std,min,max,abs_mean} over the batch (failed samples' zeros included: what the loss
+    sees), advantage/{zero_std,singleton}_group_fraction over the groups with a valid sample (a singleton: both)."""
     group_B, num_groups = _dense_groups(rewards, group_ids)
     groups = _group_advantages(rewards, group_B, num_groups, norm)
     metrics = _batch_stats("advantage", groups.advantages_B)
@@ -438,21 +435,14 @@ def _group_fractions(
     prefix: str, has_valid_G: torch.Tensor, constant_G: torch.Tensor, singleton_G: torch.Tensor
 ) -> dict[str, float]:
     n = has_valid_G.sum().clamp_min(1).double()
-    values = torch.stack([(constant_G & has_valid_G).sum() / n, (singleton_G & has_valid_G).sum() / n])
-    return {
-        f"{prefix}/zero_std_group_fraction": values[0].item(),
-        f"{prefix}/singleton_group_fraction": values[1].item(),
-    }
+    return {f"{prefix}/zero_std_group_fraction": ((constant_G & has_valid_G).sum() / n).item(),
+            f"{prefix}/singleton_group_fraction": ((singleton_G & has_valid_G).sum() / n).item()}  # fmt: skip
 
 
 def group_advantages(scored, group_index: torch.Tensor, options, weights: Mapping[str, float]) -> AdvantageResult:
-    """The advantages of a scored batch under `options` (the config's algorithm.advantage section).
-
-    `scored`: total [B] (the weighted reward sum, NaN = failed), per_reward {name: [B]}, failed [B] (numpy);
-    `weights`: each reward's weight by name. `combine: sum_rewards` normalises the total; `sum_advantages`
-    (MixGRPO's advantage_aggr) normalises each reward within its groups, then sums with the weights, a failed
-    sample (a required reward failed) being NaN in every reward, so that it gets advantage 0.
-    """
+    """The advantages of a scored batch (total [B], NaN = failed; per_reward {name: [B]}; failed [B]) under `options`
+    (algorithm.advantage): `combine: sum_rewards` normalises the total; `sum_advantages` (MixGRPO's) each reward
+    within its groups, then sums them with `weights` (by name), a failed sample NaN in every reward (advantage 0)."""
     norm = GroupNorm.of(options)
     if options.combine == "sum_rewards":
         return compute_group_advantages(torch.from_numpy(scored.total), group_index, norm)

@@ -149,16 +149,10 @@ def ratio_metrics(
     log_ratio_B: torch.Tensor, ratio_B: torch.Tensor, clip_range: float | None
 ) -> dict[str, torch.Tensor]:
     """The likelihood-ratio metrics every policy-gradient loss logs, over the micro-batch's rows (unweighted):
-
-        ppo_kl      = mean(-log_ratio)                 (verl-omni's ppo_kl: an estimate of KL(π_old ‖ π_θ))
-        approx_kl   = mean(log_ratio^2) / 2
-        ratio_mean, ratio_std (population std, ddof 0), ratio_min, ratio_max      of ratio
-        clip_fraction = mean(|ratio - 1| > clip_range)
-        clip_fraction_higher = mean(ratio - 1 > clip_range),  clip_fraction_lower = mean(1 - ratio > clip_range)
-
-    log_ratio_B is log π_θ - log π_old of the step (before any rescaling); ratio_B the ratio the loss clips (for
-    GRPO-Guard its re-centred, rescaled one). clip_range None (a loss without a ratio clip): no clip fractions.
-    """
+    ppo_kl = mean(−log_ratio) (verl-omni's: an estimate of KL(π_old ‖ π_θ)), approx_kl = mean(log_ratio²) / 2,
+    ratio_mean, ratio_std (ddof 0), ratio_min, ratio_max; with a clip_range (None: the loss has none) clip_fraction =
+    mean(|ratio − 1| > clip_range), _higher: mean(ratio − 1 > clip_range), _lower: mean(1 − ratio > clip_range).
+    log_ratio_B = log π_θ − log π_old of the step; ratio_B the ratio the loss clips (GRPO-Guard's rescaled one)."""
     log_ratio_B, ratio_B = log_ratio_B.detach().float(), ratio_B.detach().float()
     out = {
         "ppo_kl": (-log_ratio_B).mean(),
@@ -187,6 +181,7 @@ class PolicyGradientUnits:
     old_log_probs: torch.Tensor  # [B, K]: the PPO anchor (rollout's, or recomputed with decoupled correction)
     old_means: torch.Tensor  # [B, K, …]: the anchor's step means
     correction: torch.Tensor  # [B, K]: rollout-correction weights (1 without decoupled correction)
+    sqrt_dt: torch.Tensor  # [B, K]: sqrt(σ_j − σ_{j+1}) of each trained step
 
 
 def trained_columns(sample_index: torch.Tensor, window: int, fraction: float, selection: str, seed: int, step: int):
@@ -237,10 +232,11 @@ class PolicyGradient(Algorithm):
         self.kl_beta = self.settings.kl_beta
 
     def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
-        """Flat rows: group-relative advantages [B]; tree rollouts: depth-wise advantages and step weights
-        [B, D + 1] (algorithms/tree_credit.py)."""
-        if self.tree is None:
-            return super().prepare(scored, group_index)
+        """Flat rows: group-relative advantages [B] (Algorithm.prepare); tree rollouts: `_tree_targets`."""
+        return super().prepare(scored, group_index) if self.tree is None else self._tree_targets(scored, group_index)
+
+    def _tree_targets(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
+        """Depth-wise advantages and step weights [B, D + 1] of tree rollouts (algorithms/tree_credit.py)."""
         norm, prune = GroupNorm.of(self.section.advantage), self.tree_prune
         credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, norm, depths=prune.depths,
                              leaves=prune.leaves)  # fmt: skip
@@ -265,17 +261,10 @@ class PolicyGradient(Algorithm):
         else:
             old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns).float()
             correction = torch.ones_like(rollout_log_probs)
-        units = PolicyGradientUnits(
-            traj=traj,
-            advantages=advantages,
-            weight=weight,
-            columns=columns,
-            step_weight=step_weight,
-            old_log_probs=old_log_probs,
-            old_means=old_means,
-            correction=correction,
-            batch_size=traj.batch_size,
-        )
+        sqrt_dt = (gather_columns(traj.sigmas, columns) - gather_columns(traj.sigmas_next, columns)).sqrt()
+        units = PolicyGradientUnits(traj=traj, advantages=advantages, weight=weight, columns=columns,
+                                    step_weight=step_weight, old_log_probs=old_log_probs, old_means=old_means,
+                                    correction=correction, sqrt_dt=sqrt_dt, batch_size=traj.batch_size)  # fmt: skip
         return units, metrics
 
     def chunks(self, units: PolicyGradientUnits) -> int:
@@ -290,70 +279,57 @@ class PolicyGradient(Algorithm):
         step = self._recompute(units.traj, units.columns[:, k])
         weights = units.weight * units.correction[:, k] * units.step_weight[:, k]
         entry_metrics = {}
-        rc = self.correction
-        if rc.mode == "bypass" and rc.rs_stat is not None:
-            # rejection from the current policy's log-probs of this step against the rollout's
-            current = step.log_prob.detach()[:, None]
-            corrected = correction_weights(current, units.old_log_probs[:, k : k + 1], rc)
-            weights = weights * corrected.weights_BW[:, 0]
-            # per-entry shares and means: the update loop averages them over the (sample, step) entries
-            for name in ("rejected_fraction", "kl", "k3_kl", "chi2_step"):
-                entry_metrics[f"rollout_corr/{name}"] = corrected.metrics[f"rollout_corr/{name}"]
-            entry_metrics.update({k: v for k, v in corrected.metrics.items() if "/rejected_fraction/" in k})
-        sigma, sigma_next = self._columns_of(units.traj, units.columns[:, k])[2:]
-        inp = PolicyLossInput(
-            log_prob=step.log_prob,
-            old_log_prob=units.old_log_probs[:, k],
-            advantages=units.advantages[:, k],
-            mean=step.mean,
-            old_mean=units.old_means[:, k],
-            ref_mean=ref_mean,
-            std=step.std,
-            sqrt_dt=(sigma - sigma_next).sqrt(),
-            weights=weights,
-        )
+        if self.correction.mode == "bypass" and self.correction.rs_stat is not None:
+            kept, entry_metrics = self._rejection(step.log_prob, units.old_log_probs[:, k : k + 1])
+            weights = weights * kept
+        sqrt_dt = units.sqrt_dt[:, k].contiguous()  # a strided view would sum (grpo_guard's mean) in another order
+        inp = PolicyLossInput(log_prob=step.log_prob, old_log_prob=units.old_log_probs[:, k], mean=step.mean,
+                              old_mean=units.old_means[:, k], ref_mean=ref_mean, advantages=units.advantages[:, k],
+                              std=step.std, sqrt_dt=sqrt_dt, weights=weights)  # fmt: skip
         out = self.loss_fn(inp, self.settings)
         metrics = dict(out.metrics)
-        if at.epoch == 0 and at.minibatch == 0:  # before the update's first optimizer step: the rollout's weights
-            metrics["train/logp_diff_max"] = self._logp_diff(units, k, step.log_prob)
+        if at.epoch == 0 and at.minibatch == 0:  # before the first optimizer step: 0 when the recompute replays the
+            # rollout bit for bit (same weights, kernels, batch); rollouts sampled ahead or by an actor add their lag
+            rollout_B = gather_columns(units.traj.log_probs, units.columns[:, k : k + 1])[:, 0]
+            metrics["train/logp_diff_max"] = (step.log_prob.detach() - rollout_B).abs().max()
         return LossOutput(out.loss, metrics, entry_metrics)
 
     # -- helpers ------------------------------------------------------------------------------------------------
+    def _rejection(self, log_prob_B: torch.Tensor, rollout_B1: torch.Tensor):
+        """Bypass correction's rejection of one trained step: [B] 0 for a rejected entry, else 1, from the current
+        policy's log-probs against the rollout's; and its per-entry shares and means (the update loop averages them
+        over the (sample, step) entries)."""
+        corrected = correction_weights(log_prob_B.detach()[:, None], rollout_B1, self.correction)
+        entry_metrics = {f"rollout_corr/{name}": corrected.metrics[f"rollout_corr/{name}"]
+                         for name in ("rejected_fraction", "kl", "k3_kl", "chi2_step")}  # fmt: skip
+        entry_metrics.update({k: v for k, v in corrected.metrics.items() if "/rejected_fraction/" in k})
+        return corrected.weights_BW[:, 0], entry_metrics
+
     def _per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
-        """Advantages and step weights [B, K] of the trained columns: a flat row's advantage on each of them, or a
-        tree row's per-depth ones at the depth each trained step leads into."""
+        """Advantages and step weights [B, K] of the trained columns: a flat row's advantage on each of them (a tree
+        row's: `_tree_per_step`)."""
         adv = targets.advantages
         if adv is None:
             raise ValueError("a policy-gradient update needs targets.advantages (none were given)")
-        if adv.ndim == 1:
-            return adv[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv.device)
+        if adv.ndim == 2:
+            return self._tree_per_step(targets, traj, columns_BK)
+        return adv[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv.device)
+
+    def _tree_per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
+        """A tree row's per-depth advantages and step weights at the depth each trained step leads into."""
+        adv = targets.advantages
         if self.tree is None or adv.shape[1] != self.tree.depth + 1:
             raise ValueError(f"per-depth advantages {tuple(adv.shape)} need sampling.tree with {adv.shape[1] - 1} "
                              "splits")  # fmt: skip
         depth_BK = self.tree.depth_of_step(gather_columns(traj.step_index, columns_BK))
         return adv.gather(1, depth_BK), targets.step_weights.gather(1, depth_BK)
 
-    @staticmethod
-    def _columns_of(traj: Trajectory, cols_B: torch.Tensor):
-        """(x_j, x_{j+1}, σ_j, σ_{j+1}) of window column cols_B[b] of each row b."""
-        rows = torch.arange(traj.batch_size[0], device=cols_B.device)
-        return (
-            traj.latents[rows, cols_B],
-            traj.latents[rows, cols_B + 1],
-            traj.sigmas[rows, cols_B],
-            traj.sigmas_next[rows, cols_B],
-        )
-
-    @staticmethod
-    def _logp_diff(units: PolicyGradientUnits, k: int, log_prob_B: torch.Tensor) -> torch.Tensor:
-        """max |recomputed − rollout log-prob| of chunk k: 0 when the recomputation replays the rollout bit for bit
-        (same weights, kernels and batch composition); with rollouts sampled ahead or by a rollout actor it also
-        holds the policy lag or the rollout dtype's gap."""
-        rollout_B = gather_columns(units.traj.log_probs, units.columns[:, k : k + 1])[:, 0]
-        return (log_prob_B.detach() - rollout_B).abs().max()
-
     def _recompute(self, traj: Trajectory, cols_B: torch.Tensor):
-        x, x_next, sigma, sigma_next = self._columns_of(traj, cols_B)
+        """The recorded step x_j → x_{j+1} (σ_j → σ_{j+1}) of window column cols_B[b] of each row b, under the active
+        policy (sampling/rollout.py `recompute_step`)."""
+        rows = torch.arange(traj.batch_size[0], device=cols_B.device)
+        x, x_next, sigma, sigma_next = (traj.latents[rows, cols_B], traj.latents[rows, cols_B + 1],
+                                        traj.sigmas[rows, cols_B], traj.sigmas_next[rows, cols_B])  # fmt: skip
         return recompute_step(self.model, x, x_next, sigma, sigma_next, traj.cond, self.sampler)
 
     @torch.no_grad()

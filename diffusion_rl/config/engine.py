@@ -25,6 +25,12 @@ class EngineConfig:
         "torch CPU threads of the trainer process (null = torch's default); Ray workers use cpus_per_worker.",
         within=Range(1, 1024),
     )
+    omp_wait_policy: Literal["auto", "passive", "spin"] = opt(
+        "auto",
+        "Idle OpenMP threads: spin (OpenMP's default, fastest alone) or passive (sleep at once: torch processes on "
+        "shared cores). auto: spin unless other work keeps this process's CPUs busy when the CLI starts; Ray "
+        "trainers, rollout and reward actors sleep. OMP_WAIT_POLICY / GOMP_SPINCOUNT set in the environment win.",
+    )
     num_workers: int = opt(
         2, "ray: PolicyWorker actors (one per GPU); each samples and trains on 1/N of the batch.", within=Range(1, 4096)
     )

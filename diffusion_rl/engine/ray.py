@@ -62,6 +62,7 @@ from diffusion_rl.engine.worker import UpdatePlan, health_problem, reduce_metric
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Generated
 from diffusion_rl.sampling.window import SdeWindow
+from diffusion_rl.utils.omp import child_env
 from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,8 @@ class RayEngine:
         trainers = ActorGroup(ShardedWorker, e.num_workers,
                               bundles(e.num_workers, e.cpus_per_worker, e.gpus_per_worker, e.trainer_resources),
                               lambda rank: (rank, e.num_workers, threads), group="trainer", role="worker rank",
-                              start_timeout_s=e.start_timeout_s, traffic=self.traffic)  # fmt: skip
+                              start_timeout_s=e.start_timeout_s, traffic=self.traffic,
+                              env=child_env(e.omp_wait_policy))  # fmt: skip
         trainers.call("setup", self.cfg, self._rendezvous("rendezvous", trainers))
         return trainers
 
@@ -169,7 +171,7 @@ class RayEngine:
                                            e.rollout_resources),
                                    lambda rank: (rank, threads), group="rollout", role="rollout actor",
                                    start_timeout_s=e.start_timeout_s, traffic=self.traffic,
-                                   concurrency_groups={IO_GROUP: 2})  # fmt: skip
+                                   concurrency_groups={IO_GROUP: 2}, env=child_env(e.omp_wait_policy))  # fmt: skip
         self.rollouts.call("setup", self.cfg)
         self.weights_version: int | None = None  # the version the rollout actors hold; None: push before sampling
         self._loading: list = []  # the last object-store push's loads, checked at the next push

@@ -174,11 +174,13 @@ def check_layout_fits(engine_cfg, cluster: dict[str, float] | None = None) -> No
 class ActorGroup:
     """`count` actors of `cls`, one per bundle of one placement group, each made with `args(rank)`.
 
-    `group` ("trainer" or "rollout") and `role` ("worker rank", "rollout actor") name them in errors.
+    `group` ("trainer" or "rollout") and `role` ("worker rank", "rollout actor") name them in errors; `env`: variables
+    their processes start with (utils/omp.py's child_env).
     """
 
     def __init__(self, cls, count: int, bundle_list: list[dict], args, *, group: str, role: str, start_timeout_s,
-                 traffic: DriverTraffic, concurrency_groups: dict[str, int] | None = None):  # fmt: skip
+                 traffic: DriverTraffic, concurrency_groups: dict[str, int] | None = None,
+                 env: dict[str, str] | None = None):  # fmt: skip
         ray = import_ray()
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -205,6 +207,7 @@ class ActorGroup:
                     resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")} or None,
                     max_restarts=0,  # a lost actor is replaced by the engine (its whole group), not restarted by Ray
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement, rank),
+                    runtime_env={"env_vars": env} if env else None,  # set when the process starts (OpenMP's policy)
                 ).remote(*args(rank))
             )
         self.where = [f"{role} {r}" for r in range(count)]

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from diffusion_rl.utils.omp import child_env
 from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ class RewardActor:
 class ActorReward:
     """A reward callable whose batches are scored by `num_actors` Ray actors, each with its own copy of the reward.
 
-    `name` is the reward to build (make_reward's name); `label` the reward's name in messages (default: name).
+    `name` is the reward to build (make_reward's name); `label` the reward's name in messages (default: name); `env`
+    variables the actors' processes start with (utils/omp.py's child_env).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class ActorReward:
         num_gpus: float = 0.0,
         max_restarts: int = MAX_RESTARTS,
         label: str | None = None,
+        env: dict[str, str] | None = None,
     ):
         from diffusion_rl.engine.ray_cluster import import_ray
 
@@ -82,6 +85,7 @@ class ActorReward:
             num_gpus=num_gpus,
             max_restarts=max_restarts,
             max_task_retries=max_restarts,  # a piece whose actor died is scored again by the restarted actor
+            runtime_env={"env_vars": env} if env else None,  # set when the process starts (OpenMP's policy)
         )
         self.actors = [actor.remote(name, kwargs, max(1, int(num_cpus))) for _ in range(num_actors)]
         try:  # fail at start-up, not at the first score, when the reward cannot be built (bad kwargs, no model)
@@ -139,5 +143,11 @@ def make_reward_fn(spec, engine_cfg):
 
     ensure_ray(engine_cfg)
     return ActorReward(
-        spec.name, dict(spec.kwargs), spec.actors, spec.actor_cpus, spec.actor_gpus, label=spec.metric_name
+        spec.name,
+        dict(spec.kwargs),
+        spec.actors,
+        spec.actor_cpus,
+        spec.actor_gpus,
+        label=spec.metric_name,
+        env=child_env(engine_cfg.omp_wait_policy),  # beside the policy's torch processes: utils/omp.py
     )

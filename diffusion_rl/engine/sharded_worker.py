@@ -26,11 +26,10 @@ from datetime import timedelta
 import torch
 
 from diffusion_rl.algorithms.base import Targets
-from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.engine.parallel import Fsdp2Sharded
 from diffusion_rl.engine.weight_sync import BroadcastChannel, WeightReceiver, WeightSender
 from diffusion_rl.engine.worker import PolicyWorker, UpdatePlan
-from diffusion_rl.errors import UserError
+from diffusion_rl.errors import TrainingDiverged, UserError
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,11 +35,11 @@ from diffusion_rl.algorithms.base import Targets, TrainBatch, UpdatePosition, ma
 from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage, fit_rows
 from diffusion_rl.data.sampler import StepPrompts
+from diffusion_rl.engine.ema import EmaWeights
 from diffusion_rl.engine.embeddings import attach_embedding_cache
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
-from diffusion_rl.engine.optimizer import OptimizerStepper, apply_train_hyperparameters
 from diffusion_rl.engine.parallel import SingleDevice
-from diffusion_rl.errors import UserError
+from diffusion_rl.errors import TrainingDiverged, UserError
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.export import write_lora_adapter
 from diffusion_rl.models.image_size import size_problem
@@ -64,8 +66,6 @@ class UpdatePlan:
 def staleness_metrics(step: int, policy_version: torch.Tensor, bound: int) -> dict[str, float]:
     """When rollouts may run ahead of the update (bound > 0): how many updates behind the weights that sampled each
     row were (step − its policy version): the mean, the max and the fraction of rows at each staleness 1..bound."""
-    if bound == 0:
-        return {}
     staleness = (step - policy_version).float()
     metrics = {"rollout/staleness_mean": float(staleness.mean()), "rollout/staleness_max": float(staleness.max())}
     for k in range(1, bound + 1):
@@ -84,39 +84,13 @@ def health_problem(reports: Sequence[tuple[int, bool]]) -> str | None:
 
 
 def reduce_metrics(reports: Sequence[dict[str, float]]) -> dict[str, float]:
-    """One metrics dict from several reports of the same metrics (an update's passes; the Ray engine's workers):
-    `*_max` the max, `*_min` the min, the rest the mean, each over the reports that have the key (a worker whose
-    units only pad reports no loss). Every pass and worker has as many rows, so the mean of their means is the whole
-    mean; the mean of their maxima would not be the whole maximum."""
+    """One metrics dict from reports of the same metrics (an update's passes; the Ray engine's workers), each over
+    as many rows: `*_max` the max, `*_min` the min, the rest the mean, over the reports that have the key."""
     out = {}
     for name in dict.fromkeys(key for report in reports for key in report):
-        values = [float(report[name]) for report in reports if name in report]
-        if name.endswith("_max"):
-            out[name] = max(values)
-        else:
-            out[name] = min(values) if name.endswith("_min") else sum(values) / len(values)
+        v = [float(report[name]) for report in reports if name in report]
+        out[name] = max(v) if name.endswith("_max") else min(v) if name.endswith("_min") else sum(v) / len(v)
     return out
-
-
-class UpdateMeans:
-    """An update's per-pass metrics reduced by `reduce_metrics`, and per-entry metrics (weighted by rows) as their
-    means."""
-
-    def __init__(self):
-        self.reports: list[dict] = []
-        self.entry_sums: dict[str, float] = {}
-        self.entries = 0
-
-    def add(self, metrics: dict, entry_metrics: dict, rows: int) -> None:
-        self.reports.append(metrics)
-        for name, value in entry_metrics.items():
-            self.entry_sums[name] = self.entry_sums.get(name, 0.0) + float(value) * rows
-        self.entries += rows
-
-    def result(self) -> dict[str, float]:
-        out = reduce_metrics(self.reports)
-        out.update({name: value / self.entries for name, value in self.entry_sums.items()})
-        return out
 
 
 def pad_units(units, size: int):
@@ -136,16 +110,18 @@ class KeptRollouts:
     """The rollouts a worker sampled and keeps, by training step, until the update that trains them.
 
     A step's batch may be sampled in several calls (score chunks); its rows are kept in the order they were made, and
-    positions in that order name them (`rows`, `export`). Several steps may be kept at once when rollouts run ahead of
-    the update (engine.max_staleness > 0); `release(step)` forgets one. Thread-safe: a rollout actor exports rows of
-    one step while it samples the next."""
+    positions in that order name them. Several steps may be kept at once when rollouts run ahead of the update
+    (engine.max_staleness > 0). Thread-safe: a rollout actor exports rows of one step while it samples the next."""
 
     def __init__(self):
         self._by_step: dict[int, list[Trajectory]] = {}
         self._lock = threading.Lock()
 
-    def add(self, step: int, traj: Trajectory) -> None:
+    def add(self, step: int, traj: Trajectory, drop_earlier: bool = False) -> None:
+        """Keep `traj` among `step`'s rows; `drop_earlier`: forget what earlier (interrupted) steps left."""
         with self._lock:
+            if drop_earlier:
+                self._by_step = {s: parts for s, parts in self._by_step.items() if s >= step}
             self._by_step.setdefault(step, []).append(traj)
 
     def rows(self, step: int, positions: Sequence[int] | None = None) -> Trajectory:
@@ -154,30 +130,121 @@ class KeptRollouts:
             parts = self._by_step.get(step)
             if not parts:
                 raise RuntimeError(f"no trajectories of step {step} are kept here (kept: {sorted(self._by_step)})")
-            traj = torch.cat(parts) if len(parts) > 1 else parts[0]
             if len(parts) > 1:
-                self._by_step[step] = [traj]  # concatenated once
-        if positions is None:
-            return traj
-        return traj[torch.tensor(list(positions), dtype=torch.long, device=traj.device)]
-
-    def export(self, step: int, positions: Sequence[int]) -> Trajectory:
-        """CPU copies of rows that another worker trains on."""
-        return self.rows(step, positions).cpu()
+                parts[:] = [torch.cat(parts)]  # concatenated once
+        traj = parts[0]
+        return traj if positions is None else traj[torch.tensor(list(positions), dtype=torch.long, device=traj.device)]
 
     def release(self, step: int) -> None:
         with self._lock:
             self._by_step.pop(step, None)
 
-    def keep_only(self, steps: Sequence[int]) -> None:
-        """Forget every step but `steps` (what an interrupted step left behind)."""
-        with self._lock:
-            self._by_step = {s: parts for s, parts in self._by_step.items() if s in steps}
+
+# -- the optimizer step of every update: clip over all shards, skip a non-finite gradient, schedule, EMA, counters
+class OptimizerStepper:
+    """AdamW over the trained parameters with a linear warm-up, gradient clipping and an optional EMA.
+
+    `parallel` (engine/parallel.py) computes the gradient norm over all shards, so every worker clips and skips
+    alike. A step whose gradient norm is not finite is skipped (gradients dropped); `train.max_consecutive_skips`
+    of them in a row raise TrainingDiverged.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], train, parallel):
+        self.train, self.parallel = train, parallel
+        self.optimizer = torch.optim.AdamW(
+            params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, eps=train.adam_eps
+        )
+        warmup = train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self.ema = EmaWeights(params, train.ema.decay) if train.ema.enabled else None
+        self.steps = 0  # optimizer steps taken
+        self.skipped = 0  # updates skipped for a non-finite gradient
+        self.consecutive_skips = 0
 
     @property
-    def steps(self) -> list[int]:
-        with self._lock:
-            return sorted(self._by_step)
+    def params(self) -> list[torch.nn.Parameter]:
+        # the optimizer's own list: under FSDP2 the module may hold gathered copies now, the optimizer the shards
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def step(self) -> float:
+        """Clip, then step (or skip a non-finite gradient); returns the gradient norm before clipping."""
+        t = self.train
+        max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
+        grad_norm = self.parallel.clip_grad_norm(self.params, max_norm)  # over all shards
+        if not math.isfinite(grad_norm):
+            self._skip(grad_norm)
+            return grad_norm
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        self.consecutive_skips = 0
+        if self.ema is not None and self.steps % t.ema.update_every == 0:
+            self.ema.update()
+        return grad_norm
+
+    def _skip(self, grad_norm: float) -> None:
+        """Drop a non-finite gradient; train.max_consecutive_skips in a row raise TrainingDiverged."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped += 1
+        self.consecutive_skips += 1
+        logger.warning("non-finite gradient norm (%s): update skipped (%d in a row)", grad_norm, self.consecutive_skips)
+        if self.consecutive_skips >= self.train.max_consecutive_skips:
+            raise TrainingDiverged(
+                f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient norm; "
+                "stopping (the last good checkpoint is kept). Lower train.lr or check the rewards."
+            )
+
+    def metrics(self, grad_norms: list[float]) -> dict[str, float]:
+        """What every update reports about its optimizer steps: the mean finite gradient norm, lr, step counts."""
+        finite = [g for g in grad_norms if math.isfinite(g)]
+        return {
+            "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
+            "lr": self.scheduler.get_last_lr()[0],
+            "train/optimizer_steps": self.steps,
+            "train/skipped_updates": self.skipped,
+        }
+
+    # -- state (the scheduler and counters are plain data; the optimizer and EMA tensors go to DCP) ----------------
+    def counters_state(self) -> dict:
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "counters": [self.steps, self.skipped, self.consecutive_skips],
+        }
+
+    def load_counters_state(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps, self.skipped, self.consecutive_skips = state["counters"]
+
+
+def apply_train_hyperparameters(optimizer: torch.optim.Optimizer, scheduler, train, log: bool = True) -> None:
+    """Give a restored optimizer and LR schedule the config's lr, betas, weight decay, eps and warm-up.
+
+    Loading a checkpoint restores the saved param groups and the schedule's base lr; a resume must instead use
+    the settings it was started with (lowering train.lr is how a diverged run goes on), keeping Adam's moments and
+    the step count. `log`: say once (on one worker) what changed from the checkpoint's settings.
+    """
+    wanted = {"lr": train.lr, "betas": tuple(train.betas), "weight_decay": train.weight_decay, "eps": train.adam_eps}
+    group = optimizer.param_groups[0]
+    saved = {"lr": scheduler.base_lrs[0], **{k: group[k] for k in ("betas", "weight_decay", "eps")}}
+    changed = [f"{k} {saved[k]} → {v}" for k, v in wanted.items() if _differs(saved[k], v)]
+    scheduler.base_lrs = [train.lr] * len(optimizer.param_groups)
+    for group, lr_lambda in zip(optimizer.param_groups, scheduler.lr_lambdas):  # the warm-up of this config
+        group.update(
+            initial_lr=train.lr, betas=wanted["betas"], weight_decay=wanted["weight_decay"], eps=train.adam_eps
+        )
+        group["lr"] = train.lr * lr_lambda(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() (metric `lr`) reports
+    if changed and log:
+        logger.info("resumed with this config's optimizer settings, not the checkpoint's: %s", ", ".join(changed))
+
+
+def _differs(saved, wanted) -> bool:
+    if isinstance(wanted, tuple):
+        return any(_differs(a, b) for a, b in zip(saved, wanted))
+    return not math.isclose(float(saved), float(wanted), rel_tol=1e-12, abs_tol=0.0)
 
 
 class PolicyWorker:
@@ -271,12 +338,9 @@ class PolicyWorker:
 
     def _keep(self, traj: Trajectory, step: int) -> None:
         """Keep a training step's rows, stamped with the version of the weights that sampled them: a trainer's are
-        this step's (version `step`), and what an interrupted earlier step left goes; a rollout actor's are the
-        version it received, and it keeps every step until the trainers have fetched its rows (`release`)."""
-        if self.trains:
-            self.kept.keep_only([s for s in self.kept.steps if s >= step])
+        this step's (and what an interrupted earlier step left goes); a rollout actor's the version it received."""
         traj.ids.policy_version.fill_(step if self.trains else self.version)
-        self.kept.add(step, traj)
+        self.kept.add(step, traj, drop_earlier=self.trains)
 
     def release(self, step: int) -> None:
         """Forget step `step`'s kept rows (a rollout actor's, once the trainers have them)."""
@@ -315,7 +379,7 @@ class PolicyWorker:
     # -- update ----------------------------------------------------------------------------------------------
     def export_rows(self, step: int, positions: Sequence[int]) -> Trajectory:
         """Rows of this step's kept trajectories (by position) that another worker trains on (engine/ray.py)."""
-        return self.kept.export(step, positions)
+        return self.kept.rows(step, positions).cpu()
 
     def update(self, targets: Targets, step: int, plan: UpdatePlan | None = None) -> dict[str, float]:
         """Train on this step's kept trajectories with the algorithm's targets for the same rows, in order (the
@@ -330,17 +394,18 @@ class PolicyWorker:
         if targets.batch_size != traj.batch_size:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(device), batch_size=traj.batch_size)
-        out = staleness_metrics(step, traj.ids.policy_version, self.cfg.engine.staleness_bound)
-        alg, parallel, train = self.algorithm, self.parallel, self.cfg.train
+        alg, parallel, train, bound = self.algorithm, self.parallel, self.cfg.train, self.cfg.engine.staleness_bound
+        out = staleness_metrics(step, traj.ids.policy_version, bound) if bound else {}  # rollouts sampled ahead
         with parallel.training(), self.flops.count(("update", traj.batch_size[0], plan.pad_to, plan.padding_only)):
             units, metrics = alg.begin(batch, step)
             out.update(metrics)
             if plan.padding_only:
                 units.weight = torch.zeros_like(units.weight)
             out["train/units"] = float(parallel.sum(alg.count(units)))
-            units = pad_units(units, plan.pad_to)
+            if plan.pad_to:  # several workers take as many passes
+                units = pad_units(units, plan.pad_to)
             U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
-            means, grad_norms = UpdateMeans(), []
+            passes, entry_sums, entry_rows, grad_norms = [], defaultdict(float), 0, []
             for epoch in range(train.ppo_epochs):
                 for m in range(M):
                     rows = minibatch_rows(U, M, m).to(units.device)
@@ -356,10 +421,13 @@ class PolicyWorker:
                             loss = alg.loss(chunk, k, UpdatePosition(epoch, m, step))
                             (loss.loss * (len(micro) / (n * K))).backward()
                             if alg.count(chunk):  # a pass of padding units only trains nothing and reports nothing
-                                means.add({"loss": loss.loss.detach(), **loss.metrics}, loss.entry_metrics, len(micro))
+                                passes.append({"loss": loss.loss.detach(), **loss.metrics})
+                                for name, value in loss.entry_metrics.items():  # shares of entries: weighted by rows
+                                    entry_sums[name] += float(value) * len(micro)
+                                entry_rows += len(micro)
                     grad_norms.append(self.optimizer.step())
-            if means.reports:
-                out.update(means.result())
+            out.update(reduce_metrics(passes))
+            out.update({name: total / entry_rows for name, total in entry_sums.items()})
             parallel.settle()
             out.update(alg.end(step))
             out.update(self.optimizer.metrics(grad_norms))

@@ -10,6 +10,8 @@ are the bytes the memory-bound ops read and write (`Traffic`: what the roofline'
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import weakref
 from dataclasses import dataclass
 
@@ -24,6 +26,26 @@ from diffusion_rl.models.doctor import count_saved_tensors
 from diffusion_rl.models.registry import family_named
 
 META = torch.device("meta")
+
+
+def counted_once(count):
+    """`count(arch, ...)` computed once per architecture and arguments, then answered from memory: a count is a pure
+    function of the architecture's classes and configs (not its name: Qwen-Image-2512 counts as Qwen-Image), of its
+    family's adapter (which builds the inputs; the class itself is in the key, so a name registered again counts
+    anew) and of the arguments, and `estimate` asks for the same one again for a config's variants (checkpointing on
+    or off, other GPU counts). The answers are frozen dataclasses: a caller cannot change what the next one gets."""
+    answers = {}
+
+    @functools.wraps(count)
+    def counted(arch: Architecture, *args, **kwargs):
+        parts = (arch.transformer_class, arch.transformer_config, arch.vae_class, arch.vae_config)
+        key = (family_named(arch.family).adapter, json.dumps(parts, sort_keys=True, default=repr), repr(args),
+               repr(sorted(kwargs.items())))  # fmt: skip
+        if key not in answers:
+            answers[key] = count(arch, *args, **kwargs)
+        return answers[key]
+
+    return counted
 
 
 def build_on_meta(class_name: str, config: dict) -> torch.nn.Module:
@@ -138,7 +160,7 @@ def counting_traffic():
         yield traffic
 
 
-@dataclass
+@dataclass(frozen=True)
 class Shapes:
     """One transformer call: `batch` rows (CFG's doubled batch included), an image of height × width pixels and
     `frames` frames, `text` text tokens per row, and an editing family's `sources` condition images per row."""
@@ -159,7 +181,7 @@ def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dic
     return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype, **sources)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TransformerCost:
     forward_flops: float  # one call at the shapes
     train_flops: float  # forward + backward of one call (trained parameters' gradients and the activations')
@@ -183,6 +205,7 @@ def in_dtype(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return module
 
 
+@counted_once
 def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=torch.bfloat16,
                      lora: tuple[tuple[str, ...], int] | None = None) -> TransformerCost:  # fmt: skip
     """Count one transformer call at `s`: forward, forward + backward, saved activations, memory-bound traffic.
@@ -200,7 +223,8 @@ def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=t
         from peft import LoraConfig, get_peft_model
 
         targets, rank = lora
-        module = get_peft_model(module, LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets)))
+        with META:  # the adapters too: peft would draw their initial values on the CPU, for nothing on meta
+            module = get_peft_model(module, LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets)))
         _saves_uncounted(m for name, m in module.named_modules() if name.split(".")[-2:-1] in (["lora_A"], ["lora_B"]))
     inputs = transformer_inputs(arch, s, dtype)
     with FlopCounterMode(display=False) as forward, torch.no_grad(), counting_traffic() as forward_traffic:
@@ -290,13 +314,14 @@ class PeakLive(TorchDispatchMode):
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeCost:
     flops: float  # decoding one sample
     traffic: float  # bytes its memory-bound ops move
     peak_bytes: int  # the most its intermediate tensors hold at once (beyond the latents and the weights)
 
 
+@counted_once
 def vae_decode_cost(arch: Architecture, height: int, width: int, frames: int, dtype=torch.bfloat16) -> DecodeCost:
     """FLOPs, memory-bound traffic and working memory of decoding one sample's latents, counted on the meta device."""
     vae = in_dtype(build_on_meta(arch.vae_class, arch.vae_config), dtype)

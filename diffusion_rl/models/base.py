@@ -107,6 +107,12 @@ class FlowModel(ABC):
         return max_sequence_length
 
     @classmethod
+    def text_shapes(cls, arch, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
+        """What `_encode_texts` gives per text at the architecture's sizes: name → shape without the batch (an entry
+        named `…_mask` is a bool mask); what stands in for the text encoders where none run (the GPU check)."""
+        raise NotImplementedError(f"the family '{cls.family}' declares no text shapes (text_shapes)")
+
+    @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
         """The transformer's keyword arguments as meta tensors (`on_meta`), as `velocity` gives them: `batch` rows,
         latents of `latent` = (frames, height, width) cells, `text` tokens; `config` is the transformer's config. An

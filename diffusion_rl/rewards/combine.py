@@ -138,16 +138,8 @@ class RewardCombiner:
         __call__."""
         batch_size = len(metadata)
         scored = {r.name: _concat([chunk[r.name] for chunk in chunks]) for r in self.rewards if not r.group}
-        group_rewards = [r for r in self.rewards if r.group]
-        if group_rewards:
-            if images is None or prompts is None:
-                names = ", ".join(r.name for r in group_rewards)
-                raise ValueError(f"group rewards ({names}) need the whole batch: pass images= and prompts= to combine")
-            check_reward_inputs(images, prompts, metadata)
-            groups = _group_index(prompts, group_index)
-            for r in group_rewards:
-                scored[r.name] = _score_groups(r, images, prompts, metadata, groups)
-                _warn_failures(r.name, scored[r.name], batch_size)
+        if any(r.group for r in self.rewards):  # scored here, on the whole batch: a group is never split
+            scored.update(self._score_group_rewards(images, prompts, metadata, group_index))
         scored = {r.name: scored[r.name] for r in self.rewards}  # the config's order, for metrics and messages
         total, failed = self._combine(scored, batch_size)
         if failed.all():
@@ -155,6 +147,19 @@ class RewardCombiner:
         per_reward = {name: s.scores for name, s in scored.items()}
         metrics = _metrics(total, failed, per_reward, metadata)
         return RewardResult(total=total, per_reward=per_reward, failed=failed, metrics=metrics)
+
+    def _score_group_rewards(self, images, prompts, metadata, group_index) -> dict[str, Scored]:
+        """The group rewards' scores, on the whole batch (`combine`)."""
+        group_rewards = [r for r in self.rewards if r.group]
+        if images is None or prompts is None:
+            names = ", ".join(r.name for r in group_rewards)
+            raise ValueError(f"group rewards ({names}) need the whole batch: pass images= and prompts= to combine")
+        check_reward_inputs(images, prompts, metadata)
+        groups, scored = _group_index(prompts, group_index), {}
+        for r in group_rewards:
+            scored[r.name] = _score_groups(r, images, prompts, metadata, groups)
+            _warn_failures(r.name, scored[r.name], len(metadata))
+        return scored
 
     def _combine(self, scored: dict[str, Scored], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         weighted_sum = np.zeros(batch_size, dtype=np.float64)
@@ -274,14 +279,9 @@ def _metrics(
     total: np.ndarray, failed: np.ndarray, per_reward: dict[str, np.ndarray], metadata: list[dict[str, Any]]
 ) -> dict[str, float]:
     """Statistics over the samples that did not fail; a statistic of an empty set is left out, not logged as 0."""
-    ok_total = total[~failed].astype(np.float64)
-    metrics = {
-        "reward/mean": float(ok_total.mean()),
-        "reward/std": float(ok_total.std()),
-        "reward/min": float(ok_total.min()),
-        "reward/max": float(ok_total.max()),
-        "reward/failed_fraction": float(failed.mean()),
-    }
+    good = total[~failed].astype(np.float64)
+    metrics = {"reward/mean": float(good.mean()), "reward/std": float(good.std()), "reward/min": float(good.min()),
+               "reward/max": float(good.max()), "reward/failed_fraction": float(failed.mean())}  # fmt: skip
     for name, scores in per_reward.items():
         ok = np.isfinite(scores)
         metrics[f"reward/{name}/failed_fraction"] = float(1.0 - ok.mean())

@@ -60,11 +60,6 @@ class SamplerSettings:
         if self.latents_dtype not in DTYPES:
             raise ValueError(f"unknown latents dtype '{self.latents_dtype}'; known: {', '.join(DTYPES)}")
 
-    @property
-    def storage(self) -> torch.dtype:
-        """The dtype of the stored window latents and means."""
-        return DTYPES[self.latents_dtype]
-
     @classmethod
     def of(cls, sampling) -> SamplerSettings:
         """The training rollouts' settings, from the config's `sampling` section."""
@@ -105,25 +100,15 @@ def stored_step(kind: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma
 
 
 @torch.no_grad()
-def rollout(
-    model: FlowModel,
-    cond: TensorDict,
-    settings: SamplerSettings,
-    window: SdeWindow | None,
-    *,
-    init_seeds: Sequence[int | tuple],
-    noise_seeds: Sequence[int | tuple],
-    ids: SampleIds,
-    tree: TreeSpec | None = None,
-) -> Trajectory:
+def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, window: SdeWindow | None, *,
+            init_seeds: Sequence[int | tuple], noise_seeds: Sequence[int | tuple], ids: SampleIds,
+            tree: TreeSpec | None = None) -> Trajectory:  # fmt: skip
     """Sample B rows and return their trajectory (W = 0 when `window` is None), in the order of `ids`.
 
-    The rows grow from R roots: each row its own (flat, `tree` None: R = B), or one per group present (a tree: R
-    groups of N = tree.leaves rows, each whole, sorted by group index; sampling/tree.py). Root r starts from
-    `init_seeds[r]`'s noise; a node draws its SDE noise from `noise_seeds[r]` (flat), or from `noise_seeds[r]`'s
-    parts followed by its depth and index (a tree: every node its own stream). At a split step k_d every node
-    evaluates its velocity once and its b_d children share x_{k_d} and that velocity, each drawing its own noise.
-    A seed is an int (hashed again) or a tuple of seed parts (utils/seeding.py)."""
+    The rows grow from R roots: each row its own (flat, `tree` None: R = B), or one per group (a tree of N =
+    tree.leaves rows, sampling/tree.py, whose split steps share a node's x and velocity among its children). Root r
+    starts from `init_seeds[r]`'s noise and draws its SDE noise from `noise_seeds[r]` (a tree's node: from those seed
+    parts followed by its depth and index). A seed is an int or a tuple of seed parts (utils/seeding.py)."""
     B, N = ids.batch_size[0], 1 if tree is None else tree.leaves
     R = B // N
     nodes = None if tree is None else TreeNodes(tree, ids, cond, noise_seeds, settings.num_steps, window)
@@ -137,7 +122,7 @@ def rollout(
     history: dict[str, list[torch.Tensor]] = {"latents": [], "log_probs": [], "means": [], "stds": []}
     index, evaluations = [], 0
     solver = OdeSolver(settings.ode_solver)
-    dtype = settings.storage
+    dtype = DTYPES[settings.latents_dtype]  # of the stored window latents and means
     with model.eval_mode():
         for j, kind in enumerate(kinds):
             if kind != "ode":
@@ -168,23 +153,13 @@ def rollout(
     if window is not None:
         step_index = torch.tensor(index)  # on the CPU, where the schedule `sigmas` lives
         steps = {key: in_order(torch.stack(ts, dim=1)) for key, ts in history.items()}
-        steps.update(
-            sigmas=sigmas[step_index].to(device).expand(B, -1).clone(),
-            sigmas_next=sigmas[step_index + 1].to(device).expand(B, -1).clone(),
-            step_index=step_index.to(device).expand(B, -1).clone(),
-        )
+        per_step = {"sigmas": sigmas[step_index], "sigmas_next": sigmas[step_index + 1], "step_index": step_index}
+        steps.update({key: t.to(device).expand(B, -1).clone() for key, t in per_step.items()})  # a copy per row
     # transformer forwards per image: a tree's shared nodes split among their leaves
     forwards = evaluations * model.forwards_per_evaluation(settings.guidance) / N / R
-    return Trajectory(
-        final_latents=x.float(),
-        cond=cond,
-        ids=ids.to(device),
-        images=decode_in_chunks(model, x).to(device),
-        nfe=torch.full((B,), float(forwards), device=device),
-        **steps,
-        batch_size=[B],
-        device=device,
-    )
+    images, nfe = decode_in_chunks(model, x).to(device), torch.full((B,), float(forwards), device=device)
+    return Trajectory(final_latents=x.float(), cond=cond, ids=ids.to(device), images=images, nfe=nfe, **steps,
+                      batch_size=[B], device=device)  # fmt: skip
 
 
 DECODE_ROWS = 16  # rows the VAE decodes at once: its working set grows with them (~0.4 GiB per 512² SD3/FLUX image)
@@ -197,24 +172,14 @@ def decode_in_chunks(model: FlowModel, latents: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def training_rollout(
-    model: FlowModel,
-    settings: SamplerSettings,
-    prompts: Sequence[str],
-    negative: Sequence[str | None],
-    ids: SampleIds,
-    step: int,
-    window: SdeWindow | None,
-    images: ConditionImages | None = None,
-    *,
-    seed: int,
-    share_initial_noise: bool,
-) -> Trajectory:
-    """Rows of training step `step` (run.seed `seed`), so that a row is the same sample whichever worker draws it,
-    in whichever chunk. Flat: row i's noise comes from (seed, step, ids.sample_index[i]), its initial noise from its
-    group's index instead with share_initial_noise. With `settings.tree` (whole groups): group g's root noise from
-    (seed, step, "tree_init", g), node (d, i)'s SDE noise from (seed, step, "tree_sde", g, d, i). Samples with the
-    model's active policy; `images`: each row's condition images, fitted to the output size (editing families)."""
+def training_rollout(model: FlowModel, settings: SamplerSettings, prompts: Sequence[str],
+                     negative: Sequence[str | None], ids: SampleIds, step: int, window: SdeWindow | None,
+                     images: ConditionImages | None = None, *, seed: int,
+                     share_initial_noise: bool) -> Trajectory:  # fmt: skip
+    """Rows of training step `step` (run.seed `seed`), each the same sample whichever worker draws it, in whichever
+    chunk. Flat: row i's noise from (seed, step, ids.sample_index[i]), its initial noise from its group's index with
+    share_initial_noise. A tree (`settings.tree`): group g's root noise from (seed, step, "tree_init", g), its nodes'
+    SDE noise from (seed, step, "tree_sde", g, …). `images`: each row's condition images (editing families)."""
     cond = model.encode_prompts(list(prompts), [n or "" for n in negative], images)
     if settings.tree is None:
         init_ids = ids.group_index if share_initial_noise else ids.sample_index
@@ -275,18 +240,10 @@ def sample_images(
     return torch.cat(outputs)
 
 
-def recompute_step(
-    model: FlowModel,
-    x: torch.Tensor,
-    x_next: torch.Tensor,
-    sigma: torch.Tensor,
-    sigma_next: torch.Tensor,
-    cond: TensorDict,
-    settings: SamplerSettings,
-) -> StepOutput:
+def recompute_step(model: FlowModel, x: torch.Tensor, x_next: torch.Tensor, sigma: torch.Tensor,
+                   sigma_next: torch.Tensor, cond: TensorDict, settings: SamplerSettings) -> StepOutput:  # fmt: skip
     """Log-prob and mean of the recorded step x [B, …] → x_next at σ → σ_next ([B] each) under the active policy,
-    with the rollout's guidance and step type (with grad if enabled). x and x_next may be stored in a half type
-    (`sampling.latents_dtype`): they are read as fp32."""
+    with the rollout's guidance and step type (with grad if enabled); x and x_next are read as fp32."""
     x, x_next = x.float(), x_next.float()
     v = model.velocity(x, sigma, cond, settings.guidance)
     return get_step(settings.sde_type)(x, v, sigma, sigma_next, settings.noise_level, prev_sample=x_next)

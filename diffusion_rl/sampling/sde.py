@@ -85,50 +85,33 @@ class _Inputs(NamedTuple):
     prev_sample: Tensor | None  # [B, ...] fp32
 
 
-def _per_row(value: float | Tensor, batch: int, device: torch.device, name: str) -> Tensor:
-    value_B = torch.as_tensor(value, dtype=torch.float32, device=device)
+def _per_row(value: float | Tensor, x: Tensor, name: str) -> Tensor:
+    value_B = torch.as_tensor(value, dtype=torch.float32, device=x.device)
     if value_B.ndim == 0:
-        return value_B.expand(batch)
-    if value_B.shape != (batch,):
-        raise ValueError(f"{name} must be a float or a tensor of shape [B]=[{batch}], got shape {tuple(value_B.shape)}")
+        return value_B.expand(x.shape[0])
+    if value_B.shape != x.shape[:1]:
+        raise ValueError(f"{name} must be a float or a tensor of shape [B]=[{x.shape[0]}], got {tuple(value_B.shape)}")
     return value_B
 
 
-def _prepare(
-    x: Tensor,
-    v: Tensor,
-    sigma: float | Tensor,
-    sigma_next: float | Tensor,
-    noise_level: float,
-    prev_sample: Tensor | None,
-) -> _Inputs:
+def _prepare(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float,
+             prev_sample: Tensor | None) -> _Inputs:  # fmt: skip
+    """The checked inputs: tensors in fp32, sigma and sigma_next per row [B]."""
     if x.ndim < 2:
         raise ValueError(f"x must have shape [B, ...] with at least one non-batch dim, got shape {tuple(x.shape)}")
-    if v.shape != x.shape:
-        raise ValueError(f"v must have the shape of x {tuple(x.shape)}, got {tuple(v.shape)}")
-    if prev_sample is not None and prev_sample.shape != x.shape:
-        raise ValueError(f"prev_sample must have the shape of x {tuple(x.shape)}, got {tuple(prev_sample.shape)}")
+    for name, t in (("v", v), ("prev_sample", prev_sample)):
+        if t is not None and t.shape != x.shape:
+            raise ValueError(f"{name} must have the shape of x {tuple(x.shape)}, got {tuple(t.shape)}")
     if noise_level < 0:
         raise ValueError(f"noise_level must be >= 0 (0 gives the deterministic step), got {noise_level}")
-    batch = x.shape[0]
-    sigma_B = _per_row(sigma, batch, x.device, "sigma")
-    sigma_next_B = _per_row(sigma_next, batch, x.device, "sigma_next")
-    bad_B = sigma_next_B >= sigma_B
-    if bool(bad_B.any()):
+    sigma_B, sigma_next_B = _per_row(sigma, x, "sigma"), _per_row(sigma_next, x, "sigma_next")
+    if bool((bad_B := sigma_next_B >= sigma_B).any()):
         i = int(bad_B.nonzero()[0, 0])
-        raise ValueError(
-            "sampling runs from noise to data, so sigma_next must be < sigma; "
-            f"got sigma={sigma_B[i].item():g}, sigma_next={sigma_next_B[i].item():g} (row {i})"
-        )
+        got = f"sigma={sigma_B[i].item():g}, sigma_next={sigma_next_B[i].item():g} (row {i})"
+        raise ValueError(f"sampling runs from noise to data, so sigma_next must be < sigma; got {got}")
     if bool((sigma_next_B < 0).any()):
         raise ValueError(f"sigma_next must be >= 0, got {sigma_next_B.min().item():g}")
-    return _Inputs(
-        x=x.float(),
-        v=v.float(),
-        sigma_B=sigma_B,
-        sigma_next_B=sigma_next_B,
-        prev_sample=None if prev_sample is None else prev_sample.float(),
-    )
+    return _Inputs(x.float(), v.float(), sigma_B, sigma_next_B, None if prev_sample is None else prev_sample.float())
 
 
 def _rows(value_B: Tensor, like: Tensor) -> Tensor:
@@ -142,11 +125,8 @@ def _row_mean(value: Tensor) -> Tensor:
 
 
 def _noise(like: Tensor, generator: Generators) -> Tensor:
-    """Standard normal noise of like's shape, fp32 on like's device.
-
-    One generator draws the whole batch at once; a list draws row i with generator[i], so a sample's noise does
-    not depend on how the batch is split. A generator draws on its own device (usually the CPU).
-    """
+    """Standard normal noise of like's shape, fp32 on like's device: one generator draws the batch at once, a list
+    row i with generator[i] (so a sample's noise does not depend on the batch); each on its own device."""
     shape = like.shape
     if generator is None:
         return torch.randn(shape, dtype=torch.float32, device=like.device)
@@ -179,16 +159,8 @@ def _gaussian_log_prob(sample: Tensor, mean: Tensor, noise_std_B: Tensor) -> Ten
 
 
 @STEP_TYPES.register("ode")
-def ode_step(
-    x: Tensor,
-    v: Tensor,
-    sigma: float | Tensor,
-    sigma_next: float | Tensor,
-    noise_level: float,
-    *,
-    prev_sample: Tensor | None = None,
-    generator: Generators = None,
-) -> StepOutput:
+def ode_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
+             prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Euler step of the flow ODE: x + v·dt. Ignores noise_level and generator; log_prob is 0."""
     inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
     dt = _rows(inp.sigma_next_B - inp.sigma_B, inp.x)
@@ -198,16 +170,8 @@ def ode_step(
 
 
 @STEP_TYPES.register("sde")
-def sde_step(
-    x: Tensor,
-    v: Tensor,
-    sigma: float | Tensor,
-    sigma_next: float | Tensor,
-    noise_level: float,
-    *,
-    prev_sample: Tensor | None = None,
-    generator: Generators = None,
-) -> StepOutput:
+def sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
+             prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Flow-GRPO's Euler–Maruyama step. std = noise_level·sqrt(sigma / (1 - sigma)); noise std std·sqrt(-dt)."""
     inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
     if bool((inp.sigma_B > 1).any()):
@@ -228,16 +192,8 @@ def sde_step(
 
 
 @STEP_TYPES.register("cps")
-def cps_step(
-    x: Tensor,
-    v: Tensor,
-    sigma: float | Tensor,
-    sigma_next: float | Tensor,
-    noise_level: float,
-    *,
-    prev_sample: Tensor | None = None,
-    generator: Generators = None,
-) -> StepOutput:
+def cps_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
+             prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Coefficients-preserving step: std = sigma_next·sin(noise_level·π/2); log_prob = -(x' - mean)², row-mean."""
     inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
     std_B = inp.sigma_next_B * math.sin(noise_level * math.pi / 2)
@@ -256,16 +212,8 @@ def cps_step(
 
 
 @STEP_TYPES.register("dance_sde")
-def dance_sde_step(
-    x: Tensor,
-    v: Tensor,
-    sigma: float | Tensor,
-    sigma_next: float | Tensor,
-    noise_level: float,
-    *,
-    prev_sample: Tensor | None = None,
-    generator: Generators = None,
-) -> StepOutput:
+def dance_sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
+                   prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """DanceGRPO's step with eta = noise_level: Euler step + score term; std = eta·sqrt(sigma - sigma_next)."""
     inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
     s = _rows(inp.sigma_B, inp.x)  # [B, 1, ...]

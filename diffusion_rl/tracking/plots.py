@@ -66,6 +66,25 @@ def plan_panels(
     return panels
 
 
+WIDTH_IN, PANEL_IN = 8.0, 2.6  # the figure's width and each panel's height, inches
+# Fixed margins, inches: room for tick labels of up to ~8 characters on the left, each panel's title above it and
+# the step axis below the last. Laying them out per figure (tight_layout) drew every figure twice: ~40 % of its time.
+LEFT_IN, RIGHT_IN, TOP_IN, BOTTOM_IN, GAP_IN = 0.85, 0.2, 0.35, 0.55, 0.45
+
+
+def _margins(n_panels: int) -> dict[str, float]:
+    """The gridspec fractions that give the margins above to a figure of `n_panels` panels."""
+    height = PANEL_IN * n_panels
+    axes_height = (height - TOP_IN - BOTTOM_IN - GAP_IN * (n_panels - 1)) / n_panels
+    return {
+        "left": LEFT_IN / WIDTH_IN,
+        "right": 1 - RIGHT_IN / WIDTH_IN,
+        "top": 1 - TOP_IN / height,
+        "bottom": BOTTOM_IN / height,
+        "hspace": GAP_IN / axes_height,
+    }
+
+
 def plot_metrics(
     rows: Sequence[Mapping[str, Any]],
     out_png: str | os.PathLike[str],
@@ -83,9 +102,9 @@ def plot_metrics(
     if not panels:
         return None
 
-    fig = Figure(figsize=(8, 2.6 * len(panels)))
+    fig = Figure(figsize=(WIDTH_IN, PANEL_IN * len(panels)))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw=_margins(len(panels)))
     for ax, panel in zip(axes[:, 0], panels):
         if panel.smooth:
             ax.plot(panel.steps, panel.values, color="tab:blue", alpha=0.35, linewidth=0.8, label="each step")
@@ -95,11 +114,10 @@ def plot_metrics(
         else:
             label = "each validation" if panel.key.startswith("val/") else "each step"
             ax.plot(panel.steps, panel.values, color="tab:blue", linewidth=1.2, marker="o", markersize=4, label=label)
-        ax.set_title(panel.key)
+        ax.set_title(panel.key, y=1.0)  # a set height: matplotlib skips measuring every panel to place it
         ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")
-    fig.tight_layout()
     path = Path(out_png)
     path.parent.mkdir(parents=True, exist_ok=True)
     with naming(path):

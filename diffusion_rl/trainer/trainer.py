@@ -54,10 +54,9 @@ from diffusion_rl.data.pairs import PreferencePair, load_image, load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prompts
 from diffusion_rl.engine import make_engine
-from diffusion_rl.engine.optimizer import TrainingDiverged
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
-from diffusion_rl.errors import RunStopped
+from diffusion_rl.errors import RunStopped, TrainingDiverged
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
@@ -73,6 +72,7 @@ from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, wri
 from diffusion_rl.trainer.profiling import StepProfiler
 from diffusion_rl.trainer.timing import PhaseTimer, perf_metrics
 from diffusion_rl.utils.files import naming
+from diffusion_rl.utils.omp import check_effective
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
 from diffusion_rl.utils.split import split_evenly
@@ -99,6 +99,7 @@ def build_rewards(cfg: Config, specs=None, where: str = "rewards") -> RewardComb
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        check_effective(cfg.engine.omp_wait_policy)  # this process's OpenMP read its variables when torch loaded
         if cfg.engine.num_threads:
             torch.set_num_threads(cfg.engine.num_threads)
         self.run_dir = Path(cfg.run.dir)
@@ -267,11 +268,8 @@ class Trainer:
         metrics = {**batch.scored.metrics, **prepared, **update_metrics, **timer.metrics()}
         if window is not None:
             metrics["window/start"] = window.start
-        if self.cfg.sampling.tree is not None:  # what flat rollouts of the same group size would cost (local engine)
-            s = self.cfg.sampling
-            flat = s.num_steps * self.engine.model.forwards_per_evaluation(s.guidance)
-            metrics["rollout/nfe_per_image_flat"] = float(flat)
-            metrics["rollout/nfe_saving"] = 1.0 - metrics["rollout/nfe_per_image"] / flat
+        if self.cfg.sampling.tree is not None:
+            metrics.update(self._tree_saving(metrics["rollout/nfe_per_image"]))
         # the step's throughput: generate (or load), reward, prepare and update; not dumps, validation, checkpoints
         seconds = sum(timer.seconds.values())
         metrics["images_per_second"] = len(batch.prompts) / seconds
@@ -284,6 +282,12 @@ class Trainer:
                 self.dump_rollout(step, batch, leaf[:, -1] if leaf is not None and leaf.ndim == 2 else leaf)
             metrics["timing/dump"] = timer.seconds["dump"]
         return metrics
+
+    def _tree_saving(self, nfe_per_image: float) -> dict[str, float]:
+        """What flat rollouts of the same group size would cost (local engine), and the share a tree saves."""
+        s = self.cfg.sampling
+        flat = s.num_steps * self.engine.model.forwards_per_evaluation(s.guidance)
+        return {"rollout/nfe_per_image_flat": float(flat), "rollout/nfe_saving": 1.0 - nfe_per_image / flat}
 
     def finish(self) -> list[dict]:
         rows = read_metrics(self.run_dir / "metrics.jsonl") if self.cfg.log.jsonl else []
@@ -439,12 +443,13 @@ class OnlineRollouts:
             with timer("generate"):
                 collected, seconds = future.result()
             collected.scored.metrics["timing/sampled_ahead"] = seconds
-        self._sample_ahead(step)
+        ahead = getattr(self.engine, "max_staleness", 0)  # > 0: the engine samples ahead (separate rollout actors)
+        if ahead:
+            self._sample_ahead(step, ahead)
         return collected
 
-    def _sample_ahead(self, step: int) -> None:
-        """Start the next engine.max_staleness steps (those not started yet) in the background thread."""
-        ahead = getattr(self.engine, "max_staleness", 0)
+    def _sample_ahead(self, step: int, ahead: int) -> None:
+        """Start the next `ahead` steps (those not started yet) in the background thread."""
         for later in range(step + 1, min(step + ahead, self.cfg.train.total_steps - 1) + 1):
             if later not in self.sampled_ahead:
                 window = window_for_step(self.cfg.sampling, self.cfg.run.seed, later)

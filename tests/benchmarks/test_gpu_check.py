@@ -1,13 +1,15 @@
 """benchmarks/gpu_check.py: its dry run (the same parts on the CPU at tiny sizes) measures every part and writes the
 record a GPU run writes, so the check a GPU session runs in one command cannot rot; a crash or an overrun in one
 part is recorded and the rest still run; parts run in spawned processes too; the random text embeddings have the real
-encoders' shapes; the carried wheels are the versions the suite runs."""
+encoders' shapes and dtypes; the carried wheels are the versions the suite runs."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -46,7 +48,10 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
     for part in parts.values():
         assert isinstance(part["seconds"], NUMBER) and part["seconds"] <= part["cap_s"] + 5
     assert parts["device"]["result"]["packages"]["torch"] == torch.__version__
-    for name in ("sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora"):
+    from gpu_check.summary import MODEL_PARTS
+
+    assert set(MODEL_PARTS) <= set(parts)
+    for name in MODEL_PARTS:
         result = parts[name]["result"]
         assert result.keys() >= MODEL_KEYS, name
         assert result["step_s"] > 0 and result["rollout_s"] > 0 and result["update_s"] > 0
@@ -65,9 +70,20 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
     assert "sdpa" in attention and len(attention) == 2 and all("step_s" in run for run in attention.values())
     fsdp = parts["fsdp2"]["result"]
     assert fsdp["backend"] == "gloo" and fsdp["world_size"] == 1 and fsdp["step_s"] > 0
+    from gpu_check.cudnn_ab import DRY_MODELS
+
+    ab = parts["cudnn_ab"]["result"]
+    assert list(ab["runs"]) == list(DRY_MODELS) and "no-op" in ab["switch"]
+    for runs in ab["runs"].values():
+        off, on = runs["cudnn_off"]["result"], runs["cudnn_on"]["result"]
+        assert (off["cudnn_sdp_enabled"], on["cudnn_sdp_enabled"]) == (False, True)  # each variant set the switch
+        assert off["kernels"] == on["kernels"] and sum(off["kernels"].values()) > 0  # a no-op on the CPU
+        assert off["update_s"] > 0 and on["update_s"] > 0 and off["logp_diff_max"] == on["logp_diff_max"] == 0.0
+        assert runs["update_ratio"] == on["update_s"] / off["update_s"]
     summary = (tmp_path / "gpu_check.md").read_text()
     headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
-                "## model.attention_backend", "## FSDP2 worker")  # fmt: skip
+                "## model.attention_backend", "## FSDP2 worker",
+                "## torch's cuDNN attention kernel off vs on")  # fmt: skip
     for heading in headings:
         assert heading in summary
 
@@ -105,6 +121,67 @@ def test_a_crash_or_an_overrun_is_recorded_and_the_next_part_still_runs(tmp_path
     assert record["late"]["status"] == "not_run" and "budget" in record["late"]["reason"]
 
 
+def test_a_crashing_cudnn_variant_is_recorded_and_the_next_variant_still_runs(tmp_path, gpu_check, monkeypatch):
+    from gpu_check import cudnn_ab
+    from gpu_check.parts import Context
+    from gpu_check.summary import markdown
+
+    def variant(ctx, name, cudnn):  # stands in for a model's step in the variant's own process
+        if cudnn and name == "wan21_lora":
+            faulthandler.disable()  # pytest's would print this process's stack
+            os.kill(os.getpid(), signal.SIGSEGV)  # as a crash inside a CUDA library would
+        if cudnn and name == "sd35_lora":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return {"rollout_s": 1.0, "update_s": 4.0 if cudnn else 5.0, "step_s": 5.0 if cudnn else 6.0}
+
+    monkeypatch.setattr(cudnn_ab, "variant", variant)
+    monkeypatch.setattr(cudnn_ab, "DRY_MODELS", ("wan21_lora", "sd35_lora", "flux_lora"))
+    ctx = Context(dry_run=True, work=tmp_path)
+    ctx.deadline = time.monotonic() + 60
+    runs = cudnn_ab.cudnn_ab_part(ctx)["runs"]
+    assert runs["wan21_lora"]["cudnn_on"] == {**runs["wan21_lora"]["cudnn_on"], "status": "failed",
+                                              "error": "the process died (exit code -11)"}  # fmt: skip
+    assert runs["sd35_lora"]["cudnn_on"]["status"] == "failed"
+    assert "illegal memory access" in runs["sd35_lora"]["cudnn_on"]["error"]
+    assert all(runs[name]["cudnn_off"]["status"] == "ok" for name in runs) and runs["flux_lora"]["cudnn_on"]["result"]
+    assert "update_ratio" not in runs["wan21_lora"] and runs["flux_lora"]["update_ratio"] == 4.0 / 5.0
+    record = {"created": "now", "dry_run": True, "budget_s": 160, "parts": {"cudnn_ab": {"status": "ok", "result": {
+        "runs": runs, "variants": {"cudnn_off": "off", "cudnn_on": "on"}, "switch": "no-op"}}}}  # fmt: skip
+    table = markdown(record)
+    assert "| flux_lora | tiny preset, 2 images | 1.00 | 5.00 | 1.00 | 4.00 | 0.800 |" in table
+    assert "| failed: the process died (exit code -11) |" in table
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_a_variant_past_its_cap_is_killed_and_one_dies_with_its_part(tmp_path, gpu_check, monkeypatch):
+    from gpu_check.cudnn_ab import isolated
+
+    started = time.perf_counter()
+    record = isolated(lambda: time.sleep(60), tmp_path / "slow.json", cap_s=1.0)
+    assert record["status"] == "timeout" and 1.0 <= record["seconds"] < 5 and time.perf_counter() - started < 5
+
+    pid_file = tmp_path / "variant.pid"
+
+    def running():
+        pid_file.write_text(str(os.getpid()))
+        time.sleep(60)
+
+    def part(ctx):  # a part killed at its cap while its variant runs (the variant's cap is longer)
+        isolated(running, tmp_path / "v.json", cap_s=60)
+
+    monkeypatch.setattr(gpu_check, "PARTS", {"part": (part, 3)})
+    monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
+    gpu_check.main(["--out", str(tmp_path), "--dry-run", "--budget", "25"])
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["part"]["status"] == "timeout"
+    stat = Path(f"/proc/{pid_file.read_text()}/stat")
+    for _ in range(50):  # the kernel's signal to the orphan is asynchronous
+        if not stat.exists() or stat.read_text().rsplit(") ", 1)[1][0] in "ZX":  # gone, or dead and not yet reaped
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the variant outlived its part")
+
+
 def test_a_check_of_some_parts_still_names_its_device(tmp_path, gpu_check, monkeypatch):
     parts = {"device": (lambda ctx: {"gpu": "NVIDIA H200"}, 30), "fine": (lambda ctx: {}, 30),
              "other": (lambda ctx: {}, 30)}  # fmt: skip
@@ -115,9 +192,9 @@ def test_a_check_of_some_parts_still_names_its_device(tmp_path, gpu_check, monke
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check: NVIDIA H200")
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "qwen_image", "wan"])
-def test_random_text_embeddings_have_the_shapes_the_real_encoders_give(family, gpu_check):
-    from gpu_check.models import TINY_PRESET, RandomTexts, text_shapes
+@pytest.mark.parametrize("family", ["sd3", "z_image"])  # pooled embeddings; a mask (every family: test_text_shapes.py)
+def test_random_text_embeddings_are_what_the_real_encoders_give_in_shape_and_dtype(family, gpu_check):
+    from gpu_check.models import TINY_PRESET, RandomTexts
 
     from diffusion_rl.config import ModelConfig
     from diffusion_rl.estimate.architectures import from_tiny
@@ -129,7 +206,7 @@ def test_random_text_embeddings_have_the_shapes_the_real_encoders_give(family, g
     model = model_of_pipeline(build_tiny(family, TINY_PRESET), family_named(family), cfg, torch.device("cpu"),
                               torch.float32, "tiny")  # fmt: skip
     real = model.encode_texts(["a red cube", ""])
-    shapes = text_shapes(from_tiny(family, TINY_PRESET), 24, prompt_tokens=5)
+    shapes = family_named(family).adapter.text_shapes(from_tiny(family, TINY_PRESET), 24, prompt_tokens=5)
     random = RandomTexts(shapes, torch.float32, prompt_tokens=5).lookup(["a red cube", ""], torch.device("cpu"))
     assert {k: (v.shape, v.dtype) for k, v in random.items()} == {k: (v.shape, v.dtype) for k, v in real.items()}
     again = RandomTexts(shapes, torch.float32, prompt_tokens=5).lookup(["a red cube"], torch.device("cpu"))
@@ -167,3 +244,16 @@ def test_shipped_image_vaes_carry_the_checkpoints_latent_scaling():
     assert sorted(kl) == sorted(real)
     for name, config in kl.items():
         assert (config.get("scaling_factor"), config.get("shift_factor")) == real[name], name
+
+
+def test_shipped_video_vaes_carry_a_latent_mean_and_std_per_latent_channel():
+    # AutoencoderKLWan's defaults are Wan 2.1's 16 channels' statistics; Wan 2.2's VAE has 48 latent channels, and
+    # the GPU check's Wan 2.2 step failed in the decode (`view` of 16 values as 48) until its architecture carried them
+    from diffusion_rl.estimate.architectures import from_shipped, shipped
+
+    archs = [from_shipped(name) for name in shipped()]
+    wan = {a.name: a.vae_config for a in archs if a.vae_class == "AutoencoderKLWan"}
+    assert {config["z_dim"] for config in wan.values()} == {16, 48}
+    for name, config in wan.items():
+        assert len(config["latents_mean"]) == len(config["latents_std"]) == config["z_dim"], name
+        assert min(config["latents_std"]) > 0, name

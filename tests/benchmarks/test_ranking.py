@@ -137,8 +137,10 @@ def test_the_table_from_shard_files_by_hand(table, tmp_path):
     grid = (0.0, 0.5, 1.01)  # the end overshoots the budget by part of a step
 
     def runs(s):
-        out = [run("flow_grpo", 3e-5, s, 0.5, list(zip(grid, fg[s]))),
-               run("nft", 1e-5, s, 0.6, list(zip(grid, nft[s])))]
+        out = [
+            run("flow_grpo", 3e-5, s, 0.5, list(zip(grid, fg[s]))),
+            run("nft", 1e-5, s, 0.6, list(zip(grid, nft[s]))),
+        ]
         if s < 2:  # the selection shards also ran the other rates, which lose on training reward
             out += [run("flow_grpo", 1e-5, s, 0.3, list(zip(grid, (0.4, 0.9, 0.9)))),
                     {"algorithm": "nft", "lr": 3e-5, "seed": s, "error": "RuntimeError: diverged"}]  # fmt: skip

@@ -86,11 +86,11 @@ def _kill_before(trainer, deaths: dict) -> None:
 def test_a_run_survives_a_killed_rollout_actor_and_a_killed_trainer_and_ends_as_a_straight_run(
     make_config, tmp_path, run_trainer, max_difference, ray_overrides, equal_overrides
 ):
+    # straight on the local engine: under EQUAL a Ray run takes its steps (test_ray_engine.py), rollout actors or not
+    straight, _ = run_trainer(make_config(*equal_overrides, "train.total_steps=3", f"run.dir={tmp_path / 'straight'}"))
+    straight_weights = straight.engine.model.policies.trainable_state_dict()
     options = (*equal_overrides, *ray_overrides, *SEPARATE, "engine.num_workers=1", "train.total_steps=3",
                "train.save_every=1")  # fmt: skip
-    straight, _ = run_trainer(make_config(*options, f"run.dir={tmp_path / 'straight'}"))
-    straight_weights = straight.engine.trainable_state_dict()
-    straight.engine.close()
     # step 2: the rollout actor dies, new ones sample step 2 again; step 3: the trainer dies, a new engine resumes
     # from the checkpoint of step 2
     deaths = {1: lambda t: t.engine.rollouts.pids[0], 2: lambda t: t.engine.trainers.pids[0]}

@@ -142,6 +142,7 @@ def test_eval_takes_a_checkpoint_configs_rewards_by_label(tmp_path, scaled_brigh
 def test_reward_actors_are_built_from_the_name_and_report_under_the_label(monkeypatch):
     from diffusion_rl.engine import ray_cluster as ray_module
     from diffusion_rl.engine import reward_actors
+    from diffusion_rl.utils.omp import child_env
 
     assert not hasattr(reward_actors, "RemoteReward")  # the `remote` reward's class name, in rewards/remote.py only
     built = []
@@ -151,4 +152,5 @@ def test_reward_actors_are_built_from_the_name_and_report_under_the_label(monkey
         None, ["rewards=[{name: remote, label: judge_a, actors: 2, actor_gpus: 0.5, kwargs: {url: 'http://a:1'}}]"]
     )
     reward_actors.make_reward_fn(cfg.rewards[0], cfg.engine)
-    assert built == [(("remote", {"url": "http://a:1"}, 2, 1.0, 0.5), {"label": "judge_a"})]
+    env = child_env(cfg.engine.omp_wait_policy)  # OpenMP's policy: beside the policy's torch processes
+    assert built == [(("remote", {"url": "http://a:1"}, 2, 1.0, 0.5), {"label": "judge_a", "env": env})]

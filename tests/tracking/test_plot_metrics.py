@@ -55,3 +55,29 @@ def test_policy_plot_has_one_panel_per_informative_key(tmp_path):
     few = plot_metrics(rows, tmp_path / "few.png", ["clip_fraction", "grad_norm", "loss"], skip_all_zero=True)
     all_ = plot_metrics(rows, tmp_path / "all.png", ["clip_fraction", "grad_norm", "loss"])
     assert Image.open(few).size[1] < Image.open(all_).size[1]  # 2 stacked panels instead of 3
+
+
+def test_fixed_margins_in_inches_and_every_label_inside_the_figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from diffusion_rl.tracking.plots import _margins
+
+    for n in (1, 3):
+        height = 2.6 * n
+        fig = Figure(figsize=(8, height))
+        canvas = FigureCanvasAgg(fig)
+        axes = fig.subplots(n, 1, sharex=True, squeeze=False, gridspec_kw=_margins(n))[:, 0]
+        boxes = [ax.get_position() for ax in axes]  # figure fractions, top panel first
+        assert math.isclose(boxes[0].x0 * 8, 0.85) and math.isclose((1 - boxes[0].x1) * 8, 0.2)
+        assert math.isclose((1 - boxes[0].y1) * height, 0.35) and math.isclose(boxes[-1].y0 * height, 0.55)
+        for upper, lower in zip(boxes, boxes[1:]):
+            assert math.isclose((upper.y0 - lower.y1) * height, 0.45)
+        for ax in axes:  # wide tick labels, a title, the step label: all drawn inside the canvas
+            ax.plot([0, 1000], [-0.00123, 1234.5])
+            ax.set_title("val/reward/mean")
+        axes[-1].set_xlabel("step")
+        canvas.draw()
+        for ax in axes:  # what is drawn of each panel: its tick labels, title and axis label
+            box = ax.get_tightbbox(canvas.get_renderer())
+            assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, box

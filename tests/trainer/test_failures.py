@@ -10,8 +10,7 @@ import torch
 from diffusion_rl.checkpoint.state import read_saved_tensors
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config import load
-from diffusion_rl.engine.optimizer import TrainingDiverged
-from diffusion_rl.errors import UserError
+from diffusion_rl.errors import TrainingDiverged, UserError
 from diffusion_rl.rewards import RewardFailure
 from diffusion_rl.tracking import read_metrics
 

@@ -79,6 +79,13 @@ class FluxModel(PackedLatentModel):
         )
         return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
 
+    @classmethod
+    def text_shapes(cls, arch, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
+        """T5's tokens (padded to max_sequence_length) and CLIP-L's pooled output."""
+        c = arch.transformer_config
+        return {"prompt_embeds": (max_sequence_length, c["joint_attention_dim"]),
+                "pooled_prompt_embeds": (c["pooled_projection_dim"],)}  # fmt: skip
+
     # -- the network ------------------------------------------------------------------------------------------
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,

@@ -119,6 +119,11 @@ class Flux2Model(PackedLatentModel):
         )
         return {"prompt_embeds": embeds}
 
+    @classmethod
+    def text_shapes(cls, arch, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
+        """The text encoder's tokens padded to max_sequence_length, its chosen layers' states side by side."""
+        return {"prompt_embeds": (max_sequence_length, arch.transformer_config["joint_attention_dim"])}
+
     # -- the σ schedule -----------------------------------------------------------------------------------------
     def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:
         from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu

@@ -143,6 +143,12 @@ class QwenImageModel(PackedLatentModel):
         return min(prompt_tokens, max_sequence_length)  # the template is cut, and so are the padding columns
 
     @classmethod
+    def text_shapes(cls, arch, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
+        """Qwen2.5-VL's last hidden states padded to max_sequence_length, and their mask."""
+        length, width = max_sequence_length, arch.transformer_config["joint_attention_dim"]
+        return {"prompt_embeds": (length, width), "prompt_embeds_mask": (length,)}
+
+    @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
                     sources: int = 0) -> dict:  # fmt: skip
         _, h, w = latent

@@ -72,6 +72,14 @@ class SD3Model(FlowModel):
         return max((e.positions for e in arch.text_encoders if e.kind == "clip"), default=77) + max_sequence_length
 
     @classmethod
+    def text_shapes(cls, arch, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
+        """The CLIPs' tokens (padded to T5's width), then T5's; the CLIPs' pooled outputs side by side."""
+        c = arch.transformer_config
+        tokens = cls.text_tokens(arch, max_sequence_length, prompt_tokens)
+        pooled = c["pooled_projection_dim"]
+        return {"prompt_embeds": (tokens, c["joint_attention_dim"]), "pooled_prompt_embeds": (pooled,)}
+
+    @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
         _, h, w = latent
         return dict(hidden_states=on_meta(batch, config["in_channels"], h, w, dtype=dtype),

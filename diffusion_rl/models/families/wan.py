@@ -105,6 +105,11 @@ class WanModel(FlowModel):
         )
         return {"prompt_embeds": embeds}
 
+    @classmethod
+    def text_shapes(cls, arch, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
+        """UMT5's tokens, padded to max_sequence_length."""
+        return {"prompt_embeds": (max_sequence_length, arch.transformer_config["text_dim"])}
+
     # -- the network ------------------------------------------------------------------------------------------
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         timestep = self.model_timestep(as_sigma_batch(sigma, latents.shape[0], latents.device))

@@ -78,6 +78,12 @@ class ZImageModel(SD3Model):
         return min(prompt_tokens, max_sequence_length)  # padding is cut; the template's few tokens are left out
 
     @classmethod
+    def text_shapes(cls, arch, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
+        """Qwen3's hidden states of each text padded to max_sequence_length, and their mask."""
+        length = max_sequence_length
+        return {"prompt_embeds": (length, arch.transformer_config["cap_feat_dim"]), "prompt_embeds_mask": (length,)}
+
+    @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
         _, h, w = latent
         return dict(x=[on_meta(config["in_channels"], 1, h, w, dtype=dtype) for _ in range(batch)],
