@@ -310,20 +310,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def requested_engine_setting(argv: list[str], key: str):
-    """engine.<key> as the command line asks for it, read before torch loads (config_io imports no torch): its last
-    `engine.<key>=` override, else the first config file it names (with its base files); None when neither says. A
+def requested_engine(argv: list[str]) -> dict:
+    """The engine section as the command line asks for it, read once before torch loads (config_io imports no torch):
+    the first config file it names (with its base files) under its `engine.<key>=` overrides; {} when neither says. A
     bad file or value counts as unsaid here: the command itself refuses it in one line."""
     from diffusion_rl.config_io.yaml_files import apply_overrides, read_yaml_config
 
-    overrides = [a for a in argv if a.startswith(f"engine.{key}=")]
+    overrides = [a for a in argv if a.startswith("engine.") and "=" in a]
     files = [a for a in argv if a.endswith((".yaml", ".yml")) and os.path.isfile(a)]
     try:
         data = apply_overrides(read_yaml_config(files[0]) if files else {}, overrides)
     except UserError:
-        return None
+        return {}
     engine = data.get("engine")
-    return engine.get(key) if isinstance(engine, dict) else None
+    return engine if isinstance(engine, dict) else {}
 
 
 def prepare_process_env(argv: list[str]):
@@ -333,8 +333,9 @@ def prepare_process_env(argv: list[str]):
     process)."""
     if "torch" in sys.modules:
         return None
-    cuda_alloc.apply(requested_engine_setting(argv, "cuda_expandable_segments") is not False)
-    requested = requested_engine_setting(argv, "omp_wait_policy")
+    engine = requested_engine(argv)
+    cuda_alloc.apply(engine.get("cuda_expandable_segments") is not False)
+    requested = engine.get("omp_wait_policy")
     requested = requested if requested in omp.CHOICES else "auto"
     measure = requested == "auto" and not omp.user_setting(os.environ)
     busy, cpus = omp.busy_cpus() if measure else (None, 0)

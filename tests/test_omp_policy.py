@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diffusion_rl.cli import requested_engine_setting
+from diffusion_rl.cli import requested_engine
 from diffusion_rl.utils import omp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,12 +112,12 @@ def test_the_cli_reads_engine_settings_from_the_command_line_before_torch(tmp_pa
     child.write_text("base: base.yaml\ntrain:\n  lr: 1.0e-4\n")
 
     def policy(*argv):
-        return requested_engine_setting(list(argv), "omp_wait_policy")
+        return requested_engine(list(argv)).get("omp_wait_policy")
 
     assert policy("train", str(child)) == "passive"  # through the base file
     assert policy("train", str(child), "engine.omp_wait_policy=spin") == "spin"  # the override wins
-    assert requested_engine_setting(["train", str(child)], "cuda_expandable_segments") is False
-    assert requested_engine_setting(["train", "engine.cuda_expandable_segments=true"], "cuda_expandable_segments")
+    assert requested_engine(["train", str(child)])["cuda_expandable_segments"] is False  # both keys from one read
+    assert requested_engine(["train", "engine.cuda_expandable_segments=true"]) == {"cuda_expandable_segments": True}
     assert policy("config", "reference") is None  # unsaid: the CLI takes the default
     bad = tmp_path / "bad.yaml"
     bad.write_text("engine: [unclosed\n")
