@@ -9,10 +9,12 @@ and a step's gradient reaches the expert that made it. A call routes each row by
 routes a step: a batch whose rows sit on both sides (forward-process losses draw a time per sample) runs each
 expert on its rows.
 
-Sharded (a process group of more than one rank): FSDP2 gathers an expert's weights in its forward and reduces its
-gradients in its backward, collectives every rank must join. A call therefore first agrees over the group which
-experts any rank needs (one small all-reduce); a rank with no row for one of them runs it on one of its rows and
-adds 0× the result, so that its forward and backward join the same collectives at no effect on the numbers.
+Sharded (FSDP2, engine/parallel.py): a network whose weights are gathered lazily joins, in each unit's forward and
+backward, collectives every rank must join, so every rank must call the same experts. While the sharding asks it
+(`agree_over_ranks`, set by the parallel layer while the weights are not gathered up front), a call first agrees
+over the group which experts any rank needs (one small all-reduce); a rank with no row for one of them runs it on
+one of its rows and adds 0× the result, so that its forward and backward join the same collectives at no effect
+on the numbers.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class TimestepExperts(nn.Module):
         super().__init__()
         self.high, self.low = high, low
         self.boundary = float(boundary)
+        self.agree_over_ranks = False  # see the module docstring: the parallel layer sets it
 
     @property
     def config(self):
@@ -55,7 +58,7 @@ class TimestepExperts(nn.Module):
         high_B = (row_time.expand(rows) if row_time.ndim == 0 else row_time) >= self.boundary
         n_high = int(high_B.sum())
         needed = (n_high > 0, n_high < rows)
-        if _sharded():  # what any rank needs, every rank runs
+        if self.agree_over_ranks:  # what any rank needs, every rank runs
             flags = torch.tensor(needed, dtype=torch.int32, device=_collective_device(hidden_states))
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             needed = tuple(bool(f) for f in flags.tolist())
@@ -93,13 +96,13 @@ def _rows(inputs: dict, index: torch.Tensor, rows: int) -> dict:
     }
 
 
-def _sharded() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 def _collective_device(tensor: torch.Tensor) -> torch.device:
     # gloo reduces CPU tensors; NCCL those on the rank's GPU
     return tensor.device if dist.get_backend() != "gloo" else torch.device("cpu")
+
+
+def experts_in(module: nn.Module) -> list[TimestepExperts]:
+    return [m for m in module.modules() if isinstance(m, TimestepExperts)]
 
 
 def pipeline_parts(network: nn.Module) -> dict[str, nn.Module]:
