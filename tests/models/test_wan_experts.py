@@ -119,6 +119,11 @@ def test_lora_export_loads_into_both_diffusers_transformers_and_samples_identica
     after, wanted = videos(fresh), videos(trained)
     assert not torch.equal(before, wanted) and not torch.equal(high_only, wanted)  # the update moved both experts
     assert torch.equal(after, wanted)
+    merged = tmp_path / "merged"  # --merge: both transformers with their LoRA merged in, in the base's layout
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(merged), "--merge"]) == 0
+    merged_model = load(merged, max_sequence_length=trained.max_sequence_length)
+    assert isinstance(network_of(merged_model), TimestepExperts)
+    assert (videos(merged_model).int() - wanted.int()).abs().max() <= 1  # merging rounds differently than LoRA
 
 
 class _Expert(torch.nn.Module):
