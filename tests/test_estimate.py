@@ -593,3 +593,21 @@ def test_capacity_is_shown_as_it_is_with_the_headroom_and_a_warning_when_tight(c
     assert f"headroom           {peak * 0.03:8.2f} (2.9% of the device)" in outputs["tight"]
     assert "WARNING       under 5% of the device's memory is left free" in outputs["tight"]
     assert "(33.3% of the device)" in outputs["roomy"] and "WARNING" not in outputs["roomy"]
+
+
+def test_two_experts_hold_and_train_twice_the_weights_at_one_experts_flops():
+    """Wan 2.2 A14B: both experts are held and trained (LoRA on each), a transformer call runs one of them."""
+    cfg = load(str(ROOT / "configs/wan22_i2v_a14b_lora.yaml"))
+    a14b = from_shipped("Wan2.2-I2V-A14B-Diffusers")
+    assert a14b.experts == 2 and a14b.family == "wan_i2v" and a14b.transformer_config["in_channels"] == 36
+    a14b.transformer_config["num_layers"] = 1  # one block, to keep this fast
+    one = dataclasses.replace(a14b, experts=1)
+    pair, single = (estimate(cfg, arch, DEVICES["h100"], 8) for arch in (a14b, one))
+    assert pair.flops_per_step == single.flops_per_step and pair.step_seconds == pytest.approx(single.step_seconds)
+    from diffusion_rl.estimate.counting import build_on_meta
+
+    params = sum(p.numel() for p in build_on_meta(a14b.transformer_class, a14b.transformer_config).parameters())
+    # the second expert's bf16 weights, sharded over 8 (the gathered blocks are one expert's either way)
+    assert pair.memory_gib["transformer"] - single.memory_gib["transformer"] == pytest.approx(params * 2 / 8 / 2**30)
+    for key in ("trainable_state", "ema"):
+        assert pair.memory_gib[key] == pytest.approx(2 * single.memory_gib[key]), key

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from diffusion_rl.models.experts import TimestepExperts, experts_in
 from diffusion_rl.models.policies import DEFAULT
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ class SingleDevice:
 
 def transformer_blocks(module: nn.Module) -> list[nn.Module]:
     """The repeated blocks of a diffusers transformer (FSDP2 units): SD3 `transformer_blocks`, FLUX also
-    `single_transformer_blocks`; otherwise the members of its largest ModuleList."""
+    `single_transformer_blocks`; otherwise the members of its largest ModuleList. Two experts: each one's."""
+    if isinstance(module, TimestepExperts):
+        return transformer_blocks(module.high) + transformer_blocks(module.low)
     blocks = []
     for name in ("transformer_blocks", "single_transformer_blocks"):
         found = getattr(module, name, None)
@@ -134,6 +137,8 @@ class Fsdp2Sharded(SingleDevice):
             for block in transformer_blocks(root):
                 fully_shard(block, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
             fully_shard(root, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
+            for experts in experts_in(root):  # lazily gathered: every rank calls the experts any rank needs
+                experts.agree_over_ranks = True
             # every worker scales its loss by the global count (see `sum`): the gradients must be summed, not
             # averaged over the workers. A plain SUM: gloo has no PREMUL_SUM (what a divide factor uses otherwise)
             for module in root.modules():
@@ -210,12 +215,17 @@ class Fsdp2Sharded(SingleDevice):
         """All-gather the network that runs `policy` once (a collective: every worker enters this together); its
         forwards inside the block are then local. Resharded on exit: nothing done to it inside is kept."""
         units = self._units_of(policy)
+        experts = experts_in(self.roots.get(policy, self.roots[DEFAULT]))
         self._keep_gathered(True, policy)
         try:
             for unit in units:
                 unit.unshard()
+            for each in experts:  # gathered: a rank calls only the experts of its own rows (it may have none)
+                each.agree_over_ranks = False
             yield
         finally:
+            for each in experts:
+                each.agree_over_ranks = True
             self._reshard(units)
             self._keep_gathered(False, policy)
 

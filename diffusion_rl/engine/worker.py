@@ -312,7 +312,7 @@ class PolicyWorker:
         s = self.cfg.sampling
         with self.parallel.gathered(self.rollout_policy):
             if not rows:
-                return Generated.empty(s.height, s.width, s.frames if self.model.video else None)
+                return Generated.empty(s.height, s.width, s.num_frames if self.model.video else None)
             texts, negative = [prompts.prompts[i] for i in rows], [prompts.negative_prompts[i] for i in rows]
             images = [prompts.condition_images[i] for i in rows]
             shape = ("generate", len(rows), window.size if window is not None else 0, any(images))

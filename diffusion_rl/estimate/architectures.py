@@ -104,6 +104,7 @@ class Architecture:
     vae_config: dict
     text_encoders: list[TextEncoder] = field(default_factory=list)
     source: str = ""
+    experts: int = 1  # transformers of this architecture the model holds (Wan 2.2 A14B: 2, one per call)
 
     @property
     def vae_scale(self) -> int:
@@ -131,7 +132,9 @@ def from_components(name: str, family: str, components: dict[str, dict], source:
     texts = [text_encoder_of(k, v) for k, v in sorted(components.items()) if k.startswith("text_encoder")]
     strip = lambda c: {k: v for k, v in c.items() if not k.startswith("_")}  # noqa: E731
     tr, vae = components["transformer"], components["vae"]
-    return Architecture(name, family, _class_name(tr, ""), strip(tr), _class_name(vae, ""), strip(vae), texts, source)
+    experts = 2 if "transformer_2" in components else 1
+    return Architecture(name, family, _class_name(tr, ""), strip(tr), _class_name(vae, ""), strip(vae), texts, source,
+                        experts)  # fmt: skip
 
 
 def from_model_dir(path: Path) -> Architecture:

@@ -127,13 +127,15 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype, lora=adapters)
     fwd_per_row = cost.forward_flops / shapes.batch  # one row of one call, guidance not applied
     module = build_on_meta(arch.transformer_class, arch.transformer_config)
-    trainable = cost.params if full else lora_params(module, targets, m.lora.rank)
+    # Wan 2.2 A14B: two experts of this architecture, both trained and held, one run per call
+    trainable = (cost.params if full else lora_params(module, targets, m.lora.rank)) * arch.experts
     vae = build_on_meta(arch.vae_class, arch.vae_config)
     vae_params = sum(p.numel() for p in vae.parameters())
     decode = vae_decode_cost(arch, s.height, s.width, s.num_frames, dtype)
 
     # -- FLOPs and bytes per GPU, per phase ---------------------------------------------------------------------
-    weights = cost.params * wbytes
+    weights = cost.params * wbytes  # one expert's: what a call streams
+    held = arch.experts * weights
     prompts = math.ceil(cfg.data.prompts_per_step / gpus) + 1  # distinct texts per GPU: its prompts and the negative
     text_flops = 0.0
     for enc in arch.text_encoders:
@@ -187,8 +189,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     # engine.fsdp_cpu_offload: the shards and the optimizer state are in host memory; the device holds what is
     # gathered and the gradients until they are reduced
     host = e.kind == "ray" and e.fsdp_cpu_offload
-    resident = 0 if host else weights / shard
-    transformer_mem = weights if gathered else resident + 2 * weights / cost.blocks
+    resident = 0 if host else held / shard
+    transformer_mem = held if gathered else resident + 2 * weights / cost.blocks
     gradients = trainable * master / (1 if gathered else shard) if full else trainable * 4 / shard
     if host:
         train_state = gradients
@@ -200,7 +202,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         train_state = 4 * trainable * 4 / shard
     # model.offload_reference: the copy is on the device only for its forward, which runs before the trained one
     kl = algorithm.needs_reference(settings)
-    reference = weights / shard if (full and kl and not (m.offload_reference or host)) else 0
+    reference = held / shard if (full and kl and not (m.offload_reference or host)) else 0
     latent_numel = shapes_numel(arch, s)
     stochastic = (s.num_steps - 1) if s.window.kind == "all" else s.window.size
     cond_per_row = 2 * text * _text_width(arch) * wbytes  # prompt and negative embeddings
@@ -263,7 +265,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
             f"{'true CFG: doubled batch' if cfg_factor == 2 else 'one forward per step'}; micro-batch {micro}",
             f"{evaluations:.3g} transformer evaluations per image in the rollout"
             + ("" if tree is None else f" (a tree of {tree.leaves} leaves instead of {s.num_steps})"),
-            f"trainable parameters {trainable / 1e6:.1f}M of {cost.params / 1e9:.2f}B",
+            f"trainable parameters {trainable / 1e6:.1f}M of {arch.experts * cost.params / 1e9:.2f}B"
+            + ("" if arch.experts == 1 else f" ({arch.experts} experts, one per transformer call)"),
             "rewards, FSDP collectives and the time of offloading's copies are not modelled: the efficiency is "
             "fitted on single-GPU steps without them (docs/estimate.md)",
         ],

@@ -142,9 +142,10 @@ class FlowModel(ABC):
         self.pipeline = pipeline
         self.device, self.dtype = device, dtype
         freeze(*(getattr(pipeline, name, None) for name in self.frozen_components))
+        network = self.trained_network(pipeline)
         if gradient_checkpointing:
-            pipeline.transformer.enable_gradient_checkpointing()
-        self.policies = PolicySet(pipeline.transformer, lora)
+            network.enable_gradient_checkpointing()
+        self.policies = PolicySet(network, lora)
         self.vae = pipeline.vae
         self._scheduler_config = pipeline.scheduler.config
         self.max_sequence_length = max_sequence_length
@@ -180,6 +181,11 @@ class FlowModel(ABC):
                 self._frozen_users[name] -= 1
                 if self._frozen_users[name] == 0:
                     self._place(name, torch.device("cpu"))
+
+    def trained_network(self, pipeline) -> nn.Module:
+        """The network the policies wrap and training changes: the pipeline's transformer (Wan 2.2 A14B: both of
+        its experts as one module, models/experts.py)."""
+        return pipeline.transformer
 
     def configure(self) -> None:  # noqa: B027  (most families read something of their pipeline here)
         """Family-specific settings read from the pipeline, after the common set-up."""

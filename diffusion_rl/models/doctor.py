@@ -131,7 +131,7 @@ def estimate_memory(
     weights = sum(parameter_bytes(m) for m in pipeline_components(model.pipeline).values())
     trainable = model.trainable_parameters()
     training_state = sum(3 * p.numel() * p.element_size() for p in trainable)  # grad, exp_avg, exp_avg_sq
-    reference = parameter_bytes(model.pipeline.transformer) if (kl_reference and model.policies.lora is None) else 0
+    reference = parameter_bytes(model.policies.trained) if (kl_reference and model.policies.lora is None) else 0
     per_sample = (
         activation_bytes_per_sample(model, height, width, guidance, frames, sources) if measure_activations else 0
     )

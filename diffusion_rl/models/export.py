@@ -2,7 +2,9 @@
 
 A LoRA folder holds the trained adapter twice: in peft's format (`adapter_model.safetensors` +
 `adapter_config.json`, for `PeftModel.from_pretrained`) and in diffusers' (`pytorch_lora_weights.safetensors`,
-with the LoRA config as metadata so that `pipeline.load_lora_weights(dir)` gets the alpha/rank scale right).
+with the LoRA config as metadata so that `pipeline.load_lora_weights(dir)` gets the alpha/rank scale right). Wan 2.2
+A14B's second expert has a diffusers file of its own (`LORA_FILES`), which `load_lora_weights` puts into
+`transformer_2` with `load_into_transformer_2=True`.
 Every checkpoint has one (its `adapter/`); `diffusion-rl export` writes one anywhere.
 """
 
@@ -15,12 +17,15 @@ from pathlib import Path
 import torch
 
 from diffusion_rl.errors import UserError
+from diffusion_rl.models.experts import pipeline_parts, tensors_by_part
 from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.models.registry import save_pipeline
 
 logger = logging.getLogger(__name__)
 
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
+# Wan 2.2 A14B's low-noise expert: `load_lora_weights(dir, weight_name=…, load_into_transformer_2=True)`
+LORA_FILES = {"transformer": DIFFUSERS_LORA_FILE, "transformer_2": "pytorch_lora_weights_transformer_2.safetensors"}
 _PEFT_PREFIX = "base_model.model."
 
 
@@ -55,14 +60,14 @@ def write_lora_adapter(model, directory: str | Path, state_dict: dict[str, torch
     trained = model.policies.trained
     trained.save_pretrained(str(directory), selected_adapters=[DEFAULT], state_dict=state_dict)
     tensors = get_peft_model_state_dict(trained, state_dict=state_dict, adapter_name=DEFAULT)
-    type(model.pipeline).save_lora_weights(
-        directory,
-        transformer_lora_layers={
-            n.removeprefix(_PEFT_PREFIX): t.detach().cpu().contiguous() for n, t in tensors.items()
-        },
-        transformer_lora_adapter_metadata=lora_metadata(model),
-        weight_name=DIFFUSERS_LORA_FILE,
-    )
+    tensors = {n.removeprefix(_PEFT_PREFIX): t.detach().cpu().contiguous() for n, t in tensors.items()}
+    for component, layers in tensors_by_part(trained.base_model.model, tensors).items():
+        type(model.pipeline).save_lora_weights(
+            directory,
+            transformer_lora_layers=layers,
+            transformer_lora_adapter_metadata=lora_metadata(model),
+            weight_name=LORA_FILES[component],
+        )
     return directory / DIFFUSERS_LORA_FILE
 
 
@@ -72,7 +77,7 @@ def merged_pipeline(model):
     Merging is in place: afterwards the model has no adapters left (no reference policy), so export last.
     """
     if model.policies.lora is not None:
-        model.pipeline.transformer = model.policies.trained.merge_and_unload()
+        model.pipeline.register_modules(**pipeline_parts(model.policies.trained.merge_and_unload()))
     return model.pipeline
 
 

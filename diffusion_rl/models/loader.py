@@ -122,7 +122,9 @@ def model_of_pipeline(pipeline, family, cfg, device: torch.device, dtype: torch.
     placement, LoRA, checkpointing, compilation, autocast); `source` names where it came from in the log."""
     quiet_prompt_truncation(pipeline)
     # before the policies exist: full fine-tuning's copies inherit the backend
-    set_attention_backend(pipeline.transformer, getattr(cfg, "attention_backend", DEFAULT_BACKEND), family.name, device)
+    for transformer in (pipeline.transformer, getattr(pipeline, "transformer_2", None)):  # Wan 2.2 A14B: two
+        if transformer is not None:
+            set_attention_backend(transformer, getattr(cfg, "attention_backend", DEFAULT_BACKEND), family.name, device)
     pipeline.set_progress_bar_config(disable=True)
     offload = getattr(cfg, "offload_frozen", False)
     if offload:  # the frozen components stay on the CPU: they never occupy the device all at once, even while loading

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from diffusion_rl.errors import UserError
 from diffusion_rl.models.tiny import build_tiny
 
 
@@ -100,11 +99,3 @@ def test_decode_gives_the_pipelines_frames_as_uint8_videos(family_dirs, load):
     assert (videos.float() - torch.from_numpy(frames * 255).round()).abs().max() <= 1
     assert model.encode(videos).shape == z.shape  # the inverse direction (offline data), the VAE's mode
 
-
-def test_a_two_expert_wan22_pipeline_is_refused(tmp_path, load):
-    pipeline = build_tiny("wan", "small", seed=0)
-    pipeline.register_modules(transformer_2=build_tiny("wan", "small", seed=1).transformer)
-    pipeline.register_to_config(boundary_ratio=0.9)
-    pipeline.save_pretrained(tmp_path / "a14b")
-    with pytest.raises(UserError, match="two transformers"):
-        load(tmp_path / "a14b")

@@ -18,16 +18,21 @@ single steps with a Gaussian log-density, so we take the same shifted time, σ' 
 flow-matching Euler grid (diffusers' FlowMatchEulerDiscreteScheduler with shift s) and step it with our ODE/SDE
 steps, as the other families do.
 
-Not covered: Wan 2.2 A14B (two transformers switched at a boundary σ). Image-to-video: models/families/wan_i2v.py.
+Wan 2.2 A14B: two transformers of one architecture, `transformer` for timesteps ≥ boundary_ratio · 1000 and
+`transformer_2` below (the pipeline's switch); trained as one network (models/experts.py), LoRA on both, each
+row of a call routed by its own timestep. Both experts use `sampling.guidance` (the pipeline's default when
+guidance_scale_2 is not given). Image-to-video: models/families/wan_i2v.py.
 """
 
 from __future__ import annotations
 
 import torch
 from tensordict import TensorDict
+from torch import nn
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel, as_sigma_batch, on_meta, video_vae_stats
+from diffusion_rl.models.experts import TimestepExperts
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # attention of both kinds (self-attention over the video tokens, cross-attention to the text) and the feed-forward
@@ -72,12 +77,24 @@ class WanModel(FlowModel):
     video = True
     native_size = 480  # WanPipeline's default height (its default video is 480 × 832, 81 frames)
 
-    def configure(self) -> None:
-        if getattr(self.pipeline, "transformer_2", None) is not None:
+    def trained_network(self, pipeline) -> nn.Module:
+        """The transformer; Wan 2.2 A14B's two experts as one module, switched where the pipeline switches."""
+        second = getattr(pipeline, "transformer_2", None)
+        if second is None:
+            if pipeline.transformer is None:
+                raise UserError("this Wan model has no transformer/ (a transformer_2/ alone is not supported)")
+            return pipeline.transformer
+        ratio = pipeline.config.get("boundary_ratio")
+        if pipeline.transformer is None or ratio is None:
             raise UserError(
-                "this Wan pipeline has two transformers (Wan 2.2 A14B, switched at boundary_ratio): not supported; "
-                "use Wan 2.1 T2V or Wan 2.2 TI2V-5B"
+                "this Wan model has a transformer_2/ but "
+                + ("no transformer/" if pipeline.transformer is None else "no boundary_ratio in model_index.json")
+                + ": Wan 2.2 A14B needs both experts and the timestep that switches them"
             )
+        num_train_timesteps = int(pipeline.scheduler.config.get("num_train_timesteps", 1000))
+        return TimestepExperts(pipeline.transformer, second, boundary=float(ratio) * num_train_timesteps)
+
+    def configure(self) -> None:
         self.vae_scale = int(self.pipeline.vae_scale_factor_spatial)
         self.temporal_scale = int(self.pipeline.vae_scale_factor_temporal)
         self.patch = tuple(self.pipeline.transformer.config.patch_size)  # (frames, rows, columns)

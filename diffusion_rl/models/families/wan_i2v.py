@@ -24,7 +24,8 @@ WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decid
 
 The CLIP encoder sees the fitted image; the pipeline shows it the image as given, which is the same when the image
 comes at the output size (as in the pipeline's own example). Not covered: a last frame (`last_image`, first-and-last
-frame interpolation) and Wan 2.2 I2V-A14B (two transformers, refused as in text-to-video).
+frame interpolation). Wan 2.2 I2V-A14B reads the mask and the first frame's latents as Wan 2.1 I2V does, without
+CLIP image tokens, with two experts as Wan 2.2 T2V-A14B (families/wan.py).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ The same pieces as Wan-AI/Wan2.1-T2V-1.3B-Diffusers at toy sizes: a WanTransform
 frame × row × column tokens, cross-attention to the text), an AutoencoderKLWan (a causal 3-D VAE: 4× in time and,
 here, 4× in space) and a UMT5 text encoder with the offline byte-level tokenizer of the tiny SD3. The `ti2v` preset
 is shaped like Wan2.2-TI2V-5B instead: a residual VAE that folds 2×2 pixels into channels first (8× in space here)
-and a pipeline that expands the timestep to every token (`expand_timesteps`). The scheduler is the checkpoints'
-UniPC with flow sigmas and their `flow_shift`.
+and a pipeline that expands the timestep to every token (`expand_timesteps`); the `a14b` preset is shaped like
+Wan2.2-T2V-A14B: two transformers of one architecture, the pipeline switching at `boundary_ratio`. The scheduler
+is the checkpoints' UniPC with flow sigmas and their `flow_shift`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class TinyWanSpec:
     vae_patch_size: int | None = None
     expand_timesteps: bool = False  # Wan 2.2 TI2V: the pipeline gives every token its own timestep
     flow_shift: float = 3.0  # Wan2.1-T2V-1.3B's; Wan2.2-TI2V-5B uses 5.0
+    boundary_ratio: float | None = None  # Wan 2.2 A14B: a second transformer (the low-noise expert) below it
     t5_hidden: int = 32
     text_layers: int = 2
     max_sequence_length: int = 32
@@ -40,6 +42,8 @@ PRESETS = {
     "ti2v": TinyWanSpec(
         layers=1, head_dim=12, heads=2, vae_residual=True, vae_patch_size=2, expand_timesteps=True, flow_shift=5.0
     ),
+    # Wan2.2-T2V-A14B's layout: two experts switched at 0.875 · 1000, Wan 2.1's VAE, flow_shift 12
+    "a14b": TinyWanSpec(layers=1, head_dim=12, heads=2, boundary_ratio=0.875, flow_shift=12.0),
 }
 
 
@@ -50,7 +54,7 @@ def build(spec: TinyWanSpec):
     _, tokenizer = build_tokenizers(spec.max_sequence_length)
     text_encoder = tiny_t5(spec, len(tokenizer), umt5=True)
     inner = spec.head_dim * spec.heads
-    transformer = WanTransformer3DModel(
+    architecture = dict(
         patch_size=(1, 2, 2),
         num_attention_heads=spec.heads,
         attention_head_dim=spec.head_dim,
@@ -62,6 +66,10 @@ def build(spec: TinyWanSpec):
         num_layers=spec.layers,
         rope_max_seq_len=64,
     )
+    transformer = WanTransformer3DModel(**architecture)
+    experts = {}
+    if spec.boundary_ratio is not None:
+        experts = dict(transformer_2=WanTransformer3DModel(**architecture), boundary_ratio=spec.boundary_ratio)
     downsamples = len(spec.vae_dim_mult) - 1
     fold = spec.vae_patch_size or 1
     generator = torch.Generator().manual_seed(0)  # fixed per-channel statistics, like a trained VAE's
@@ -91,4 +99,5 @@ def build(spec: TinyWanSpec):
         scheduler=scheduler,
         transformer=transformer,
         expand_timesteps=spec.expand_timesteps,
+        **experts,
     )

@@ -5,7 +5,8 @@ Wan-AI/Wan2.1-I2V-14B-480P-Diffusers at toy sizes: a transformer that reads 2·C
 first frame's video latents and a 4-channel mask) and cross-attends to a CLIP vision encoder's image tokens
 (`image_dim`, `added_kv_proj_dim`), that CLIPVisionModel (image_encoder/) and its CLIPImageProcessor
 (image_processor/). Wan 2.2 TI2V-5B's image mode needs no model of its own: its checkpoint is the text-to-video
-one (tiny/wan.py's `ti2v` preset), which `model.family: wan_i2v` loads as this family.
+one (tiny/wan.py's `ti2v` preset), which `model.family: wan_i2v` loads as this family. The `a14b` preset is shaped
+like Wan2.2-I2V-A14B: the mask and first-frame channels without CLIP, two experts switched at `boundary_ratio`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ class TinyWanI2VSpec(TinyWanSpec):
     clip_layers: int = 2  # the pipeline reads the second-to-last layer's hidden states
     clip_image_size: int = 32  # 224 in the real one (257 tokens); here (32 / 8)² + 1 = 17
     clip_patch: int = 8
+    image_tokens: bool = True  # Wan 2.1 I2V's CLIP image tokens (Wan 2.2 I2V-A14B reads none)
 
 
 PRESETS = {
     "base": TinyWanI2VSpec(),  # ~0.8M-parameter transformer: the image-to-video quickstart's model
     "small": TinyWanI2VSpec(layers=1, head_dim=12, heads=2, clip_hidden=16, clip_layers=2),  # for the test suite
+    # Wan2.2-I2V-A14B's layout: two experts switched at 0.9 · 1000, no image encoder, flow_shift 5
+    "a14b": TinyWanI2VSpec(layers=1, head_dim=12, heads=2, image_tokens=False, boundary_ratio=0.9, flow_shift=5.0),
 }
 
 
@@ -57,17 +61,15 @@ def build(spec: TinyWanI2VSpec):
     t2v = build_text_to_video(spec)  # tokenizer, text encoder, VAE and scheduler as the text-to-video model's
     components = {name: getattr(t2v, name) for name in ("tokenizer", "text_encoder", "vae", "scheduler")}
     config = dict(t2v.transformer.config)
-    encoder, processor = image_encoder(spec)
     c = spec.latent_channels
     inner = spec.head_dim * spec.heads
     keep = ("patch_size", "num_attention_heads", "attention_head_dim", "text_dim", "freq_dim", "ffn_dim",
             "num_layers", "rope_max_seq_len")  # fmt: skip
-    transformer = WanTransformer3DModel(
-        **{k: config[k] for k in keep},
-        in_channels=2 * c + MASK_CHANNELS,
-        out_channels=c,
-        image_dim=spec.clip_hidden,
-        added_kv_proj_dim=inner,
-    )
-    return WanImageToVideoPipeline(**components, transformer=transformer, image_encoder=encoder,
-                                   image_processor=processor)  # fmt: skip
+    architecture = {k: config[k] for k in keep} | dict(in_channels=2 * c + MASK_CHANNELS, out_channels=c)
+    if spec.image_tokens:
+        encoder, processor = image_encoder(spec)
+        architecture |= dict(image_dim=spec.clip_hidden, added_kv_proj_dim=inner)
+        components |= dict(image_encoder=encoder, image_processor=processor)
+    if spec.boundary_ratio is not None:
+        components |= dict(transformer_2=WanTransformer3DModel(**architecture), boundary_ratio=spec.boundary_ratio)
+    return WanImageToVideoPipeline(**components, transformer=WanTransformer3DModel(**architecture))
