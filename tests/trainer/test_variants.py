@@ -35,18 +35,19 @@ def test_variant_improves_the_validation_reward(make_trainer, learns, variant):
 
 
 def test_flow_dppo_learns_with_its_trust_region_acting_and_keeps_its_samples_apart(make_trainer, learns, tmp_path):
-    """Two epochs, so the mask acts (about a third of the second epoch's samples masked). A wrong-signed Flow-DPPO is
-    unbounded (nothing masks a sample moving against its advantage): its ratios explode, the model collapses onto one
-    periodic pattern for every prompt and noise within ~4 steps, and such images happen to compress better, so the
-    JPEG gain alone cannot tell the sign (benchmarks/RESULTS.md, A sign control). The rollouts' group diversity (the
-    guard's mean |Δpixel| between samples of one prompt) can: a collapsed group has none.
+    """Two epochs, so the mask acts (a step's masked fraction reaches 0.36 on each seed). A wrong-signed Flow-DPPO is
+    unbounded (nothing masks a sample moving against its advantage): its ratios explode and within 4-5 steps every
+    sample, whatever its prompt and noise, is the same periodic pattern, which compresses better, so the JPEG gain
+    alone cannot tell the sign (benchmarks/RESULTS.md, A sign control). The rollouts' group diversity (the guard's
+    mean |Δpixel| between the samples of one prompt) can: a collapsed group has none.
 
     Measured for run.seed 1, 2, 3 (2026-11-26, AMD EPYC without AMX, load 6-11), validation gain / last step's group
-    diversity over the first step's: as written +0.79/+0.50/+1.14 % (mean +0.81 %) / 0.94/0.95/0.98; with the policy
-    term's sign flipped (−A·ratio → A·ratio) −3.21/+1.45/+0.24 % (mean −0.51 %) / 0.003/0.06/0.003; with the mask's
-    direction flipped (masking the moves back toward the rollout instead) +1.42/+4.55/+4.99 % / 0.008/0.003/0.003. At
-    the LEARNS lr of 1e-2 the correct loss gained +2.21/+0.22/−0.07 % and the flipped sign +0.90/+6.06/−1.01 %: at lr
-    3e-3 each update moves the step means less, so the second epoch's unclipped ratios stay near 1."""
+    diversity over the first step's: as written +0.79/+0.50/+1.14 % (mean +2.4e-5) / 0.94/0.96/0.99; with the policy
+    term's sign flipped (−A·ratio → A·ratio) −3.21/+1.45/+0.24 % (mean −1.5e-5) / 0.003/0.06/0.003; with the mask's
+    direction flipped (masking the moves back toward the rollout instead) +1.42/+4.55/+4.99 % / 0.004/0.004/0.003.
+    At the LEARNS lr of 1e-2 the correct loss gained +2.21/+0.22/−0.07 % and the flipped sign +0.90/+6.06/−1.01 %:
+    at 3e-3 each update moves the step means less and the second epoch's unclipped ratios stay nearer 1. 12 steps
+    (+0.77/+0.30/+0.68 %) or 4 sampling steps (+0.65/+0.41/+0.01 %) learn less. 61 CPU s in all."""
     config = ROOT / "configs/quickstart_flow_dppo.yaml"
     gains, kept = [], []
     for seed in (1, 2, 3):
