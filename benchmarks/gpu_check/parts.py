@@ -186,6 +186,13 @@ def _architecture(family: str, name: str, tiny: str | None):
     return from_tiny(family, tiny) if tiny else from_shipped(name)
 
 
+def warm_architectures(ctx: Context) -> None:
+    """Every run's architecture, once in the parent: a forked part finds it in `_architecture`'s cache. In the dry run
+    each is a tiny pipeline built to read its configs (~0.5 s), which each part and variant process built again."""
+    for run in RUNS.values():
+        architecture(ctx, run)
+
+
 def build(ctx: Context, name: str, extra: list[str] = (), rows: int | None = None, engine_factory=None):
     """(cfg, architecture, trainer) of run `name` with `extra` overrides on a random-weight model."""
     run = RUNS[name]
