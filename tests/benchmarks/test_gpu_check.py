@@ -209,21 +209,28 @@ def test_a_check_of_some_parts_still_names_its_device(tmp_path, gpu_check, monke
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check: NVIDIA H200")
 
 
-def test_the_parent_builds_each_architecture_once_for_every_forked_part(tmp_path, gpu_check, monkeypatch):
-    from gpu_check import parts
+def test_the_parent_builds_each_architecture_and_tiny_lender_once_for_every_forked_part(
+    tmp_path, gpu_check, monkeypatch
+):
+    from gpu_check import models, parts
+
+    caches = (parts._architecture, models.lender)
+    run = parts.RUNS["sd35_lora"]
 
     def part(ctx):
-        before = parts._architecture.cache_info().misses
-        parts.architecture(ctx, parts.RUNS["sd35_lora"])
-        return {"built": parts._architecture.cache_info().misses - before}
+        before = [cache.cache_info().misses for cache in caches]
+        parts.architecture(ctx, run)
+        models.lender(run.family, run.preset)
+        return {"built": [cache.cache_info().misses - b for cache, b in zip(caches, before)]}
 
-    parts._architecture.cache_clear()  # as in a fresh check
-    monkeypatch.setattr(parts, "RUNS", {"sd35_lora": parts.RUNS["sd35_lora"]})  # one tiny build, not one per family
+    for cache in caches:
+        cache.cache_clear()  # as in a fresh check
+    monkeypatch.setattr(parts, "RUNS", {"sd35_lora": run})  # the tiny builds of one family, not of every one
     monkeypatch.setattr(gpu_check, "PARTS", {"device": (lambda ctx: {}, 30), "model": (part, 30)})
     monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
     gpu_check.main(["--out", str(tmp_path), "--dry-run"])
-    assert json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["model"]["result"] == {"built": 0}
-    assert parts._architecture.cache_info().currsize == 1
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["model"]["result"] == {"built": [0, 0]}
+    assert [cache.cache_info().currsize for cache in caches] == [1, 1]
 
 
 @pytest.mark.parametrize("family", ["sd3", "z_image"])  # pooled embeddings; a mask (every family: test_text_shapes.py)
