@@ -13,11 +13,12 @@ budget (run with --only), torch's cuDNN attention kernel off against on for each
 CUDA's allocator with fixed blocks against expandable segments (gpu_check/alloc_ab.py). Every part runs with the
 allocator the CLI gives a run by default (diffusion_rl/utils/cuda_alloc.py), recorded as `allocator`.
 
-Each part runs in a child process forked from this one (imports done once, here): a crash (even a segfault or an
-out-of-memory kill) is recorded and the next part runs; a part past its time cap is killed and recorded as
-`timeout`. A part starts only while the whole check's budget has room for it, and then gets at most what is left.
-This process never touches CUDA (a forked child could not use it after that). `--dry-run` runs the same parts on the
-CPU with the tiny presets' architectures (tests/benchmarks/test_gpu_check.py), so the check cannot rot.
+Each part runs in a child process forked from this one (imports and the runs' architectures made once, here): a
+crash (even a segfault or an out-of-memory kill) is recorded and the next part runs; a part past its time cap is
+killed and recorded as `timeout`. A part starts only while the whole check's budget has room for it, and then gets
+at most what is left. This process never touches CUDA (a forked child could not use it after that). `--dry-run` runs
+the same parts on the CPU with the tiny presets' architectures (tests/benchmarks/test_gpu_check.py), so the check
+cannot rot.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from diffusion_rl.utils import cuda_alloc  # noqa: E402  (stdlib only)
 ALLOCATOR = cuda_alloc.apply(True)  # what the CLI gives a run by default (the user's variables win), before torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check.parts import PARTS, Context, Skipped, warm_imports  # noqa: E402
+from gpu_check.parts import PARTS, Context, Skipped, warm_architectures, warm_imports  # noqa: E402
 from gpu_check.summary import markdown  # noqa: E402
 
 SCHEMA = 1
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(dry_run=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu_check_")))
     warm_imports()
     method = start_method() if args.start_method == "auto" else args.start_method
+    if method == "fork":  # a spawned part would build them again anyway
+        warm_architectures(ctx)
     record = {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -127,6 +127,7 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_for_module():
     ray = pytest.importorskip("ray")
+    ray.shutdown()  # the local cluster the engine tests share (tests/engine/conftest.py ray_session), if it runs
     ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()

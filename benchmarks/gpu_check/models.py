@@ -14,6 +14,7 @@ configs; Wan 2.2 TI2V's `ti2v` preset its flow shift and per-token timesteps). `
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import sys
 from collections.abc import Iterator
@@ -76,11 +77,18 @@ def _born(class_name: str, config: dict, device: torch.device, dtype: torch.dtyp
     return in_dtype(module, dtype)  # what from_pretrained(dtype=…) keeps in fp32 (Wan: rope, norms, time embedding)
 
 
+@functools.cache
+def lender(family: str, preset: str = TINY_PRESET):
+    """The family's tiny pipeline at `preset`, built once per process (a forked part finds the parent's): it lends
+    only its scheduler (read for its config: a model samples with fresh ones), tokenizers and settings."""
+    return build_tiny(family, preset)
+
+
 def random_pipeline(arch: Architecture, device: torch.device, dtype: torch.dtype, seed: int = 0,
                     preset: str = TINY_PRESET):  # fmt: skip
     """The family's diffusers pipeline: transformer and VAE of `arch` with random weights on `device`, no text
     encoders; scheduler, tokenizers and pipeline settings from the family's tiny pipeline at `preset`."""
-    tiny = build_tiny(arch.family, preset)
+    tiny = lender(arch.family, preset)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         components = dict(tiny.components)

@@ -28,7 +28,7 @@ from diffusion_rl.estimate.architectures import from_shipped, from_tiny
 from diffusion_rl.estimate.devices import Device, device_of_name
 from diffusion_rl.estimate.estimator import estimate
 
-from .models import TINY_PRESET, one_rank_engine, random_model, trainer_with
+from .models import TINY_PRESET, lender, one_rank_engine, random_model, trainer_with
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
@@ -184,6 +184,15 @@ def architecture(ctx: Context, run: ModelRun):
 @functools.cache
 def _architecture(family: str, name: str, tiny: str | None):
     return from_tiny(family, tiny) if tiny else from_shipped(name)
+
+
+def warm_architectures(ctx: Context) -> None:
+    """Every run's architecture and the tiny pipeline that lends it its scheduler and tokenizers, once in the parent:
+    a forked part finds them in the caches. Each is a tiny pipeline built (~0.3-0.5 s), which each part and variant
+    process built again for every trainer it made."""
+    for run in RUNS.values():
+        architecture(ctx, run)
+        lender(run.family, run.preset)
 
 
 def build(ctx: Context, name: str, extra: list[str] = (), rows: int | None = None, engine_factory=None):

@@ -227,21 +227,22 @@ def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=t
             module = get_peft_model(module, LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets)))
         _saves_uncounted(m for name, m in module.named_modules() if name.split(".")[-2:-1] in (["lora_A"], ["lora_B"]))
     inputs = transformer_inputs(arch, s, dtype)
-    with FlopCounterMode(display=False) as forward, torch.no_grad(), counting_traffic() as forward_traffic:
-        module(**inputs)
     if not full_finetune:  # the gradient reaches the adapters through the activations
         for latents in _latent_inputs(inputs):
             latents.requires_grad_(True)
     tokens = _tokens(inputs)
+    # one forward: the counts when it returns are the forward's (the same ops as without gradients: the dispatch modes
+    # see them below autograd), the counts after the backward the training call's
     with FlopCounterMode(display=False) as train, count_saved_tensors(tokens) as saved, counting_traffic() as traffic:
         out = module(**inputs)[0]
+        forward_flops, forward_traffic = float(train.get_total_flops()), float(traffic.bytes)
         out = torch.stack(out) if isinstance(out, list) else out  # Z-Image answers with a list of rows
         out.float().sum().backward()
     c = arch.transformer_config
     width = c.get("dim") or c.get("num_attention_heads", 1) * c.get("attention_head_dim", 1)
-    return TransformerCost(float(forward.get_total_flops()), float(train.get_total_flops()), saved[0], params,
-                           max(blocks, 1), s.batch * tokens * width * torch.finfo(dtype).bits // 8,
-                           float(forward_traffic.bytes), float(traffic.bytes))  # fmt: skip
+    return TransformerCost(forward_flops, float(train.get_total_flops()), saved[0], params, max(blocks, 1),
+                           s.batch * tokens * width * torch.finfo(dtype).bits // 8, forward_traffic,
+                           float(traffic.bytes))  # fmt: skip
 
 
 def _saves_uncounted(modules) -> None:

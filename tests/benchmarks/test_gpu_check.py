@@ -121,6 +121,7 @@ def test_a_crash_or_an_overrun_is_recorded_and_the_next_part_still_runs(tmp_path
              "endless": (endless, 60), "late": (lambda ctx: {}, 30)}  # fmt: skip
     monkeypatch.setattr(gpu_check, "PARTS", parts)
     monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
+    monkeypatch.setattr(gpu_check, "warm_architectures", lambda ctx: None)
     monkeypatch.setattr(gpu_check, "MIN_PART_S", 1.0)
     gpu_check.main(["--out", str(tmp_path), "--dry-run", "--budget", "6"])
     record = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]
@@ -185,6 +186,7 @@ def test_a_variant_past_its_cap_is_killed_and_one_dies_with_its_part(tmp_path, g
 
     monkeypatch.setattr(gpu_check, "PARTS", {"part": (part, 3)})
     monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
+    monkeypatch.setattr(gpu_check, "warm_architectures", lambda ctx: None)
     gpu_check.main(["--out", str(tmp_path), "--dry-run", "--budget", "25"])
     assert json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["part"]["status"] == "timeout"
     stat = Path(f"/proc/{pid_file.read_text()}/stat")
@@ -201,9 +203,34 @@ def test_a_check_of_some_parts_still_names_its_device(tmp_path, gpu_check, monke
              "other": (lambda ctx: {}, 30)}  # fmt: skip
     monkeypatch.setattr(gpu_check, "PARTS", parts)
     monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
+    monkeypatch.setattr(gpu_check, "warm_architectures", lambda ctx: None)
     gpu_check.main(["--out", str(tmp_path), "--dry-run", "--only", "fine"])
     assert list(json.loads((tmp_path / "gpu_check.json").read_text())["parts"]) == ["device", "fine"]
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check: NVIDIA H200")
+
+
+def test_the_parent_builds_each_architecture_and_tiny_lender_once_for_every_forked_part(
+    tmp_path, gpu_check, monkeypatch
+):
+    from gpu_check import models, parts
+
+    caches = (parts._architecture, models.lender)
+    run = parts.RUNS["sd35_lora"]
+
+    def part(ctx):
+        before = [cache.cache_info().misses for cache in caches]
+        parts.architecture(ctx, run)
+        models.lender(run.family, run.preset)
+        return {"built": [cache.cache_info().misses - b for cache, b in zip(caches, before)]}
+
+    for cache in caches:
+        cache.cache_clear()  # as in a fresh check
+    monkeypatch.setattr(parts, "RUNS", {"sd35_lora": run})  # the tiny builds of one family, not of every one
+    monkeypatch.setattr(gpu_check, "PARTS", {"device": (lambda ctx: {}, 30), "model": (part, 30)})
+    monkeypatch.setattr(gpu_check, "warm_imports", lambda: None)
+    gpu_check.main(["--out", str(tmp_path), "--dry-run"])
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["model"]["result"] == {"built": [0, 0]}
+    assert [cache.cache_info().currsize for cache in caches] == [1, 1]
 
 
 @pytest.mark.parametrize("family", ["sd3", "z_image"])  # pooled embeddings; a mask (every family: test_text_shapes.py)

@@ -1,9 +1,10 @@
-"""Helpers for the engine tests: one Ray session per module, trainer runs whose engines are closed afterwards,
-and comparisons of metrics rows and weights between engines."""
+"""Helpers for the engine tests: one local Ray cluster the modules share, trainer runs whose engines are closed
+afterwards, and comparisons of metrics rows and weights between engines."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -45,18 +46,44 @@ def restore_threads():
     torch.set_num_threads(threads)  # the local runs set 1 (EQUAL)
 
 
+@pytest.fixture(scope="session")
+def _local_ray():
+    """Shuts down at the end of the session the local Ray that `ray_session` started and left running."""
+    yield
+    import ray
+
+    ray.shutdown()
+
+
 @pytest.fixture(scope="module")
-def ray_session():
+def ray_session(_local_ray):
     """Ray for a test module. Logical CPUs: two engines of 2 trainers and a rollout or reward actor each; the tiny
     model needs no more than the 2 real cores (each actor runs one torch thread). Loopback only: the engine's
-    LOCAL_CLUSTER_ENV, which tests/conftest.py sets before Ray is first imported."""
+    LOCAL_CLUSTER_ENV, which tests/conftest.py sets before Ray is first imported.
+
+    One local cluster serves every module that asks for it (a start and a shutdown cost ~5-10 s on 2 loaded cores):
+    started by the first, left running for the next (a module that needs another cluster shuts it down first, and a
+    later one here starts it again). Each module must leave no actor or placement group behind: it checks that it
+    finds and leaves every logical CPU free."""
     ray = pytest.importorskip("ray")
     from diffusion_rl.engine.ray_cluster import LOCAL_CLUSTER_ENV
 
     assert all(os.environ.get(k) == v for k, v in LOCAL_CLUSTER_ENV.items())
-    ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
+    if ray.is_initialized() and ray.cluster_resources().get("CPU") != 8:
+        ray.shutdown()  # not this one: a cluster some other test connected to
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
+    _all_cpus_free(ray)
     yield
-    ray.shutdown()
+    _all_cpus_free(ray)
+
+
+def _all_cpus_free(ray, wait_s: float = 30.0) -> None:
+    """Every logical CPU of the local cluster free (a killed actor's CPU comes back within moments)."""
+    deadline = time.monotonic() + wait_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
+        assert time.monotonic() < deadline, f"Ray CPUs still held: {ray.available_resources()}"
+        time.sleep(0.2)
 
 
 @pytest.fixture

@@ -32,10 +32,11 @@ def test_trainers_and_rollout_actors_share_one_read_only_cache_file(
 
 def test_a_cache_file_lacking_a_prompt_stops_the_ray_run_at_its_start(make_config, tmp_path, ray_overrides):
     # the actors read the file when they start: one that lacks a prompt of the run stops it there, naming the file
+    # (one trainer shows it: each reads the whole file, and a second only costs another process start)
     file = tmp_path / "prompts.safetensors"
     prepare_embeddings(make_config(), str(file))
     cached = f"model.embedding_cache={file}"
     other = tmp_path / "other.txt"
     other.write_text("a prompt nobody cached\n")
     with pytest.raises(UserError, match=rf"{file} lacks 1 of the run's"):
-        Trainer(make_config(*ray_overrides, cached, "engine.num_workers=2", f"data.train={other}"))
+        Trainer(make_config(*ray_overrides, cached, "engine.num_workers=1", f"data.train={other}"))

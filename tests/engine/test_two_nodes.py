@@ -15,6 +15,7 @@ from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
 
 @pytest.fixture(scope="module")
 def two_nodes():
+    ray.shutdown()  # the local cluster other modules share (tests/engine/conftest.py ray_session), if it runs
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 2, "resources": {"trainer_node": 2}, "include_dashboard": False},

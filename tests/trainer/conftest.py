@@ -25,7 +25,7 @@ LEARNS = (
     "val.n=4",
 )
 
-# A step's 16 samples (LEARNS: 4 prompts × 4) in one micro-batch: the gradient of micro-batches of 4 up to float
+# A step's 16 samples (LEARNS: 4 prompts × 4; or fewer) in 1 micro-batch: the gradient of micro-batches of 4 up to float
 # rounding, for about half the CPU time a row of the tiny models' forward + backward (measured at 8 vs 32 rows of the
 # small SD3 transformer with CFG: 2.1-2.6 vs 1.0-1.1 ms). The rounding moves each seed's run: a learning test that
 # takes it lists its seeds' gains measured with it.

@@ -12,7 +12,9 @@ of 5 frames at 32×32 a step, CFG 4.5, lr 1e-2):
 Measured gains (2026-11-26, AMD EPYC without AMX, load 10–14 from other jobs): text-to-video +1.6e-4 / +5.8e-5 /
 +1.6e-4 (+82 / +29 / +78 bytes; 8 steps: +8.3e-5 / +8.7e-6 / +1.1e-4), image-to-video +0.020 / +0.021 / +0.023 of a
 reward near 0.56 (frames: mean, frame 0 included: +0.008 / +0.008 / +0.010; frames: first: 0 / 0 / 0). Each case
-took 20–24 s at load 9–11 (its pytest process 20–23 s of CPU, setup included).
+took 20–24 s at load 9–11 (its pytest process 20–23 s of CPU, setup included). Each step's 8 samples train in one
+micro-batch (ONE_MICRO_BATCH; the same gradient up to float rounding as the 2 micro-batches of 4 above, 0.83x the
+CPU time): text-to-video +1.6e-4 / +5.2e-5 / +1.7e-4, image-to-video +0.020 / +0.021 / +0.023 (2026-11-26).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from .conftest import ONE_MICRO_BATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "configs/prompts"
@@ -42,8 +46,9 @@ def test_ti2v_learns_with_flow_grpo_over_three_seeds(make_trainer, wan_ti2v_mode
     config, overrides, family = MODES[mode]
     gains = []
     for seed in (0, 1, 2):
-        trainer = make_trainer(*SHARED, *overrides, f"run.seed={seed}", f"run.dir={tmp_path / str(seed)}",
-                               f"model.path={wan_ti2v_model_dir}", config=ROOT / "configs" / config)  # fmt: skip
+        trainer = make_trainer(*SHARED, *overrides, ONE_MICRO_BATCH, f"run.seed={seed}",
+                               f"run.dir={tmp_path / str(seed)}", f"model.path={wan_ti2v_model_dir}",
+                               config=ROOT / "configs" / config)  # fmt: skip
         assert trainer.engine.model.family == family
         rows = trainer.train()
         gains.append(rows[-1]["val/reward/mean"] - rows[0]["val/reward/mean"])
