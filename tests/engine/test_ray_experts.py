@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from diffusion_rl.models.tiny import save_tiny
+
+pytestmark = pytest.mark.usefixtures("ray_session")
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO = ("sampling.num_frames=5", "sampling.height=32", "sampling.width=32", "train.lr=1e-4", "engine.num_threads=1",
