@@ -92,7 +92,8 @@ def random_pipeline(arch: Architecture, device: torch.device, dtype: torch.dtype
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         components = dict(tiny.components)
-        components["transformer"] = _born(arch.transformer_class, arch.transformer_config, device, dtype)
+        for name in ("transformer", "transformer_2")[: arch.experts]:  # Wan 2.2 A14B: two experts, one config
+            components[name] = _born(arch.transformer_class, arch.transformer_config, device, dtype)
         components["vae"] = _born(arch.vae_class, arch.vae_config, device, dtype)
     for name in components:
         if name.startswith("text_encoder"):

@@ -115,6 +115,18 @@ RUNS = {
         rows=2,
         preset="ti2v",
     ),  # fmt: skip
+    # Wan 2.2 T2V-A14B: both 14B experts held and trained (LoRA on each), a short clip (9 frames, 3 latent frames) of
+    # 8 steps at the ready config's 240×416, which puts t = 1000 … 902 on the high-noise expert and 833, 684, 126 on
+    # the low-noise one; two videos (one per optimizer step). Past the default budget: run with --only
+    "wan22_a14b_lora": ModelRun(
+        "wan22_t2v_a14b_ocr_lora.yaml",
+        "Wan2.2-T2V-A14B-Diffusers",
+        "wan",
+        ("sampling.num_frames=9", "sampling.num_steps=8"),
+        dry=("sampling.num_frames=5",),
+        rows=2,
+        preset="a14b",
+    ),  # fmt: skip
 }
 # the dry run: the same configs at toy sizes on the tiny presets' architectures
 DRY = ["sampling.height=32", "sampling.width=32", "sampling.num_steps=3", "model.max_sequence_length=32",
@@ -443,8 +455,8 @@ def warm_imports() -> None:
 from .alloc_ab import alloc_ab_part  # noqa: E402 — these parts build on this module's helpers
 from .cudnn_ab import cudnn_ab_part  # noqa: E402
 
-# name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab and alloc_ab, past
-# the default budget, run with --only)
+# name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, alloc_ab and
+# wan22_a14b_lora, past the default budget, run with --only)
 PARTS = {
     "device": (device_part, 30),
     "sd35_lora": (model_part("sd35_lora"), 80),
@@ -461,4 +473,5 @@ PARTS = {
     "wan22_ti2v_lora": (model_part("wan22_ti2v_lora"), 80),
     "cudnn_ab": (cudnn_ab_part, 150),
     "alloc_ab": (alloc_ab_part, 170),
+    "wan22_a14b_lora": (model_part("wan22_a14b_lora"), 150),
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 MODEL_PARTS = ("sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora", "flux2_klein_lora",
-               "z_image_lora", "wan22_ti2v_lora")  # fmt: skip
+               "z_image_lora", "wan22_ti2v_lora", "wan22_a14b_lora")  # fmt: skip
 
 
 def _f(value, spec: str = ".2f", scale: float = 1.0) -> str:

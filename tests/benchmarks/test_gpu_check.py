@@ -298,3 +298,20 @@ def test_shipped_video_vaes_carry_a_latent_mean_and_std_per_latent_channel():
     for name, config in wan.items():
         assert len(config["latents_mean"]) == len(config["latents_std"]) == config["z_dim"], name
         assert min(config["latents_std"]) > 0, name
+
+
+def test_a_two_expert_architecture_gets_both_transformers_at_its_size(gpu_check):
+    """Wan 2.2 A14B: the tiny `a14b` pipeline lends its settings (boundary_ratio); both experts are built from the
+    architecture's config, not kept at the tiny preset's size."""
+    import dataclasses
+
+    from gpu_check.models import random_pipeline
+
+    from diffusion_rl.estimate.architectures import from_tiny
+
+    arch = from_tiny("wan", "a14b")
+    assert arch.experts == 2
+    arch = dataclasses.replace(arch, transformer_config={**arch.transformer_config, "num_layers": 2})
+    pipeline = random_pipeline(arch, torch.device("cpu"), torch.float32, preset="a14b")
+    assert len(pipeline.transformer.blocks) == len(pipeline.transformer_2.blocks) == 2
+    assert pipeline.transformer is not pipeline.transformer_2 and pipeline.config.boundary_ratio == 0.875
