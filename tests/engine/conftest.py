@@ -105,6 +105,23 @@ def run_trainer():
             trainer.engine.close()
 
 
+@pytest.fixture
+def local_and_two_workers(make_config, run_trainer, ray_overrides, tmp_path):
+    """local_and_two_workers(*overrides, config=…) → (local trainer, its rows, the Ray run's rows, the Ray run's
+    trained weights): the same config run on the local engine and on 2 Ray workers (whose engine is closed)."""
+
+    def run(*options: str, config):
+        local, local_rows = run_trainer(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
+        sharded, ray_rows = run_trainer(make_config(*options, *ray_overrides, "engine.num_workers=2", config=config))
+        try:
+            weights = sharded.engine.trainable_state_dict()
+        finally:
+            sharded.engine.close()
+        return local, local_rows, ray_rows, weights
+
+    return run
+
+
 def _comparable(row: dict) -> dict:
     # durations, the Ray driver's traffic (the local engine has none), the weight pushes of rollout actors
     skip = ("timing/", "perf/", "driver/", "sync/", "rollout/weights_version")

@@ -130,16 +130,11 @@ LOSS_OPTIONS = {"dpo": ("algorithm.dpo.dpo_beta=2000",), "nft": (), "awm": ("alg
 
 @pytest.mark.parametrize("loss", sorted(LOSS_OPTIONS))
 def test_every_direct_preference_loss_takes_the_same_steps_on_two_workers(
-    make_config, tmp_path, loss, run_trainer, rows_close, max_difference, ray_overrides
+    loss, local_and_two_workers, rows_close, max_difference
 ):
     config = ROOT / f"configs/quickstart_{loss}.yaml"
     options = (*EQUAL_PREFERENCE, *LOSS_OPTIONS[loss])
-    local, local_rows = run_trainer(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
-    sharded, ray_rows = run_trainer(make_config(*options, *ray_overrides, "engine.num_workers=2", config=config))
-    try:
-        weights = sharded.engine.trainable_state_dict()
-    finally:
-        sharded.engine.close()
+    local, local_rows, ray_rows, weights = local_and_two_workers(*options, config=config)
     for local_row, ray_row in zip(local_rows, ray_rows):
         assert ray_row["reward/mean"] == local_row["reward/mean"]  # the same samples, bit for bit
         # DPO's margin is β = 2000 times a difference of per-row errors of ~1: their float-reduction noise (~1e-7,
@@ -196,7 +191,7 @@ def test_nft_with_lora_samples_the_same_rows_as_two_workers_from_the_same_weight
 
 
 def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the_local_engine(
-    make_config, tmp_path, run_trainer, max_difference, ray_overrides
+    tmp_path, local_and_two_workers, max_difference
 ):
     # 2 pairs a step: rows 0-1 chosen, 2-3 rejected; worker 0 holds rows 0-1, worker 1 rows 2-3, so every pair has
     # one row on each worker and one of them must move
@@ -205,12 +200,7 @@ def test_offline_dpo_on_two_workers_moves_pair_rows_between_them_and_matches_the
     # which Adam's eps of 1e-8 would turn into ~lr moves of weights whose gradient is ~0; 1e-4 keeps it proportional
     options = (*EQUAL_PREFERENCE, f"data.pairs={pairs}", "data.prompts_per_step=2", "rewards=[]", "train.adam_eps=1e-4")
     config = ROOT / "configs/quickstart_dpo_offline.yaml"
-    local, local_rows = run_trainer(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
-    sharded, ray_rows = run_trainer(make_config(*options, *ray_overrides, "engine.num_workers=2", config=config))
-    try:
-        weights = sharded.engine.trainable_state_dict()
-    finally:
-        sharded.engine.close()
+    local, local_rows, ray_rows, weights = local_and_two_workers(*options, config=config)
     assert [r["train/units"] for r in ray_rows] == [2.0, 2.0, 2.0]
     assert max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
 

@@ -18,17 +18,12 @@ VIDEO = ("sampling.num_frames=5", "sampling.height=32", "sampling.width=32", "tr
 
 
 def test_nft_on_two_experts_takes_the_same_steps_on_two_sharded_workers(
-    make_config, tmp_path, run_trainer, rows_close, max_difference, ray_overrides
+    tmp_path, local_and_two_workers, rows_close, max_difference
 ):
     model = save_tiny(tmp_path / "a14b", "wan", "a14b", seed=0)
     config = ROOT / "configs/quickstart_video.yaml"
     options = (*VIDEO, f"model.path={model}")
-    local, local_rows = run_trainer(make_config(*options, f"run.dir={tmp_path / 'local'}", config=config))
-    sharded, ray_rows = run_trainer(make_config(*options, *ray_overrides, "engine.num_workers=2", config=config))
-    try:
-        weights = sharded.engine.trainable_state_dict()
-    finally:
-        sharded.engine.close()
+    local, local_rows, ray_rows, weights = local_and_two_workers(*options, config=config)
     assert len(ray_rows) == len(local_rows) == 2
     first, second = zip(local_rows, ray_rows)
     rows_close(*first, rel=1e-4, abs=1e-7)  # step 1: the same samples and the same update's metrics
