@@ -38,15 +38,6 @@ class TimestepExperts(nn.Module):
         self.boundary = float(boundary)
         self.agree_over_ranks = False  # see the module docstring: the parallel layer sets it
 
-    @property
-    def config(self):
-        """The architecture's config (both experts share it)."""
-        return self.high.config
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.high.dtype
-
     def enable_gradient_checkpointing(self) -> None:
         self.high.enable_gradient_checkpointing()
         self.low.enable_gradient_checkpointing()
