@@ -47,20 +47,22 @@ class TimestepExperts(nn.Module):
         rows = hidden_states.shape[0]
         row_time = timestep if timestep.ndim <= 1 else timestep[:, 0]
         high_B = (row_time.expand(rows) if row_time.ndim == 0 else row_time) >= self.boundary
-        n_high = int(high_B.sum())
+        n_high = int(high_B.sum())  # the call's one read of the routing on the host
+        counts = (n_high, rows - n_high)  # rows of each expert here
         needed = (n_high > 0, n_high < rows)
         if self.agree_over_ranks:  # what any rank needs, every rank runs
             flags = torch.tensor(needed, dtype=torch.int32, device=_collective_device(hidden_states))
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             needed = tuple(bool(f) for f in flags.tolist())
         out, unused = None, []
-        for expert, mine, wanted in ((self.high, high_B, needed[0]), (self.low, ~high_B, needed[1])):
+        for expert, mine, count, wanted in ((self.high, high_B, counts[0], needed[0]),
+                                            (self.low, ~high_B, counts[1], needed[1])):  # fmt: skip
             if not wanted:
                 continue
-            if not bool(mine.any()):  # only another rank has rows for it: join its collectives on one row
+            if count == 0:  # only another rank has rows for it: join its collectives on one row
                 unused.append(_call(expert, _rows(inputs, torch.zeros(1, dtype=torch.long), rows)))
                 continue
-            if bool(mine.all()):
+            if count == rows:
                 out = _call(expert, inputs)
                 continue
             index = mine.nonzero().squeeze(1).to(hidden_states.device)
