@@ -55,6 +55,35 @@ def test_our_ode_with_a_low_noise_guidance_gives_wan_pipelines_guidance_scale_2_
     assert (two - diffusers(4.0)).abs().max() > 1e-2  # the low-noise scale changed the video
 
 
+def test_image_to_video_a14b_gives_wan_image_to_video_pipelines_guidance_scale_2_video(tmp_path_factory, load):
+    """Wan 2.2 I2V-A14B (boundary 900; shift 5, 4 steps: t = 1000, 910 high-noise, 717, 24 low-noise) at 4 / 2 against
+    WanImageToVideoPipeline's guidance_scale=4, guidance_scale_2=2, one first frame per call (1e-4: the same
+    operations but for the pixels' scaling and the timestep's rounding, as tests/models/test_wan_i2v.py)."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from PIL import Image
+
+    model = load(save_tiny(tmp_path_factory.mktemp("tiny_wan_i2v_a14b"), "wan_i2v", "a14b", seed=0))
+    first = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    settings = SamplerSettings(num_steps=4, guidance=4.0, height=32, width=32, frames=5, guidance_low_noise=2.0)
+    cond = model.encode_prompts(PROMPTS, NEGATIVE, [[first[0]], [first[1]]])
+    ours = rollout(model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2], ids=anonymous_ids(PROMPTS))
+    noise, pipe = initial_noise(model, settings, [1, 2]), model.pipeline
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=model.shift)
+
+    def diffusers(guidance_scale_2: float) -> torch.Tensor:
+        rows = [slice(i, i + 1) for i in range(2)]  # the pipeline takes one image per call
+        return torch.cat([pipe(image=Image.fromarray(first[r][0]), prompt_embeds=cond["prompt_embeds"][r],
+                               negative_prompt_embeds=cond["negative_prompt_embeds"][r], latents=noise[r],
+                               height=32, width=32, num_frames=5, num_inference_steps=4, guidance_scale=4.0,
+                               guidance_scale_2=guidance_scale_2, output_type="latent").frames
+                          for r in rows])  # fmt: skip
+
+    with torch.no_grad():
+        assert (ours.final_latents - diffusers(2.0)).abs().max() <= 1e-4
+        assert (ours.final_latents - diffusers(4.0)).abs().max() > 1e-2
+
+
 def test_each_row_of_a_mixed_call_is_guided_at_its_experts_scale_and_the_conditional_velocity_at_neither(
     a14b_dir, load
 ):
