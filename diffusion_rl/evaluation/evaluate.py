@@ -348,8 +348,9 @@ def evaluate(
     names = [r.metric_name for r in rewards]
     # base first, then checkpoints grouped by LoRA settings: the fewest model loads; the table keeps the given order
     order = sorted(targets, key=lambda t: (not t.is_base, str(slot_key_hint(t))))
-    require_size(slot.get(order[0]), settings.height, settings.width, settings.frames)  # the user's to fix
-    slot.get(order[0]).check_low_noise_guidance(settings.guidance_low_noise, "--guidance-low-noise")
+    first = slot.get(order[0])
+    require_size(first, settings.height, settings.width, settings.frames)  # the user's to fix
+    first.check_low_noise_guidance(settings.guidance_low_noise, "--guidance-low-noise")
     columns: dict[str, dict[str, Any]] = {}
     sheets: dict[str, np.ndarray] = {}
     all_scores: dict[str, dict[str, np.ndarray]] = {}

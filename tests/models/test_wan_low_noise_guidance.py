@@ -199,3 +199,18 @@ def test_sample_and_eval_refuse_a_low_noise_guidance_the_model_cannot_use(tiny_m
     assert main(["eval", *common, "--prompts", str(prompts), "--reward", "jpeg_compressibility", "--n", "1",
                  "--guidance-low-noise", "0.5", "--out", str(tmp_path / "eval")]) == 2  # fmt: skip
     assert "--guidance-low-noise must be ≥ 1" in capsys.readouterr().err
+
+
+def test_eval_samples_an_a14b_model_at_both_scales_and_says_so(a14b_dir, tmp_path):
+    import json
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(a14b_dir), "--prompts", str(prompts), "--reward", "jpeg_compressibility",
+                 "--n", "1", "--steps", "2", "--height", "32", "--width", "32", "--frames", "5",
+                 "--max-sequence-length", "16", "--guidance", "4", "--guidance-low-noise", "3",
+                 "--out", str(out)]) == 0  # fmt: skip
+    settings = json.loads((out / "metrics.json").read_text())["settings"]
+    assert (settings["guidance"], settings["guidance_low_noise"]) == (4.0, 3.0)
+    assert "guidance 4.0 (low-noise expert 3.0)" in (out / "compare.md").read_text()
