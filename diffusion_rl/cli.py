@@ -118,7 +118,8 @@ def refuse_what_cannot_fit(cfg) -> None:
         )
 
 
-SAMPLE_DEFAULTS = {"steps": 20, "guidance": 4.5, "height": 64, "width": 64, "frames": 1}  # without --checkpoint
+SAMPLE_DEFAULTS = {"steps": 20, "guidance": 4.5, "guidance_low_noise": None, "height": 64, "width": 64,
+                   "frames": 1}  # without --checkpoint  # fmt: skip
 
 
 def cmd_sample(args) -> None:
@@ -155,8 +156,9 @@ def cmd_sample(args) -> None:
             setattr(args, key, value)
     flags = EvalSettings(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
                          sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver,
-                         frames=args.frames)  # fmt: skip
+                         frames=args.frames, guidance_low_noise=args.guidance_low_noise)  # fmt: skip
     require_size(model, args.height, args.width, args.frames)  # a size the model cannot make is the user's to fix
+    model.check_low_noise_guidance(args.guidance_low_noise, "--guidance-low-noise")
     prompts = [p for p in args.prompt for _ in range(args.n)]
     settings = flags.sampler()
     window = None if args.sde_type == "ode" else default_window(args.steps)
@@ -248,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     run_or = "default: with --checkpoint the run's validation setting, else"
     p.add_argument("--steps", type=int, default=None, help=f"sampling steps ({run_or} 20)")
     p.add_argument("--guidance", type=float, default=None, help=f"{run_or} 4.5")
+    p.add_argument(
+        "--guidance-low-noise", type=float, default=None,
+        help=f"Wan 2.2 A14B: the low-noise expert's guidance, guidance_scale_2 ({run_or} --guidance)",
+    )  # fmt: skip
     p.add_argument("--height", type=int, default=None, help=f"{run_or} 64")
     p.add_argument("--width", type=int, default=None, help=f"{run_or} 64")
     p.add_argument("--frames", type=int, default=None, help=f"video frames per sample, 4k + 1 ({run_or} 1)")

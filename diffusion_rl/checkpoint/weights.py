@@ -32,12 +32,12 @@ def checkpoint_config(checkpoint_dir: str | Path):
 
 
 def validation_sampling(cfg) -> dict:
-    """How a run (its `Config`) sampled its validation images — steps, guidance, height, width, frames: what
-    `sample --checkpoint` and `eval` use unless told otherwise."""
+    """How a run (its `Config`) sampled its validation images — steps, guidance (and the low-noise expert's), height,
+    width, frames: what `sample --checkpoint` uses unless told otherwise."""
     height, width = cfg.val.size(cfg.sampling)
-    guidance = cfg.val.guidance if cfg.val.guidance is not None else cfg.sampling.guidance
-    return {"steps": cfg.val.num_steps, "guidance": guidance, "height": height, "width": width,
-            "frames": cfg.sampling.num_frames}  # fmt: skip
+    guidance, low_noise = cfg.val.guidance_scales(cfg.sampling)
+    return {"steps": cfg.val.num_steps, "guidance": guidance, "guidance_low_noise": low_noise, "height": height,
+            "width": width, "frames": cfg.sampling.num_frames}  # fmt: skip
 
 
 def checkpoint_model_config(checkpoint_dir: str | Path, **overrides):

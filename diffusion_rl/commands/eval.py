@@ -11,8 +11,8 @@ from diffusion_rl.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-FALLBACK = {"steps": 20, "guidance": 4.5, "height": 64, "width": 64, "frames": 1, "dtype": "fp32",
-            "max_sequence_length": 256, "ode_solver": "euler"}  # fmt: skip
+FALLBACK = {"steps": 20, "guidance": 4.5, "guidance_low_noise": None, "height": 64, "width": 64, "frames": 1,
+            "dtype": "fp32", "max_sequence_length": 256, "ode_solver": "euler"}  # fmt: skip
 
 
 def register(subparsers) -> None:
@@ -52,6 +52,9 @@ def register(subparsers) -> None:
     p.add_argument("--n", type=int, default=4, help="samples per prompt (K)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps")
     p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale")
+    p.add_argument("--guidance-low-noise", type=float, default=None,
+                   help="Wan 2.2 A14B: the low-noise expert's guidance (diffusers' guidance_scale_2; default: the "
+                        "run's validation setting, else --guidance)")  # fmt: skip
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--frames", type=int, default=None, help="video frames per sample (a video family; 4k + 1)")
@@ -137,10 +140,11 @@ def cmd_eval(args: argparse.Namespace) -> None:
     first = None if first_checkpoint is None else checkpoint_config(first_checkpoint)
     defaults = dict(FALLBACK)
     if first is not None:  # sample as the run validated, unless told otherwise
-        guidance = first.val.guidance if first.val.guidance is not None else first.sampling.guidance
+        guidance, low_noise = first.val.guidance_scales(first.sampling)
         defaults.update(
             steps=first.val.num_steps,
             guidance=guidance,
+            guidance_low_noise=low_noise,
             height=first.val.size(first.sampling)[0],
             width=first.val.size(first.sampling)[1],
             frames=first.sampling.num_frames,
@@ -157,6 +161,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         n=args.n,
         num_steps=pick("steps"),
         guidance=pick("guidance"),
+        guidance_low_noise=pick("guidance_low_noise"),
         height=pick("height"),
         width=pick("width"),
         sde_type=args.sde_type,

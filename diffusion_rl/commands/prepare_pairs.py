@@ -71,6 +71,7 @@ def prepare_pairs(cfg, out: Path, n: int, limit: int | None = None) -> tuple[int
     ensure_model(cfg)
     model = load_model(cfg.model)
     s = cfg.sampling
+    model.check_low_noise_guidance(s.guidance_low_noise, "sampling.guidance_low_noise")
     settings = SamplerSettings.of(s)
     window = None if s.sde_type == "ode" else default_window(s.num_steps)
     images_dir = out / "images"

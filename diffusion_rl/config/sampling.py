@@ -73,6 +73,13 @@ class SamplingConfig:
         "embedding (always one forward).",
         within=Range(1, 100),
     )
+    guidance_low_noise: float | None = opt(
+        None,
+        "Wan 2.2 A14B: the guidance of the low-noise expert's steps (t < boundary), diffusers' guidance_scale_2, while "
+        "sampling.guidance is the high-noise expert's (Wan2.2-T2V-A14B's release: 3 and 4). null = sampling.guidance; "
+        "a model with one transformer refuses it.",
+        within=Range(1, 100),
+    )
     height: int = opt(64, "Image height in pixels.", within=Range(1, MAX_PIXELS))
     width: int = opt(64, "Image width in pixels.", within=Range(1, MAX_PIXELS))
     num_frames: int = opt(

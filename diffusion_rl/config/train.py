@@ -78,6 +78,12 @@ class ValConfig:
         None, "ODE solver of validation samples (null = sampling.ode_solver)."
     )
     guidance: float | None = opt(None, "CFG for validation (null = sampling.guidance).", within=Range(1, 100))
+    guidance_low_noise: float | None = opt(
+        None,
+        "Wan 2.2 A14B: validation's guidance of the low-noise expert (null = sampling.guidance_low_noise; where that "
+        "is null too, validation's guidance).",
+        within=Range(1, 100),
+    )
     seed: int = opt(1234, "Seed of the validation noise (fixed across the run).")
     rewards: list[RewardSpec] | None = opt(
         None, "Rewards that score validation, e.g. a held-out scorer the run does not optimise (null = `rewards`)."
@@ -86,6 +92,11 @@ class ValConfig:
     def size(self, sampling: SamplingConfig) -> tuple[int, int]:
         """(height, width) of validation samples: val's own, else the rollouts'."""
         return (self.height or sampling.height, self.width or sampling.width)
+
+    def guidance_scales(self, sampling: SamplingConfig) -> tuple[float, float | None]:
+        """(guidance, low-noise expert's guidance) of validation samples: val's own, else the rollouts'."""
+        low_noise = self.guidance_low_noise if self.guidance_low_noise is not None else sampling.guidance_low_noise
+        return (self.guidance if self.guidance is not None else sampling.guidance), low_noise
 
 
 def check_val(cfg: Config) -> None:

@@ -273,6 +273,8 @@ class PolicyWorker:
             raise UserError(f"sampling.height/width/num_frames do not fit the {self.model.family} model: {e}") from None
         if cfg.val.prompts and (cfg.val.height or cfg.val.width):  # validation at its own size: it must fit too
             self._check_val_size()
+        self.model.check_low_noise_guidance(cfg.sampling.guidance_low_noise, "sampling.guidance_low_noise")
+        self.model.check_low_noise_guidance(cfg.val.guidance_low_noise, "val.guidance_low_noise")
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
         self.parallel = parallel if parallel is not None else SingleDevice()
         self.parallel.prepare(self.model)

@@ -36,6 +36,7 @@ from diffusion_rl.data.prompts import condition_images_in
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
 from diffusion_rl.estimate.devices import Device
+from diffusion_rl.models.guidance import Guidance, runs_cfg
 from diffusion_rl.models.registry import family_named
 from diffusion_rl.sampling.rollout import DECODE_ROWS
 from diffusion_rl.sampling.tree import TreeSpec
@@ -108,8 +109,10 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     rows = math.ceil(images / gpus)  # rows per GPU
     sharded = e.kind == "ray" and gpus > 1
     full = not m.lora.enabled
-    # FLUX.1-dev: guidance is an embedding, one forward; the others run true CFG over a doubled batch
-    cfg_factor = 2 if (s.guidance > 1 and not arch.transformer_config.get("guidance_embeds")) else 1
+    # FLUX.1-dev: guidance is an embedding, one forward; the others run true CFG over a doubled batch (Wan 2.2 A14B:
+    # when either expert's scale is > 1)
+    guided = runs_cfg(Guidance(s.guidance, s.guidance_low_noise))
+    cfg_factor = 2 if (guided and not arch.transformer_config.get("guidance_embeds")) else 1
     train_cfg = cfg_factor if algorithm.guided else 1  # direct preference trains the conditional velocity
     text = family.adapter.text_tokens(arch, m.max_sequence_length, prompt_tokens)
     known = condition_images_in(cfg.data.train) if family.adapter.edits else 0  # an edit's, FLUX.2's references

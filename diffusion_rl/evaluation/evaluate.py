@@ -68,6 +68,7 @@ class EvalSettings:
     n: int = 4  # samples per prompt (K)
     num_steps: int = 20
     guidance: float = 4.5
+    guidance_low_noise: float | None = None  # two timestep experts (Wan 2.2 A14B): the low-noise one's (None: guidance)
     height: int = 64
     width: int = 64
     sde_type: str = "ode"  # ode, or a stochastic step type for every step but the last
@@ -88,6 +89,8 @@ class EvalSettings:
             raise UserError(f"--steps must be ≥ 1, got {self.num_steps}")
         if self.guidance < 1:
             raise UserError(f"--guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
+        if self.guidance_low_noise is not None and self.guidance_low_noise < 1:
+            raise UserError(f"--guidance-low-noise must be ≥ 1 (1 disables CFG), got {self.guidance_low_noise}")
         if self.sde_type not in SDE_TYPES:
             raise UserError(f"--sde-type {self.sde_type!r} is unknown; known: {', '.join(SDE_TYPES)}")
         if self.noise_level < 0:
@@ -105,7 +108,7 @@ class EvalSettings:
         sde = self.sde_type if self.sde_type != "ode" else "sde"
         return SamplerSettings(
             self.num_steps, self.guidance, self.height, self.width, sde, self.noise_level, self.frames,
-            self.ode_solver,
+            self.ode_solver, guidance_low_noise=self.guidance_low_noise,
         )  # fmt: skip
 
     def seeds(self, prompt_index: int, sample: int) -> tuple[int, int]:
@@ -345,7 +348,9 @@ def evaluate(
     names = [r.metric_name for r in rewards]
     # base first, then checkpoints grouped by LoRA settings: the fewest model loads; the table keeps the given order
     order = sorted(targets, key=lambda t: (not t.is_base, str(slot_key_hint(t))))
-    require_size(slot.get(order[0]), settings.height, settings.width, settings.frames)  # the user's to fix
+    first = slot.get(order[0])
+    require_size(first, settings.height, settings.width, settings.frames)  # the user's to fix
+    first.check_low_noise_guidance(settings.guidance_low_noise, "--guidance-low-noise")
     columns: dict[str, dict[str, Any]] = {}
     sheets: dict[str, np.ndarray] = {}
     all_scores: dict[str, dict[str, np.ndarray]] = {}
@@ -411,7 +416,9 @@ def _compare_markdown(result: dict[str, Any], table: str) -> str:
         "# Evaluation",
         "",
         f"Prompts: `{result['prompts']['file']}` ({result['prompts']['count']}), {s['n']} samples each, "
-        f"{s['num_steps']} {s['sde_type']} steps, guidance {s['guidance']}, {s['height']}×{s['width']}, "
+        f"{s['num_steps']} {s['sde_type']} steps, guidance {s['guidance']}"
+        + ("" if s["guidance_low_noise"] is None else f" (low-noise expert {s['guidance_low_noise']})")
+        + f", {s['height']}×{s['width']}, "
         f"seed {s['seed']}. Rewards: {', '.join(r['label'] or r['name'] for r in result['rewards'])}.",
         "",
         table,

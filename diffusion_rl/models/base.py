@@ -18,6 +18,8 @@ from tensordict import TensorDict
 from torch import nn
 
 from diffusion_rl.errors import UserError
+from diffusion_rl.models.experts import TimestepExperts, high_noise_rows
+from diffusion_rl.models.guidance import low_noise_scale, runs_cfg
 from diffusion_rl.models.policies import LoraSettings, PolicySet
 
 # the condition images of each row of a batch: row i's uint8 [H, W, 3] arrays (none for a text-only prompt)
@@ -98,6 +100,9 @@ class FlowModel(ABC):
     caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
     guidance_embeds: bool = False  # guidance-distilled: the scale is an input embedding (one forward), not CFG
     embedding_cache = None  # an EmbeddingCache (models/embedding_cache.py) once attached: the encoders are gone
+    # two timestep experts (Wan 2.2 A14B, models/experts.py): the transformer timestep from which the high-noise one
+    # denoises; None: one network
+    expert_boundary: float | None = None
 
     # -- what `estimate` counts (estimate/), from the architecture alone: the transformer is built on the meta device
     @classmethod
@@ -143,6 +148,8 @@ class FlowModel(ABC):
         self.device, self.dtype = device, dtype
         freeze(*(getattr(pipeline, name, None) for name in self.frozen_components))
         network = self.trained_network(pipeline)
+        if isinstance(network, TimestepExperts):
+            self.expert_boundary = network.boundary
         if gradient_checkpointing:
             network.enable_gradient_checkpointing()
         self.policies = PolicySet(network, lora)
@@ -240,8 +247,9 @@ class FlowModel(ABC):
     def forwards_per_evaluation(self, guidance: float) -> int:
         """Transformer forwards per sample that one `velocity` call costs: 2 with classifier-free guidance (the
         batch doubled to [uncond; cond]), else 1 (guidance 1, or a guidance-distilled model, whose scale is an
-        input). The NFE counts of rollouts (`rollout/nfe_per_image`) use it."""
-        return 2 if guidance > 1.0 and not self.guidance_embeds else 1
+        input). The NFE counts of rollouts (`rollout/nfe_per_image`) use it. Two experts' scales (models/guidance.py):
+        CFG when either is > 1."""
+        return 2 if runs_cfg(guidance) and not self.guidance_embeds else 1
 
     def conditional_guidance(self, guidance: float) -> float:
         """The guidance at which `velocity` is the conditional (CFG-free) policy of rollouts sampled at `guidance`:
@@ -250,6 +258,23 @@ class FlowModel(ABC):
         (`guidance_embeds`), where the scale is an input of its one forward and guidance 1 is another function
         than the one sampled."""
         return float(guidance) if self.guidance_embeds else 1.0
+
+    def row_guidance(self, guidance: float, timestep: torch.Tensor, rows: int) -> float | torch.Tensor:
+        """The CFG scale of each of a call's `rows` rows at the transformer's `timestep`: `guidance`; with two timestep
+        experts and a low-noise scale (models/guidance.py), that scale on the rows the low-noise expert denoises, then
+        fp32 [rows] — per row, as rows of one call may sit on both sides (a forward-process loss's times)."""
+        low = low_noise_scale(guidance)
+        if self.expert_boundary is None or low == float(guidance):
+            return float(guidance)
+        return torch.where(high_noise_rows(timestep, rows, self.expert_boundary), float(guidance), low)
+
+    def check_low_noise_guidance(self, low_noise: float | None, key: str) -> None:
+        """A low-noise expert's guidance (`key`'s value) needs a model with one: else a UserError naming `key`."""
+        if low_noise is not None and self.expert_boundary is None:
+            raise UserError(
+                f"{key}={low_noise:g} sets the guidance of a low-noise expert, but this {self.family} model has one "
+                "transformer (Wan 2.2 A14B has two: transformer_2/ and a boundary_ratio); remove it or set it to null"
+            )
 
     def guidance_input(self, guidance: float, rows: int, device: torch.device) -> torch.Tensor | None:
         """The transformer's `guidance` input for `rows` rows: the scale itself (the network scales it by 1000 like

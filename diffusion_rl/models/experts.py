@@ -45,8 +45,7 @@ class TimestepExperts(nn.Module):
     def forward(self, *, hidden_states: torch.Tensor, timestep: torch.Tensor, return_dict: bool = False, **inputs):
         inputs = dict(hidden_states=hidden_states, timestep=timestep, **inputs)
         rows = hidden_states.shape[0]
-        row_time = timestep if timestep.ndim <= 1 else timestep[:, 0]
-        high_B = (row_time.expand(rows) if row_time.ndim == 0 else row_time) >= self.boundary
+        high_B = high_noise_rows(timestep, rows, self.boundary)
         n_high = int(high_B.sum())  # the call's one read of the routing on the host
         counts = (n_high, rows - n_high)  # rows of each expert here
         needed = (n_high > 0, n_high < rows)
@@ -73,6 +72,13 @@ class TimestepExperts(nn.Module):
         for part in unused:
             out = out + 0 * part.sum()
         return (out,)
+
+
+def high_noise_rows(timestep: torch.Tensor, rows: int, boundary: float) -> torch.Tensor:
+    """bool [rows]: the rows the high-noise expert denoises, timestep ≥ boundary (the transformer's timestep: a scalar,
+    [B], or per token [B, L], then a row's first token's), as the pipeline switches a step; no host read."""
+    row_time = timestep if timestep.ndim <= 1 else timestep[:, 0]
+    return (row_time.expand(rows) if row_time.ndim == 0 else row_time) >= boundary
 
 
 def _call(expert: nn.Module, inputs: dict) -> torch.Tensor:

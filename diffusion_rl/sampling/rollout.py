@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import TensorDict
 
+from diffusion_rl.models.guidance import Guidance
 from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
 from diffusion_rl.sampling.sde import Generators, StepOutput, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
@@ -53,6 +54,7 @@ class SamplerSettings:
     ode_solver: str = "euler"  # how the steps outside the SDE window integrate the ODE (sampling/ode.py)
     tree: TreeSpec | None = None  # training rollouts sampled as trees (sampling/tree.py); None: flat
     latents_dtype: str = "fp32"  # how the window's latents and means are stored (module docstring)
+    guidance_low_noise: float | None = None  # two timestep experts: the low-noise one's scale (None: `guidance`)
 
     def __post_init__(self):
         if self.ode_solver not in ODE_SOLVERS:
@@ -65,7 +67,12 @@ class SamplerSettings:
         """The training rollouts' settings, from the config's `sampling` section."""
         s = sampling
         return cls(s.num_steps, s.guidance, s.height, s.width, s.sde_type, s.noise_level, s.num_frames,
-                   s.ode_solver, TreeSpec.of(s.tree), s.latents_dtype)  # fmt: skip
+                   s.ode_solver, TreeSpec.of(s.tree), s.latents_dtype, s.guidance_low_noise)  # fmt: skip
+
+    @property
+    def scales(self) -> Guidance:
+        """The guidance the model's velocity takes: `guidance` carrying the low-noise expert's (models/guidance.py)."""
+        return Guidance(self.guidance, self.guidance_low_noise)
 
 
 def initial_noise(model: FlowModel, settings: SamplerSettings, seeds: Sequence[int | tuple]) -> torch.Tensor:
@@ -127,7 +134,7 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
         for j, kind in enumerate(kinds):
             if kind != "ode":
                 x = rounded(x, dtype)  # the velocity sees what is stored, so the update replays it exactly
-            v = model.velocity(x, sigmas[j].item(), cond if nodes is None else nodes.cond, settings.guidance)
+            v = model.velocity(x, sigmas[j].item(), cond if nodes is None else nodes.cond, settings.scales)
             evaluations += x.shape[0]
             if nodes is not None and j in tree.branch_at:  # the children share x_j and its velocity
                 x, v, history = nodes.split(x, v, history)
@@ -156,7 +163,7 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
         per_step = {"sigmas": sigmas[step_index], "sigmas_next": sigmas[step_index + 1], "step_index": step_index}
         steps.update({key: t.to(device).expand(B, -1).clone() for key, t in per_step.items()})  # a copy per row
     # transformer forwards per image: a tree's shared nodes split among their leaves
-    forwards = evaluations * model.forwards_per_evaluation(settings.guidance) / N / R
+    forwards = evaluations * model.forwards_per_evaluation(settings.scales) / N / R
     images, nfe = decode_in_chunks(model, x).to(device), torch.full((B,), float(forwards), device=device)
     return Trajectory(final_latents=x.float(), cond=cond, ids=ids.to(device), images=images, nfe=nfe, **steps,
                       batch_size=[B], device=device)  # fmt: skip
@@ -245,5 +252,5 @@ def recompute_step(model: FlowModel, x: torch.Tensor, x_next: torch.Tensor, sigm
     """Log-prob and mean of the recorded step x [B, …] → x_next at σ → σ_next ([B] each) under the active policy,
     with the rollout's guidance and step type (with grad if enabled); x and x_next are read as fp32."""
     x, x_next = x.float(), x_next.float()
-    v = model.velocity(x, sigma, cond, settings.guidance)
+    v = model.velocity(x, sigma, cond, settings.scales)
     return get_step(settings.sde_type)(x, v, sigma, sigma_next, settings.noise_level, prev_sample=x_next)

@@ -286,7 +286,7 @@ class Trainer:
     def _tree_saving(self, nfe_per_image: float) -> dict[str, float]:
         """What flat rollouts of the same group size would cost (local engine), and the share a tree saves."""
         s = self.cfg.sampling
-        flat = s.num_steps * self.engine.model.forwards_per_evaluation(s.guidance)
+        flat = s.num_steps * self.engine.model.forwards_per_evaluation(SamplerSettings.of(s).scales)
         return {"rollout/nfe_per_image_flat": float(flat), "rollout/nfe_saving": 1.0 - nfe_per_image / flat}
 
     def finish(self) -> list[dict]:
@@ -307,11 +307,12 @@ class Trainer:
         cfg, val = self.cfg, self.cfg.val
         records = [r for r in self.val_records for _ in range(val.n)]
         seeds = [seed_for(val.seed, "validation", i) for i in range(len(records))]
-        guidance = val.guidance if val.guidance is not None else cfg.sampling.guidance
         s = cfg.sampling
+        guidance, low_noise = val.guidance_scales(s)
         height, width = val.size(s)  # val.height/width: e.g. train small, validate at full size
         solver = val.ode_solver or s.ode_solver
-        settings = SamplerSettings(val.num_steps, guidance, height, width, frames=s.num_frames, ode_solver=solver)
+        settings = SamplerSettings(val.num_steps, guidance, height, width, frames=s.num_frames, ode_solver=solver,
+                                   guidance_low_noise=low_noise)  # fmt: skip
         condition = [r.images for r in records]  # an edit's sources (references, fitted where they are used)
         images = self.engine.sample_images([r.prompt for r in records], [r.negative_prompt for r in records], seeds,
                                            settings, images=condition if any(condition) else None).numpy()  # fmt: skip

@@ -20,8 +20,10 @@ steps, as the other families do.
 
 Wan 2.2 A14B: two transformers of one architecture, `transformer` for timesteps ≥ boundary_ratio · 1000 and
 `transformer_2` below (the pipeline's switch); trained as one network (models/experts.py), LoRA on both, each
-row of a call routed by its own timestep. Both experts use `sampling.guidance` (the pipeline's default when
-guidance_scale_2 is not given). Image-to-video: models/families/wan_i2v.py.
+row of a call routed by its own timestep. Guidance as the pipeline's: `sampling.guidance` (its guidance_scale) for the
+high-noise expert's rows, `sampling.guidance_low_noise` (its guidance_scale_2; null: the same) for the low-noise
+expert's, chosen row by row (`FlowModel.row_guidance`, models/guidance.py); the forward-process losses train the
+conditional velocity, at neither. Image-to-video: models/families/wan_i2v.py.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from torch import nn
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel, as_sigma_batch, on_meta, video_vae_stats
 from diffusion_rl.models.experts import TimestepExperts
+from diffusion_rl.models.guidance import runs_cfg
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # attention of both kinds (self-attention over the video tokens, cross-attention to the text) and the feed-forward
@@ -129,20 +132,22 @@ class WanModel(FlowModel):
         return self.guided_forward(latents.to(self.dtype), timestep, cond, guidance)  # x: [B, C, F', H', W']
 
     def guided_forward(self, x, timestep, cond: TensorDict, guidance: float, **same) -> torch.Tensor:
-        """The transformer on x [B, …] at `timestep` ([B] or per token [B, L]), CFG applied when guidance > 1 in one
-        forward over [uncond; cond]; `same`: further inputs both halves share (an image-to-video's image
-        embeddings). fp32."""
-        embeds = cond["prompt_embeds"]
-        if guidance > 1.0:
+        """The transformer on x [B, …] at `timestep` ([B] or per token [B, L]), CFG applied when a scale is > 1 in one
+        forward over [uncond; cond], each row at its expert's scale (`row_guidance`); `same`: further inputs both
+        halves share (an image-to-video's image embeddings). fp32."""
+        embeds, cfg = cond["prompt_embeds"], runs_cfg(guidance)
+        scale = self.row_guidance(guidance, timestep, x.shape[0])
+        if cfg:
             x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
             same = {name: torch.cat([value, value]) for name, value in same.items()}
         v = self.policies.module(
             hidden_states=x, timestep=timestep, encoder_hidden_states=embeds, return_dict=False, **same
         )[0].float()
-        if guidance > 1.0:
+        if cfg:
             v_uncond, v_cond = v.chunk(2)
-            v = v_uncond + guidance * (v_cond - v_uncond)
+            scale = scale if isinstance(scale, float) else scale.view(-1, *[1] * (v.ndim - 1))
+            v = v_uncond + scale * (v_cond - v_uncond)
         return v
 
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
