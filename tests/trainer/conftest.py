@@ -32,6 +32,32 @@ LEARNS = (
 ONE_MICRO_BATCH = "train.micro_batch_size=16"
 
 
+def reversal_signals(train, seeds, rewards: tuple[str, str]) -> list[float]:
+    """Each seed's learning signal with the training's common drift cancelled. `train(seed, reward)` runs one reduced
+    training and returns its rows; it runs for a reward and for its exact negation (`rewards`: their names). Any
+    update, whatever its sign, also changes the tiny random models' images in some common way (they smooth, they
+    brighten); that change helps one of the two rewards exactly as much as it hurts the other, so the mean of the two
+    runs' gains on their own validation reward keeps only the part that follows the reward, and a sign error in a
+    loss makes it negative. For a loss whose targets are odd in the reward (group-normalised advantages, DPO's chosen
+    and rejected), the negated reward's run is exactly the run of the loss with its sign flipped."""
+    signals = []
+    for seed in seeds:
+        gains = []
+        for reward in rewards:
+            rows = train(seed, reward)
+            gains.append(rows[-1]["val/reward/mean"] - rows[0]["val/reward/mean"])
+        signals.append(sum(gains) / 2)
+    return signals
+
+
+# The negation of jpeg_compressibility (−kB/500) as a user reward: for `reversal_signals`
+JPEG_SIZE = """
+from diffusion_rl.rewards.jpeg import jpeg_size_kb
+
+return np.array([jpeg_size_kb(image) / 500 for image in images], dtype=np.float32)
+"""
+
+
 @pytest.fixture
 def learns() -> tuple[str, ...]:
     """Overrides under which the reduced quickstart reliably learns."""
