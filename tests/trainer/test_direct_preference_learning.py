@@ -5,7 +5,7 @@ config. Gains of the fixed-seed validation reward measured for run.seed 1, 2, 3 
 +5.3/+13.9/+7.0 %):
   dpo (online, ODE, CFG 4.5, 4 passes per step), on mean brightness: a run's brightness rises under either sign of
       the loss (β = 2000, seeds 1/2/3/4/6: +13.2/+23.9/+6.9/+18.7/+12.2 % as written, +9.3/+6.2/+5.6/+5.5/+6.8 % with
-      chosen and rejected swapped, 2026-11-27), so its test takes the mean of a brightness run's and a darkness run's
+      chosen and rejected swapped, 2026-11-26), so its test takes the mean of a brightness run's and a darkness run's
       gains (the drift cancelled: conftest.py `reversal_signals`) at β = 5000: +0.031/+0.037 of brightness for
       seeds 1/2 (loss flipped: −0.038/−0.048). On JPEG size its gain sits in the validation noise (2026-11-23,
       seeds 1-3: −0.2/+0.6/−0.3 %).

@@ -7,7 +7,7 @@ Flow-GRPO's plain gains could not fail: with its loss's sign flipped (a one-line
 +2.6e-4 / +1.1e-4 / +1.2e-4 (as written +4.6e-4 / +3.4e-4 / +3.1e-4) — CFG-free, any update makes these images
 compress better. Its test therefore trains each seed on the reward and on its negation and asks for the mean of the
 two gains (conftest.py `reversal_signals`, the drift cancelled): as written +2.2e-4 / +1.3e-4 / +7.3e-5, sign
-flipped −5.2e-5 / −1.9e-4 / −1.4e-4 (2026-11-27, AMD EPYC without AMX). DiffusionNFT's plain gains do separate
+flipped −5.2e-5 / −1.9e-4 / −1.4e-4 (2026-11-26, AMD EPYC without AMX). DiffusionNFT's plain gains do separate
 (flipped +6.7e-5 / +2.8e-5 / −0.5e-5, mean 3.0e-5 < 5e-5), and its drift-free signal is small at these settings
 (−4.8e-5 / +2.7e-5 / +1.4e-4): its test keeps the plain gains.
 
