@@ -184,9 +184,15 @@ class PolicyGradientUnits:
     sqrt_dt: torch.Tensor  # [B, K]: sqrt(σ_j − σ_{j+1}) of each trained step
 
 
+def trained_step_count(window: int, fraction: float) -> int:
+    """K = max(1, int(W · fraction)): the window steps each sample trains (truncated, as flow_grpo's
+    `int(num_train_timesteps * timestep_fraction)`)."""
+    return max(1, int(window * fraction))
+
+
 def trained_columns(sample_index: torch.Tensor, window: int, fraction: float, selection: str, seed: int, step: int):
     """[B, K] window columns each sample trains on at step `step`: the first K, or a seeded per-sample subset."""
-    B, K = len(sample_index), max(1, int(window * fraction))
+    B, K = len(sample_index), trained_step_count(window, fraction)
     if selection == "first":
         return torch.arange(K).expand(B, K)
     rows = [
@@ -222,8 +228,7 @@ class PolicyGradient(Algorithm):
     def trained_calls(cls, algorithm, sampling) -> int:
         """K = max(1, int(W · timestep_fraction)) of the window's W stochastic steps (module docstring)."""
         w = sampling.window
-        window = sampling.num_steps - 1 if w.kind == "all" else w.size
-        return max(1, int(window * algorithm.timestep_fraction))
+        return trained_step_count(sampling.num_steps - 1 if w.kind == "all" else w.size, algorithm.timestep_fraction)
 
     def __init__(self, section, spec, **context):
         super().__init__(section, spec, **context)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.base import Targets
-from diffusion_rl.algorithms.policy_gradient import trained_columns
+from diffusion_rl.algorithms.policy_gradient import PolicyGradient, trained_columns
 from diffusion_rl.data.sampler import make_step_prompts
 from diffusion_rl.sampling.window import window_for_step
 
@@ -104,6 +104,16 @@ def test_first_timesteps_trains_columns_0_to_k_minus_1(make_trainer):
     calls = _record_backward_steps(trainer.engine)
     trainer.train()
     assert [cols.tolist() for _, cols, _ in calls] == [[0, 0, 0, 0], [1, 1, 1, 1]]
+
+
+def test_the_trained_step_count_truncates_as_flow_grpo_does(make_config):
+    # K = int(W · fraction), at least 1: 10 · 0.75 = 7.5 → 7 (rounding would give 8), 3 · 0.1 → 1
+    assert trained_columns(torch.arange(2), 10, 0.75, "first", 0, 0).tolist() == [list(range(7))] * 2
+    assert trained_columns(torch.arange(2), 10, 0.75, "random", 0, 0).shape == (2, 7)
+    assert trained_columns(torch.arange(1), 3, 0.1, "first", 0, 0).tolist() == [[0]]
+    # what `estimate` counts is the same K (11 sampling steps: a window of 10 SDE steps)
+    cfg = make_config("sampling.num_steps=11", "algorithm.timestep_fraction=0.75")
+    assert PolicyGradient.trained_calls(cfg.algorithm, cfg.sampling) == 7
 
 
 def test_random_timesteps_differ_between_samples_and_repeat_for_the_same_seed_and_step(make_trainer, tmp_path):
