@@ -292,6 +292,14 @@ def test_unknown_gpu_is_an_error_listing_the_known_ones(capsys):
     assert all(key in err for key in DEVICES)
 
 
+def test_a_low_noise_guidance_for_a_one_transformer_architecture_is_refused(capsys):
+    # Wan 2.2 A14B's second expert's guidance: the quickstart's SD3 has one transformer
+    assert main(["estimate", QUICKSTART, "--gpu", "h100", "sampling.guidance_low_noise=3"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "sampling.guidance_low_noise=3 sets the guidance of a low-noise expert" in lines[0]
+    assert "sd3 model has one transformer" in lines[0]
+
+
 def test_cpu_needs_a_peak(capsys):
     assert main(["estimate", QUICKSTART, "--gpu", "cpu"]) == 2
     assert "--peak-tflops" in capsys.readouterr().err

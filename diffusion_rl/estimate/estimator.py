@@ -36,7 +36,7 @@ from diffusion_rl.data.prompts import condition_images_in
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
 from diffusion_rl.estimate.devices import Device
-from diffusion_rl.models.guidance import Guidance, runs_cfg
+from diffusion_rl.models.guidance import Guidance, refuse_low_noise_without_experts, runs_cfg
 from diffusion_rl.models.registry import family_named
 from diffusion_rl.sampling.rollout import DECODE_ROWS
 from diffusion_rl.sampling.tree import TreeSpec
@@ -111,6 +111,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     full = not m.lora.enabled
     # FLUX.1-dev: guidance is an embedding, one forward; the others run true CFG over a doubled batch (Wan 2.2 A14B:
     # when either expert's scale is > 1)
+    refuse_low_noise_without_experts(s.guidance_low_noise, "sampling.guidance_low_noise", arch.family, arch.experts)
     guided = runs_cfg(Guidance(s.guidance, s.guidance_low_noise))
     cfg_factor = 2 if (guided and not arch.transformer_config.get("guidance_embeds")) else 1
     train_cfg = cfg_factor if algorithm.guided else 1  # direct preference trains the conditional velocity

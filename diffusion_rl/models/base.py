@@ -19,7 +19,7 @@ from torch import nn
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.experts import TimestepExperts, high_noise_rows
-from diffusion_rl.models.guidance import low_noise_scale, runs_cfg
+from diffusion_rl.models.guidance import low_noise_scale, refuse_low_noise_without_experts, runs_cfg
 from diffusion_rl.models.policies import LoraSettings, PolicySet
 
 # the condition images of each row of a batch: row i's uint8 [H, W, 3] arrays (none for a text-only prompt)
@@ -270,11 +270,7 @@ class FlowModel(ABC):
 
     def check_low_noise_guidance(self, low_noise: float | None, key: str) -> None:
         """A low-noise expert's guidance (`key`'s value) needs a model with one: else a UserError naming `key`."""
-        if low_noise is not None and self.expert_boundary is None:
-            raise UserError(
-                f"{key}={low_noise:g} sets the guidance of a low-noise expert, but this {self.family} model has one "
-                "transformer (Wan 2.2 A14B has two: transformer_2/ and a boundary_ratio); remove it or set it to null"
-            )
+        refuse_low_noise_without_experts(low_noise, key, self.family, 1 if self.expert_boundary is None else 2)
 
     def guidance_input(self, guidance: float, rows: int, device: torch.device) -> torch.Tensor | None:
         """The transformer's `guidance` input for `rows` rows: the scale itself (the network scales it by 1000 like

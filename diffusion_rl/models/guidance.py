@@ -10,10 +10,12 @@ As in diffusers' Wan pipelines, a call's rows at t ≥ boundary use the scale, t
 `None` for the low-noise scale means the same scale for both. The unconditional branch runs when either scale is > 1
 (`runs_cfg`); diffusers runs it only when `guidance_scale` > 1 and otherwise ignores `guidance_scale_2`, so the two
 agree wherever diffusers uses guidance_scale_2 at all, and `guidance 1, low-noise 3` guides the low-noise steps here.
-Imports nothing (the config reads it).
+Imports nothing of the project but its error type.
 """
 
 from __future__ import annotations
+
+from diffusion_rl.errors import UserError
 
 
 class Guidance(float):
@@ -44,3 +46,12 @@ def low_noise_scale(guidance: float) -> float:
 def runs_cfg(guidance: float) -> bool:
     """Whether a velocity call at `guidance` runs the unconditional branch: when either expert's scale is > 1."""
     return max(float(guidance), low_noise_scale(guidance)) > 1.0
+
+
+def refuse_low_noise_without_experts(low_noise: float | None, key: str, model: str, experts: int) -> None:
+    """A low-noise expert's guidance (`key`'s value) needs a model with two experts: else a UserError naming `key`."""
+    if low_noise is not None and experts < 2:
+        raise UserError(
+            f"{key}={low_noise:g} sets the guidance of a low-noise expert, but this {model} model has one "
+            "transformer (Wan 2.2 A14B has two: transformer_2/ and a boundary_ratio); remove it or set it to null"
+        )
