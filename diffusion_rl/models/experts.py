@@ -76,8 +76,9 @@ class TimestepExperts(nn.Module):
 
 def high_noise_rows(timestep: torch.Tensor, rows: int, boundary: float) -> torch.Tensor:
     """bool [rows]: the rows the high-noise expert denoises, timestep ≥ boundary (the transformer's timestep: a scalar,
-    [B], or per token [B, L], then a row's first token's), as the pipeline switches a step; no host read."""
-    row_time = timestep if timestep.ndim <= 1 else timestep[:, 0]
+    [B], or per token [B, L], then the row's largest: its step's t, where a clean condition frame's tokens sit at 0),
+    as the pipeline switches a step; no host read."""
+    row_time = timestep if timestep.ndim <= 1 else timestep.amax(dim=1)
     return (row_time.expand(rows) if row_time.ndim == 0 else row_time) >= boundary
 
 

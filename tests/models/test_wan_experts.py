@@ -11,7 +11,7 @@ import torch
 
 from diffusion_rl.cli import main
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.experts import TimestepExperts
+from diffusion_rl.models.experts import TimestepExperts, high_noise_rows
 from diffusion_rl.models.export import LORA_FILES
 from diffusion_rl.models.tiny import build_tiny, save_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, rollout
@@ -174,3 +174,10 @@ def test_sharded_ranks_run_every_expert_any_rank_needs_without_changing_their_nu
     assert (high0, low0) == (high1, low1) == (1, 1)  # each rank called each expert once
     assert out0 == [[2 + 900.0], [2 + 700.0]] and out1 == [[3 + 100.0]]  # x·w + t by its own expert only
     assert (dhigh0, dlow0) == (2.0, 0.0) and (dhigh1, dlow1) == (0.0, 1.0)  # d(sum)/dw = Σ x of the rows it ran
+
+
+def test_per_token_timesteps_route_by_the_steps_t_not_a_clean_condition_frames_zero():
+    # expanded timesteps (per token): a clean first frame's tokens at 0, the noisy ones at the step's t
+    timestep = torch.tensor([[0.0, 900.0, 900.0], [0.0, 300.0, 300.0]])
+    assert high_noise_rows(timestep, 2, 875.0).tolist() == [True, False]
+    assert high_noise_rows(torch.tensor(900.0), 3, 875.0).tolist() == [True, True, True]
