@@ -301,9 +301,10 @@ def curves_figure(draw, out_png: Path, reward: str, task: str, what: str,
 
 
 def write_json(path: Path, data) -> None:
-    """Write atomically (a temporary file renamed into place), so an interrupted write leaves no half a result."""
+    """Write atomically (a temporary file renamed into place), so an interrupted write leaves no half a result; the
+    temporary file is this process's own, so two processes writing one file (a shared base validation) cannot clash."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
 

@@ -14,10 +14,12 @@ load: shards can run in the background (`nice -n 19`, OMP_WAIT_POLICY=PASSIVE) a
 Shards (a paired design): shard s runs every algorithm at seed s. Shards 0 and 1 (SELECT_SEEDS) run each algorithm at
 the 3 learning rates of LRS; an algorithm's rate is the one with the highest training reward (the mean over each
 run's last third of compute, averaged over both selection shards; validation is never read); shards 2, 3, … run each
-algorithm at its chosen rate, so they wait for both selection shards. Every finished run is kept at
-<out>/runs/shard_<s>/<algorithm>_lr<rate>.json (resumable: kept runs are skipped, and <out>/settings.json stops a run
-under other settings); when the shard's last run ends, all of them go into <out>/shard_<s>.json with the machine,
-CPU time and the shard's shared base-model validation, and the kept files are removed.
+algorithm at its chosen rate, so they wait for both selection shards; the table reads the report shards only (the
+selection shards' runs chose the rate). Every finished run is kept at <out>/runs/shard_<s>/<algorithm>_lr<rate>.json
+(resumable: kept runs are skipped, and <out>/settings.json stops a run under other settings); several processes may
+run one shard on one machine at once (`--threads 1` each): a run in progress holds a claim file, and each process
+takes the next run nobody holds. When the shard's last run ends, all of them go into <out>/shard_<s>.json with the
+machine, CPU time and the shard's shared base-model validation, and the kept files are removed.
 
 Validation (fixed seeds, ODE, `shapes_geneval`, all 78 held-out prompts): the base model's once per shard (every run
 starts from it; once per validation setting — DiffusionNFT validates without CFG) on VAL_N samples per prompt (1,092
@@ -35,6 +37,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -72,7 +75,7 @@ FLOPS_PER_STEP_FLOW_GRPO = 106_983_550_976
 BUDGET_FLOPS = float(FLOW_GRPO_QUIET_STEPS * FLOPS_PER_STEP_FLOW_GRPO)
 LRS = "/3,x1,x3"  # a half-decade either side of the task's rate (3e-5: 1e-5, 3e-5, 9e-5)
 SELECT_SEEDS = (0, 1)
-SHARDS = 5  # --plan's default: every algorithm gets 5 seeds (the 2 selection shards included)
+SHARDS = 7  # --plan's default: 5 report seeds (2–6) for the table, beside the 2 selection shards
 VAL_N = 14  # 78 × 14 = 1,092 images: the base model's per-image sd 0.292 (+10 %) gives SE ≤ 0.01 (RESULTS.md)
 VAL_N_SUBSET = 4  # intermediate points: 78 × 4 = 312 images, SE ≈ 0.017
 VAL_FRACTIONS = (0.25, 0.5, 0.75)  # intermediate validation points, as fractions of the budget
@@ -285,7 +288,20 @@ class Benchmark:
             if kept.is_file():
                 logger.info("shard %d: %s lr %.3g kept before", s, name, lr)
                 continue
-            write_json(kept, self.run_one(s, name, lr))
+            holder = claim(kept.with_suffix(".claim"))
+            if holder:
+                logger.info("shard %d: %s lr %.3g is running in %s", s, name, lr, holder)
+                continue
+            try:
+                write_json(kept, self.run_one(s, name, lr))
+            finally:  # kept, or interrupted: either way no longer held
+                kept.with_suffix(".claim").unlink()
+        running = [f"{name} lr {lr:.3g}" for name, lr in runs if not self.run_path(s, name, lr).is_file()]
+        if running:
+            sys.exit(f"shard {s}: {', '.join(running)} still running in another process; the last to end gathers "
+                     "the shard file")  # fmt: skip
+        if claim(self.kept_dir(s) / "gather.claim"):
+            sys.exit(f"shard {s}: another process is gathering the shard file")
         return self.gather(s, runs)
 
     def gather(self, s: int, runs: list[tuple[str, float]]) -> Path:
@@ -349,6 +365,38 @@ class Benchmark:
             lines.append(f"skipped: {name}: {why}")
         lines.append(f"{total_todo} runs to do: {total_todo * self.budget:.4g} training FLOPs")
         return lines
+
+
+def claim(path: Path) -> str | None:
+    """Take the claim file `path` for this process (so several processes can share one shard, each taking the next
+    run nobody holds): None when taken, else who holds it. A claim whose process on this machine is gone is taken
+    over; one from another machine is respected (delete it by hand if that machine stopped)."""
+    me = f"{socket.gethostname()} pid {os.getpid()}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = path.read_text().strip() or "a process starting"
+            host, _, pid = holder.partition(" pid ")
+            if host != socket.gethostname() or not pid.isdigit() or process_alive(int(pid)):
+                return holder
+            path.unlink(missing_ok=True)  # its process ended without finishing: take the run over
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me + "\n")
+        return None
+    return path.read_text().strip()
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

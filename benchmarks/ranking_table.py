@@ -1,7 +1,8 @@
 """The ranking's table, recomputed from whatever shard files exist (benchmarks/ranking.py --table).
 
-Per algorithm, at its chosen learning rate (benchmarks/ranking.py: chosen on the selection shards' training reward):
-each seed's final validation reward; their mean ± 95 % interval; the paired difference from Flow-GRPO over the seeds
+Per algorithm, at its chosen learning rate (benchmarks/ranking.py: chosen on the selection shards' training reward),
+over the report shards' seeds only (the selection shards' runs chose the rate, so they would lean the estimate its
+way): each seed's final validation reward; their mean ± 95 % interval; the paired difference from Flow-GRPO over the seeds
 both have (same seeds, prompts and validation images) and a rank from paired comparisons (a range where they do not
 separate: ranking_stats.rank_paired); the compute at which its mean validation curve first reaches Flow-GRPO's final
 mean, as a fraction of the budget, with a paired bootstrap interval over seeds; and, where a wall-clock ratio was
@@ -79,6 +80,8 @@ def summarise(shards: list[dict], wallclock: dict | None = None) -> dict:
     grid = grid_of(shards) if shards else []
     finals, curves, failed = {}, {}, {}
     for shard in shards:
+        if shard["phase"] != "report":  # the selection shards chose the rates: their runs would bias the estimate
+            continue
         for r in shard["runs"]:
             name = r["algorithm"]
             if chosen.get(name, {}).get("chosen_lr") != r["lr"]:

@@ -130,10 +130,13 @@ def shard(s, runs):
 
 
 def test_the_table_from_shard_files_by_hand(table, tmp_path):
-    """Flow-GRPO chooses 3e-5, NFT 1e-5 (training reward); finals over seeds 0–2: Flow-GRPO 0.50, 0.60, 0.55, NFT
-    0.55, 0.62, 0.60: paired differences 0.05, 0.02, 0.05 → +0.04 ± 4.3027 · 0.01."""
-    fg = {0: (0.40, 0.45, 0.50), 1: (0.40, 0.50, 0.60), 2: (0.40, 0.50, 0.55)}  # base, ½ budget, end
-    nft = {0: (0.40, 0.50, 0.55), 1: (0.40, 0.56, 0.62), 2: (0.40, 0.54, 0.60)}
+    """Flow-GRPO chooses 3e-5, NFT 1e-5 (training reward on shards 0, 1); finals over the report seeds 2–4:
+    Flow-GRPO 0.50, 0.60, 0.55, NFT 0.55, 0.62, 0.60: paired differences 0.05, 0.02, 0.05 → +0.04 ± 4.3027 · 0.01.
+    The selection shards' runs at the chosen rates (here far off: 0.9 and 0.1) are not in the statistics."""
+    fg = {2: (0.40, 0.45, 0.50), 3: (0.40, 0.50, 0.60), 4: (0.40, 0.50, 0.55)}  # base, ½ budget, end
+    nft = {2: (0.40, 0.50, 0.55), 3: (0.40, 0.56, 0.62), 4: (0.40, 0.54, 0.60)}
+    fg[0] = fg[1] = (0.4, 0.9, 0.9)
+    nft[0] = nft[1] = (0.4, 0.1, 0.1)
     grid = (0.0, 0.5, 1.01)  # the end overshoots the budget by part of a step
 
     def runs(s):
@@ -146,14 +149,14 @@ def test_the_table_from_shard_files_by_hand(table, tmp_path):
                     {"algorithm": "nft", "lr": 3e-5, "seed": s, "error": "RuntimeError: diverged"}]  # fmt: skip
         return out
 
-    for s in range(3):
+    for s in range(5):
         (tmp_path / f"shard_{s}.json").write_text(json.dumps(shard(s, runs(s))))
     (tmp_path / "wallclock.json").write_text(json.dumps({"seconds_per_flop_vs_flow_grpo": {"flow_grpo": 1.0,
                                                                                           "nft": 2.0}}))  # fmt: skip
     summary = table.write_table(tmp_path)
     a = summary["algorithms"]
     assert (a["flow_grpo"]["chosen_lr"], a["nft"]["chosen_lr"]) == (3e-5, 1e-5)
-    assert a["nft"]["final_val_reward"] == [0.55, 0.62, 0.60]
+    assert a["nft"]["final_val_reward"] == [0.55, 0.62, 0.60] and a["nft"]["seeds"] == [2, 3, 4]
     d = a["nft"]["paired_vs_flow_grpo"]
     assert (d["mean"], d["half_width"]) == (pytest.approx(0.04), pytest.approx(0.043027, abs=1e-5))
     assert a["flow_grpo"]["paired_vs_flow_grpo"]["mean"] == 0.0
@@ -169,7 +172,7 @@ def test_the_table_from_shard_files_by_hand(table, tmp_path):
     assert rows[2].startswith("| 1–2 | nft | 1e-05 | 0.5900 ± ") and "+0.0400 ± 0.0430" in rows[2]
     assert "| 0.65 (" in rows[2] and (tmp_path / "ranking.png").stat().st_size > 1000
     assert "| 3 | 1.00 (1.00–1.00) |" in rows[3]  # Flow-GRPO reaches its own final mean at the budget, every seed
-    (tmp_path / "shard_2.json").write_text(json.dumps({**shard(2, runs(2)), "settings": {"other": 1}}))
+    (tmp_path / "shard_4.json").write_text(json.dumps({**shard(4, runs(4)), "settings": {"other": 1}}))
     with pytest.raises(SystemExit, match="other settings"):
         table.load_shards(tmp_path)
 
@@ -183,3 +186,47 @@ def test_the_wallclock_ratio_runs_the_algorithms_in_turns(ranking, shapes_model,
     assert result["seconds_per_flop_vs_flow_grpo"]["nft"] > 0
     assert [t["steps"] for t in result["totals"].values()] == [2, 2]
     assert json.loads((tmp_path / "wallclock.json").read_text())["rounds"] == 2
+
+
+def test_processes_sharing_a_shard_take_the_runs_nobody_holds(ranking, tmp_path, monkeypatch):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    here = socket.gethostname()
+    path = tmp_path / "runs/shard_1/nft_lr1e-05.claim"
+    assert ranking.claim(path) is None  # taken: this process holds it now
+    assert path.read_text() == f"{here} pid {os.getpid()}\n"
+    assert ranking.claim(path) == f"{here} pid {os.getpid()}"  # a second taker (even this process) is refused
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path.write_text(f"{here} pid {ended.stdout.strip()}\n")  # its process is gone: the run is taken over
+    assert ranking.claim(path) is None and path.read_text() == f"{here} pid {os.getpid()}\n"
+    path.write_text("another-machine pid 1\n")  # another machine's claim: respected, its process cannot be seen
+    assert ranking.claim(path) == "another-machine pid 1"
+    path.write_text("")  # a claim being written this instant
+    assert ranking.claim(path) == "a process starting"
+
+
+def test_a_shard_leaves_runs_held_by_another_process_and_the_last_one_gathers(ranking, shapes_model, tmp_path,
+                                                                               monkeypatch):  # fmt: skip
+    argv = ["--shard", "0", "--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo,nft",
+            "--lrs", "x1", "--budget-flops", "3e10", *SMALL]  # fmt: skip
+    fake = {"flops": 3e10, "curve": [], "base_model_sha256": None}
+    calls = []
+    monkeypatch.setattr(ranking.Benchmark, "run_one", lambda self, s, name, lr: (calls.append(name),
+                        {**fake, "algorithm": name, "lr": lr, "base_model_sha256": self.model_hash(),
+                         "process_cpu_seconds": 1.0, "wall_seconds": 1.0})[1])  # fmt: skip
+    held = tmp_path / "runs/shard_0/nft_lr3e-05.claim"
+    held.parent.mkdir(parents=True)
+    held.write_text("another-machine pid 1\n")
+    with pytest.raises(SystemExit, match="nft lr 3e-05 still running in another process"):
+        ranking.main(argv)
+    assert calls == ["flow_grpo"] and not (tmp_path / "shard_0.json").exists()
+    held.unlink()  # that process ended, its run kept:
+    ranking.write_json(held.with_suffix(".json"), {**fake, "algorithm": "nft", "lr": 3e-5, "process_cpu_seconds": 1.0,
+                       "wall_seconds": 1.0, "base_model_sha256": json.loads((tmp_path / "runs/shard_0/"
+                       "flow_grpo_lr3e-05.json").read_text())["base_model_sha256"]})  # fmt: skip
+    ranking.main(argv)  # nothing left to run: this process gathers
+    assert calls == ["flow_grpo"]
+    assert [r["algorithm"] for r in json.loads((tmp_path / "shard_0.json").read_text())["runs"]] == ["flow_grpo", "nft"]
