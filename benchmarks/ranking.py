@@ -335,6 +335,16 @@ class Benchmark:
             trainer = make_trainer(cfg)
             return [trainer.train_step(step)["perf/flops_per_step"] for step in range(steps)]
 
+    def run_state(self, s: int, name: str, lr: float | None) -> str:
+        """kept, running (in whom: its claim file) or to do."""
+        if lr is None:
+            return "to do"
+        kept = self.run_path(s, name, lr)
+        if kept.is_file():
+            return "kept"
+        held = kept.with_suffix(".claim")
+        return f"running ({held.read_text().strip()})" if held.is_file() else "to do"
+
     def plan(self, shards: int) -> list[str]:
         """--plan's printout: per shard its runs (done, kept or to do) and the compute they need."""
         self.check_settings()
@@ -349,9 +359,8 @@ class Benchmark:
             if self.shard_file(s).is_file():
                 status = {r: "done" for r in runs}
             else:
-                status = {(n, lr): ("kept" if lr is not None and self.run_path(s, n, lr).is_file() else "to do")
-                          for n, lr in runs}  # fmt: skip
-            todo = sum(v == "to do" for v in status.values())
+                status = {(n, lr): self.run_state(s, n, lr) for n, lr in runs}
+            todo = sum(v not in ("kept", "done") for v in status.values())
             total_todo += todo
             phase = "select" if s in SELECT_SEEDS else "report"
             lines.append(

@@ -2,11 +2,12 @@
 
 Per algorithm, at its chosen learning rate (benchmarks/ranking.py: chosen on the selection shards' training reward),
 over the report shards' seeds only (the selection shards' runs chose the rate, so they would lean the estimate its
-way): each seed's final validation reward; their mean ± 95 % interval; the paired difference from Flow-GRPO over the seeds
-both have (same seeds, prompts and validation images) and a rank from paired comparisons (a range where they do not
-separate: ranking_stats.rank_paired); the compute at which its mean validation curve first reaches Flow-GRPO's final
-mean, as a fraction of the budget, with a paired bootstrap interval over seeds; and, where a wall-clock ratio was
-measured (ranking_wallclock.py), the reward at Flow-GRPO's wall-clock: the curve read at budget / ratio.
+way): each seed's final validation reward; their mean ± 95 % interval; the paired difference from Flow-GRPO over the
+seeds both have (same seeds, prompts and validation images) and a rank from paired comparisons (a range where they
+do not separate: ranking_stats.rank_paired); the compute at which its mean validation curve first reaches
+Flow-GRPO's final mean, as a fraction of the budget, with a paired bootstrap interval over seeds; and, where a
+wall-clock ratio was measured (ranking_wallclock.py), the reward at Flow-GRPO's wall-clock: the curve read at
+budget / ratio.
 """
 
 from __future__ import annotations

@@ -88,6 +88,8 @@ def test_a_shard_resumes_its_kept_runs_and_refuses_other_settings(ranking, table
 
 
 def test_the_plan_lists_the_shards_their_runs_and_compute(ranking, shapes_model, tmp_path, capsys):
+    (tmp_path / "runs/shard_0").mkdir(parents=True)
+    (tmp_path / "runs/shard_0/flow_grpo_lr1e-05.claim").write_text("box pid 5\n")  # held by a process
     ranking.main(["--plan", "--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo,dpo_offline",
                   "--shards", "3"])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
@@ -95,6 +97,7 @@ def test_the_plan_lists_the_shards_their_runs_and_compute(ranking, shapes_model,
     assert "shard 0 (select, seed 0): 3 runs, 3 to do, 5.97e+13 training FLOPs, 6084 validation images" in lines
     assert "shard 2 (report, seed 2): 1 runs, 1 to do, 1.99e+13 training FLOPs, 2028 validation images" in lines
     assert sum("lr chosen on shards 0+1" in line for line in lines) == 1
+    assert "  flow_grpo      lr 1e-05                  running (box pid 5)" in lines
     assert any(line.startswith("skipped: dpo_offline: a pair dataset config") for line in lines)
     assert lines[-1] == "7 runs to do: 1.393e+14 training FLOPs"
     assert not (tmp_path / "settings.json").exists()  # a plan writes nothing
