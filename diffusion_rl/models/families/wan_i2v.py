@@ -105,7 +105,8 @@ class WanI2VModel(WanModel):
             wanted = " or ".join(map(str, self.frames_given))
             raise UserError(
                 f"the {self.family} family: every prompt needs {wanted} condition image(s), got {k} (a dataset row's "
-                f"`images`: its first frame, then its last; see data/condition_images.py): {self._why}"
+                f"`images`, or `--image` once each: its first frame, then its last; data/condition_images.py): "
+                f"{self._why}"
             )
         cond = self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
         if self.replaces_first_frame:  # [B, 1, C, 1, h, w]: the first frame alone through the VAE
