@@ -2,8 +2,8 @@
 runs from a given first to a given last frame (Wan 2.1 FLF2V).
 
 The first frame is the prompt's condition image, through the path every editing family's images take
-(data/condition_images.py fits it to the output size; `encode_prompts(..., images)` gets one per row). As
-WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decides:
+(data/condition_images.py fits it to the output size; `encode_prompts(..., images)` gets one per row, two with a
+last frame: below). As WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decides:
 
 - Wan 2.1 I2V (Wan2.1-I2V-14B-480P / 720P): the transformer reads 2·C + 4 channels, its latents followed by a
   4-channel mask (1 on the first latent frame) and the VAE latents of the video [first frame, then F − 1 frames of
@@ -24,11 +24,12 @@ WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decid
   `model.family: wan_i2v` loads that directory as this family (`loads_also`).
 
 A row with two condition images is a first and a last frame (the pipeline's `last_image`, first-and-last-frame
-interpolation), where the checkpoint takes one: the condition video is [first, F − 2 frames of zeros, last], the
+interpolation), where the checkpoint takes them: the condition video is [first, F − 2 frames of zeros, last], the
 mask is 1 on the first and on the last frame (after the VAE's fold: the last latent frame's last mask channel), and
 Wan2.1-FLF2V-14B-720P's transformer (`pos_embed_seq_len` = 2 × 257 in its config) reads both images' CLIP tokens,
 which it lays out as one sequence [first's; last's] with a learned positional embedding: it takes them as rows
-[first, last] per sample, B·2 rows it views as B (the pipeline's `encode_image([image, last_image])`). That
+[first, last] per sample, B·2 rows it views as B (the pipeline's `encode_image([image, last_image])`). A video with
+a last frame has at least 5 frames (two latent frames). That
 transformer takes two images only; a plain I2V transformer (no `pos_embed_seq_len`) and TI2V-5B (the pipeline ignores
 `last_image` with `expand_timesteps`) take one; Wan 2.2 I2V-A14B (no CLIP tokens) takes one or two.
 
