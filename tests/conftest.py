@@ -54,6 +54,12 @@ def wan_i2v_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wan_flf2v_model_dir(tmp_path_factory):
+    """A tiny Wan 2.1 FLF2V-format model (the I2V layout reading a first and a last frame's CLIP tokens)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_wan_flf2v"), "wan_i2v", "flf2v", seed=0)
+
+
+@pytest.fixture(scope="session")
 def qwen_image_edit_model_dir(tmp_path_factory):
     """A tiny Qwen-Image-Edit-2509-format model (QwenImageEditPlusPipeline, a processor/ folder)."""
     return save_tiny(tmp_path_factory.mktemp("tiny_qwen_image_edit"), "qwen_image_edit", "small", seed=0)

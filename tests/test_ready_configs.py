@@ -14,7 +14,7 @@ READY = ["sd35_ocr_lora.yaml", "sd35_pickscore_fast.yaml", "flux_pickscore_lora.
          "flux_kontext_counting_lora.yaml", "flux2_klein_pickscore_lora.yaml",
          "z_image_turbo_pickscore_lora.yaml", "wan21_i2v_lora.yaml", "qwen_image_2512_ocr_lora.yaml",
          "flux1_schnell_pickscore_lora.yaml", "flux2_dev_pickscore_lora.yaml", "wan22_i2v_a14b_lora.yaml",
-         "wan22_t2v_a14b_ocr_lora.yaml"]  # fmt: skip
+         "wan22_t2v_a14b_ocr_lora.yaml", "wan21_flf2v_lora.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", READY)

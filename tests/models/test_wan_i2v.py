@@ -54,14 +54,14 @@ def test_the_video_condition_is_the_pipelines_mask_and_first_frame_latents(wan_i
     image = pipe.video_processor.preprocess(Image.fromarray(FIRST[0]), height=32, width=32)  # [1, 3, 32, 32]
     with torch.no_grad():
         _, expected = pipe.prepare_latents(image, 1, 4, 32, 32, 9, torch.float32, torch.device("cpu"))
-    condition = model.video_condition(torch.from_numpy(FIRST[:1]), 3)
+    condition = model.video_condition(torch.from_numpy(FIRST[:1, None]), 3)
     assert condition.shape == expected.shape == (1, 4 + 4, 3, 8, 8)
     assert torch.equal(condition[:, :4], expected[:, :4])  # the mask: 1 on the first latent frame only
     assert condition[:, :4, 0].eq(1).all() and condition[:, :4, 1:].eq(0).all()
     assert (condition - expected).abs().max() <= 1e-5  # [-1, 1] pixels by /127.5 − 1 here, by /255·2 − 1 there
     # kept between calls, and a shorter video's condition is a prefix (the VAE encodes causally, chunk by chunk)
-    assert torch.equal(model.video_condition(torch.from_numpy(FIRST[:1]), 3), condition)
-    assert torch.equal(model.video_condition(torch.from_numpy(FIRST[:1]), 2), condition[:, :, :2])
+    assert torch.equal(model.video_condition(torch.from_numpy(FIRST[:1, None]), 3), condition)
+    assert torch.equal(model.video_condition(torch.from_numpy(FIRST[:1, None]), 2), condition[:, :, :2])
 
 
 def _pipeline_latents(model, cond, noise, guidance: float) -> torch.Tensor:
@@ -167,9 +167,9 @@ def test_ti2v_trains_from_its_wan_pipeline_checkpoint(wan_ti2v_model_dir, train_
 
 def test_what_the_family_refuses(wan_i2v_model_dir, wan_model_dir, wan_ti2v_model_dir, load):
     model = load(wan_i2v_model_dir)
-    with pytest.raises(UserError, match="every prompt needs one condition image"):
+    with pytest.raises(UserError, match=r"every prompt needs 1 condition image\(s\), got 0"):
         model.encode_prompts(PROMPTS, None)
-    with pytest.raises(UserError, match="at most 1 condition image"):
+    with pytest.raises(UserError, match=r"every prompt needs 1 condition image\(s\), got 2"):  # test_wan_flf2v.py
         model.encode_prompts(PROMPTS[:1], None, [[FIRST[0], FIRST[1]]])
     with pytest.raises(UserError, match="cannot take a first frame"):  # Wan 2.1 T2V: no first-frame channels
         load(wan_model_dir, family="wan_i2v")

@@ -1,8 +1,9 @@
-"""Wan image-to-video: a video that starts from a given first frame (Wan 2.1 I2V, and Wan 2.2 TI2V-5B's image mode).
+"""Wan image-to-video: a video that starts from a given first frame (Wan 2.1 I2V, Wan 2.2 TI2V-5B's image mode), or
+runs from a given first to a given last frame (Wan 2.1 FLF2V).
 
 The first frame is the prompt's condition image, through the path every editing family's images take
-(data/condition_images.py fits it to the output size; `encode_prompts(..., images)` gets one per row). As
-WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decides:
+(data/condition_images.py fits it to the output size; `encode_prompts(..., images)` gets one per row, two with a
+last frame: below). As WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decides:
 
 - Wan 2.1 I2V (Wan2.1-I2V-14B-480P / 720P): the transformer reads 2·C + 4 channels, its latents followed by a
   4-channel mask (1 on the first latent frame) and the VAE latents of the video [first frame, then F − 1 frames of
@@ -22,10 +23,19 @@ WanImageToVideoPipeline feeds it, in one of two ways, which the checkpoint decid
   The released checkpoint's model_index.json names WanPipeline (one checkpoint for text- and image-to-video):
   `model.family: wan_i2v` loads that directory as this family (`loads_also`).
 
+A row with two condition images is a first and a last frame (the pipeline's `last_image`, first-and-last-frame
+interpolation), where the checkpoint takes them: the condition video is [first, F − 2 frames of zeros, last], the
+mask is 1 on the first and on the last frame (after the VAE's fold: the last latent frame's last mask channel), and
+Wan2.1-FLF2V-14B-720P's transformer (`pos_embed_seq_len` = 2 × 257 in its config) reads both images' CLIP tokens,
+which it lays out as one sequence [first's; last's] with a learned positional embedding: it takes them as rows
+[first, last] per sample, B·2 rows it views as B (the pipeline's `encode_image([image, last_image])`). A video with
+a last frame has at least 5 frames (two latent frames). That
+transformer takes two images only; a plain I2V transformer (no `pos_embed_seq_len`) and TI2V-5B (the pipeline ignores
+`last_image` with `expand_timesteps`) take one; Wan 2.2 I2V-A14B (no CLIP tokens) takes one or two.
+
 The CLIP encoder sees the fitted image; the pipeline shows it the image as given, which is the same when the image
-comes at the output size (as in the pipeline's own example). Not covered: a last frame (`last_image`, first-and-last
-frame interpolation). Wan 2.2 I2V-A14B reads the mask and the first frame's latents as Wan 2.1 I2V does, without
-CLIP image tokens, with two experts as Wan 2.2 T2V-A14B (families/wan.py).
+comes at the output size (as in the pipeline's own example). Wan 2.2 I2V-A14B reads the mask and the given frames'
+latents as Wan 2.1 I2V does, without CLIP image tokens, with two experts as Wan 2.2 T2V-A14B (families/wan.py).
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from diffusion_rl.models.registry import ModelFamily, register_family
 
 MASK_CHANNELS = 4  # Wan 2.1 I2V's mask: one channel per frame the VAE folds into a latent frame
 CLIP_IMAGE_TOKENS = 257  # the real image encoder's (ViT-H/14 at 224 px: 16² patches and the class token)
-CONDITIONS_KEPT = 64  # video conditions (image × frame count) kept between velocity calls
+CONDITIONS_KEPT = 64  # video conditions (images × frame count) kept between velocity calls
 # Wan's text-to-video targets and, in Wan 2.1 I2V, the image cross-attention's own key and value projections
 # (diffusers' Wan LoRA loader fills them with zeros when a LoRA leaves them out)
 WAN_I2V_LORA_TARGETS = (*WAN_LORA_TARGETS, "attn2.add_k_proj", "attn2.add_v_proj")
@@ -73,14 +83,31 @@ class WanI2VModel(WanModel):
             )
         if self.reads_image_tokens and getattr(self.pipeline, "image_encoder", None) is None:
             raise UserError("this Wan I2V transformer reads CLIP image tokens, but the model has no image_encoder/")
+        self.frames_given, self._why = self._frames_it_takes(config)
         self._conditions: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+    def _frames_it_takes(self, config) -> tuple[tuple[int, ...], str]:
+        """How many given frames a row may carry (1: the first; 2: the first and the last), and why, as the
+        checkpoint and WanImageToVideoPipeline take them."""
+        if self.replaces_first_frame:
+            return (1,), "Wan 2.2 TI2V-5B (expand_timesteps) takes a first frame only (the pipeline ignores last_image)"
+        if not self.reads_image_tokens:  # Wan 2.2 I2V-A14B: the mask and the frames' latents alone
+            return (1, 2), "a first frame, or a first and a last frame"
+        if config.get("pos_embed_seq_len"):
+            why = f"pos_embed_seq_len {config.pos_embed_seq_len} in transformer/config.json: Wan2.1-FLF2V"
+            return (2,), f"this transformer reads a first and a last frame's CLIP tokens ({why})"
+        why = "no pos_embed_seq_len in transformer/config.json; first and last frame: Wan2.1-FLF2V-14B-720P"
+        return (1,), f"this transformer reads one image's CLIP tokens ({why})"
 
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
-        if condition_count(self.family, images, len(prompts), most=1) == 0:
+        k = condition_count(self.family, images, len(prompts), most=None)
+        if k not in self.frames_given:
+            wanted = " or ".join(map(str, self.frames_given))
             raise UserError(
-                f"the {self.family} family animates a first frame: every prompt needs one condition image (a "
-                "dataset row's `images`; see data/condition_images.py)"
+                f"the {self.family} family: every prompt needs {wanted} condition image(s), got {k} (a dataset row's "
+                f"`images`, or `--image` once each: its first frame, then its last; data/condition_images.py): "
+                f"{self._why}"
             )
         cond = self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))
         if self.replaces_first_frame:  # [B, 1, C, 1, h, w]: the first frame alone through the VAE
@@ -89,12 +116,12 @@ class WanI2VModel(WanModel):
             # model's dtype would round it (bf16: by up to 2⁻⁹ of each value); the transformer sees them cast
             cond["image_latents"] = condition_latents(encode, images)
             return cond
-        cond["first_frame"] = torch.from_numpy(np.stack([row[0] for row in images])).to(self.device)
+        cond["given_frames"] = torch.from_numpy(np.stack([np.stack(row) for row in images])).to(self.device)
         if self.reads_image_tokens:
             unique, index = distinct_images(images)
             with torch.no_grad():
                 tokens = self.pipeline.encode_image([Image.fromarray(i) for i in unique], self.device)
-            cond["image_embeds"] = tokens.to(self.dtype)[index[:, 0].to(self.device)]  # [B, T, D]
+            cond["image_embeds"] = tokens.to(self.dtype)[index.to(self.device)]  # [B, k, T, D]
         return cond
 
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -116,24 +143,36 @@ class WanI2VModel(WanModel):
             z = self.vae.encode(pixels_B3FHW.to(self.vae.device, self.vae.dtype)).latent_dist.mode().float()
             return ((z - mean) * (1.0 / std)).to(self.device)
 
-    def video_condition(self, first_frame_BHW3: torch.Tensor, latent_frames: int) -> torch.Tensor:
-        """[B, 4 + C, F', h, w]: Wan 2.1 I2V's mask and the VAE latents of [first frame, F − 1 frames of zeros]."""
+    def video_condition(self, given_BkHW3: torch.Tensor, latent_frames: int) -> torch.Tensor:
+        """[B, 4 + C, F', h, w]: Wan 2.1 I2V's mask and the VAE latents of [first frame, F − 1 frames of zeros], or
+        with a last frame (k = 2) of [first frame, F − 2 frames of zeros, last frame]."""
         rows = []
-        for image in first_frame_BHW3.cpu().numpy():
-            key = (image_key(image), latent_frames)
+        for given in given_BkHW3.cpu().numpy():  # [k, H, W, 3]
+            key = (*map(image_key, given), latent_frames)
             if key not in self._conditions:
-                frames = (latent_frames - 1) * self.temporal_scale + 1
-                first = uint8_to_video(torch.from_numpy(image)[None, None])  # [1, 3, 1, H, W]
-                video = torch.cat([first, first.new_zeros(1, 3, frames - 1, *first.shape[-2:])], dim=2)
-                latents = self.vae_latents(video)[0]  # [C, F', h, w]
-                mask = torch.zeros(MASK_CHANNELS, *latents.shape[1:], device=latents.device)
-                mask[:, 0] = 1  # the first latent frame is given
-                self._conditions[key] = torch.cat([mask, latents])
+                self._conditions[key] = self._row_condition(given, latent_frames)
                 if len(self._conditions) > CONDITIONS_KEPT:
                     self._conditions.popitem(last=False)
             self._conditions.move_to_end(key)
             rows.append(self._conditions[key])
         return torch.stack(rows)
+
+    def _row_condition(self, given_kHW3: np.ndarray, latent_frames: int) -> torch.Tensor:
+        T, k = self.temporal_scale, len(given_kHW3)
+        frames = (latent_frames - 1) * T + 1
+        if frames < k:
+            raise UserError(f"sampling.num_frames: a first and a last frame need at least {T + 1} frames, got {frames}")
+        pixels = uint8_to_video(torch.from_numpy(given_kHW3)[None])  # [1, 3, k, H, W]
+        zeros = pixels.new_zeros(1, 3, frames - k, *pixels.shape[-2:])
+        latents = self.vae_latents(torch.cat([pixels[:, :, :1], zeros, pixels[:, :, 1:]], dim=2))[0]  # [C, F', h, w]
+        given = torch.zeros(frames, device=latents.device)  # which pixel frames are given, as the pipeline's mask
+        given[0] = 1
+        if k == 2:
+            given[-1] = 1
+        # the VAE folds the first frame alone and T frames into each latent frame after it: the first frame's flag
+        # is repeated T times, then the flags are folded T per latent frame, one mask channel each
+        mask = torch.cat([given[:1].expand(T), given[1:]]).view(latent_frames, T).T  # [T, F']
+        return torch.cat([mask[:, :, None, None].expand(-1, -1, *latents.shape[2:]), latents])
 
     # -- the network ------------------------------------------------------------------------------------------
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
@@ -142,8 +181,10 @@ class WanI2VModel(WanModel):
         timestep = self.model_timestep(sigma_B)
         x = latents.to(self.dtype)  # [B, C, F', H', W']
         if not self.replaces_first_frame:  # Wan 2.1 I2V: the condition as extra channels, the image's tokens
-            condition = self.video_condition(cond["first_frame"], latents.shape[2]).to(self.dtype)
-            same = {"encoder_hidden_states_image": cond["image_embeds"]} if self.reads_image_tokens else {}
+            condition = self.video_condition(cond["given_frames"], latents.shape[2]).to(self.dtype)
+            same = {}
+            if self.reads_image_tokens:  # [B·k, T, D], each row's k images in turn: FLF2V's views them as [B, k·T, D]
+                same["encoder_hidden_states_image"] = cond["image_embeds"].flatten(0, 1)
             return self.guided_forward(torch.cat([x, condition], dim=1), timestep, cond, guidance, **same)
         c = cond["image_latents"][:, 0]  # [B, C, 1, H', W']
         frame_tokens = (x.shape[3] // self.patch[1]) * (x.shape[4] // self.patch[2])
@@ -165,8 +206,10 @@ class WanI2VModel(WanModel):
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
                     sources: int = 1) -> dict:  # fmt: skip
         inputs = super().meta_inputs(config, batch, latent, text, dtype)  # in_channels: the first frame's included
-        if config.get("image_dim"):
-            inputs["encoder_hidden_states_image"] = on_meta(batch, CLIP_IMAGE_TOKENS, config["image_dim"], dtype=dtype)
+        if config.get("image_dim"):  # FLF2V: two images' tokens per row, which the transformer views as one sequence
+            paired = config.get("pos_embed_seq_len")
+            images, tokens = (2, paired // 2) if paired else (1, CLIP_IMAGE_TOKENS)
+            inputs["encoder_hidden_states_image"] = on_meta(images * batch, tokens, config["image_dim"], dtype=dtype)
         return inputs
 
 

@@ -6,12 +6,17 @@ first frame's video latents and a 4-channel mask) and cross-attends to a CLIP vi
 (`image_dim`, `added_kv_proj_dim`), that CLIPVisionModel (image_encoder/) and its CLIPImageProcessor
 (image_processor/). Wan 2.2 TI2V-5B's image mode needs no model of its own: its checkpoint is the text-to-video
 one (tiny/wan.py's `ti2v` preset), which `model.family: wan_i2v` loads as this family. The `a14b` preset is shaped
-like Wan2.2-I2V-A14B: the mask and first-frame channels without CLIP, two experts switched at `boundary_ratio`.
+like Wan2.2-I2V-A14B: the mask and first-frame channels without CLIP, two experts switched at `boundary_ratio`. The
+`flf2v` preset is laid out as Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers: the I2V transformer with `pos_embed_seq_len` =
+2 × the CLIP encoder's tokens (a first and a last frame's, one sequence with a learned positional embedding, drawn
+here: diffusers starts it at zeros, which would make the two images' order invisible to cross-attention).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from diffusion_rl.models.families.wan_i2v import MASK_CHANNELS
 from diffusion_rl.models.tiny.wan import TinyWanSpec
@@ -25,6 +30,7 @@ class TinyWanI2VSpec(TinyWanSpec):
     clip_image_size: int = 32  # 224 in the real one (257 tokens); here (32 / 8)² + 1 = 17
     clip_patch: int = 8
     image_tokens: bool = True  # Wan 2.1 I2V's CLIP image tokens (Wan 2.2 I2V-A14B reads none)
+    last_frame: bool = False  # Wan 2.1 FLF2V: a first and a last frame's CLIP tokens (pos_embed_seq_len)
 
 
 PRESETS = {
@@ -32,6 +38,8 @@ PRESETS = {
     "small": TinyWanI2VSpec(layers=1, head_dim=12, heads=2, clip_hidden=16, clip_layers=2),  # for the test suite
     # Wan2.2-I2V-A14B's layout: two experts switched at 0.9 · 1000, no image encoder, flow_shift 5
     "a14b": TinyWanI2VSpec(layers=1, head_dim=12, heads=2, image_tokens=False, boundary_ratio=0.9, flow_shift=5.0),
+    # Wan2.1-FLF2V-14B-720P's layout at the small preset's sizes: first and last frame
+    "flf2v": TinyWanI2VSpec(layers=1, head_dim=12, heads=2, clip_hidden=16, clip_layers=2, last_frame=True),
 }
 
 
@@ -70,6 +78,11 @@ def build(spec: TinyWanI2VSpec):
         encoder, processor = image_encoder(spec)
         architecture |= dict(image_dim=spec.clip_hidden, added_kv_proj_dim=inner)
         components |= dict(image_encoder=encoder, image_processor=processor)
+    if spec.last_frame:
+        architecture["pos_embed_seq_len"] = 2 * ((spec.clip_image_size // spec.clip_patch) ** 2 + 1)
     if spec.boundary_ratio is not None:
         components |= dict(transformer_2=WanTransformer3DModel(**architecture), boundary_ratio=spec.boundary_ratio)
-    return WanImageToVideoPipeline(**components, transformer=WanTransformer3DModel(**architecture))
+    transformer = WanTransformer3DModel(**architecture)
+    if spec.last_frame:
+        torch.nn.init.normal_(transformer.condition_embedder.image_embedder.pos_embed)
+    return WanImageToVideoPipeline(**components, transformer=transformer)
