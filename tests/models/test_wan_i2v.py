@@ -16,6 +16,7 @@ from PIL import Image
 
 from diffusion_rl.cli import main
 from diffusion_rl.errors import UserError
+from diffusion_rl.estimate.architectures import from_shipped
 from diffusion_rl.models.tiny import build_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
 from diffusion_rl.sampling.window import SdeWindow
@@ -24,6 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["the circle rolls left", "a square falls"]
 FIRST = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)  # one first frame per row
 ROWS = [[FIRST[0]], [FIRST[1]]]
+
+
+def one_block(name: str):
+    """A shipped architecture with one of its 40 blocks, to keep estimate fast (the counting is tested in
+    tests/test_estimate.py)."""
+    shipped = from_shipped(name)
+    return dataclasses.replace(shipped, transformer_config={**shipped.transformer_config, "num_layers": 1})
 
 
 @pytest.fixture
@@ -251,7 +259,6 @@ def test_doctor_reports_the_i2v_model_and_samples_one_video(wan_i2v_model_dir, t
 
 def test_estimate_reads_the_shipped_wan21_i2v_architecture(capsys, monkeypatch):
     from diffusion_rl.estimate import architectures
-    from diffusion_rl.estimate.architectures import from_shipped
     from diffusion_rl.estimate.counting import Shapes, transformer_inputs
 
     arch = from_shipped("Wan2.1-I2V-14B-480P-Diffusers")
@@ -260,10 +267,6 @@ def test_estimate_reads_the_shipped_wan21_i2v_architecture(capsys, monkeypatch):
     assert inputs["hidden_states"].shape == (1, 36, 21, 60, 104)  # 16 latents + 4 mask + 16 condition channels
     assert inputs["encoder_hidden_states_image"].shape == (1, 257, 1280)  # ViT-H/14 at 224 px
     config = str(ROOT / "configs/wan21_i2v_lora.yaml")
-
-    def one_block(name):  # of its 40 blocks, to keep this fast (the counting is tested in tests/test_estimate.py)
-        shipped = from_shipped(name)
-        return dataclasses.replace(shipped, transformer_config={**shipped.transformer_config, "num_layers": 1})
 
     monkeypatch.setattr(architectures, "from_shipped", one_block)  # the CLI finds it by the config's model.path
     assert main(["estimate", config, "--gpu", "h100", "--gpus", "8", "--json"]) == 0
@@ -276,15 +279,10 @@ def test_estimate_counts_the_512_text_tokens_the_i2v_transformer_reads_at_a_shor
     """Wan2.1-I2V-14B at model.max_sequence_length 226: the transformer reads 512 text tokens (226 and zeros) beside
     257 image tokens, so its work is that at 512; Wan 2.2 I2V-A14B (no image tokens) reads the 226."""
     from diffusion_rl.config import load as load_config
-    from diffusion_rl.estimate.architectures import from_shipped
     from diffusion_rl.estimate.counting import Shapes, transformer_inputs
     from diffusion_rl.estimate.devices import DEVICES
     from diffusion_rl.estimate.estimator import estimate
     from diffusion_rl.models.registry import family_named
-
-    def one_block(name):  # of its 40, to keep this fast
-        shipped = from_shipped(name)
-        return dataclasses.replace(shipped, transformer_config={**shipped.transformer_config, "num_layers": 1})
 
     i2v, a14b = one_block("Wan2.1-I2V-14B-480P-Diffusers"), one_block("Wan2.2-I2V-A14B-Diffusers")
     adapter = family_named("wan_i2v").adapter
