@@ -84,6 +84,14 @@ def ode_images():
 
 
 @pytest.fixture
+def i2v_pipeline_text(monkeypatch):
+    """WanImageToVideoPipeline encoding its own prompts: its prompt cleaning calls ftfy (not a dependency here)
+    unguarded (diffusers 0.42.1); an identity stands in, which ftfy.fix_text is on plain ASCII prompts."""
+    fix = type("ftfy", (), {"fix_text": staticmethod(lambda text: text)})
+    monkeypatch.setattr("diffusers.pipelines.wan.pipeline_wan_i2v.ftfy", fix, raising=False)
+
+
+@pytest.fixture
 def train_model(make_config):
     """train_model(model_dir, *overrides) → a Trainer of the fast test config on that model."""
 

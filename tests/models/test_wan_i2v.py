@@ -16,6 +16,7 @@ from PIL import Image
 
 from diffusion_rl.cli import main
 from diffusion_rl.errors import UserError
+from diffusion_rl.estimate.architectures import from_shipped
 from diffusion_rl.models.tiny import build_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
 from diffusion_rl.sampling.window import SdeWindow
@@ -24,6 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["the circle rolls left", "a square falls"]
 FIRST = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)  # one first frame per row
 ROWS = [[FIRST[0]], [FIRST[1]]]
+
+
+def one_block(name: str):
+    """A shipped architecture with one of its 40 blocks, to keep estimate fast (the counting is tested in
+    tests/test_estimate.py)."""
+    shipped = from_shipped(name)
+    return dataclasses.replace(shipped, transformer_config={**shipped.transformer_config, "num_layers": 1})
 
 
 @pytest.fixture
@@ -64,36 +72,69 @@ def test_the_video_condition_is_the_pipelines_mask_and_first_frame_latents(wan_i
     assert torch.equal(model.video_condition(torch.from_numpy(FIRST[:1, None]), 2), condition[:, :, :2])
 
 
-def _pipeline_latents(model, cond, noise, guidance: float) -> torch.Tensor:
-    """WanImageToVideoPipeline's own sampling from our initial noise, our σ grid (its flow-matching Euler scheduler
-    with the model's shift) and our text embeddings (its prompt cleaning needs ftfy, absent here)."""
+def _pipeline_latents(model, noise, guidance: float, text_tokens: int) -> torch.Tensor:
+    """WanImageToVideoPipeline's own sampling of PROMPTS (negative: "") from our initial noise and our σ grid (its
+    flow-matching Euler scheduler with the model's shift), its text encoded by itself at `text_tokens`."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     pipe = model.pipeline
     pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=model.shift)
     rows = [slice(i, i + 1) for i in range(len(FIRST))]  # the pipeline takes one image per call
-    return torch.cat([pipe(image=Image.fromarray(FIRST[r][0]), prompt_embeds=cond["prompt_embeds"][r],
-                           negative_prompt_embeds=cond["negative_prompt_embeds"][r], latents=noise[r], height=32,
-                           width=32, num_frames=5, num_inference_steps=4, guidance_scale=guidance,
-                           output_type="latent").frames for r in rows])  # fmt: skip
+    return torch.cat([pipe(image=Image.fromarray(FIRST[r][0]), prompt=PROMPTS[r], negative_prompt="", latents=noise[r],
+                           height=32, width=32, num_frames=5, num_inference_steps=4, guidance_scale=guidance,
+                           max_sequence_length=text_tokens, output_type="latent").frames for r in rows])  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", ["wan21_i2v", "wan22_ti2v"])
-def test_ode_sampling_equals_the_pipelines_for_the_same_noise(wan_i2v_model_dir, wan_ti2v_model_dir, load, variant):
+def test_ode_sampling_equals_the_pipelines_for_the_same_noise(wan_i2v_model_dir, wan_ti2v_model_dir, load, variant,
+                                                              i2v_pipeline_text):  # fmt: skip
+    """Ours at the tiny's 32 text tokens (the prompts have 19 and 13). Wan 2.1 I2V's transformer splits its context
+    into image and text tokens 512 from the end (diffusers' WanAttnProcessor): the pipeline routes the image tokens
+    right at its default max_sequence_length 512 only, whose text embeddings are ours zero-padded; TI2V reads the text
+    as encoded, the pipeline's at ours."""
     path = wan_i2v_model_dir if variant == "wan21_i2v" else wan_ti2v_model_dir
-    model = load(path, family="wan_i2v")  # Wan 2.2 TI2V-5B's checkpoint is a WanPipeline: the family is named
+    model = load(path, family="wan_i2v", max_sequence_length=32)  # TI2V-5B's checkpoint is a WanPipeline: named
     guidance = 4.0
     settings = SamplerSettings(num_steps=4, guidance=guidance, height=32, width=32, frames=5)
     cond = model.encode_prompts(PROMPTS, ["", ""], ROWS)
     traj = rollout(model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2], ids=anonymous_ids(PROMPTS))
     with torch.no_grad():
-        expected = _pipeline_latents(model, cond, initial_noise(model, settings, [1, 2]), guidance)
-    # the same operations but for the pixels' scaling and the timestep's rounding: 1e-4 (TI2V's first frame: our
-    # path to the condition against the pipeline's replacement at the end)
-    assert (traj.final_latents - expected).abs().max() <= 1e-4
+        expected = _pipeline_latents(model, initial_noise(model, settings, [1, 2]), guidance,
+                                     512 if variant == "wan21_i2v" else 32)  # fmt: skip
+    # the same operations but for the pixels' scaling and the timestep's rounding: 1e-5 (I2V measured 1.9e-6 on AMD EPYC
+    # without AMX, 1.6 off against the pipeline at 32 tokens; TI2V's first frame, 1e-4: our path to the condition
+    # against the pipeline's replacement at the end)
+    assert (traj.final_latents - expected).abs().max() <= (1e-5 if variant == "wan21_i2v" else 1e-4)
     if variant == "wan22_ti2v":
         assert model.replaces_first_frame and "image_latents" in cond.keys()  # noqa: SIM118  (TensorDict refuses `in`)
         assert torch.allclose(traj.final_latents[:, :, :1], cond["image_latents"][:, 0], atol=1e-5)
+
+
+def test_the_image_tokens_reach_the_image_cross_attention_at_a_short_text_length(wan_i2v_model_dir, load):
+    """16 text tokens are stored; the transformer gets them zero-padded to 512 after the 17 CLIP tokens, both halves of
+    CFG, so its image cross-attention (add_k_proj, add_v_proj) reads those tokens: zeroing its value projection
+    changes the velocity, and so does another image's tokens."""
+    model = load(wan_i2v_model_dir)
+    calls = []
+    model.pipeline.transformer.register_forward_pre_hook(lambda _, a, kw: calls.append(kw), with_kwargs=True)
+    cond = model.encode_prompts(PROMPTS, ["", ""], ROWS)
+    assert cond["prompt_embeds"].shape[1] == cond["negative_prompt_embeds"].shape[1] == 16  # stored as encoded
+    x = torch.randn(2, *model.latent_shape(32, 32, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        v = model.velocity(x, 0.6, cond, 4.0)
+        text = calls[0]["encoder_hidden_states"]
+        assert text.shape == (4, 512, cond["prompt_embeds"].shape[2])  # [negative; positive]: 16 tokens, zeros
+        assert torch.equal(text[:, :16], torch.cat([cond["negative_prompt_embeds"], cond["prompt_embeds"]]))
+        assert text[:, 16:].eq(0).all()
+        other = cond.clone()
+        other["image_embeds"] = cond["image_embeds"].flip(0)  # the rows' images' tokens exchanged
+        assert (model.velocity(x, 0.6, other, 4.0) - v).abs().max() > 1e-3
+        attention = [m for m in model.pipeline.transformer.modules() if getattr(m, "add_v_proj", None) is not None]
+        assert attention
+        for m in attention:
+            m.add_v_proj.weight.zero_()
+            m.add_v_proj.bias.zero_()
+        assert (model.velocity(x, 0.6, cond, 4.0) - v).abs().max() > 1e-3
 
 
 def test_ti2v_gives_the_first_frame_timestep_zero_and_a_weight_free_velocity(wan_ti2v_model_dir, load):
@@ -174,6 +215,8 @@ def test_what_the_family_refuses(wan_i2v_model_dir, wan_model_dir, wan_ti2v_mode
     with pytest.raises(UserError, match="cannot take a first frame"):  # Wan 2.1 T2V: no first-frame channels
         load(wan_model_dir, family="wan_i2v")
     assert load(wan_ti2v_model_dir).family == "wan"  # auto: the checkpoint's own pipeline
+    with pytest.raises(UserError, match=r"model.max_sequence_length: at most 512 .* CLIP image tokens .* got 513"):
+        load(wan_i2v_model_dir, max_sequence_length=513)  # the text would reach into the image tokens' place
 
 
 def test_lora_export_loads_with_diffusers_and_samples_identical_videos(wan_i2v_model_dir, load, train_model, tmp_path):
@@ -216,7 +259,6 @@ def test_doctor_reports_the_i2v_model_and_samples_one_video(wan_i2v_model_dir, t
 
 def test_estimate_reads_the_shipped_wan21_i2v_architecture(capsys, monkeypatch):
     from diffusion_rl.estimate import architectures
-    from diffusion_rl.estimate.architectures import from_shipped
     from diffusion_rl.estimate.counting import Shapes, transformer_inputs
 
     arch = from_shipped("Wan2.1-I2V-14B-480P-Diffusers")
@@ -226,12 +268,32 @@ def test_estimate_reads_the_shipped_wan21_i2v_architecture(capsys, monkeypatch):
     assert inputs["encoder_hidden_states_image"].shape == (1, 257, 1280)  # ViT-H/14 at 224 px
     config = str(ROOT / "configs/wan21_i2v_lora.yaml")
 
-    def one_block(name):  # of its 40 blocks, to keep this fast (the counting is tested in tests/test_estimate.py)
-        shipped = from_shipped(name)
-        return dataclasses.replace(shipped, transformer_config={**shipped.transformer_config, "num_layers": 1})
-
     monkeypatch.setattr(architectures, "from_shipped", one_block)  # the CLI finds it by the config's model.path
     assert main(["estimate", config, "--gpu", "h100", "--gpus", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["architecture"] == "Wan2.1-I2V-14B-480P-Diffusers"
     assert out["peak_memory_gib_per_gpu"] > 0 and out["step_seconds"] > 0
+
+
+def test_estimate_counts_the_512_text_tokens_the_i2v_transformer_reads_at_a_shorter_max_sequence_length():
+    """Wan2.1-I2V-14B at model.max_sequence_length 226: the transformer reads 512 text tokens (226 and zeros) beside
+    257 image tokens, so its work is that at 512; Wan 2.2 I2V-A14B (no image tokens) reads the 226."""
+    from diffusion_rl.config import load as load_config
+    from diffusion_rl.estimate.counting import Shapes, transformer_inputs
+    from diffusion_rl.estimate.devices import DEVICES
+    from diffusion_rl.estimate.estimator import estimate
+    from diffusion_rl.models.registry import family_named
+
+    i2v, a14b = one_block("Wan2.1-I2V-14B-480P-Diffusers"), one_block("Wan2.2-I2V-A14B-Diffusers")
+    adapter = family_named("wan_i2v").adapter
+    assert adapter.text_tokens(i2v, 226, 64) == 512 and adapter.text_tokens(a14b, 226, 64) == 226
+    inputs = transformer_inputs(i2v, Shapes(1, 480, 832, 81, adapter.text_tokens(i2v, 226, 64)), torch.bfloat16)
+    assert inputs["encoder_hidden_states"].shape == (1, 512, 4096)
+    assert inputs["encoder_hidden_states_image"].shape == (1, 257, 1280)
+    config = str(ROOT / "configs/wan21_i2v_lora.yaml")
+    at = {n: estimate(load_config(config, [f"model.max_sequence_length={n}"]), i2v, DEVICES["h100"], 8)
+          for n in (226, 512)}  # fmt: skip
+    assert "text tokens per sample 512 " in at[226].assumptions[0]
+    assert at[226].flops_update == at[512].flops_update  # the transformer's work; the text encoder reads 226
+    with pytest.raises(UserError, match="model.max_sequence_length: at most 512"):
+        adapter.text_tokens(i2v, 513, 64)

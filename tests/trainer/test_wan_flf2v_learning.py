@@ -5,8 +5,10 @@ last frame: each row gives two ShapesWorld scenes, the first and the last frame,
 Each seed's signal is the mean of that run's validation gain and the gain of a run rewarded for the exact negation
 (conftest.py `reversal_signals`: the drift any update brings cancels, a wrong sign goes negative). Measured
 (2026-11-27, AMD EPYC without AMX, load ~4; 5 steps of 2 prompts × 4 at lr 1e-2, one micro-batch, of a reward near
-0.445): preservation +0.0067 / +0.0100 / +0.0075 for run.seed 0 / 1 / 2, its negation +0.0068 / +0.0059 / +0.0062,
-signals +0.0068 / +0.0079 / +0.0068 (the six runs 19 s).
+0.445), the two images' CLIP tokens through the image cross-attention at the 16 text tokens (families/wan_i2v.py):
+signals +0.0074 / +0.0087 / +0.0085 for run.seed 0 / 1 / 2; before that routing (the tokens went through the text
+cross-attention) preservation +0.0067 / +0.0100 / +0.0075, its negation +0.0068 / +0.0059 / +0.0062, signals
++0.0068 / +0.0079 / +0.0068 (the six runs 19 s).
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 its first frame: the reward is the image-to-video quickstart's frame-0 `source_preservation` against the condition
 image (ShapesWorld scenes), the validation reward's gain averaged over run.seed 0, 1, 2.
 
-Measured gains (2026-11-26, AMD EPYC without AMX, load ~8; 5 steps of 2 prompts × 4 at lr 1e-2): Flow-GRPO
-+0.015 / +0.016 / +0.017 (32 s for the three runs), DiffusionNFT +0.024 / +0.019 / +0.004 (43 s), of a reward near
-0.47; with 8 steps +0.023 / +0.029 / +0.027 and +0.032 / +0.026 / +0.011. Each step's 8 samples train in one
-micro-batch (ONE_MICRO_BATCH; the same gradient up to float rounding as the 2 micro-batches of 4 measured above, with
-this file and test_wan_ti2v_learning.py 45.3 -> 39.1 CPU s): the same gains to the third digit (2026-11-26).
+Measured gains (2026-11-27, AMD EPYC without AMX, load ~3.5; 5 steps of 2 prompts × 4 at lr 1e-2, one micro-batch,
+the CLIP tokens through the image cross-attention at the 16 text tokens: families/wan_i2v.py): Flow-GRPO +0.016 /
++0.025 / +0.023, DiffusionNFT +0.023 / +0.022 / +0.004, of a reward near 0.47 (this file and
+test_wan_flf2v_learning.py 41 s). Before that routing (the image tokens went through the text cross-attention):
++0.015 / +0.016 / +0.017 and +0.024 / +0.019 / +0.004 (2026-11-26). Each step's 8 samples train in one micro-batch
+(ONE_MICRO_BATCH; the same gradient up to float rounding as 2 micro-batches of 4: the same gains to the third digit).
 """
 
 from __future__ import annotations

@@ -79,6 +79,9 @@ class WanModel(FlowModel):
     frozen_components = ("text_encoder", "vae")
     video = True
     native_size = 480  # WanPipeline's default height (its default video is 480 × 832, 81 frames)
+    # text tokens the transformer's context must hold, the prompt's zero-padded to them at the call; None: the
+    # encoded ones as they are (Wan 2.1 I2V's transformer splits image from text tokens at 512: wan_i2v.py)
+    text_context: int | None = None
 
     def trained_network(self, pipeline) -> nn.Module:
         """The transformer; Wan 2.2 A14B's two experts as one module, switched where the pipeline switches."""
@@ -141,6 +144,8 @@ class WanModel(FlowModel):
             x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
             same = {name: torch.cat([value, value]) for name, value in same.items()}
+        if self.text_context is not None:  # zeros after the prompt's tokens, as the pipeline pads its embeddings
+            embeds = nn.functional.pad(embeds, (0, 0, 0, self.text_context - embeds.shape[1]))
         v = self.policies.module(
             hidden_states=x, timestep=timestep, encoder_hidden_states=embeds, return_dict=False, **same
         )[0].float()

@@ -33,6 +33,13 @@ a last frame has at least 5 frames (two latent frames). That
 transformer takes two images only; a plain I2V transformer (no `pos_embed_seq_len`) and TI2V-5B (the pipeline ignores
 `last_image` with `expand_timesteps`) take one; Wan 2.2 I2V-A14B (no CLIP tokens) takes one or two.
 
+Text: a transformer that reads CLIP image tokens gets the prompt's tokens (cut at `model.max_sequence_length`, as
+stored in the conditioning) zero-padded to 512 at each call, both halves of CFG. diffusers' Wan attention takes all
+but the last 512 tokens of its context as the image tokens (a constant there, not a config value), so shorter text
+would send the image tokens through the text cross-attention; the padded context is the pipeline's at its default
+max_sequence_length 512 for a prompt that short (its embeddings are zero after the prompt's tokens). More than 512 is
+refused. Wan 2.2 TI2V-5B and I2V-A14B (no image tokens) read the text as it is encoded.
+
 The CLIP encoder sees the fitted image; the pipeline shows it the image as given, which is the same when the image
 comes at the output size (as in the pipeline's own example). Wan 2.2 I2V-A14B reads the mask and the given frames'
 latents as Wan 2.1 I2V does, without CLIP image tokens, with two experts as Wan 2.2 T2V-A14B (families/wan.py).
@@ -58,9 +65,26 @@ from diffusion_rl.models.registry import ModelFamily, register_family
 MASK_CHANNELS = 4  # Wan 2.1 I2V's mask: one channel per frame the VAE folds into a latent frame
 CLIP_IMAGE_TOKENS = 257  # the real image encoder's (ViT-H/14 at 224 px: 16² patches and the class token)
 CONDITIONS_KEPT = 64  # video conditions (images × frame count) kept between velocity calls
+# diffusers' WanAttnProcessor (0.42.1) takes all but the last 512 tokens of the cross-attention's context as image
+# tokens in a block with add_k_proj ("the context length of the text encoder, hardcoded"): not in the config
+IMAGE_SPLIT_TEXT_TOKENS = 512
 # Wan's text-to-video targets and, in Wan 2.1 I2V, the image cross-attention's own key and value projections
 # (diffusers' Wan LoRA loader fills them with zeros when a LoRA leaves them out)
 WAN_I2V_LORA_TARGETS = (*WAN_LORA_TARGETS, "attn2.add_k_proj", "attn2.add_v_proj")
+
+
+def text_context(config, max_sequence_length: int) -> int | None:
+    """The text tokens a transformer of `config` must be given: 512 where it reads CLIP image tokens (its attention's
+    `added_kv_proj_dim`), the prompt's zero-padded to them; None where it reads the text as encoded."""
+    if config.get("added_kv_proj_dim") is None:
+        return None
+    if max_sequence_length > IMAGE_SPLIT_TEXT_TOKENS:
+        raise UserError(
+            f"model.max_sequence_length: at most {IMAGE_SPLIT_TEXT_TOKENS} for a Wan transformer that reads CLIP image "
+            f"tokens (diffusers' Wan attention takes all but the context's last {IMAGE_SPLIT_TEXT_TOKENS} tokens as "
+            f"image tokens), got {max_sequence_length}"
+        )
+    return IMAGE_SPLIT_TEXT_TOKENS
 
 
 class WanI2VModel(WanModel):
@@ -73,6 +97,7 @@ class WanI2VModel(WanModel):
         self.latent_channels = int(self.vae.config.z_dim)
         self.replaces_first_frame = bool(self.pipeline.config.get("expand_timesteps", False))  # Wan 2.2 TI2V
         self.reads_image_tokens = config.image_dim is not None  # Wan 2.1 I2V's CLIP image tokens
+        self.text_context = text_context(config, self.max_sequence_length)
         c = self.latent_channels
         wanted = c if self.replaces_first_frame else 2 * c + MASK_CHANNELS
         if config.in_channels != wanted:
@@ -201,6 +226,11 @@ class WanI2VModel(WanModel):
         if not self.replaces_first_frame:
             return latents
         return torch.cat([cond["image_latents"][:, 0].to(latents), latents[:, :, 1:]], dim=2)
+
+    @classmethod
+    def text_tokens(cls, arch, max_sequence_length: int, prompt_tokens: int) -> int:
+        """The context the transformer reads: 512 tokens where it reads CLIP image tokens (`text_context`)."""
+        return text_context(arch.transformer_config, max_sequence_length) or max_sequence_length
 
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
