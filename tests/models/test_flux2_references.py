@@ -96,9 +96,9 @@ class Seen(Exception):
 
 @pytest.mark.parametrize("height, width", [(1040, 1536), (64, 64)], ids=["over_1024sq", "small"])
 def test_references_reach_the_vae_sized_as_the_pipeline_sizes_them(flux2_model_dir, load, height, width):
-    """Over 1024² pixels the pipeline shrinks a reference to that area (then cuts it to multiples of the VAE scale
-    × 2, centre-cropped): the pixels our encode hands the VAE are the ones Flux2KleinPipeline hands it (both caught before the
-    VAE runs), for an image over that limit and one under it."""
+    """Over 1024² pixels the pipeline shrinks a reference to that area (then cuts it to multiples of the VAE
+    scale × 2, centre-cropped): the pixels our encode hands the VAE are the ones Flux2KleinPipeline hands it (both
+    caught before the VAE runs), for an image over that limit and one under it."""
     from diffusion_rl.models.families.flux2 import REFERENCE_MAX_PIXELS
 
     model = load(flux2_model_dir, max_sequence_length=TOKENS)

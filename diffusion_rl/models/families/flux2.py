@@ -21,8 +21,8 @@ As Flux2KleinPipeline and Flux2Pipeline (FLUX.2-dev) do it:
   halves see the references. The references come at the output size (data/condition_images.py); the pipeline
   keeps each image's own size, cut to a multiple of 16 and, above 1024² pixels (`REFERENCE_MAX_PIXELS`), shrunk
   to that area first: so is ours (`reference_pixels`; at most 1024² pixels they are the output size's, unchanged,
-  larger ones give fewer reference tokens than the generated image has). FLUX.2-dev's pipeline shows the images to its text encoder only to rewrite the prompt
-  (`caption_upsample_temperature`, off by default): not done here;
+  larger ones give fewer reference tokens than the generated image has). FLUX.2-dev's pipeline shows the images
+  to its text encoder only to rewrite the prompt (`caption_upsample_temperature`, off by default): not done here;
 - guidance: klein (`is_distilled`) is CFG-free, guidance is ignored as the pipeline ignores it (one forward);
   klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward;
   dev is guidance-distilled: the scale enters the transformer's guidance embedding (scaled by 1000 inside, like
