@@ -143,3 +143,24 @@ def test_lora_preset_adapts_attention_and_feed_forward_of_every_block_only(z_ima
             assert any(f"{block}.{part}.lora_A" in n for n in trained), f"{block}.{part}"
     frozen = ("all_x_embedder", "all_final_layer", "cap_embedder", "t_embedder", "adaLN_modulation")
     assert not any(part in n for n in trained for part in frozen)
+
+
+def test_text_longer_than_the_ropes_first_axis_holds_is_refused_at_load(z_image_model_dir, load):
+    """The caption (padded to a multiple of 32) and then the image share the RoPE's first axis of axes_lens[0]
+    positions: the tiny's 512 hold 480 caption tokens, not 481 (the transformer itself fails there), and Z-Image's
+    1536 hold 1504 (assets/architectures/Z-Image-Turbo.json)."""
+    from diffusion_rl.errors import UserError
+    from diffusion_rl.estimate.architectures import from_shipped
+    from diffusion_rl.models.families.z_image import max_text_tokens
+
+    model = load(z_image_model_dir, max_sequence_length=480)
+    transformer = model.pipeline.transformer
+    assert transformer.config.axes_lens[0] == 512 and max_text_tokens(transformer.config) == 480
+    latents = [torch.zeros(4, 1, 16, 16)]
+    with torch.no_grad():
+        transformer(latents, torch.ones(1), [torch.zeros(480, 32)], return_dict=False)
+        with pytest.raises(IndexError):
+            transformer(latents, torch.ones(1), [torch.zeros(481, 32)], return_dict=False)
+    with pytest.raises(UserError, match="max_sequence_length: at most 480 .* got 481"):
+        load(z_image_model_dir, max_sequence_length=481)
+    assert max_text_tokens(from_shipped("Z-Image-Turbo").transformer_config) == 1504
