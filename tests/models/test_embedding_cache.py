@@ -182,3 +182,26 @@ def test_a_tampered_cache_is_refused_in_one_line_naming_the_file_and_the_text(ch
     assert repr(TEXTS[0])[:40] in message or repr(TEXTS[1])[:40] in message, message
     # an untouched text of the same file still reads as written
     assert torch.equal(cache.lookup(TEXTS[2:], torch.device("cpu"))["prompt_embeds"], healthy["prompt_embeds"][2:])
+
+
+def test_a_text_encoder_file_over_a_mib_is_fingerprinted_by_its_size_head_and_tail(tmp_path):
+    """Real text-encoder weights (GBs) are hashed by their size, first and last MiB; no tiny model's file is that large,
+    so that branch is checked here on a 2.5 MiB file against the digest computed by hand."""
+    import hashlib
+
+    mib = embedding_cache.WHOLE_FILE_BYTES
+    assert mib == 1 << 20
+    data = bytearray(np.random.default_rng(0).integers(0, 256, 5 * mib // 2, dtype=np.uint8).tobytes())
+    path = tmp_path / "model.safetensors"
+
+    def digest(content: bytes) -> str:
+        path.write_bytes(content)
+        return embedding_cache._file_digest(path)
+
+    by_hand = hashlib.sha256(str(len(data)).encode() + bytes(data[:mib]) + bytes(data[-mib:])).hexdigest()
+    assert digest(bytes(data)) == by_hand
+    for where, changes in ((10, True), (len(data) - 10, True), (len(data) // 2, False)):  # head, tail, middle
+        edited = bytearray(data)
+        edited[where] ^= 0xFF
+        assert (digest(bytes(edited)) != by_hand) == changes
+    assert digest(bytes(data[:mib])) == hashlib.sha256(str(mib).encode() + bytes(data[:mib])).hexdigest()  # whole

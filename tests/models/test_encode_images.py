@@ -23,7 +23,19 @@ def test_uint8_round_trip_covers_every_value():
     assert torch.equal(images_to_uint8(pixels), values)
 
 
-def test_encode_gives_the_scaled_vae_mean_in_the_models_latent_shape(model):
+@pytest.fixture(params=["tiny", "sd35"])
+def factors(request, model):
+    """The tiny SD3's VAE factors (scale 1, shift 0: a swapped shift and scale would pass unseen), then
+    stable-diffusion-3.5-medium's (assets/architectures) on the same VAE."""
+    config = model.vae.config
+    kept = config.scaling_factor, config.shift_factor
+    if request.param == "sd35":
+        model.vae.register_to_config(scaling_factor=1.5305, shift_factor=0.0609)
+    yield model.vae.config.scaling_factor, model.vae.config.shift_factor
+    model.vae.register_to_config(scaling_factor=kept[0], shift_factor=kept[1])
+
+
+def test_encode_gives_the_scaled_vae_mean_in_the_models_latent_shape(model, factors):
     images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     latents = model.encode(images)
     assert latents.shape == (2, *model.latent_shape(32, 32)) and latents.dtype == torch.float32
@@ -34,6 +46,9 @@ def test_encode_gives_the_scaled_vae_mean_in_the_models_latent_shape(model):
     pixels = images.permute(0, 3, 1, 2).float() / 255 * 2 - 1
     with torch.no_grad():
         mean = vae.encode(pixels).latent_dist.mean
-    expected = (mean - vae.config.shift_factor) * vae.config.scaling_factor
-    torch.testing.assert_close(latents, expected)
-    assert model.decode(latents).shape == images.shape  # decode reads what encode writes
+    scale, shift = factors
+    torch.testing.assert_close(latents, (mean - shift) * scale)
+    # decode reads what encode writes: the VAE's decoding of the posterior mean, as the pipeline's z / scale + shift
+    with torch.no_grad():
+        decoded = images_to_uint8(vae.decode(mean).sample)
+    assert (model.decode(latents).int() - decoded.int()).abs().max() <= 1

@@ -90,6 +90,50 @@ def test_reference_tokens_follow_the_generated_ones_with_their_time_offsets(flux
     assert calls[0]["hidden_states"].shape[1] == 16
 
 
+class Seen(Exception):
+    """Raised by a spy once it has what the test wants: the VAE is not run on images this large."""
+
+
+@pytest.mark.parametrize("height, width", [(1040, 1536), (64, 64)], ids=["over_1024sq", "small"])
+def test_references_reach_the_vae_sized_as_the_pipeline_sizes_them(flux2_model_dir, load, height, width):
+    """Over 1024² pixels the pipeline shrinks a reference to that area (then cuts it to multiples of the VAE
+    scale × 2, centre-cropped): the pixels our encode hands the VAE are the ones Flux2KleinPipeline hands it (both
+    caught before the VAE runs), for an image over that limit and one under it."""
+    from diffusion_rl.models.families.flux2 import REFERENCE_MAX_PIXELS
+
+    model = load(flux2_model_dir, max_sequence_length=TOKENS)
+    image = np.random.default_rng(7).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    seen = {}
+
+    def ours(pixels, *args, **kwargs):
+        seen["ours"] = pixels
+        raise Seen
+
+    def pipelines(images, *args, **kwargs):
+        seen["pipeline"] = images[0]
+        raise Seen
+
+    model.vae.encode = ours
+    model.pipeline.prepare_image_latents = pipelines
+    try:
+        with pytest.raises(Seen):
+            model.encode_prompts(PROMPTS[:1], None, [[image]])
+        with pytest.raises(Seen):
+            model.pipeline(prompt=PROMPTS[:1], image=Image.fromarray(image), height=64, width=64,
+                           max_sequence_length=TOKENS, num_inference_steps=1)  # fmt: skip
+    finally:
+        del model.vae.encode, model.pipeline.prepare_image_latents
+    expected = seen["pipeline"].float()
+    assert seen["ours"].shape == expected.shape  # [1, 3, h, w]
+    h, w = expected.shape[2:]
+    if height * width > REFERENCE_MAX_PIXELS:  # shrunk to 842 × 1244, then cut to multiples of 8 (the tiny VAE's 4×
+        assert (h, w) == (840, 1240)  # down-sampling, then 2×2 patches; 16 with a real FLUX.2 VAE)
+    else:
+        assert (h, w) == (height, width)
+    # the pipeline scales pixels as x/255·2−1, we as x/127.5−1: an ulp apart
+    assert (seen["ours"].float() - expected).abs().max() <= 1e-6
+
+
 EDIT_RUN = [f"data.train={EDITS / 'train.jsonl'}", f"val.prompts={EDITS / 'val.jsonl'}",
             "rewards.0.name=source_preservation", "sampling.guidance=1"]  # fmt: skip
 

@@ -30,19 +30,23 @@ def test_saved_tiny_z_image_loads_back_bit_identical(z_image_model_dir):
     assert json.loads((z_image_model_dir / "model_index.json").read_text())["_class_name"] == "ZImagePipeline"
 
 
-@pytest.mark.parametrize("guidance", [1.0, 3.0], ids=["turbo_cfg_free", "cfg"])
-def test_our_ode_reproduces_the_pipelines_own_sampling_for_the_same_noise(z_image_model_dir, load, guidance):
+# 48 px: 12 × 12 = 144 image tokens, which the transformer pads to a multiple of 32 (SEQ_MULTI_OF) with its
+# x_pad_token, as it does a real 1280 × 720 image's 3600; 32 px (8 × 8 = 64 tokens) and 1024² need no padding
+@pytest.mark.parametrize(
+    "guidance, size", [(1.0, 32), (3.0, 32), (3.0, 48)], ids=["turbo_cfg_free", "cfg", "cfg_padded_image_tokens"]
+)
+def test_our_ode_reproduces_the_pipelines_own_sampling_for_the_same_noise(z_image_model_dir, load, guidance, size):
     """Same noise, same prompts: our Euler ODE over the family's σ schedule gives ZImagePipeline's latents (fp32,
     atol 1e-5: the same operations in the same order, up to batching) and its images (at most 1 level of 255)."""
     model = load(z_image_model_dir)
-    settings = SamplerSettings(num_steps=4, guidance=guidance, height=32, width=32)
+    settings = SamplerSettings(num_steps=4, guidance=guidance, height=size, width=size)
     prompts, negative = ["a red cube", "a lighthouse at dusk on a cliff"], ["", "blurry"]
     noise = initial_noise(model, settings, [3, 4])
     cond = model.encode_prompts(prompts, negative)
     traj = rollout(model, cond, settings, None, init_seeds=[3, 4], noise_seeds=[3, 4], ids=anonymous_ids(prompts))
     pipe = model.pipeline
     # the pipeline's guidance_scale g gives c + g(c − u): ours s = g + 1; g = 0 is Turbo's CFG-free sampling
-    kwargs = dict(height=32, width=32, num_inference_steps=4, guidance_scale=guidance - 1.0, max_sequence_length=16)
+    kwargs = dict(height=size, width=size, num_inference_steps=4, guidance_scale=guidance - 1.0, max_sequence_length=16)
     # fresh lists each call: the pipeline writes the chat-templated prompts back into the list it is given
     latents = pipe(list(prompts), negative_prompt=list(negative), latents=noise.clone(), output_type="latent",
                    **kwargs).images  # fmt: skip
@@ -139,3 +143,24 @@ def test_lora_preset_adapts_attention_and_feed_forward_of_every_block_only(z_ima
             assert any(f"{block}.{part}.lora_A" in n for n in trained), f"{block}.{part}"
     frozen = ("all_x_embedder", "all_final_layer", "cap_embedder", "t_embedder", "adaLN_modulation")
     assert not any(part in n for n in trained for part in frozen)
+
+
+def test_text_longer_than_the_ropes_first_axis_holds_is_refused_at_load(z_image_model_dir, load):
+    """The caption (padded to a multiple of 32) and then the image share the RoPE's first axis of axes_lens[0]
+    positions: the tiny's 512 hold 480 caption tokens, not 481 (the transformer itself fails there), and Z-Image's
+    1536 hold 1504 (assets/architectures/Z-Image-Turbo.json)."""
+    from diffusion_rl.errors import UserError
+    from diffusion_rl.estimate.architectures import from_shipped
+    from diffusion_rl.models.families.z_image import max_text_tokens
+
+    model = load(z_image_model_dir, max_sequence_length=480)
+    transformer = model.pipeline.transformer
+    assert transformer.config.axes_lens[0] == 512 and max_text_tokens(transformer.config) == 480
+    latents = [torch.zeros(4, 1, 16, 16)]
+    with torch.no_grad():
+        transformer(latents, torch.ones(1), [torch.zeros(480, 32)], return_dict=False)
+        with pytest.raises(IndexError):
+            transformer(latents, torch.ones(1), [torch.zeros(481, 32)], return_dict=False)
+    with pytest.raises(UserError, match="max_sequence_length: at most 480 .* got 481"):
+        load(z_image_model_dir, max_sequence_length=481)
+    assert max_text_tokens(from_shipped("Z-Image-Turbo").transformer_config) == 1504

@@ -19,9 +19,10 @@ As Flux2KleinPipeline and Flux2Pipeline (FLUX.2-dev) do it:
   the conditioning), their tokens after the generated ones, reference i's ids (10 + 10·i, row, column, 0); only
   the generated tokens' velocity is kept, and the σ shift follows the generated tokens alone. With true CFG both
   halves see the references. The references come at the output size (data/condition_images.py); the pipeline
-  keeps each image's own size (cut to a multiple of 16, shrunk to at most 1024² pixels), which is the same image at
-  that output size. FLUX.2-dev's pipeline shows the images to its text encoder only to rewrite the prompt
-  (`caption_upsample_temperature`, off by default): not done here;
+  keeps each image's own size, cut to a multiple of 16 and, above 1024² pixels (`REFERENCE_MAX_PIXELS`), shrunk
+  to that area first: so is ours (`reference_pixels`; at most 1024² pixels they are the output size's, unchanged,
+  larger ones give fewer reference tokens than the generated image has). FLUX.2-dev's pipeline shows the images
+  to its text encoder only to rewrite the prompt (`caption_upsample_temperature`, off by default): not done here;
 - guidance: klein (`is_distilled`) is CFG-free, guidance is ignored as the pipeline ignores it (one forward);
   klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward;
   dev is guidance-distilled: the scale enters the transformer's guidance embedding (scaled by 1000 inside, like
@@ -51,6 +52,9 @@ from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_o
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 logger = logging.getLogger(__name__)
+# Flux2KleinPipeline and Flux2Pipeline (diffusers 0.42.1) shrink a reference image of more pixels than this to this
+# area (aspect ratio kept) before cutting it to a multiple of 16: inline there, not a config value
+REFERENCE_MAX_PIXELS = 1024 * 1024
 
 # Both streams' attention and feed-forwards of the double blocks, and the single blocks' fused QKV+MLP input. Not
 # the single blocks' `attn.to_out`: a suffix that also names the double blocks' `attn.to_out` ModuleList.
@@ -85,6 +89,24 @@ def reference_ids(count: int, h: int, w: int, device) -> torch.Tensor:
     return ids
 
 
+def reference_pixels(image: np.ndarray, processor, multiple: int) -> np.ndarray:
+    """A reference image (uint8 [H, W, 3]) as the pipelines feed it to the VAE: above REFERENCE_MAX_PIXELS pixels
+    shrunk to that area by `processor` (the pipeline's Flux2ImageProcessor), cut to multiples of `multiple` and
+    centre-cropped; an image of at most that many pixels whose sides are multiples of `multiple` comes back as it
+    is."""
+    from PIL import Image
+
+    height, width = image.shape[:2]
+    if height * width <= REFERENCE_MAX_PIXELS and not (height % multiple or width % multiple):
+        return image
+    picture = Image.fromarray(image)
+    if height * width > REFERENCE_MAX_PIXELS:
+        picture = processor._resize_to_target_area(picture, REFERENCE_MAX_PIXELS)
+    h, w = picture.height // multiple * multiple, picture.width // multiple * multiple
+    pixels = processor.preprocess(picture, height=h, width=w, resize_mode="crop")  # [1, 3, h, w] in [-1, 1]
+    return images_to_uint8(pixels)[0].numpy()
+
+
 def text_ids(length: int, device) -> torch.Tensor:
     """The text tokens' positional ids [L, 4]: (0, 0, 0, index)."""
     ids = torch.zeros(length, 4, dtype=torch.long)
@@ -109,9 +131,15 @@ class Flux2Model(PackedLatentModel):
             cond = self.text_conditioning(prompts, None)
         else:
             cond = self.text_conditioning(prompts, [""] * len(prompts) if negative is None else negative)
-        if k:
-            cond["image_latents"] = condition_latents(self.encode, images).to(self.dtype)  # [B, k, h', w', 4·C]
+        if k:  # [B, k, h', w', 4·C]
+            cond["image_latents"] = condition_latents(self._encode_references, images).to(self.dtype)
         return cond
+
+    def _encode_references(self, images_NHW3: torch.Tensor) -> torch.Tensor:
+        """The latents of reference images (uint8 [N, H, W, 3]), each first sized as the pipelines size theirs."""
+        multiple = self.vae_scale * 2
+        fitted = [reference_pixels(image.numpy(), self.pipeline.image_processor, multiple) for image in images_NHW3]
+        return self.encode(torch.from_numpy(np.stack(fitted)))
 
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         embeds, _ = self.pipeline.encode_prompt(

@@ -16,6 +16,11 @@ direction from noise to data; the pipeline negates it before the Euler step x �
 Guidance: the pipeline's `guidance_scale` g gives c + g·(c − u); ours is u + s·(c − u) like every family's, so
 s = g + 1: guidance ≤ 1 is the CFG-free sampling Z-Image-Turbo is distilled for (the pipeline's g = 0).
 The pipeline's optional `cfg_normalization` and `cfg_truncation` are off by default and not supported here.
+
+Text length: the transformer's RoPE gives the caption positions 1…L' on its first axis (L' the caption's length padded
+to a multiple of 32) and the image the next, all below `axes_lens[0]` (1536 in Z-Image): `model.max_sequence_length`
+above `max_text_tokens` (1504 there) is refused when the model loads (the pipeline would fail inside the RoPE on the
+first prompt that long).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import as_sigma_batch, on_meta
 from diffusion_rl.models.families.sd3 import SD3Model
 from diffusion_rl.models.packed import packed_sigma_schedule
@@ -33,8 +39,28 @@ Z_IMAGE_LORA_TARGETS = ("attention.to_q", "attention.to_k", "attention.to_v", "a
                         "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")  # fmt: skip
 
 
+def max_text_tokens(transformer_config) -> int:
+    """The most caption tokens a ZImageTransformer2DModel of `transformer_config` takes: its caption, padded to a
+    multiple of SEQ_MULTI_OF (32), at positions 1…L' of the RoPE's first axis and the image at L' + 1, below
+    axes_lens[0] positions (diffusers 0.42.1's patchify_and_embed)."""
+    from diffusers.models.transformers.transformer_z_image import SEQ_MULTI_OF
+
+    room = int(transformer_config["axes_lens"][0]) - 2
+    return room - room % SEQ_MULTI_OF
+
+
 class ZImageModel(SD3Model):
     frozen_components = ("text_encoder", "vae")
+
+    def configure(self) -> None:
+        super().configure()
+        config = self.pipeline.transformer.config
+        if self.max_sequence_length > max_text_tokens(config):
+            raise UserError(
+                f"model.max_sequence_length: at most {max_text_tokens(config)} for this Z-Image transformer (its "
+                f"RoPE's first axis holds {config['axes_lens'][0]} positions: the caption's, padded to a multiple of "
+                f"32, then the image's), got {self.max_sequence_length}"
+            )
 
     # -- conditioning -----------------------------------------------------------------------------------------
     def _encode_texts(self, texts: list[str]) -> dict[str, torch.Tensor]:

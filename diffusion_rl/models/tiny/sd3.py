@@ -2,7 +2,9 @@
 
 Made from configs (tiny/parts.py: no download); `diffusion-rl init-tiny` writes it with `save_pretrained`, and
 everything else loads it from that directory through the same SD3 adapter a real Stable Diffusion 3.5 checkpoint
-goes through.
+goes through. The `sd35` preset is laid out as stabilityai/stable-diffusion-3.5-medium at the small preset's sizes:
+dual-attention blocks (a second, image-only self-attention `attn2`) in its first layer, RMS q/k norms, and the
+VAE's latent factors (scaling 1.5305, shift 0.0609) without quant convs.
 """
 
 from __future__ import annotations
@@ -27,11 +29,24 @@ class TinySpec:
     text_layers: int = 2
     max_sequence_length: int = 32  # text length dominates cost at toy sizes
     sample_size: int = 64  # default image size in pixels
+    dual_attention_layers: tuple[int, ...] = ()  # SD3.5-Medium: layers 0–12 of 24 have a second attention (attn2)
+    qk_norm: str | None = None  # SD3.5: "rms_norm"
+    vae_factors: tuple[float, float] = (1.0, 0.0)  # (scaling, shift); SD3.5's VAE: (1.5305, 0.0609)
+    quant_convs: bool = True  # SD3.5's VAE has none
 
 
 PRESETS = {
     "base": TinySpec(),  # 2.3M-parameter transformer: the quickstart's model
     "small": TinySpec(layers=2, heads=2),  # 0.3M: fast enough for the test suite
+    # stable-diffusion-3.5-medium's layout at small's sizes
+    "sd35": TinySpec(
+        layers=2,
+        heads=2,
+        dual_attention_layers=(0,),
+        qk_norm="rms_norm",
+        vae_factors=(1.5305, 0.0609),
+        quant_convs=False,
+    ),
 }
 
 
@@ -60,8 +75,12 @@ def build(spec: TinySpec):
         caption_projection_dim=inner,
         pooled_projection_dim=2 * spec.clip_hidden,
         pos_embed_max_size=32,
+        dual_attention_layers=spec.dual_attention_layers,
+        qk_norm=spec.qk_norm,
     )
-    vae = tiny_autoencoder(spec, shift_factor=0.0, scaling_factor=1.0)
+    scaling, shift = spec.vae_factors
+    convs = dict(use_quant_conv=spec.quant_convs, use_post_quant_conv=spec.quant_convs)
+    vae = tiny_autoencoder(spec, shift_factor=shift, scaling_factor=scaling, **convs)
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
     return StableDiffusion3Pipeline(
         transformer=transformer,
