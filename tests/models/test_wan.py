@@ -98,4 +98,3 @@ def test_decode_gives_the_pipelines_frames_as_uint8_videos(family_dirs, load):
         frames = model.pipeline.video_processor.postprocess_video(vae.decode(z / inv_std + mean)[0], output_type="np")
     assert (videos.float() - torch.from_numpy(frames * 255).round()).abs().max() <= 1
     assert model.encode(videos).shape == z.shape  # the inverse direction (offline data), the VAE's mode
-
