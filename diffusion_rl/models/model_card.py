@@ -126,7 +126,7 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
         lines.append(f"pipe = {pipeline}.from_pretrained({str(out.resolve())!r}, torch_dtype={dtype})")
     lines.append('pipe.to("cuda" if torch.cuda.is_available() else "cpu")')
     lines.append("")
-    args = ['    prompt="a photo of a red fox in the snow",']
+    args = ['    prompt="a red fox in the snow",']
     if family.task.startswith("image-to"):
         args.insert(0, '    image=load_image("input.png"),  # the image to start from')
     args += [f"    {k}={v!r}," for k, v in call.items()]
