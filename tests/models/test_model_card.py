@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import re
 
+import numpy as np
 import pytest
 import yaml
 
@@ -67,6 +68,49 @@ def test_lora_export_writes_a_card_whose_snippet_samples_with_the_runs_settings(
     }  # fmt: skip
     assert any("lora" in name for name, _ in namespace["pipe"].transformer.named_parameters())
     assert "`max_sequence_length` (512 there)" in text and "`num_inference_steps` (28 there)" in text
+
+
+def test_the_cards_snippet_draws_the_images_sample_draws_from_the_same_noise(tiny_model_dir, train_model, tmp_path,
+                                                                            monkeypatch):  # fmt: skip
+    """SD3 (its pipeline's latents are ours, [C, h, w]): `sample --checkpoint` and the card's snippet on the exported
+    LoRA, the snippet handed sample's initial noise, give the same image (1 level of 255: the VAE's factors undone,
+    as test_sd35_layout measures); at the pipeline's default text length they differ."""
+    from diffusers import StableDiffusion3Pipeline
+
+    from diffusion_rl.sampling import rollout
+
+    checkpoint = _train(train_model, tiny_model_dir, tmp_path, "model.lora.enabled=true", "train.lr=1e-2",
+                        "val.guidance=4.5", "model.max_sequence_length=12")  # fmt: skip
+    out = tmp_path / "lora"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    noise, sampled = [], []
+    original_noise, original_sample = rollout.initial_noise, rollout.sample_images
+    monkeypatch.setattr(rollout, "initial_noise", lambda *a: noise.append(original_noise(*a)) or noise[-1])
+    record = lambda *a, **k: sampled.append(original_sample(*a, **k)) or sampled[-1]  # noqa: E731
+    monkeypatch.setattr(rollout, "sample_images", record)
+    prompt = "a red fox in the snow"  # the snippet's
+    argv = ["sample", "--model", str(tiny_model_dir), "--checkpoint", str(checkpoint), "--prompt", prompt, "--device"]
+    argv += ["cpu", "--out"]
+    assert main([*argv, str(tmp_path / "grid.png")]) == 0
+
+    drawn = []
+    call = StableDiffusion3Pipeline.__call__
+
+    def with_sample_noise(self, **kwargs):
+        drawn.append(call(self, **{**kwargs, "latents": noise[0].clone(), "generator": None}))
+        return drawn[-1]
+
+    monkeypatch.setattr(StableDiffusion3Pipeline, "__call__", with_sample_noise)
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(_card(out)[1], "README.md", "exec"), namespace)
+    ours = sampled[0][0].numpy().astype(int)  # [H, W, 3] uint8
+    assert ours.shape == (32, 48, 3)
+    assert np.abs(np.asarray(drawn[0].images[0], dtype=int) - ours).max() <= 1
+    at_default = call(namespace["pipe"], prompt=prompt, latents=noise[0].clone(), num_inference_steps=2, height=32,
+                      width=48, guidance_scale=4.5, negative_prompt="", output_type="np").images[0]  # fmt: skip
+    # the pipeline's max_sequence_length 256: other embeddings (20 levels off here; equal above on AMD EPYC)
+    assert np.abs(at_default * 255 - ours).max() > 2
 
 
 def test_merged_export_card_runs_from_the_folder_with_true_cfg(qwen_image_model_dir, train_model, tmp_path,
