@@ -13,11 +13,14 @@ logger = logging.getLogger(__name__)
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
-        help="write a checkpoint's weights for diffusers: a LoRA folder (load_lora_weights) or, with --merge, a model",
+        help="write a checkpoint's weights for diffusers — a LoRA folder (load_lora_weights) or, with --merge, a model "
+        "— with a model card",
         description="Without --merge: the trained LoRA in diffusers' format (pytorch_lora_weights.safetensors, for "
         "pipeline.load_lora_weights(OUT)) and in peft's (adapter_model.safetensors + adapter_config.json). With "
         "--merge: the whole pipeline with the trained weights merged into its transformer, saved with "
-        "save_pretrained (load it with from_pretrained, or train/sample it with --model OUT).",
+        "save_pretrained (load it with from_pretrained, or train/sample it with --model OUT). Both write a model card, "
+        "README.md: the Hub's front matter, how it was trained, and a diffusers snippet that samples as the run "
+        "validated (its steps, guidance, size and text length).",
     )
     p.add_argument("--checkpoint", required=True, help="a step_NNNNNN checkpoint directory, or a run directory")
     p.add_argument("--model", default=None, help="base model directory (default: the run's model.path)")
@@ -32,7 +35,6 @@ def register(subparsers) -> None:
 
 def cmd_export(args) -> None:
     from diffusion_rl.checkpoint.weights import load_checkpoint_model
-    from diffusion_rl.models.export import export_merged, write_lora_adapter
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -42,13 +44,27 @@ def cmd_export(args) -> None:
     model, checkpoint, which = load_checkpoint_model(
         args.checkpoint, args.model, device=args.device, dtype=args.dtype, use_ema=not args.no_ema
     )
-    if args.merge:
-        export_merged(model, out)
-        logger.info("exported %s (%s weights) merged into a %s model at %s", checkpoint, which, model.family, out)
-        return
-    if model.policies.lora is None:
+    if not args.merge and model.policies.lora is None:
         raise UserError(
             f"{checkpoint} is a full fine-tuning checkpoint (no LoRA): pass --merge to write the whole model"
         )
-    file = write_lora_adapter(model, out)
-    logger.info("exported the LoRA of %s (%s weights) to %s", checkpoint, which, file)
+    _export(model, checkpoint, which, out, args)
+
+
+def _export(model, checkpoint: Path, which: str, out: Path, args) -> None:
+    """The weights, then the model card (README.md) that says how they were trained and how to sample them."""
+    from diffusion_rl.checkpoint.paths import step_of
+    from diffusion_rl.checkpoint.weights import checkpoint_config
+    from diffusion_rl.models.export import export_merged, write_lora_adapter
+    from diffusion_rl.models.model_card import model_card, write_model_card
+
+    cfg = checkpoint_config(checkpoint)
+    if args.merge:
+        export_merged(model, out)
+        logger.info("exported %s (%s weights) merged into a %s model at %s", checkpoint, which, model.family, out)
+    else:
+        file = write_lora_adapter(model, out)
+        logger.info("exported the LoRA of %s (%s weights) to %s", checkpoint, which, file)
+    card = model_card(model, cfg, out=out, base=args.model or cfg.model.path, step=step_of(checkpoint),
+                      weights=which, merged=args.merge)  # fmt: skip
+    logger.info("wrote the model card %s", write_model_card(out, card))

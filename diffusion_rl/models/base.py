@@ -259,6 +259,15 @@ class FlowModel(ABC):
         than the one sampled."""
         return float(guidance) if self.guidance_embeds else 1.0
 
+    def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
+        """The keywords of the family's diffusers pipeline that sample as we do at `guidance` (and the low-noise
+        expert's `low_noise`), with our text length: what a model card's snippet passes (models/model_card.py, which
+        keeps only those the pipeline's __call__ takes). Families whose pipeline spells guidance otherwise override."""
+        call = {"guidance_scale": guidance, "max_sequence_length": self.max_sequence_length}
+        if low_noise is not None and self.expert_boundary is not None:
+            call["guidance_scale_2"] = low_noise
+        return call
+
     def row_guidance(self, guidance: float, timestep: torch.Tensor, rows: int) -> float | torch.Tensor:
         """The CFG scale of each of a call's `rows` rows at the transformer's `timestep`: `guidance`; with two timestep
         experts and a low-noise scale (models/guidance.py), that scale on the rows the low-noise expert denoises, then

@@ -34,6 +34,8 @@ class ModelFamily:
     loads_also: tuple[str, ...] = ()
     # other pipeline classes whose checkpoints this family loads (FLUX.2-dev's Flux2Pipeline beside klein's)
     variants: tuple[str, ...] = ()
+    # what it makes, as the Hugging Face Hub's pipeline_tag names it (a model card's front matter)
+    task: str = "text-to-image"
 
 
 FAMILIES: Registry[ModelFamily] = Registry("model family", plugins=("diffusion_rl.models.families",))

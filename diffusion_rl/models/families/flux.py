@@ -56,6 +56,13 @@ class FluxModel(PackedLatentModel):
         self.latent_channels = config.in_channels // 4
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
+    def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
+        """dev: the embedded scale is the pipeline's guidance_scale; without the embedding (schnell) our guidance is
+        classifier-free, the pipeline's true_cfg_scale (its guidance_scale goes unused there)."""
+        if self.guidance_embeds:
+            return super().pipeline_call_settings(guidance, low_noise)
+        return {"true_cfg_scale": guidance, "max_sequence_length": self.max_sequence_length}
+
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         refuse_condition_images(self.family, images)

@@ -39,5 +39,6 @@ register_family(
         adapter=FluxKontextModel,
         tiny="diffusion_rl.models.tiny.flux_kontext",
         lora_targets=FLUX_LORA_TARGETS,
+        task="image-to-image",
     )
 )

@@ -95,6 +95,11 @@ class QwenImageModel(PackedLatentModel):
             device=self.device,
         )
 
+    def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
+        """The pipeline's classifier-free (norm-rescaled) guidance is its true_cfg_scale (default 4); its
+        guidance_scale is for guidance-distilled checkpoints only."""
+        return {"true_cfg_scale": guidance, "max_sequence_length": self.max_sequence_length}
+
     # -- the network ------------------------------------------------------------------------------------------
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape

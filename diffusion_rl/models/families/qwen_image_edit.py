@@ -110,5 +110,6 @@ register_family(
         lora_targets=QWEN_IMAGE_LORA_TARGETS,
         components=edit_components,
         save=save_edit_pipeline,
+        task="image-to-image",
     )
 )

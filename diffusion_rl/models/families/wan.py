@@ -200,5 +200,6 @@ register_family(
         adapter=WanModel,
         tiny="diffusion_rl.models.tiny.wan",
         lora_targets=WAN_LORA_TARGETS,
+        task="text-to-video",
     )
 )

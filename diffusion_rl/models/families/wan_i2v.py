@@ -124,6 +124,12 @@ class WanI2VModel(WanModel):
         why = "no pos_embed_seq_len in transformer/config.json; first and last frame: Wan2.1-FLF2V-14B-720P"
         return (1,), f"this transformer reads one image's CLIP tokens ({why})"
 
+    def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
+        """A transformer that reads CLIP image tokens: the pipeline at max_sequence_length 512 (`text_context`), whose
+        text embeddings of a prompt within ours are ours zero-padded; at ours it would misroute the image tokens."""
+        call = super().pipeline_call_settings(guidance, low_noise)
+        return {**call, "max_sequence_length": self.text_context or self.max_sequence_length}
+
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=None)
@@ -273,5 +279,6 @@ register_family(
         components=i2v_components,
         save=save_i2v_pipeline,
         loads_also=("WanPipeline",),
+        task="image-to-video",
     )
 )

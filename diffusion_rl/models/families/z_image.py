@@ -73,6 +73,10 @@ class ZImageModel(SD3Model):
             embeds[i, : len(row)], mask[i, : len(row)] = row, True
         return {"prompt_embeds": embeds, "prompt_embeds_mask": mask}
 
+    def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
+        """The pipeline's guidance_scale g is our s − 1 (its c + g·(c − u) against our u + s·(c − u))."""
+        return {**super().pipeline_call_settings(guidance, low_noise), "guidance_scale": guidance - 1.0}
+
     # -- the network ------------------------------------------------------------------------------------------
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B = latents.shape[0]

@@ -1,0 +1,149 @@
+"""The model card (README.md) `diffusion-rl export` writes beside the weights: the Hugging Face Hub's front matter,
+what was trained and how, and a diffusers snippet that samples as the run validated.
+
+The snippet matters because some settings change the images and the pipelines' defaults differ from a run's: the
+text length above all (`model.max_sequence_length`, 256 by default here, where most pipelines default to 512 and
+pad unmasked text, so the same prompt reaches the transformer as other embeddings), then the guidance (spelt per
+family: `FlowModel.pipeline_call_settings`), the step count, the size and frames. They come from the run's
+validation settings (`val.*`, else `sampling.*`: `validation_sampling`), and the snippet passes only the keywords
+the pipeline's `__call__` takes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import yaml
+
+from diffusion_rl.checkpoint.weights import validation_sampling
+from diffusion_rl.models.export import LORA_FILES
+from diffusion_rl.models.registry import family_named
+
+CARD_FILE = "README.md"
+# a Hub repository id (owner/name), and the folder huggingface_hub's cache keeps one's snapshots in
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+_HUB_CACHE = re.compile(r"models--([\w.-]+?)--([\w.-]+)")
+
+
+def hub_id(path: str | Path | None) -> str | None:
+    """The Hub id a model path names: an `owner/name` that is no local path, or a huggingface_hub cache snapshot
+    (…/models--owner--name/snapshots/…); None for any other path (a local directory names no Hub model)."""
+    if not path:
+        return None
+    cached = _HUB_CACHE.search(str(path))
+    if cached:
+        return f"{cached[1]}/{cached[2]}"
+    if _HUB_ID.fullmatch(str(path)) and not Path(path).exists():
+        return str(path)
+    return None
+
+
+def pipeline_call(model, cfg) -> dict:
+    """The keywords of `model`'s pipeline call that sample as the run (`cfg`, its Config) validated, those its
+    `__call__` takes only: steps, guidance, size (frames for video), text length, and an empty negative prompt where
+    guidance runs classifier-free (the pipelines that take one need it for CFG)."""
+    s = validation_sampling(cfg)
+    wanted = {"num_inference_steps": s["steps"], "height": s["height"], "width": s["width"]}
+    if model.video:
+        wanted["num_frames"] = s["frames"]
+    wanted |= model.pipeline_call_settings(s["guidance"], s["guidance_low_noise"])
+    if model.forwards_per_evaluation(s["guidance"]) == 2:
+        wanted["negative_prompt"] = ""
+    return {k: v for k, v in wanted.items() if k in _parameters(model)}
+
+
+def _parameters(model) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(type(model.pipeline).__call__).parameters)
+
+
+def model_card(model, cfg, *, out: Path, base: str, step: int, weights: str, merged: bool) -> str:
+    """The README.md text for an export of `model` (trained as `cfg` says) at `out`: front matter, then what it is
+    and a runnable snippet. `base`: the base model path it was loaded from; `step`: the checkpoint's training step;
+    `weights`: "ema" or "trained"."""
+    family = family_named(model.family)
+    pipeline = type(model.pipeline).__name__
+    lora = model.policies.lora is not None and not merged
+    base_id = hub_id(getattr(model.pipeline.config, "_name_or_path", None)) or hub_id(cfg.model.path)
+    front = {"base_model": base_id} if base_id else {}
+    tags = ["diffusion-rl", "diffusers", family.task, *(["lora"] if lora else []), model.family]
+    front |= {"library_name": "diffusers", "pipeline_tag": family.task, "tags": tags}
+    header = "---\n" + yaml.safe_dump(front, sort_keys=False) + "---\n"
+    return "\n".join([header, *_summary(model, cfg, family, pipeline, step, weights, merged, base_id or base),
+                      "", *_snippet(model, cfg, family, pipeline, out, base_id or base, lora)])  # fmt: skip
+
+
+def _summary(model, cfg, family, pipeline, step, weights, merged, base) -> list[str]:
+    rewards = ", ".join(f"`{r.label or r.name}` (weight {r.weight:g})" for r in cfg.rewards)
+    lora_cfg = cfg.model.lora
+    if model.policies.lora is None:
+        trained = "the whole transformer (full fine-tuning)"
+    else:
+        targets = ", ".join(lora_cfg.target_modules or family.lora_targets)
+        trained = f"a LoRA of rank {lora_cfg.rank}, alpha {lora_cfg.alpha} on {targets}"
+        trained += ", merged into the transformer" if merged else ""
+    what = "A merged diffusers model" if merged else "A LoRA for diffusers"
+    lines = [
+        f"# {what}: {model.family} fine-tuned with diffusion-rl",
+        "",
+        f"- base model: `{base}` ({family.task}, `{pipeline}`)",
+        f"- algorithm: `{cfg.algorithm.loss}`; the {weights} weights of the checkpoint at training step {step}",
+        f"- rewards: {rewards}",
+        f"- trained: {trained}",
+    ]
+    solver = cfg.val.ode_solver or cfg.sampling.ode_solver
+    if solver != "euler":
+        lines.append(f"- the run validated with the `{solver}` ODE solver; diffusers samples with its scheduler's")
+    return lines
+
+
+def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> list[str]:
+    call = pipeline_call(model, cfg)
+    video = model.video
+    lines = [
+        "Sample it as the run validated (its steps, guidance, size and text length: other values, the pipeline's "
+        "defaults among them, give other images):",
+        "",
+        "```python",
+        "import torch",
+        f"from diffusers import {pipeline}",
+    ]
+    if video:
+        lines.append("from diffusers.utils import export_to_video")
+    if family.task.startswith("image-to"):
+        lines.append("from diffusers.utils import load_image")
+    lines.append("")
+    dtype = str(model.dtype)
+    if lora:
+        lines.append(f"pipe = {pipeline}.from_pretrained({base!r}, torch_dtype={dtype})")
+        lines.append(f"lora = {str(out.resolve())!r}  # this folder, or the Hub repository it was pushed to")
+        for component, file in LORA_FILES.items():
+            if (out / file).is_file():
+                extra = "" if component == "transformer" else ", load_into_transformer_2=True"
+                lines.append(f"pipe.load_lora_weights(lora, weight_name={file!r}{extra})")
+    else:
+        lines.append(f"pipe = {pipeline}.from_pretrained({str(out.resolve())!r}, torch_dtype={dtype})")
+    lines.append('pipe.to("cuda" if torch.cuda.is_available() else "cpu")')
+    lines.append("")
+    args = ['    prompt="a red fox in the snow",']
+    if family.task.startswith("image-to"):
+        args.insert(0, '    image=load_image("input.png"),  # the image to start from')
+    args += [f"    {k}={v!r}," for k, v in call.items()]
+    args.append("    generator=torch.Generator().manual_seed(0),")
+    result = "frames" if video else "images"
+    lines += [f"{result} = pipe(", *args, f").{result}"]
+    lines.append('export_to_video(frames[0], "sample.mp4")' if video else 'images[0].save("sample.png")')
+    lines.append("```")
+    defaults = {k: p.default for k, p in _parameters(model).items() if p.default is not inspect.Parameter.empty}
+    differ = [f"`{k}` ({defaults[k]!r} there)" for k, v in call.items() if k in defaults and defaults[k] != v]
+    if differ:
+        lines += ["", f"These differ from `{pipeline}`'s defaults: {', '.join(differ)}."]
+    return lines
+
+
+def write_model_card(out: Path, text: str) -> Path:
+    """Write `text` as out/README.md (in place of the one peft's save_pretrained writes for a LoRA)."""
+    path = Path(out) / CARD_FILE
+    path.write_text(text)
+    return path

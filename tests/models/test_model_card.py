@@ -1,0 +1,191 @@
+"""The model card `export` writes (models/model_card.py): the Hub's front matter, and a diffusers snippet that runs
+against the exported folder and samples with the run's validation settings."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+import yaml
+
+from diffusion_rl.cli import main
+from diffusion_rl.models.model_card import hub_id, pipeline_call
+from diffusion_rl.models.tiny import save_tiny
+
+
+def _card(out):
+    """(front matter as YAML, the python snippet) of out/README.md."""
+    text = (out / "README.md").read_text()
+    front = re.match(r"---\n(.*?)\n---\n", text, re.S)
+    code = re.search(r"```python\n(.*?)```", text, re.S)
+    assert front and code, text
+    return yaml.safe_load(front[1]), code[1]
+
+
+def _run_snippet(code, pipeline_class, monkeypatch, tmp_path):
+    """Execute the snippet in tmp_path; returns (the keywords it called the pipeline with, its namespace)."""
+    calls = []
+    original = pipeline_class.__call__
+    monkeypatch.setattr(pipeline_class, "__call__", lambda self, **kw: calls.append(kw) or original(self, **kw))
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert len(calls) == 1 and (tmp_path / "sample.png").is_file()
+    return calls[0], namespace
+
+
+def _train(train_model, model_dir, tmp_path, *overrides):
+    trainer = train_model(model_dir, f"run.dir={tmp_path / 'run'}", "train.total_steps=1", "model.lora.rank=4",
+                          "model.lora.alpha=8", "val.num_steps=2", "sampling.height=32", "sampling.width=48",
+                          *overrides)  # fmt: skip
+    trainer.train()
+    return tmp_path / "run" / "checkpoints" / "step_000001"
+
+
+def test_lora_export_writes_a_card_whose_snippet_samples_with_the_runs_settings(
+    flux_model_dir, train_model, tmp_path, monkeypatch
+):
+    from diffusers import FluxPipeline
+
+    checkpoint = _train(train_model, flux_model_dir, tmp_path, "model.lora.enabled=true", "val.guidance=3.5",
+                        "model.max_sequence_length=12", "val.height=40")  # fmt: skip
+    out = tmp_path / "lora"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    front, code = _card(out)  # not peft's own README (library_name: peft)
+    assert front["library_name"] == "diffusers" and front["pipeline_tag"] == "text-to-image"
+    assert {"diffusion-rl", "lora", "text-to-image"} <= set(front["tags"])
+    assert "base_model" not in front  # a local tiny directory names no Hub model
+    text = (out / "README.md").read_text()
+    assert "rank 4, alpha 8" in text and "at training step 1" in text and "`flow_grpo`" in text
+    assert "`jpeg_compressibility` (weight 1)" in text
+
+    call, namespace = _run_snippet(code, FluxPipeline, monkeypatch, tmp_path)
+    # FLUX.1-dev (guidance embedded): the scale is guidance_scale; the pipeline's default text length is 512
+    assert {k: v for k, v in call.items() if k not in ("prompt", "generator")} == {
+        "num_inference_steps": 2, "height": 40, "width": 48, "guidance_scale": 3.5, "max_sequence_length": 12
+    }  # fmt: skip
+    assert any("lora" in name for name, _ in namespace["pipe"].transformer.named_parameters())
+    assert "`max_sequence_length` (512 there)" in text and "`num_inference_steps` (28 there)" in text
+
+
+def test_the_cards_snippet_draws_the_images_sample_draws_from_the_same_noise(tiny_model_dir, train_model, tmp_path,
+                                                                            monkeypatch):  # fmt: skip
+    """SD3 (its pipeline's latents are ours, [C, h, w]): `sample --checkpoint` and the card's snippet on the exported
+    LoRA, the snippet handed sample's initial noise, give the same image (1 level of 255: the VAE's factors undone,
+    as test_sd35_layout measures); at the pipeline's default text length they differ."""
+    from diffusers import StableDiffusion3Pipeline
+
+    from diffusion_rl.sampling import rollout
+
+    checkpoint = _train(train_model, tiny_model_dir, tmp_path, "model.lora.enabled=true", "train.lr=1e-2",
+                        "val.guidance=4.5", "model.max_sequence_length=12")  # fmt: skip
+    out = tmp_path / "lora"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    noise, sampled = [], []
+    original_noise, original_sample = rollout.initial_noise, rollout.sample_images
+    monkeypatch.setattr(rollout, "initial_noise", lambda *a: noise.append(original_noise(*a)) or noise[-1])
+    record = lambda *a, **k: sampled.append(original_sample(*a, **k)) or sampled[-1]  # noqa: E731
+    monkeypatch.setattr(rollout, "sample_images", record)
+    prompt = "a red fox in the snow"  # the snippet's
+    argv = ["sample", "--model", str(tiny_model_dir), "--checkpoint", str(checkpoint), "--prompt", prompt, "--device"]
+    argv += ["cpu", "--out"]
+    assert main([*argv, str(tmp_path / "grid.png")]) == 0
+
+    drawn = []
+    call = StableDiffusion3Pipeline.__call__
+
+    def with_sample_noise(self, **kwargs):
+        drawn.append(call(self, **{**kwargs, "latents": noise[0].clone(), "generator": None}))
+        return drawn[-1]
+
+    monkeypatch.setattr(StableDiffusion3Pipeline, "__call__", with_sample_noise)
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(_card(out)[1], "README.md", "exec"), namespace)
+    ours = sampled[0][0].numpy().astype(int)  # [H, W, 3] uint8
+    assert ours.shape == (32, 48, 3)
+    assert np.abs(np.asarray(drawn[0].images[0], dtype=int) - ours).max() <= 1
+    at_default = call(namespace["pipe"], prompt=prompt, latents=noise[0].clone(), num_inference_steps=2, height=32,
+                      width=48, guidance_scale=4.5, negative_prompt="", output_type="np").images[0]  # fmt: skip
+    # the pipeline's max_sequence_length 256: other embeddings (20 levels off here; equal above on AMD EPYC)
+    assert np.abs(at_default * 255 - ours).max() > 2
+
+
+def test_merged_export_card_runs_from_the_folder_with_true_cfg(qwen_image_model_dir, train_model, tmp_path,
+                                                               monkeypatch):  # fmt: skip
+    from diffusers import QwenImagePipeline
+
+    checkpoint = _train(train_model, qwen_image_model_dir, tmp_path, "model.lora.enabled=false",
+                        "sampling.guidance=2.5")  # fmt: skip
+    out = tmp_path / "merged"
+    assert main(["export", "--checkpoint", str(checkpoint), "--merge", "--out", str(out)]) == 0
+    front, code = _card(out)
+    assert "lora" not in front["tags"] and "full fine-tuning" in (out / "README.md").read_text()
+    call, _ = _run_snippet(code, QwenImagePipeline, monkeypatch, tmp_path)
+    # its CFG is true_cfg_scale (default 4), run only with a negative prompt
+    assert call["true_cfg_scale"] == 2.5 and call["negative_prompt"] == "" and "guidance_scale" not in call
+    assert call["max_sequence_length"] == 16 and (call["height"], call["width"]) == (32, 48)
+
+
+def test_export_keeps_a_users_readme_without_force(flux_model_dir, train_model, tmp_path):
+    checkpoint = _train(train_model, flux_model_dir, tmp_path, "model.lora.enabled=true")
+    out = tmp_path / "lora"
+    out.mkdir()
+    (out / "README.md").write_text("mine")
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 2
+    assert (out / "README.md").read_text() == "mine"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out), "--force"]) == 0
+    assert _card(out)[0]["library_name"] == "diffusers"
+
+
+# how each pipeline spells guidance 3 and the text length 16, where it is not guidance_scale=3, max_sequence_length=16:
+# classifier-free guidance as true_cfg_scale (FLUX.1 without a guidance embedding, Qwen-Image), Z-Image's scale one
+# below ours, Wan 2.1 I2V's context of 512 (its CLIP image tokens are split off 512 from the end)
+SPELLING = {"flux_schnell": ("true_cfg_scale", 16), "qwen_image": ("true_cfg_scale", 16),
+            "qwen_image_edit": ("true_cfg_scale", 16), "qwen_image_edit_2511": ("true_cfg_scale", 16),
+            "wan_i2v": ("guidance_scale", 512)}  # fmt: skip
+GUIDANCE = {"z_image": 2.0}
+# guidance-distilled (FLUX.1-dev and its Kontext: the scale is an input) or step-distilled (FLUX.2-klein: no CFG, nor
+# a negative_prompt keyword): no negative prompt
+NO_CFG = ("flux", "flux_kontext", "flux2")
+
+
+@pytest.fixture
+def every_family(family_dirs, edit_dirs, wan_i2v_model_dir, tmp_path):
+    dirs = {**family_dirs, **edit_dirs, "wan_i2v": wan_i2v_model_dir}
+    dirs["wan_a14b"] = save_tiny(tmp_path / "a14b", "wan", "a14b", seed=0)
+    return dirs
+
+
+def test_every_familys_pipeline_takes_the_keywords_the_card_writes(every_family, load, make_config):
+    seen = set()
+    for name, path in every_family.items():
+        model = load(path, family="wan_i2v" if name == "wan_ti2v" else "auto")
+        cfg = make_config(f"model.path={path}", "sampling.guidance=3", "val.num_steps=7",
+                          *(["sampling.guidance_low_noise=2"] if name == "wan_a14b" else []))  # fmt: skip
+        takes = inspect.signature(type(model.pipeline).__call__).parameters
+        wanted = model.pipeline_call_settings(3.0, 2.0 if name == "wan_a14b" else None)
+        assert set(wanted) <= set(takes), (name, set(wanted) - set(takes))  # the family's own spelling is real
+        call = pipeline_call(model, cfg)
+        assert call["num_inference_steps"] == 7 and (call["height"], call["width"]) == (32, 32), name
+        assert "max_sequence_length" in call and {"guidance_scale", "true_cfg_scale"} & set(call), name
+        assert ("num_frames" in call) == model.video, name
+        guidance_key, text = SPELLING.get(name, ("guidance_scale", 16))
+        assert (call[guidance_key], call["max_sequence_length"]) == (GUIDANCE.get(name, 3.0), text), name
+        assert ("negative_prompt" in call) == (name not in NO_CFG), name
+        seen.add(model.family)
+    call = pipeline_call(model, cfg)  # the last: Wan 2.2 A14B, whose low-noise expert has a guidance of its own
+    assert (call["guidance_scale"], call["guidance_scale_2"]) == (3.0, 2.0)
+    from diffusion_rl.models.registry import load_families
+
+    assert seen == set(load_families().names())
+
+
+def test_hub_id_only_for_hub_names_and_cache_snapshots(tmp_path):
+    snapshot = "/root/.cache/huggingface/hub/models--black-forest-labs--FLUX.1-dev/snapshots/0ef5fff"
+    assert hub_id(snapshot) == "black-forest-labs/FLUX.1-dev"
+    assert hub_id("Qwen/Qwen-Image") == "Qwen/Qwen-Image"
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    assert hub_id(tmp_path / "models" / "tiny") is None and hub_id("/data/flux") is None and hub_id(None) is None
