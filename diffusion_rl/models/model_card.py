@@ -12,6 +12,7 @@ the pipeline's `__call__` takes.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from pathlib import Path
 
@@ -116,20 +117,20 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     lines.append("")
     dtype = str(model.dtype)
     if lora:
-        lines.append(f"pipe = {pipeline}.from_pretrained({base!r}, torch_dtype={dtype})")
-        lines.append(f"lora = {str(out.resolve())!r}  # this folder, or the Hub repository it was pushed to")
+        lines.append(f"pipe = {pipeline}.from_pretrained({_py(base)}, torch_dtype={dtype})")
+        lines.append(f"lora = {_py(str(out.resolve()))}  # this folder, or the Hub repository it was pushed to")
         for component, file in LORA_FILES.items():
             if (out / file).is_file():
                 extra = "" if component == "transformer" else ", load_into_transformer_2=True"
-                lines.append(f"pipe.load_lora_weights(lora, weight_name={file!r}{extra})")
+                lines.append(f"pipe.load_lora_weights(lora, weight_name={_py(file)}{extra})")
     else:
-        lines.append(f"pipe = {pipeline}.from_pretrained({str(out.resolve())!r}, torch_dtype={dtype})")
+        lines.append(f"pipe = {pipeline}.from_pretrained({_py(str(out.resolve()))}, torch_dtype={dtype})")
     lines.append('pipe.to("cuda" if torch.cuda.is_available() else "cpu")')
     lines.append("")
     args = ['    prompt="a red fox in the snow",']
     if family.task.startswith("image-to"):
         args.insert(0, '    image=load_image("input.png"),  # the image to start from')
-    args += [f"    {k}={v!r}," for k, v in call.items()]
+    args += [f"    {k}={_py(v)}," for k, v in call.items()]
     args.append("    generator=torch.Generator().manual_seed(0),")
     result = "frames" if video else "images"
     lines += [f"{result} = pipe(", *args, f").{result}"]
@@ -140,6 +141,11 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     if differ:
         lines += ["", f"These differ from `{pipeline}`'s defaults: {', '.join(differ)}."]
     return lines
+
+
+def _py(value) -> str:
+    """A Python literal of `value` for the snippet, strings in double quotes like the lines around them."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
 def write_model_card(out: Path, text: str) -> Path:
