@@ -75,6 +75,11 @@ JOINT_ATTENTION_LORA_TARGETS = (
 )
 
 
+class SnippetImage(str):
+    """An image file a model card's snippet loads (`load_image(name)`) for a pipeline argument, e.g. FLF2V's
+    `last_image`: what `pipeline_call_settings` gives where the pipeline needs more than the prompt's image."""
+
+
 class FlowModel(ABC):
     """A flow-matching model of images or videos: text encoders, a trainable transformer (`policies`), a VAE.
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from diffusion_rl.checkpoint.weights import validation_sampling
+from diffusion_rl.models.base import SnippetImage
 from diffusion_rl.models.export import LORA_FILES
 from diffusion_rl.models.registry import family_named
 
@@ -112,7 +113,7 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     ]
     if video:
         lines.append("from diffusers.utils import export_to_video")
-    if family.task.startswith("image-to"):
+    if family.task.startswith("image-to") or any(isinstance(v, SnippetImage) for v in call.values()):
         lines.append("from diffusers.utils import load_image")
     lines.append("")
     dtype = str(model.dtype)
@@ -145,6 +146,8 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
 
 def _py(value) -> str:
     """A Python literal of `value` for the snippet, strings in double quotes like the lines around them."""
+    if isinstance(value, SnippetImage):
+        return f"load_image({json.dumps(str(value))})"
     return json.dumps(value) if isinstance(value, str) else repr(value)
 
 

@@ -145,7 +145,7 @@ def test_export_keeps_a_users_readme_without_force(flux_model_dir, train_model, 
 # below ours, Wan 2.1 I2V's context of 512 (its CLIP image tokens are split off 512 from the end)
 SPELLING = {"flux_schnell": ("true_cfg_scale", 16), "qwen_image": ("true_cfg_scale", 16),
             "qwen_image_edit": ("true_cfg_scale", 16), "qwen_image_edit_2511": ("true_cfg_scale", 16),
-            "wan_i2v": ("guidance_scale", 512)}  # fmt: skip
+            "wan_i2v": ("guidance_scale", 512), "wan_flf2v": ("guidance_scale", 512)}  # fmt: skip
 GUIDANCE = {"z_image": 2.0}
 # guidance-distilled (FLUX.1-dev and its Kontext: the scale is an input) or step-distilled (FLUX.2-klein: no CFG, nor
 # a negative_prompt keyword): no negative prompt
@@ -153,8 +153,8 @@ NO_CFG = ("flux", "flux_kontext", "flux2")
 
 
 @pytest.fixture
-def every_family(family_dirs, edit_dirs, wan_i2v_model_dir, tmp_path):
-    dirs = {**family_dirs, **edit_dirs, "wan_i2v": wan_i2v_model_dir}
+def every_family(family_dirs, edit_dirs, wan_i2v_model_dir, wan_flf2v_model_dir, tmp_path):
+    dirs = {**family_dirs, **edit_dirs, "wan_i2v": wan_i2v_model_dir, "wan_flf2v": wan_flf2v_model_dir}
     dirs["wan_a14b"] = save_tiny(tmp_path / "a14b", "wan", "a14b", seed=0)
     return dirs
 
@@ -175,6 +175,7 @@ def test_every_familys_pipeline_takes_the_keywords_the_card_writes(every_family,
         guidance_key, text = SPELLING.get(name, ("guidance_scale", 16))
         assert (call[guidance_key], call["max_sequence_length"]) == (GUIDANCE.get(name, 3.0), text), name
         assert ("negative_prompt" in call) == (name not in NO_CFG), name
+        assert ("last_image" in call) == (name == "wan_flf2v"), name  # FLF2V samples from a first and a last frame
         seen.add(model.family)
     call = pipeline_call(model, cfg)  # the last: Wan 2.2 A14B, whose low-noise expert has a guidance of its own
     assert (call["guidance_scale"], call["guidance_scale_2"]) == (3.0, 2.0)
@@ -189,3 +190,11 @@ def test_hub_id_only_for_hub_names_and_cache_snapshots(tmp_path):
     assert hub_id("Qwen/Qwen-Image") == "Qwen/Qwen-Image"
     (tmp_path / "models" / "tiny").mkdir(parents=True)
     assert hub_id(tmp_path / "models" / "tiny") is None and hub_id("/data/flux") is None and hub_id(None) is None
+
+
+def test_an_image_argument_is_loaded_in_the_snippet():
+    from diffusion_rl.models.base import SnippetImage
+    from diffusion_rl.models.model_card import _py
+
+    assert _py(SnippetImage("last.png")) == 'load_image("last.png")'
+    assert (_py("a/b"), _py(2.5), _py(None)) == ('"a/b"', "2.5", "None")

@@ -57,7 +57,7 @@ from PIL import Image
 from tensordict import TensorDict
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.base import as_sigma_batch, on_meta, video_vae_stats
+from diffusion_rl.models.base import SnippetImage, as_sigma_batch, on_meta, video_vae_stats
 from diffusion_rl.models.condition import condition_count, condition_latents, distinct_images, image_key
 from diffusion_rl.models.families.wan import WAN_LORA_TARGETS, WanModel, uint8_to_video
 from diffusion_rl.models.registry import ModelFamily, register_family
@@ -127,8 +127,11 @@ class WanI2VModel(WanModel):
     def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
         """A transformer that reads CLIP image tokens: the pipeline at max_sequence_length 512 (`text_context`), whose
         text embeddings of a prompt within ours are ours zero-padded; at ours it would misroute the image tokens."""
-        call = super().pipeline_call_settings(guidance, low_noise)
-        return {**call, "max_sequence_length": self.text_context or self.max_sequence_length}
+        call = {**super().pipeline_call_settings(guidance, low_noise)}
+        call["max_sequence_length"] = self.text_context or self.max_sequence_length
+        if self.frames_given == (2,):  # FLF2V: the last frame too
+            call["last_image"] = SnippetImage("last.png")
+        return call
 
     # -- conditioning -----------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
