@@ -177,6 +177,16 @@ def test_estimate_counts_the_reference_tokens(tmp_path, capsys):
     inputs = transformer_inputs(arch, Shapes(1, 1024, 1024, 1, 512, sources=2), torch.bfloat16)
     tokens = (1024 // 16) ** 2  # 8× VAE, 2×2 patches
     assert inputs["hidden_states"].shape == (1, 3 * tokens, 128) and inputs["img_ids"].shape == (3 * tokens, 4)
+    # at 2048 × 1536 a reference is shrunk to 1024² pixels' area first (the pipelines' rule): 1182 × 886 → 1168 × 880
+    inputs = transformer_inputs(arch, Shapes(1, 2048, 1536, 1, 512, sources=1), torch.bfloat16)
+    assert inputs["hidden_states"].shape[1] == 128 * 96 + (1168 // 16) * (880 // 16)
+    from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
+
+    from diffusion_rl.models.families.flux2 import reference_pixels, reference_tokens
+
+    for height, width in ((1024, 1024), (1040, 1536), (3008, 1008), (512, 768)):  # as the model feeds them
+        fed = reference_pixels(np.zeros((height, width, 3), np.uint8), Flux2ImageProcessor(vae_scale_factor=16), 16)
+        assert reference_tokens(height // 8, width // 8) == (fed.shape[0] // 16) * (fed.shape[1] // 16)
     for i in range(2):
         Image.fromarray(references(1, seed=i, size=64)[0]).save(tmp_path / f"{i}.png")
     (tmp_path / "two.jsonl").write_text(json.dumps({"prompt": "put them together", "images": ["0.png", "1.png"]}))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,15 @@ def reference_pixels(image: np.ndarray, processor, multiple: int) -> np.ndarray:
     return images_to_uint8(pixels)[0].numpy()
 
 
+def reference_tokens(h: int, w: int) -> int:
+    """The tokens of a reference image fitted to a generated image of h × w latent cells (8 px each, 2 × 2 cells a
+    token), after `reference_pixels` shrinks it to REFERENCE_MAX_PIXELS' area (the pipelines' rule) — `estimate`'s
+    count, to within the resize's rounding of a side."""
+    height, width = 8 * h, 8 * w
+    scale = min(1.0, math.sqrt(REFERENCE_MAX_PIXELS / (height * width)))
+    return int(height * scale) // 16 * (int(width * scale) // 16)
+
+
 def text_ids(length: int, device) -> torch.Tensor:
     """The text tokens' positional ids [L, 4]: (0, 0, 0, index)."""
     ids = torch.zeros(length, 4, dtype=torch.long)
@@ -167,7 +177,7 @@ class Flux2Model(PackedLatentModel):
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
                     sources: int = 0) -> dict:  # fmt: skip
         _, h, w = latent
-        tokens = (h // 2) * (w // 2) * (1 + sources)  # the reference images' tokens after the generated ones
+        tokens = (h // 2) * (w // 2) + sources * reference_tokens(h, w)  # the references' tokens after ours
         return dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype),
                     encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
                     timestep=torch.ones(batch, device="meta"), img_ids=on_meta(tokens, 4), txt_ids=on_meta(text, 4),
