@@ -44,8 +44,9 @@ def register(subparsers) -> None:
 
 
 def condition_sources(model, paths: list[str], height: int, width: int) -> list | None:
-    """An editing family's condition images for the doctor: the --image files fitted to the output size, or a
-    generated test picture (grey with a red square); None for other families (which refuse --image)."""
+    """An editing family's condition images for the doctor: the --image files fitted to the output size, or as many
+    generated test pictures as the model samples with (`sample_conditions`: grey with a red square, then a blue
+    one elsewhere); None for other families (which refuse --image)."""
     import numpy as np
 
     from diffusion_rl.data.condition_images import ConditionImage
@@ -57,9 +58,13 @@ def condition_sources(model, paths: list[str], height: int, width: int) -> list 
         return None
     if paths:
         return [ConditionImage(str(Path(p).resolve()), f"--image {p}").load(height, width) for p in paths]
-    picture = np.full((height, width, 3), 128, dtype=np.uint8)
-    picture[height // 4 : height // 2, width // 4 : width // 2] = (220, 40, 40)
-    return [picture]
+    pictures = []
+    for i in range(model.sample_conditions):
+        picture = np.full((height, width, 3), 128, dtype=np.uint8)
+        top, left = (height // 4, width // 4) if i % 2 == 0 else (height // 2, width // 2)
+        picture[top : top + height // 4, left : left + width // 4] = (220, 40, 40) if i % 2 == 0 else (40, 60, 220)
+        pictures.append(picture)
+    return pictures
 
 
 def cmd_doctor(args) -> None:

@@ -101,6 +101,7 @@ class FlowModel(ABC):
     frozen_components: tuple[str, ...] = ()
     video: bool = False  # samples are videos [F, H, W, 3] (frames > 1 allowed)
     edits: bool = False  # reads condition images with its prompts (an editing family)
+    sample_conditions: int = 1  # condition images a check samples with when it is given none (`doctor`)
     native_size: int | None = None  # pixels a side its pipeline samples by default, where its configs do not say
     caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
     guidance_embeds: bool = False  # guidance-distilled: the scale is an input embedding (one forward), not CFG

@@ -145,3 +145,14 @@ def test_estimate_counts_the_flf2v_checkpoints_514_image_tokens():
     per_block = 2 * 2 * 5120 * 5120 + 4 * latent_tokens * 5120  # add_k_proj, add_v_proj; scores and their average
     cost = {name: transformer_cost(arch, shapes, full_finetune=True) for name, arch in (("flf2v", flf2v), ("i2v", i2v))}
     assert cost["flf2v"].forward_flops - cost["i2v"].forward_flops == extra * (embedder + per_block)
+
+
+def test_doctor_samples_the_flf2v_model_from_two_test_pictures(wan_flf2v_model_dir, tmp_path, capsys):
+    from diffusion_rl.cli import main
+
+    out = tmp_path / "doctor.png"
+    argv = ["doctor", "--model", str(wan_flf2v_model_dir), "--dtype", "fp32", "--device", "cpu", "--height", "32",
+            "--width", "32", "--frames", "5", "--steps", "2", "--micro-batch", "2", "--max-sequence-length", "16",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0  # no --image: a first and a last test picture, as the checkpoint takes only two
+    assert "2 condition image(s)" in capsys.readouterr().out and out.with_suffix(".webp").is_file()

@@ -109,6 +109,7 @@ class WanI2VModel(WanModel):
         if self.reads_image_tokens and getattr(self.pipeline, "image_encoder", None) is None:
             raise UserError("this Wan I2V transformer reads CLIP image tokens, but the model has no image_encoder/")
         self.frames_given, self._why = self._frames_it_takes(config)
+        self.sample_conditions = min(self.frames_given)  # FLF2V: a first and a last frame
         self._conditions: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 
     def _frames_it_takes(self, config) -> tuple[tuple[int, ...], str]:
