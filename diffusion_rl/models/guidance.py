@@ -10,10 +10,12 @@ As in diffusers' Wan pipelines, a call's rows at t ≥ boundary use the scale, t
 `None` for the low-noise scale means the same scale for both. The unconditional branch runs when either scale is > 1
 (`runs_cfg`); diffusers runs it only when `guidance_scale` > 1 and otherwise ignores `guidance_scale_2`, so the two
 agree wherever diffusers uses guidance_scale_2 at all, and `guidance 1, low-noise 3` guides the low-noise steps here.
-Imports nothing of the project but its error type.
+`guided` is the combination every family applies. Imports nothing of the project but its error type.
 """
 
 from __future__ import annotations
+
+import torch
 
 from diffusion_rl.errors import UserError
 
@@ -55,3 +57,10 @@ def refuse_low_noise_without_experts(low_noise: float | None, key: str, model: s
             f"{key}={low_noise:g} sets the guidance of a low-noise expert, but this {model} model has one "
             "transformer (Wan 2.2 A14B has two: transformer_2/ and a boundary_ratio); remove it or set it to null"
         )
+
+
+def guided(v_uncond: torch.Tensor, v_cond: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
+    """Classifier-free guidance, u + s·(c − u): `scale` a float, or fp32 [rows], one per row (`row_guidance`)."""
+    if isinstance(scale, torch.Tensor):
+        scale = scale.view(-1, *[1] * (v_cond.ndim - 1))
+    return v_uncond + scale * (v_cond - v_uncond)

@@ -214,3 +214,11 @@ def test_eval_samples_an_a14b_model_at_both_scales_and_says_so(a14b_dir, tmp_pat
     settings = json.loads((out / "metrics.json").read_text())["settings"]
     assert (settings["guidance"], settings["guidance_low_noise"]) == (4.0, 3.0)
     assert "guidance 4.0 (low-noise expert 3.0)" in (out / "compare.md").read_text()
+
+
+def test_guided_combines_by_hand_with_one_scale_or_one_per_row():
+    from diffusion_rl.models.guidance import guided
+
+    u, c = torch.tensor([[1.0, 2.0], [0.0, -1.0]]), torch.tensor([[2.0, 0.0], [1.0, 1.0]])
+    assert guided(u, c, 3.0).tolist() == [[4.0, -4.0], [3.0, 5.0]]  # u + 3 (c − u)
+    assert guided(u, c, torch.tensor([3.0, 0.5])).tolist() == [[4.0, -4.0], [0.5, 0.0]]  # row 2: u + ½ (c − u)

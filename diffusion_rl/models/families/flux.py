@@ -22,6 +22,7 @@ from diffusion_rl.models.base import (
     refuse_condition_images,
     uint8_to_images,
 )
+from diffusion_rl.models.guidance import guided
 from diffusion_rl.models.packed import (
     PackedLatentModel,
     latent_image_ids,
@@ -128,8 +129,7 @@ class FluxModel(PackedLatentModel):
             return_dict=False,
         )[0][:, : h * w].float()  # the generated tokens' velocity (condition tokens are inputs only)
         if true_cfg:
-            v_uncond, v_cond = v.chunk(2)
-            v = v_uncond + guidance * (v_cond - v_uncond)
+            v = guided(*v.chunk(2), guidance)
         return v.reshape(B, h, w, K)
 
     # -- pixels ------------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from diffusion_rl.models.base import (
     uint8_to_images,
 )
 from diffusion_rl.models.condition import condition_count, condition_latents
+from diffusion_rl.models.guidance import guided
 from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_of, unpack_latents
 from diffusion_rl.models.registry import ModelFamily, register_family
 
@@ -217,8 +218,7 @@ class Flux2Model(PackedLatentModel):
             return_dict=False,
         )[0][:, : h * w].float()  # the generated tokens' velocity (reference tokens are inputs only)
         if true_cfg:
-            v_uncond, v_cond = v.chunk(2)
-            v = v_uncond + guidance * (v_cond - v_uncond)
+            v = guided(*v.chunk(2), guidance)
         return v.reshape(B, h, w, K)
 
     # -- pixels ------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from diffusion_rl.models.base import (
     uint8_to_images,
     video_vae_stats,
 )
+from diffusion_rl.models.guidance import guided
 from diffusion_rl.models.packed import PackedLatentModel, pack_latents, tokens_of, unpack_latents
 from diffusion_rl.models.registry import ModelFamily, register_family
 
@@ -43,7 +44,7 @@ MAX_TEXT_TOKENS = 1024  # the pipeline's limit
 
 def norm_rescaled_cfg(v_uncond: torch.Tensor, v_cond: torch.Tensor, scale: float) -> torch.Tensor:
     """u + s·(c − u), rescaled along the last dimension to the norm of c (each token keeps c's magnitude)."""
-    combined = v_uncond + scale * (v_cond - v_uncond)
+    combined = guided(v_uncond, v_cond, scale)
     return combined * (v_cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
 
 

@@ -14,6 +14,7 @@ from diffusion_rl.models.base import (
     single_frame,
     uint8_to_images,
 )
+from diffusion_rl.models.guidance import guided
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # flow_grpo's SD3 targets: every attention projection of the joint blocks, image and text streams
@@ -57,8 +58,7 @@ class SD3Model(FlowModel):
             return_dict=False,
         )[0].float()
         if guidance > 1.0:
-            v_uncond, v_cond = v.chunk(2)
-            v = v_uncond + guidance * (v_cond - v_uncond)
+            v = guided(*v.chunk(2), guidance)
         return v
 
     @classmethod

@@ -35,7 +35,7 @@ from torch import nn
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import FlowModel, as_sigma_batch, on_meta, video_vae_stats
 from diffusion_rl.models.experts import TimestepExperts
-from diffusion_rl.models.guidance import runs_cfg
+from diffusion_rl.models.guidance import guided, runs_cfg
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 # attention of both kinds (self-attention over the video tokens, cross-attention to the text) and the feed-forward
@@ -150,9 +150,7 @@ class WanModel(FlowModel):
             hidden_states=x, timestep=timestep, encoder_hidden_states=embeds, return_dict=False, **same
         )[0].float()
         if cfg:
-            v_uncond, v_cond = v.chunk(2)
-            scale = scale if isinstance(scale, float) else scale.view(-1, *[1] * (v.ndim - 1))
-            v = v_uncond + scale * (v_cond - v_uncond)
+            v = guided(*v.chunk(2), scale)
         return v
 
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ from tensordict import TensorDict
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import as_sigma_batch, on_meta
 from diffusion_rl.models.families.sd3 import SD3Model
+from diffusion_rl.models.guidance import guided
 from diffusion_rl.models.packed import packed_sigma_schedule
 from diffusion_rl.models.registry import ModelFamily, register_family
 
@@ -91,7 +92,7 @@ class ZImageModel(SD3Model):
         v = -torch.stack([o.float() for o in out])[:, :, 0]
         if cfg:
             v_cond, v_uncond = v.chunk(2)
-            v = v_uncond + guidance * (v_cond - v_uncond)
+            v = guided(v_uncond, v_cond, guidance)
         return v
 
     def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:
