@@ -53,10 +53,10 @@ def cmd_export(args) -> None:
 
 def _export(model, checkpoint: Path, which: str, out: Path, args) -> None:
     """The weights, then the model card (README.md) that says how they were trained and how to sample them."""
+    from diffusion_rl.checkpoint.model_card import model_card, write_model_card
     from diffusion_rl.checkpoint.paths import step_of
     from diffusion_rl.checkpoint.weights import checkpoint_config
     from diffusion_rl.models.export import export_merged, write_lora_adapter
-    from diffusion_rl.models.model_card import model_card, write_model_card
 
     cfg = checkpoint_config(checkpoint)
     if args.merge:

@@ -267,7 +267,7 @@ class FlowModel(ABC):
 
     def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
         """The keywords of the family's diffusers pipeline that sample as we do at `guidance` (and the low-noise
-        expert's `low_noise`), with our text length: what a model card's snippet passes (models/model_card.py, which
+        expert's `low_noise`), with our text length: what a model card's snippet passes (checkpoint/model_card.py, which
         keeps only those the pipeline's __call__ takes). Families whose pipeline spells guidance otherwise override."""
         call = {"guidance_scale": guidance, "max_sequence_length": self.max_sequence_length}
         if low_noise is not None and self.expert_boundary is not None:

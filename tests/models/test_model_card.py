@@ -1,4 +1,4 @@
-"""The model card `export` writes (models/model_card.py): the Hub's front matter, and a diffusers snippet that runs
+"""The model card `export` writes (checkpoint/model_card.py): the Hub's front matter, and a diffusers snippet that runs
 against the exported folder and samples with the run's validation settings."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
+from diffusion_rl.checkpoint.model_card import hub_id, pipeline_call
 from diffusion_rl.cli import main
-from diffusion_rl.models.model_card import hub_id, pipeline_call
 from diffusion_rl.models.tiny import save_tiny
 
 
@@ -193,8 +193,8 @@ def test_hub_id_only_for_hub_names_and_cache_snapshots(tmp_path):
 
 
 def test_an_image_argument_is_loaded_in_the_snippet():
+    from diffusion_rl.checkpoint.model_card import _py
     from diffusion_rl.models.base import SnippetImage
-    from diffusion_rl.models.model_card import _py
 
     assert _py(SnippetImage("last.png")) == 'load_image("last.png")'
     assert (_py("a/b"), _py(2.5), _py(None)) == ('"a/b"', "2.5", "None")

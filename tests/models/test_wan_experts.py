@@ -105,7 +105,7 @@ def test_lora_export_loads_into_both_diffusers_transformers_and_samples_identica
     assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out)]) == 0
     assert all((out / name).is_file() for name in LORA_FILES.values())
     card = (out / "README.md").read_text()  # the model card's snippet loads both files, as below
-    assert f"weight_name={LORA_FILES['transformer_2']!r}, load_into_transformer_2=True" in card
+    assert f'weight_name="{LORA_FILES["transformer_2"]}", load_into_transformer_2=True' in card
     settings = SamplerSettings(num_steps=4, guidance=4.0, height=32, width=32, frames=5)  # σ 1 … 0: both experts
 
     def videos(model):
