@@ -200,11 +200,14 @@ def test_processes_sharing_a_shard_take_the_runs_nobody_holds(ranking, tmp_path,
     here = socket.gethostname()
     path = tmp_path / "runs/shard_1/nft_lr1e-05.claim"
     assert ranking.claim(path) is None  # taken: this process holds it now
-    assert path.read_text() == f"{here} pid {os.getpid()}\n"
-    assert ranking.claim(path) == f"{here} pid {os.getpid()}"  # a second taker (even this process) is refused
+    me = f"{here} pid {os.getpid()} boot {ranking.boot_id()}"
+    assert path.read_text() == me + "\n"
+    assert ranking.claim(path) == me  # a second taker (even this process) is refused
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    path.write_text(f"{here} pid {ended.stdout.strip()}\n")  # its process is gone: the run is taken over
-    assert ranking.claim(path) is None and path.read_text() == f"{here} pid {os.getpid()}\n"
+    path.write_text(f"{here} pid {ended.stdout.strip()} boot {ranking.boot_id()}\n")  # its process is gone:
+    assert ranking.claim(path) is None and path.read_text() == me + "\n"  # the run is taken over
+    path.write_text(f"{here} pid {os.getpid()} boot 0ld-b00t\n")  # a live pid, but from before a restart
+    assert ranking.claim(path) is None and path.read_text() == me + "\n"
     path.write_text("another-machine pid 1\n")  # another machine's claim: respected, its process cannot be seen
     assert ranking.claim(path) == "another-machine pid 1"
     path.write_text("")  # a claim being written this instant
