@@ -288,14 +288,15 @@ class Benchmark:
             if kept.is_file():
                 logger.info("shard %d: %s lr %.3g kept before", s, name, lr)
                 continue
-            holder = claim(kept.with_suffix(".claim"))
+            held = kept.with_suffix(".claim")
+            holder = claim(held)
             if holder:
                 logger.info("shard %d: %s lr %.3g is running in %s", s, name, lr, holder)
                 continue
             try:
                 write_json(kept, self.run_one(s, name, lr))
             finally:  # kept, or interrupted: either way no longer held
-                kept.with_suffix(".claim").unlink()
+                held.unlink()
         running = [f"{name} lr {lr:.3g}" for name, lr in runs if not self.run_path(s, name, lr).is_file()]
         if running:
             sys.exit(f"shard {s}: {', '.join(running)} still running in another process; the last to end gathers "

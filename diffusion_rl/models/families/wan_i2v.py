@@ -128,7 +128,7 @@ class WanI2VModel(WanModel):
     def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
         """A transformer that reads CLIP image tokens: the pipeline at max_sequence_length 512 (`text_context`), whose
         text embeddings of a prompt within ours are ours zero-padded; at ours it would misroute the image tokens."""
-        call = {**super().pipeline_call_settings(guidance, low_noise)}
+        call = super().pipeline_call_settings(guidance, low_noise)
         call["max_sequence_length"] = self.text_context or self.max_sequence_length
         if self.frames_given == (2,):  # FLF2V: the last frame too
             call["last_image"] = SnippetImage("last.png")
