@@ -12,14 +12,20 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # imports Ray, so every test's cluster listens on loopback only
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# README's test command runs the suite in two pytest-xdist workers, one per core: each worker's torch gets one thread,
+# and its OpenMP threads sleep while they wait instead of spinning (two spinning torch processes on 2 cores slow each
+# other 10-30x). Set before torch is imported, as OpenMP reads it when it loads. A plain `pytest` keeps 2 threads.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest
-import torch
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
-from diffusion_rl.config import load
-from diffusion_rl.models.tiny import save_tiny
+from diffusion_rl.config import load  # noqa: E402
+from diffusion_rl.models.tiny import save_tiny  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(1 if XDIST_WORKER else 2)
 # The suite's process holds ~600k long-lived objects (torch, transformers, diffusers, Ray): one full collection scans
 # them all (~0.15 s), and the default thresholds (700, 10, 10) ran one every second or two of tests, 4-8 % of
 # trainer test files' time (gc.callbacks, 32 trainer tests: 11 full collections, 1.8 s of 19 s). Ten times fewer:
@@ -27,6 +33,15 @@ torch.set_num_threads(2)
 gc.set_threshold(700, 10, 100)
 
 ROOT = Path(__file__).resolve().parents[1]
+# The fixtures that start a local Ray cluster: their tests run in one xdist worker, one after another (`--dist
+# loadgroup`), so two clusters never share the 2 cores and the engine tests' shared cluster stays shared.
+RAY_CLUSTER_FIXTURES = ("ray_session", "ray_for_module", "two_nodes")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(name in item.fixturenames for name in RAY_CLUSTER_FIXTURES):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")
