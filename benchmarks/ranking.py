@@ -18,8 +18,9 @@ algorithm at its chosen rate, so they wait for both selection shards; the table 
 selection shards' runs chose the rate). Every finished run is kept at <out>/runs/shard_<s>/<algorithm>_lr<rate>.json
 (resumable: kept runs are skipped, and <out>/settings.json stops a run under other settings); several processes may
 run one shard on one machine at once (`--threads 1` each): a run in progress holds a claim file, and each process
-takes the next run nobody holds. When the shard's last run ends, all of them go into <out>/shard_<s>.json with the
-machine, CPU time and the shard's shared base-model validation, and the kept files are removed.
+takes the next run nobody holds (the base-model validation too: one measures it, the others wait). When the shard's
+last run ends, all of them go into <out>/shard_<s>.json with the machine, CPU time and the shard's shared base-model
+validation, and the kept files are removed.
 
 Validation (fixed seeds, ODE, `shapes_geneval`, all 78 held-out prompts): the base model's once per shard (every run
 starts from it; once per validation setting — DiffusionNFT validates without CFG) on VAL_N samples per prompt (1,092
@@ -80,6 +81,7 @@ VAL_N = 14  # 78 × 14 = 1,092 images: the base model's per-image sd 0.292 (+10 
 VAL_N_SUBSET = 4  # intermediate points: 78 × 4 = 312 images, SE ≈ 0.017
 VAL_FRACTIONS = (0.25, 0.5, 0.75)  # intermediate validation points, as fractions of the budget
 OUT = ROOT / "benchmarks/results/ranking"
+CLAIM_POLL_S = 30.0  # how often a process waiting for another's base-model validation looks for it
 
 
 def parse_lrs(spec: str, base: float) -> list[float]:
@@ -224,14 +226,25 @@ class Benchmark:
         return self._model_hash
 
     def base_validation(self, s: int, key: str, point) -> dict:
-        """The base model's full validation for the validation setting `key`, measured once per shard and kept."""
+        """The base model's full validation for the validation setting `key`, measured once per shard and kept. A
+        process sharing the shard waits while another measures it (its claim file) instead of measuring it too."""
         path = self.kept_dir(s) / f"base_{key}.json"
-        if path.is_file():
-            return json.loads(path.read_text())
-        logger.info("shard %d: base-model validation (%d per prompt)", s, self.args.val_n)
-        base = {**point(0, self.args.val_n), "base_model_sha256": self.model_hash()}
-        write_json(path, base)
-        return base
+        held, waiting = path.with_suffix(".claim"), False
+        while not path.is_file():
+            holder = claim(held)
+            if holder is None:
+                try:
+                    logger.info("shard %d: base-model validation (%d per prompt)", s, self.args.val_n)
+                    base = {**point(0, self.args.val_n), "base_model_sha256": self.model_hash()}
+                    write_json(path, base)
+                    return base
+                finally:
+                    held.unlink()
+            if not waiting:
+                logger.info("shard %d: waiting for the base-model validation that %s is measuring", s, holder)
+                waiting = True
+            time.sleep(CLAIM_POLL_S)
+        return json.loads(path.read_text())
 
     def check_kept_model(self, s: int) -> None:
         """Kept runs and base validations of shard s must come from this base model (another machine's pretraining

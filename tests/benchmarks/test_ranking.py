@@ -236,3 +236,32 @@ def test_a_shard_leaves_runs_held_by_another_process_and_the_last_one_gathers(ra
     ranking.main(argv)  # nothing left to run: this process gathers
     assert calls == ["flow_grpo"]
     assert [r["algorithm"] for r in json.loads((tmp_path / "shard_0.json").read_text())["runs"]] == ["flow_grpo", "nft"]
+
+
+def test_a_process_sharing_a_shard_waits_for_the_base_validation_another_is_measuring(ranking, shapes_model, tmp_path,
+                                                                                         monkeypatch):  # fmt: skip
+    import threading
+
+    monkeypatch.setattr(ranking, "CLAIM_POLL_S", 0.01)
+    benchmark = bench(ranking, shapes_model, tmp_path, "--only", "flow_grpo")
+    measured = []
+
+    def point(step, n):
+        measured.append(n)
+        return {"val_reward": 0.5, "n": n}
+
+    path = tmp_path / "runs/shard_0/base_k.json"
+    path.parent.mkdir(parents=True)
+    path.with_suffix(".claim").write_text("another-machine pid 1\n")  # another process is measuring it
+    theirs = {"val_reward": 0.25, "base_model_sha256": "theirs"}
+    writer = threading.Timer(0.2, lambda: ranking.write_json(path, theirs))
+    writer.start()
+    assert benchmark.base_validation(0, "k", point) == theirs and measured == []  # waited, measured nothing
+    writer.join()
+
+    path.unlink()
+    path.with_suffix(".claim").write_text(f"{ranking.socket.gethostname()} pid 999999999 boot {ranking.boot_id()}\n")
+    mine = benchmark.base_validation(0, "k", point)  # that process ended without it: this one measures it
+    assert measured == [benchmark.args.val_n] and mine["val_reward"] == 0.5
+    assert json.loads(path.read_text()) == mine and not path.with_suffix(".claim").exists()
+    assert benchmark.base_validation(0, "k", point) == mine and len(measured) == 1  # kept: measured once
