@@ -80,6 +80,14 @@ SHAPES = [
 ]
 
 
+def algorithm_title(config: Path) -> str:
+    """The algorithm's name as its config's first comment line gives it ("# DiffusionNFT on the tiny model: …" →
+    "DiffusionNFT"); the file's stem when that line names none."""
+    first = config.read_text().splitlines()[0] if config.is_file() else ""
+    title = first.removeprefix("#").strip().removeprefix("Quickstart:").strip()
+    return title.partition(" on the tiny model")[0] if " on the tiny model" in title else config.stem
+
+
 def algorithm_configs(only: list[str] | None) -> dict[str, Path]:
     """name → config file: quickstart.yaml is flow_grpo; quickstart_<name>.yaml is <name>."""
     found = {"flow_grpo": ROOT / "configs/quickstart.yaml"}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning import ROOT, curves_figure, write_json  # noqa: E402
+from learning import ROOT, algorithm_title, write_json  # noqa: E402
 from ranking_stats import band, compute_to_match, interval, paired_difference, rank_label, rank_paired  # noqa: E402
 
 REFERENCE = "flow_grpo"
@@ -80,6 +80,7 @@ def summarise(shards: list[dict], wallclock: dict | None = None) -> dict:
     chosen = choices(shards)
     grid = grid_of(shards) if shards else []
     finals, curves, failed = {}, {}, {}
+    titles = {r["algorithm"]: algorithm_title(ROOT / r["config"]) for s in shards for r in s["runs"] if "config" in r}
     for shard in shards:
         if shard["phase"] != "report":  # the selection shards chose the rates: their runs would bias the estimate
             continue
@@ -98,8 +99,9 @@ def summarise(shards: list[dict], wallclock: dict | None = None) -> dict:
     algorithms = {}
     for name in sorted(chosen):
         seeds = finals.get(name, {})
-        result = {**chosen[name], "seeds": sorted(seeds), "final_val_reward": [seeds[s] for s in sorted(seeds)],
-                  "interval": interval(list(seeds.values())), "failed": failed.get(name, [])}  # fmt: skip
+        result = {"title": titles.get(name, name), **chosen[name], "seeds": sorted(seeds),
+                  "final_val_reward": [seeds[s] for s in sorted(seeds)], "interval": interval(list(seeds.values())),
+                  "failed": failed.get(name, [])}  # fmt: skip
         if seeds:
             ys = [curves[name][s] for s in sorted(seeds)]
             result["band"] = [{"fraction": x, **interval([y[i] for y in ys])} for i, x in enumerate(grid)]
@@ -147,33 +149,60 @@ def markdown(summary: dict) -> list[str]:
         wall = "not measured" if wall is None else (pm(wall) if wall["mean"] is not None else wall["note"])
         paired = pm(a["paired_vs_flow_grpo"], signed=True)
         seeds = str(a["interval"]["n"]) + (f" ({len(a['failed'])} failed)" if a["failed"] else "")
-        lines.append(f"| {rank_label(a['rank'])} | {name} | {a['chosen_lr']:.3g} | {pm(a['interval'])} | {paired} | "
-                     f"{seeds} | {match} | {wall} |")  # fmt: skip
+        lines.append(f"| {rank_label(a['rank'])} | {a['title']} | {a['chosen_lr']:.3g} | {pm(a['interval'])} | "
+                     f"{paired} | {seeds} | {match} | {wall} |")  # fmt: skip
     for name, a in algorithms.items():
         if name not in ranked:
             state = "rate not chosen yet" if a["chosen_lr"] is None else "no finished run at its rate"
             tried = ", ".join(f"{lr}: {v:.4f}" for lr, v in a["selection_reward_by_lr"].items() if v is not None)
-            lines.append(f"| – | {name} | | {state} (training reward by rate so far: {tried or '–'}) | | | | |")
+            lines.append(f"| – | {a['title']} | | {state} (training reward by rate so far: {tried or '–'}) | | | | |")
     return lines
 
 
 def plot(summary: dict, out_png: Path) -> None:
-    """Each algorithm's validation curve against compute: the mean over seeds and its 95 % band."""
+    """One panel per algorithm, in rank order: its validation curve against compute (the mean over seeds and its 95 %
+    band) over Flow-GRPO's mean (dashed), on one y scale: twelve bands in one axes hide each other."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    def draw(ax) -> None:
-        for name, a in summary["algorithms"].items():
-            points = a.get("band") or []
-            if not points:
-                continue
-            xs = [p["fraction"] for p in points]
-            (line,) = ax.plot(xs, [p["mean"] for p in points], marker="o", markersize=3,
-                              label=f"{name} (lr {a['chosen_lr']:.3g})")  # fmt: skip
-            if all(p["low"] is not None for p in points):
-                ax.fill_between(xs, [p["low"] for p in points], [p["high"] for p in points], color=line.get_color(),
-                                alpha=0.12)  # fmt: skip
-
-    curves_figure(draw, out_png, "shapes_geneval", "shapes", "mean over seeds and 95 % band, each at its chosen lr",
-                  xlabel="training compute (fraction of the budget: Flow-GRPO's 3 quiet minutes)")  # fmt: skip
+    algorithms = summary["algorithms"]
+    shown = sorted((n for n, a in algorithms.items() if a.get("band")),
+                   key=lambda n: (algorithms[n].get("rank", {}).get("rank", 0), n))  # fmt: skip
+    if not shown:
+        return
+    cols = min(4, len(shown))
+    rows = -(-len(shown) // cols)
+    fig = Figure(figsize=(3.2 * cols, 2.5 * rows + 0.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    reference = algorithms.get(REFERENCE, {}).get("band")
+    for ax, name in zip(axes, shown):
+        a, points = algorithms[name], algorithms[name]["band"]
+        xs = [p["fraction"] for p in points]
+        if reference and name != REFERENCE:
+            ax.plot([p["fraction"] for p in reference], [p["mean"] for p in reference], "--", color="0.5", lw=1,
+                    label=algorithms[REFERENCE]["title"])  # fmt: skip
+        ax.plot(xs, [p["mean"] for p in points], marker="o", markersize=3, color="C0")
+        if all(p["low"] is not None for p in points):
+            ax.fill_between(xs, [p["low"] for p in points], [p["high"] for p in points], color="C0", alpha=0.2)
+        rank = rank_label(a["rank"]) if "rank" in a else "–"
+        ax.set_title(f"{a['title']}\nrank {rank}, lr {a['chosen_lr']:.3g}, {len(a['seeds'])} seeds", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(shown) :]:
+        ax.set_visible(False)
+    for ax in axes[(rows - 1) * cols :]:
+        ax.set_xlabel("compute (× budget)", fontsize=8)
+    for ax in axes[::cols]:
+        ax.set_ylabel("validation shapes_geneval", fontsize=8)
+    handles, labels = next((ax.get_legend_handles_labels() for ax, n in zip(axes, shown) if n != REFERENCE), ([], []))
+    if handles:
+        fig.legend(handles, [f"{labels[0]}'s mean"], loc="upper right", fontsize=8)
+    fig.suptitle("ShapesWorld, held-out prompts: the mean validation reward over seeds and its 95 % band, each\n"
+                 "algorithm at its chosen lr; compute as a fraction of the budget (Flow-GRPO's 3 quiet minutes)",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
 
 
 def write_table(out: Path, append_results: bool = False) -> dict:
@@ -188,6 +217,12 @@ def write_table(out: Path, append_results: bool = False) -> dict:
     write_json(out / "ranking.json", summary)
     plot(summary, out / "ranking.png")
     lines = markdown(summary)
+    lines += [
+        "",
+        "Compute to reach: where the mean validation curve first reaches Flow-GRPO's final mean, as a "
+        "fraction of the budget (0.00: the base model's validation already does; a curve starts at its own "
+        "base — DiffusionNFT's validates without CFG). Ranks: a range where paired differences do not separate.",
+    ]
     cpu = sum(s["cpu_seconds"] for s in shards)
     lines += ["", f"Shards: {', '.join(str(s['shard']) for s in shards)}; CPU time {cpu / 3600:.2f} h; machines: "
               + "; ".join(sorted({f"{s['machine']['cpu']} (AMX: {s['machine']['amx']})" for s in shards}))]  # fmt: skip

@@ -121,7 +121,8 @@ def test_parse_lrs_and_the_rate_is_chosen_on_training_reward_never_validation(ra
 
 
 def run(name, lr, seed, selection, curve):
-    return {"algorithm": name, "lr": lr, "seed": seed, "selection_reward": selection,
+    config = "configs/quickstart.yaml" if name == "flow_grpo" else f"configs/quickstart_{name}.yaml"
+    return {"algorithm": name, "config": config, "lr": lr, "seed": seed, "selection_reward": selection,
             "curve": [{"fraction": f, "val_reward": v} for f, v in curve], "val_reward_end": curve[-1][1]}  # fmt: skip
 
 
@@ -172,7 +173,8 @@ def test_the_table_from_shard_files_by_hand(table, tmp_path):
     assert (a["nft"]["rank"]["best_rank"], a["nft"]["rank"]["worst_rank"]) == (1, 2)  # 0.04 ± 0.043: not separated
     assert a["nft"]["failed"] == []  # the diverged 3e-5 run is not at NFT's chosen rate
     rows = table.markdown(summary)
-    assert rows[2].startswith("| 1–2 | nft | 1e-05 | 0.5900 ± ") and "+0.0400 ± 0.0430" in rows[2]
+    assert rows[2].startswith("| 1–2 | DiffusionNFT | 1e-05 | 0.5900 ± ")  # named as its config's first line
+    assert "+0.0400 ± 0.0430" in rows[2]
     assert "| 0.65 (" in rows[2] and (tmp_path / "ranking.png").stat().st_size > 1000
     assert "| 3 | 1.00 (1.00–1.00) |" in rows[3]  # Flow-GRPO reaches its own final mean at the budget, every seed
     (tmp_path / "shard_4.json").write_text(json.dumps({**shard(4, runs(4)), "settings": {"other": 1}}))
@@ -265,3 +267,13 @@ def test_a_process_sharing_a_shard_waits_for_the_base_validation_another_is_meas
     assert measured == [benchmark.args.val_n] and mine["val_reward"] == 0.5
     assert json.loads(path.read_text()) == mine and not path.with_suffix(".claim").exists()
     assert benchmark.base_validation(0, "k", point) == mine and len(measured) == 1  # kept: measured once
+
+
+def test_an_algorithm_is_named_as_its_config_s_first_line_says(load_benchmark, tmp_path):
+    learning = load_benchmark("learning")
+    configs = learning.algorithm_configs(None)
+    assert learning.algorithm_title(configs["flow_grpo"]) == "Flow-GRPO"  # "# Quickstart: Flow-GRPO on the tiny …"
+    assert learning.algorithm_title(configs["nft"]) == "DiffusionNFT"
+    assert learning.algorithm_title(configs["pairwise"]) == "Pref-GRPO"
+    (tmp_path / "mine.yaml").write_text("# my own recipe\nalgorithm: {}\n")
+    assert learning.algorithm_title(tmp_path / "mine.yaml") == "mine"  # no name in it: the file's
