@@ -387,6 +387,13 @@ class Benchmark:
         for name, why in self.skipped.items():
             lines.append(f"skipped: {name}: {why}")
         lines.append(f"{total_todo} runs to do: {total_todo * self.budget:.4g} training FLOPs")
+        finished = [json.loads(p.read_text()) for p in sorted(self.out.glob("shard_*.json"))]
+        runs = sum(len(shard["runs"]) for shard in finished)
+        if total_todo and runs:  # a run's CPU time varies by algorithm; a finished shard holds one of each or three
+            per_run = sum(shard["cpu_seconds"] for shard in finished) / runs
+            cpus = sorted({shard["machine"]["cpu"] for shard in finished})
+            lines.append(f"  about {total_todo * per_run / 3600:.1f} CPU-hours at the finished shards' {per_run:.0f} "
+                         f"CPU-s per run ({runs} runs on {', '.join(cpus)}; one process per core)")  # fmt: skip
         return lines
 
 

@@ -101,6 +101,13 @@ def test_the_plan_lists_the_shards_their_runs_and_compute(ranking, shapes_model,
     assert any(line.startswith("skipped: dpo_offline: a pair dataset config") for line in lines)
     assert lines[-1] == "7 runs to do: 1.393e+14 training FLOPs"
     assert not (tmp_path / "settings.json").exists()  # a plan writes nothing
+    finished = {**shard(6, [run("flow_grpo", 1e-5, 6, 0.4, [(1.0, 0.4)])] * 4), "cpu_seconds": 2400.0}
+    (tmp_path / "shard_6.json").write_text(json.dumps(finished))  # a finished shard: 600 CPU-s per run
+    ranking.main(["--plan", "--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo",
+                  "--shards", "3"])  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  about 1.2 CPU-hours at the finished shards' 600 CPU-s per run (4 runs on AMD EPYC; one process per core)"
+    )  # 7 runs × 600 s
 
 
 def test_the_budget_is_flow_grpo_s_quiet_three_minutes(ranking):
