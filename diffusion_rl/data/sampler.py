@@ -176,14 +176,6 @@ class StepPrompts:
         return [r.images for r in self.records]
 
     @property
-    def ground_truths(self) -> list[str | None]:
-        return [r.ground_truth for r in self.records]
-
-    @property
-    def data_sources(self) -> list[str]:
-        return [r.data_source for r in self.records]
-
-    @property
     def metadata(self) -> list[dict[str, Any]]:
         """Per instance: the record's metadata plus its ground_truth and data_source (these two win on a clash).
 

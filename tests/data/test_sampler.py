@@ -131,9 +131,9 @@ def test_step_prompts_repeat_each_prompt_group_size_times_consecutively():
     assert batch.uids == ["s4-p0", "s4-p0", "s4-p1", "s4-p1", "s4-p2", "s4-p2"]
     assert batch.group_index.dtype == torch.long
     assert batch.group_index.tolist() == [0, 0, 1, 1, 2, 2]
-    assert batch.ground_truths == [f"gt {i}" for i in batch.prompt_index]
+    assert [m["ground_truth"] for m in batch.metadata] == [f"gt {i}" for i in batch.prompt_index]
     assert batch.negative_prompts == [None] * 6
-    assert batch.data_sources == [records[i].data_source for i in batch.prompt_index]
+    assert [m["data_source"] for m in batch.metadata] == [records[i].data_source for i in batch.prompt_index]
 
 
 def test_uids_are_unique_across_steps_even_for_the_same_prompt():
