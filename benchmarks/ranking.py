@@ -387,7 +387,7 @@ class Benchmark:
         for name, why in self.skipped.items():
             lines.append(f"skipped: {name}: {why}")
         lines.append(f"{total_todo} runs to do: {total_todo * self.budget:.4g} training FLOPs")
-        finished = [json.loads(p.read_text()) for p in sorted(self.out.glob("shard_*.json"))]
+        finished = load_shards(self.out)
         runs = sum(len(shard["runs"]) for shard in finished)
         if total_todo and runs:  # a run's CPU time varies by algorithm; a finished shard holds one of each or three
             per_run = sum(shard["cpu_seconds"] for shard in finished) / runs

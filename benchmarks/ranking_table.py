@@ -166,8 +166,7 @@ def plot(summary: dict, out_png: Path) -> None:
     from matplotlib.figure import Figure
 
     algorithms = summary["algorithms"]
-    shown = sorted((n for n, a in algorithms.items() if a.get("band")),
-                   key=lambda n: (algorithms[n].get("rank", {}).get("rank", 0), n))  # fmt: skip
+    shown = sorted((n for n, a in algorithms.items() if a.get("band")), key=lambda n: algorithms[n]["rank"]["rank"])
     if not shown:
         return
     cols = min(4, len(shown))
@@ -185,8 +184,8 @@ def plot(summary: dict, out_png: Path) -> None:
         ax.plot(xs, [p["mean"] for p in points], marker="o", markersize=3, color="C0")
         if all(p["low"] is not None for p in points):
             ax.fill_between(xs, [p["low"] for p in points], [p["high"] for p in points], color="C0", alpha=0.2)
-        rank = rank_label(a["rank"]) if "rank" in a else "–"
-        ax.set_title(f"{a['title']}\nrank {rank}, lr {a['chosen_lr']:.3g}, {len(a['seeds'])} seeds", fontsize=8)
+        about = f"rank {rank_label(a['rank'])}, lr {a['chosen_lr']:.3g}, {len(a['seeds'])} seeds"
+        ax.set_title(f"{a['title']}\n{about}", fontsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[len(shown) :]:
         ax.set_visible(False)
