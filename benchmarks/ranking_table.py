@@ -180,7 +180,7 @@ def plot(summary: dict, out_png: Path) -> None:
         xs = [p["fraction"] for p in points]
         if reference and name != REFERENCE:
             ax.plot([p["fraction"] for p in reference], [p["mean"] for p in reference], "--", color="0.5", lw=1,
-                    label=algorithms[REFERENCE]["title"])  # fmt: skip
+                    label=f"{algorithms[REFERENCE]['title']}'s mean")  # fmt: skip
         ax.plot(xs, [p["mean"] for p in points], marker="o", markersize=3, color="C0")
         if all(p["low"] is not None for p in points):
             ax.fill_between(xs, [p["low"] for p in points], [p["high"] for p in points], color="C0", alpha=0.2)
@@ -195,7 +195,7 @@ def plot(summary: dict, out_png: Path) -> None:
         ax.set_ylabel("validation shapes_geneval", fontsize=8)
     handles, labels = next((ax.get_legend_handles_labels() for ax, n in zip(axes, shown) if n != REFERENCE), ([], []))
     if handles:
-        fig.legend(handles, [f"{labels[0]}'s mean"], loc="upper right", fontsize=8)
+        fig.legend(handles, labels, loc="upper right", fontsize=8)
     fig.suptitle("ShapesWorld, held-out prompts: the mean validation reward over seeds and its 95 % band, each\n"
                  "algorithm at its chosen lr; compute as a fraction of the budget (Flow-GRPO's 3 quiet minutes)",
                  fontsize=9)  # fmt: skip
