@@ -124,6 +124,7 @@ SAMPLE_DEFAULTS = {"steps": 20, "guidance": 4.5, "guidance_low_noise": None, "he
 
 def cmd_sample(args) -> None:
     from diffusion_rl.config.model import ModelConfig
+    from diffusion_rl.data.condition_images import fit_rows
     from diffusion_rl.evaluation.evaluate import EvalSettings
     from diffusion_rl.models.image_size import require_size
     from diffusion_rl.models.loader import load_model
@@ -151,6 +152,8 @@ def cmd_sample(args) -> None:
         model = load_model(
             ModelConfig(path=args.model, device=args.device, lora=ModelConfig().lora.__class__(enabled=False), **length)
         )
+    if args.condition_size is not None:
+        model.condition_sizing = args.condition_size
     for key, value in defaults.items():  # flags the user left out: as the run validated, or SAMPLE_DEFAULTS
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -163,16 +166,14 @@ def cmd_sample(args) -> None:
     settings = flags.sampler()
     window = None if args.sde_type == "ode" else default_window(args.steps)
     seeds = [seed_for(args.seed, i) for i in range(len(prompts))]
-    sources = None
-    if args.image:  # an edit: every prompt edits the same condition image(s), fitted to the output size
+    rows = []
+    if args.image:  # an edit: every prompt edits the same condition image(s)
         from diffusion_rl.data.condition_images import ConditionImage
 
-        fitted = [ConditionImage(str(Path(p).resolve()), f"--image {p}").load(args.height, args.width)
-                  for p in args.image]  # fmt: skip
-        sources = [fitted] * len(prompts)
+        rows = [[ConditionImage(str(Path(p).resolve()), f"--image {p}") for p in args.image]] * len(prompts)
     images = sample_images(model, prompts, [args.negative_prompt] * len(prompts), settings, init_seeds=seeds,
-                           window=window, images=sources)  # fmt: skip
-    sheet = sample_sheet(images.numpy(), prompts, args.n, sources)
+                           window=window, images=model.fit_conditions(rows, args.height, args.width))  # fmt: skip
+    sheet = sample_sheet(images.numpy(), prompts, args.n, fit_rows(rows, args.height, args.width))
     path = save_sample(sheet, Path(args.out).with_suffix("").as_posix())  # .png, or .webp for a video
     logger.info("wrote %s (%d samples, %d×%d)", path, len(prompts), args.height, args.width)
 
@@ -270,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="text tokens per prompt (default: with --checkpoint the run's model.max_sequence_length, else 256)",
     )
+    p.add_argument("--condition-size", default=None, choices=["output", "pipeline"],
+                   help="an editing family's --image at the output size or its pipeline's (default: with --checkpoint "
+                   "the run's model.condition_size, else output)")  # fmt: skip
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default="grid.png", help="the sheet: .png (a video family: the same name, .webp)")
     p.add_argument("--checkpoint", default=None, help="apply a training checkpoint (step_NNNNNN or run directory)")

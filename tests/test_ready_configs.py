@@ -84,6 +84,8 @@ def test_video_and_edit_configs_keep_their_recipes_numbers():
         6, 2.5, 0.9, 21, 48
     )  # fmt: skip
     assert [(r.name, r.weight) for r in kontext.rewards] == [("source_preservation", 0.5), ("geneval", 0.5)]
+    # both read their condition images as their pipelines do at inference (~1 MP), not at the 512² output size
+    assert (edit.model.condition_size, kontext.model.condition_size) == ("pipeline", "pipeline")
     # Wan 2.2 A14B: the release's (high-noise, low-noise) guidance, wan/configs/wan_{t2v,i2v}_A14B.py
     names = ("wan22_t2v_a14b_ocr_lora", "wan22_i2v_a14b_lora")
     pairs = [load(str(ROOT / f"configs/{name}.yaml")).sampling for name in names]

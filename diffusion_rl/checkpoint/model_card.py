@@ -44,16 +44,30 @@ def hub_id(path: str | Path | None) -> str | None:
 
 def pipeline_call(model, cfg) -> dict:
     """The keywords of `model`'s pipeline call that sample as the run (`cfg`, its Config) validated, those its
-    `__call__` takes only: steps, guidance, size (frames for video), text length, and an empty negative prompt where
-    guidance runs classifier-free (the pipelines that take one need it for CFG)."""
+    `__call__` takes only: steps, guidance, size (frames for video; FluxKontextPipeline's `max_area`, to which it
+    rescales any size, 1024² by default), text length, an empty negative prompt where guidance runs classifier-free
+    (the pipelines that take one need it for CFG), and `_auto_resize=False` where the run read its condition images
+    at the output size and the pipeline would resize them (`model.condition_size`)."""
     s = validation_sampling(cfg)
-    wanted = {"num_inference_steps": s["steps"], "height": s["height"], "width": s["width"]}
+    wanted = {"num_inference_steps": s["steps"], "height": s["height"], "width": s["width"],
+              "max_area": s["height"] * s["width"]}  # fmt: skip
+    if _reads_sources_elsewhere(model, cfg, s["height"], s["width"]):
+        wanted["_auto_resize"] = False
     if model.video:
         wanted["num_frames"] = s["frames"]
     wanted |= model.pipeline_call_settings(s["guidance"], s["guidance_low_noise"])
     if model.forwards_per_evaluation(s["guidance"]) == 2:
         wanted["negative_prompt"] = ""
     return {k: v for k, v in wanted.items() if k in _parameters(model)}
+
+
+def _reads_sources_elsewhere(model, cfg, height: int, width: int) -> tuple[int, int] | None:
+    """The size at which the family's pipeline reads condition images for a height × width output, where the run read
+    them at the output size (model.condition_size: output) and the two differ; None otherwise."""
+    if not model.edits or cfg.model.condition_size != "output":
+        return None
+    size = model.pipeline_condition_size(height, width)
+    return None if size == (height, width) else size
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -129,7 +143,12 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     lines.append('pipe.to("cuda" if torch.cuda.is_available() else "cpu")')
     lines.append("")
     args = ['    prompt="a red fox in the snow",']
-    if family.task.startswith("image-to"):
+    s = validation_sampling(cfg)
+    elsewhere = _reads_sources_elsewhere(model, cfg, s["height"], s["width"])
+    if elsewhere:  # the run read its sources at the output size: so does the snippet
+        resized = f'load_image("input.png").resize(({s["width"]}, {s["height"]}))'
+        args.insert(0, f"    image={resized},  # the source at the output size, as trained")
+    elif family.task.startswith("image-to"):
         args.insert(0, '    image=load_image("input.png"),  # the image to start from')
     args += [f"    {k}={_py(v)}," for k, v in call.items()]
     args.append("    generator=torch.Generator().manual_seed(0),")
@@ -141,6 +160,11 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     differ = [f"`{k}` ({defaults[k]!r} there)" for k, v in call.items() if k in defaults and defaults[k] != v]
     if differ:
         lines += ["", f"These differ from `{pipeline}`'s defaults: {', '.join(differ)}."]
+    if elsewhere and "_auto_resize" not in call:
+        size = f"{elsewhere[0]}×{elsewhere[1]}"
+        lines += ["", f"The run read its condition images at the output size (`model.condition_size: output`); "
+                  f"`{pipeline}` resizes them to {size} for its VAE whatever it is given, so its samples differ "
+                  "from the run's. Train with `model.condition_size: pipeline` to sample as trained."]  # fmt: skip
     return lines
 
 

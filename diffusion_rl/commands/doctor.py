@@ -34,6 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("--lora-rank", type=int, default=32, help="LoRA rank of the estimate; 0 = full fine-tuning")
     p.add_argument("--kl", action="store_true", help="count the frozen reference copy of full fine-tuning")
     p.add_argument("--max-sequence-length", type=int, default=256)
+    p.add_argument("--condition-size", default="output", choices=["output", "pipeline"],
+                   help="an editing family's condition images at the output size or its pipeline's "
+                   "(model.condition_size)")  # fmt: skip
     p.add_argument("--no-activations", action="store_true", help="skip measuring activations (a forward pass)")
     p.add_argument("--prompt", default="a photograph of a red apple on a wooden table")
     p.add_argument("--seed", type=int, default=0)
@@ -44,8 +47,8 @@ def register(subparsers) -> None:
 
 
 def condition_sources(model, paths: list[str], height: int, width: int) -> list | None:
-    """An editing family's condition images for the doctor: the --image files fitted to the output size, or as many
-    generated test pictures as the model samples with (`sample_conditions`: grey with a red square, then a blue
+    """An editing family's condition images for the doctor at height × width: the --image files fitted to it, or as
+    many generated test pictures as the model samples with (`sample_conditions`: grey with a red square, then a blue
     one elsewhere); None for other families (which refuse --image)."""
     import numpy as np
 
@@ -90,6 +93,7 @@ def cmd_doctor(args) -> None:
         device=args.device,
         lora=lora,
         max_sequence_length=args.max_sequence_length,
+        condition_size=args.condition_size,
     )
     start = time.perf_counter()
     model = load_model(cfg)
@@ -97,7 +101,8 @@ def cmd_doctor(args) -> None:
     args.height = native if args.height is None else args.height
     args.width = native if args.width is None else args.width
     require_size(model, args.height, args.width, args.frames)
-    sources = condition_sources(model, args.image, args.height, args.width)
+    read_at = model.condition_size(model.condition_sizing, args.height, args.width)  # model.condition_size
+    sources = condition_sources(model, args.image, *read_at)
     lines = [
         f"model      {args.model}",
         f"family     {model.family} ({type(model.pipeline).__name__}), loaded in {time.perf_counter() - start:.1f} s "
@@ -126,7 +131,7 @@ def cmd_doctor(args) -> None:
     )
     size = f"{args.height}×{args.width}" + (f"×{args.frames} frames" if args.frames > 1 else "")
     if sources:
-        size += f", {len(sources)} condition image(s)"
+        size += f", {len(sources)} condition image(s) at {read_at[0]}×{read_at[1]}"
     lines.append(
         f"memory estimate, {size}, micro-batch {args.micro_batch}, rollout batch "
         f"{rollout_batch}, guidance {args.guidance:g} (add 1–3 GiB for CUDA context and fragmentation)"
@@ -145,8 +150,10 @@ def cmd_doctor(args) -> None:
     if args.out is None:
         lines.append(f"sample     {timing} (not saved: --out FILE.png keeps it)")
     else:
+        shown = condition_sources(model, args.image, args.height, args.width)  # beside the result, at its size
         path = save_sample(
-            sample_sheet(images.numpy(), [args.prompt], 1, rows), Path(args.out).with_suffix("").as_posix()
+            sample_sheet(images.numpy(), [args.prompt], 1, [shown] if shown else None),
+            Path(args.out).with_suffix("").as_posix(),
         )
         lines.append(f"sample     {path} ({timing})")
     print("\n".join(lines))

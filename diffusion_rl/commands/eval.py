@@ -12,7 +12,7 @@ from diffusion_rl.errors import UserError
 logger = logging.getLogger(__name__)
 
 FALLBACK = {"steps": 20, "guidance": 4.5, "guidance_low_noise": None, "height": 64, "width": 64, "frames": 1,
-            "dtype": "fp32", "max_sequence_length": 256, "ode_solver": "euler"}  # fmt: skip
+            "dtype": "fp32", "max_sequence_length": 256, "ode_solver": "euler", "condition_size": "output"}  # fmt: skip
 
 
 def register(subparsers) -> None:
@@ -71,6 +71,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
     p.add_argument("--max-sequence-length", type=int, default=None)
+    p.add_argument("--condition-size", default=None, choices=["output", "pipeline"],
+                   help="an editing family's condition images at the output size or its pipeline's "
+                   "(model.condition_size)")  # fmt: skip
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--force", action="store_true", help="replace an earlier evaluation in --out")
     p.set_defaults(fn=cmd_eval)
@@ -151,6 +154,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             ode_solver=first.val.ode_solver or first.sampling.ode_solver,
             dtype=first.model.dtype,
             max_sequence_length=first.model.max_sequence_length,
+            condition_size=first.model.condition_size,
         )
 
     def pick(name: str):
@@ -180,6 +184,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         device=args.device,
         dtype=pick("dtype"),
         max_sequence_length=pick("max_sequence_length"),
+        condition_size=pick("condition_size"),
         lora=LoraConfig(enabled=False),
     )
     rewards = _reward_choices(args, first, first_checkpoint)

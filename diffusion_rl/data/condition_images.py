@@ -5,10 +5,11 @@ file, in .parquet (verl's layout) as `images: [{"bytes": <PNG/JPEG bytes>}, ...]
 `bytes` is null, relative to the .parquet file). A `ConditionImage` keeps that reference and reads the pixels only
 when used, so a large dataset is not held decoded in memory.
 
-The size rule: a condition image is fitted to the output's height × width by `cover_and_crop` (scaled to cover, the
-shorter side fitting, then centre-cropped; data/images.py), the same for every family, so a result and its source
-line up pixel by pixel. A model gets them at that size (and resizes further where its pipeline does: Qwen-Image-Edit
-shows its text encoder a smaller copy); rewards get them too (metadata["condition_images"]).
+The size rule: a condition image is fitted to a height × width by `cover_and_crop` (scaled to cover, the shorter side
+fitting, then centre-cropped; data/images.py). Rewards and sheets get it at the output size, so a result and its
+source line up pixel by pixel (metadata["condition_images"]); a model at the size it reads it (`FlowModel.
+fit_conditions`, model.condition_size: the output size, or its pipeline's at the output's aspect ratio), and resizes
+further where its pipeline does (Qwen-Image-Edit shows its text encoder a ~384² copy).
 
 Checked when a dataset is loaded for a run (`check_condition_images`, reading only the headers): a missing file,
 an unreadable image, an image over MAX_PIXELS (refused from its header, before any pixel is decoded: a 12000² photo

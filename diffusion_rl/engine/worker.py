@@ -33,7 +33,7 @@ import torch
 
 from diffusion_rl.algorithms.base import Targets, TrainBatch, UpdatePosition, make_algorithm, minibatch_rows
 from diffusion_rl.checkpoint import state as checkpoint_state
-from diffusion_rl.data.condition_images import ConditionImage, fit_rows
+from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.ema import EmaWeights
 from diffusion_rl.engine.embeddings import attach_embedding_cache
@@ -320,7 +320,7 @@ class PolicyWorker:
             shape = ("generate", len(rows), window.size if window is not None else 0, any(images))
             with self.model.using(self.rollout_policy), self.flops.count(shape):  # the sampling policy (NFT: old)
                 traj = training_rollout(self.model, self.settings, texts, negative, prompts.sample_ids(rows), step,
-                                        window, fit_rows(images, s.height, s.width),
+                                        window, self.model.fit_conditions(images, s.height, s.width),
                                         seed=self.cfg.run.seed, share_initial_noise=s.share_initial_noise)  # fmt: skip
         self._keep(traj, step)
         return traj.generated()
@@ -375,7 +375,7 @@ class PolicyWorker:
                 settings,
                 init_seeds=seeds,
                 batch_size=self.cfg.train.micro_batch_size,
-                images=fit_rows(images, settings.height, settings.width),
+                images=self.model.fit_conditions(images, settings.height, settings.width),
             )
 
     # -- update ----------------------------------------------------------------------------------------------

@@ -163,7 +163,8 @@ def counting_traffic():
 @dataclass(frozen=True)
 class Shapes:
     """One transformer call: `batch` rows (CFG's doubled batch included), an image of height × width pixels and
-    `frames` frames, `text` text tokens per row, and an editing family's `sources` condition images per row."""
+    `frames` frames, `text` text tokens per row, and an editing family's `sources` condition images per row, each
+    `source_size` = (height, width) pixels (None: the image's size, model.condition_size: output)."""
 
     batch: int
     height: int
@@ -171,13 +172,17 @@ class Shapes:
     frames: int
     text: int
     sources: int = 0
+    source_size: tuple[int, int] | None = None
 
 
 def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dict:
     """The keyword arguments the family's adapter gives the transformer for `s`, as meta tensors (its meta_inputs)."""
     latent = ((s.frames - 1) // arch.temporal_scale + 1, s.height // arch.vae_scale, s.width // arch.vae_scale)
     adapter = family_named(arch.family).adapter
-    sources = {"sources": s.sources} if adapter.edits else {}  # only an editing family reads condition images
+    sources = {}
+    if adapter.edits:  # only an editing family reads condition images
+        height, width = s.source_size or (s.height, s.width)
+        sources = {"sources": s.sources, "source_latent": (1, height // arch.vae_scale, width // arch.vae_scale)}
     return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype, **sources)
 
 

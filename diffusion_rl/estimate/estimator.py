@@ -125,7 +125,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     wbytes = dtype.itemsize
 
     micro = min(t.micro_batch_size, rows)
-    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text, sources)
+    source_size = family.adapter.condition_size(m.condition_size, s.height, s.width)  # the size the model reads
+    shapes = Shapes(micro * train_cfg, s.height, s.width, s.num_frames, text, sources, source_size)
     targets = tuple(m.lora.target_modules) or family.lora_targets
     adapters = None if full else (targets, m.lora.rank)
     cost = transformer_cost(arch, shapes, full_finetune=full, dtype=dtype, lora=adapters)
@@ -265,7 +266,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         efficiency=efficiency,
         assumptions=[
             f"text tokens per sample {text} (prompt tokens {prompt_tokens} where the family cuts padding)",
-            f"condition images per sample {sources} (data.train's; an edit dataset not there yet: one)",
+            f"condition images per sample {sources} (data.train's; an edit dataset not there yet: one)"
+            + (f", each read at {source_size[0]}×{source_size[1]} (model.condition_size)" if sources else ""),
             f"{'true CFG: doubled batch' if cfg_factor == 2 else 'one forward per step'}; micro-batch {micro}",
             f"{evaluations:.3g} transformer evaluations per image in the rollout"
             + ("" if tree is None else f" (a tree of {tree.leaves} leaves instead of {s.num_steps})"),

@@ -250,7 +250,7 @@ def evaluate_target(
             init_seeds=[s for s, _ in seeds],
             noise_seeds=[s for _, s in seeds],
             window=window,
-            images=sources,
+            images=model.fit_conditions([r.images for r in chunk_records], settings.height, settings.width),
         ).numpy()
         chunk_scores = _scores_of(scorer, images, chunk_records, sources)
         for i, ((p, k), record) in enumerate(zip(chunk, chunk_records)):

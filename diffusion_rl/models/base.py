@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from diffusion_rl.data.condition_images import fit_rows
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.experts import TimestepExperts, high_noise_rows
 from diffusion_rl.models.guidance import low_noise_scale, refuse_low_noise_without_experts, runs_cfg
@@ -105,6 +106,7 @@ class FlowModel(ABC):
     native_size: int | None = None  # pixels a side its pipeline samples by default, where its configs do not say
     caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
     guidance_embeds: bool = False  # guidance-distilled: the scale is an input embedding (one forward), not CFG
+    condition_sizing: str = "output"  # model.condition_size: where condition images are fitted (`condition_size`)
     embedding_cache = None  # an EmbeddingCache (models/embedding_cache.py) once attached: the encoders are gone
     # two timestep experts (Wan 2.2 A14B, models/experts.py): the transformer timestep from which the high-noise one
     # denoises; None: one network
@@ -127,8 +129,27 @@ class FlowModel(ABC):
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
         """The transformer's keyword arguments as meta tensors (`on_meta`), as `velocity` gives them: `batch` rows,
         latents of `latent` = (frames, height, width) cells, `text` tokens; `config` is the transformer's config. An
-        editing family's also takes `sources`, its condition images per row (beside the latents)."""
+        editing family's also takes `sources`, its condition images per row (beside the latents), and
+        `source_latent`, the cells of one (default: `latent`'s)."""
         raise NotImplementedError(f"the family '{cls.family}' gives estimate no transformer inputs (meta_inputs)")
+
+    # -- condition images: the size the model reads them at ----------------------------------------------------
+    @classmethod
+    def pipeline_condition_size(cls, height: int, width: int) -> tuple[int, int]:
+        """(height, width) to which the family's diffusers pipeline sizes a condition image of an output's aspect
+        ratio before its VAE: by default the output's own size."""
+        return height, width
+
+    @classmethod
+    def condition_size(cls, sizing: str, height: int, width: int) -> tuple[int, int]:
+        """Where an editing family's condition images are fitted for an output of height × width under
+        `model.condition_size` (`sizing`): `output` the output size, `pipeline` the pipeline's size."""
+        return cls.pipeline_condition_size(height, width) if sizing == "pipeline" else (height, width)
+
+    def fit_conditions(self, rows, height: int, width: int) -> ConditionImages | None:
+        """Rows of `ConditionImage`s (data/condition_images.py) as the uint8 arrays `encode_prompts` takes, fitted
+        to `condition_size` for an output of height × width; None when no row has one."""
+        return fit_rows(rows, *self.condition_size(self.condition_sizing, height, width))
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -208,8 +229,8 @@ class FlowModel(ABC):
         self, prompts: list[str], negative: list[str] | None = None, images: ConditionImages | None = None
     ) -> TensorDict:
         """Conditioning, batch [B]: text (negative embeddings included for classifier-free guidance) and, for an
-        editing family, the condition images of each row (`images[i]`: uint8 [H, W, 3] arrays at the output size,
-        see data/condition_images.py); a text-only family refuses images. This default is a text-only family's whose
+        editing family, the condition images of each row (`images[i]`: uint8 [H, W, 3] arrays, fitted by
+        `fit_conditions`); a text-only family refuses images. This default is a text-only family's whose
         negative prompts default to the empty prompt."""
         refuse_condition_images(self.family, images)
         return self.text_conditioning(prompts, negative if negative is not None else [""] * len(prompts))

@@ -152,6 +152,7 @@ def model_of_pipeline(pipeline, family, cfg, device: torch.device, dtype: torch.
             raise
         targets = list(cfg.lora.target_modules)
         raise UserError(f"model.lora.target_modules={targets} do not fit this {family.name} model: {e}") from None
+    model.condition_sizing = getattr(cfg, "condition_size", "output")
     model.policies.compile_sampling = getattr(cfg, "compile", False)
     model.policies.compile_blocks = getattr(cfg, "compile_blocks", False)
     model.policies.autocast = None if getattr(cfg, "autocast", "none") == "none" else DTYPES[cfg.autocast]

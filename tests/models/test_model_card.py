@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import yaml
 
 from diffusion_rl.checkpoint.model_card import hub_id, pipeline_call
 from diffusion_rl.cli import main
+from diffusion_rl.models.registry import family_named
 from diffusion_rl.models.tiny import save_tiny
 
 
@@ -176,12 +178,36 @@ def test_every_familys_pipeline_takes_the_keywords_the_card_writes(every_family,
         assert (call[guidance_key], call["max_sequence_length"]) == (GUIDANCE.get(name, 3.0), text), name
         assert ("negative_prompt" in call) == (name not in NO_CFG), name
         assert ("last_image" in call) == (name == "wan_flf2v"), name  # FLF2V samples from a first and a last frame
+        # Kontext rescales any size to max_area (1024² by default) and its source to ~1 MP unless told otherwise
+        assert call.get("max_area") == (32 * 32 if name == "flux_kontext" else None), name
+        assert call.get("_auto_resize") is (False if name == "flux_kontext" else None), name
         seen.add(model.family)
     call = pipeline_call(model, cfg)  # the last: Wan 2.2 A14B, whose low-noise expert has a guidance of its own
     assert (call["guidance_scale"], call["guidance_scale_2"]) == (3.0, 2.0)
     from diffusion_rl.models.registry import load_families
 
     assert seen == set(load_families().names())
+
+
+@pytest.mark.parametrize("name", ["flux_kontext", "qwen_image_edit"])
+def test_the_snippet_reads_the_source_at_the_size_the_run_read_it(edit_dirs, load, make_config, name):
+    """At model.condition_size output the snippet resizes the source to the output size (Kontext: and turns its
+    own resize off; Qwen-Image-Edit cannot, which the card says); at `pipeline` it hands the pipeline the file."""
+    from diffusion_rl.checkpoint.model_card import _snippet
+
+    model = load(edit_dirs[name], max_sequence_length=512)
+    family, pipeline = family_named(model.family), type(model.pipeline).__name__
+    texts = {}
+    for sizing in ("output", "pipeline"):
+        cfg = make_config(f"model.path={edit_dirs[name]}", f"model.condition_size={sizing}", "sampling.height=32",
+                          "sampling.width=48")  # fmt: skip
+        texts[sizing] = "\n".join(_snippet(model, cfg, family, pipeline, Path("out"), "base", True))
+    assert 'image=load_image("input.png").resize((48, 32)),' in texts["output"]
+    assert 'image=load_image("input.png"),' in texts["pipeline"] and ".resize(" not in texts["pipeline"]
+    assert ("_auto_resize=False" in texts["output"]) == (name == "flux_kontext")
+    assert "_auto_resize" not in texts["pipeline"]
+    note = "resizes them to 832×1248 for its VAE whatever it is given"  # w / h 1.5: 1248 × 832
+    assert (note in texts["output"]) == (name == "qwen_image_edit") and note not in texts["pipeline"]
 
 
 def test_hub_id_only_for_hub_names_and_cache_snapshots(tmp_path):

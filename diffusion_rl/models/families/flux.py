@@ -88,9 +88,10 @@ class FluxModel(PackedLatentModel):
     # -- the network ------------------------------------------------------------------------------------------
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
-                    sources: int = 0) -> dict:  # fmt: skip
+                    sources: int = 0, source_latent: tuple[int, int, int] | None = None) -> dict:  # fmt: skip
         _, h, w = latent
-        tokens = (h // 2) * (w // 2) * (1 + sources)  # packed 2×2 patches; Kontext's source image beside them
+        _, sh, sw = source_latent or latent
+        tokens = (h // 2) * (w // 2) + sources * (sh // 2) * (sw // 2)  # packed 2×2 patches; Kontext's source after
         t = torch.ones(batch, device="meta")
         inputs = dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype), timestep=t,
                       encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),

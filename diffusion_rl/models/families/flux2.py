@@ -176,9 +176,10 @@ class Flux2Model(PackedLatentModel):
     # -- the network ------------------------------------------------------------------------------------------
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
-                    sources: int = 0) -> dict:  # fmt: skip
+                    sources: int = 0, source_latent: tuple[int, int, int] | None = None) -> dict:  # fmt: skip
         _, h, w = latent
-        tokens = (h // 2) * (w // 2) + sources * reference_tokens(h, w)  # the references' tokens after ours
+        _, sh, sw = source_latent or latent
+        tokens = (h // 2) * (w // 2) + sources * reference_tokens(sh, sw)  # the references' tokens after ours
         return dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype),
                     encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
                     timestep=torch.ones(batch, device="meta"), img_ids=on_meta(tokens, 4), txt_ids=on_meta(text, 4),

@@ -6,10 +6,11 @@ and packed like the generated latents; its tokens follow the generated ones in t
 is FluxModel's, which does this whenever the conditioning carries `image_latents`). Guidance is the distilled
 embedding, as FLUX.1-dev's; the σ shift follows the generated tokens only, as in the pipeline.
 
-The condition image comes at the output size (data/condition_images.py); the pipeline instead picks the Kontext
-training resolution nearest the image's aspect ratio (PREFERRED_KONTEXT_RESOLUTIONS), which is the same image at
-those sizes. A prompt without an image is plain text-to-image, as with the pipeline; a batch's rows all have one
-image or none.
+The condition image's size: the pipeline resizes it to the Kontext training resolution nearest its aspect ratio
+(PREFERRED_KONTEXT_RESOLUTIONS, ~1 MP, whatever the output size); so does `model.condition_size: pipeline` for an
+image fitted to the output's aspect ratio (`pipeline_condition_size`), while `output` (the default) fits it to the
+output size (data/condition_images.py): fewer tokens, but not what the pipeline shows a trained LoRA. A prompt
+without an image is plain text-to-image, as with the pipeline; a batch's rows all have one image or none.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from diffusion_rl.models.registry import ModelFamily, register_family
 
 class FluxKontextModel(FluxModel):
     edits = True
+
+    @classmethod
+    def pipeline_condition_size(cls, height: int, width: int) -> tuple[int, int]:
+        """FluxKontextPipeline's `_auto_resize`: the preferred resolution whose aspect ratio is nearest the image's."""
+        from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
+
+        _, w, h = min((abs(width / height - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
+        return h, w
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=1)

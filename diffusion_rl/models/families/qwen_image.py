@@ -146,14 +146,16 @@ class QwenImageModel(PackedLatentModel):
 
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
-                    sources: int = 0) -> dict:  # fmt: skip
+                    sources: int = 0, source_latent: tuple[int, int, int] | None = None) -> dict:  # fmt: skip
         _, h, w = latent
-        grid, images = (1, h // 2, w // 2), 1 + sources  # an edit's source images beside the latents
-        return dict(hidden_states=on_meta(batch, grid[1] * grid[2] * images, config["in_channels"], dtype=dtype),
+        _, sh, sw = source_latent or latent
+        grids = [(1, h // 2, w // 2)] + [(1, sh // 2, sw // 2)] * sources  # an edit's source images after the latents
+        tokens = sum(f * gh * gw for f, gh, gw in grids)
+        return dict(hidden_states=on_meta(batch, tokens, config["in_channels"], dtype=dtype),
                     timestep=torch.ones(batch, device="meta"),
                     encoder_hidden_states=on_meta(batch, text, config["joint_attention_dim"], dtype=dtype),
                     encoder_hidden_states_mask=on_meta(batch, text, dtype=torch.bool),
-                    img_shapes=[[grid] * images] * batch, return_dict=False)  # fmt: skip
+                    img_shapes=[grids] * batch, return_dict=False)  # fmt: skip
 
     # -- pixels (the VAE is a video VAE run on one frame) --------------------------------------------------------
     @torch.no_grad()

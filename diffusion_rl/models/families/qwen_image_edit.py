@@ -12,9 +12,11 @@ QwenImageEditPlusPipeline:
   the generated tokens' velocity is kept. Qwen-Image-Edit-2511 gives the condition tokens timestep 0
   (`zero_cond_t` in its transformer config), which the transformer does by itself.
 
-The condition images come at the output size (data/condition_images.py); the pipeline instead resizes them to about
-1024 × 1024 for the VAE, which is the same at that output size. The σ shift follows the generated tokens only, as in
-the pipeline.
+The condition images' size for the VAE: the pipeline resizes each to about 1024 × 1024 pixels (VAE_IMAGE_SIZE, aspect
+ratio kept, sides multiples of 32) whatever the output size; so does `model.condition_size: pipeline` for images
+fitted to the output's aspect ratio (`pipeline_condition_size`), while `output` (the default) fits them to the output
+size (data/condition_images.py): fewer tokens, but not what the pipeline shows a trained LoRA. The σ shift follows
+the generated tokens only, as in the pipeline.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ from diffusion_rl.models.registry import ModelFamily, register_family
 class QwenImageEditModel(QwenImageModel):
     edits = True
     caches_text = False  # the text encoder reads the condition images with each prompt
+
+    @classmethod
+    def pipeline_condition_size(cls, height: int, width: int) -> tuple[int, int]:
+        """QwenImageEditPlusPipeline's VAE image: VAE_IMAGE_SIZE pixels at the aspect ratio (calculate_dimensions)."""
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import VAE_IMAGE_SIZE, calculate_dimensions
+
+        w, h = calculate_dimensions(VAE_IMAGE_SIZE, width / height)
+        return h, w
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=None)

@@ -244,7 +244,7 @@ class WanI2VModel(WanModel):
 
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
-                    sources: int = 1) -> dict:  # fmt: skip
+                    sources: int = 1, source_latent: tuple[int, int, int] | None = None) -> dict:  # fmt: skip
         inputs = super().meta_inputs(config, batch, latent, text, dtype)  # in_channels: the first frame's included
         if config.get("image_dim"):  # FLF2V: two images' tokens per row, which the transformer views as one sequence
             paired = config.get("pos_embed_seq_len")
