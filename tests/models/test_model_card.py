@@ -26,7 +26,7 @@ def _card(out):
     return yaml.safe_load(front[1]), code[1]
 
 
-def _run_snippet(code, pipeline_class, monkeypatch, tmp_path):
+def _run_snippet(code, pipeline_class, monkeypatch, tmp_path, writes: str = "sample.png"):
     """Execute the snippet in tmp_path; returns (the keywords it called the pipeline with, its namespace)."""
     calls = []
     original = pipeline_class.__call__
@@ -34,7 +34,7 @@ def _run_snippet(code, pipeline_class, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     namespace = {}
     exec(compile(code, "README.md", "exec"), namespace)
-    assert len(calls) == 1 and (tmp_path / "sample.png").is_file()
+    assert len(calls) == 1 and (tmp_path / writes).is_file()
     return calls[0], namespace
 
 
@@ -129,6 +129,21 @@ def test_merged_export_card_runs_from_the_folder_with_true_cfg(qwen_image_model_
     # its CFG is true_cfg_scale (default 4), run only with a negative prompt
     assert call["true_cfg_scale"] == 2.5 and call["negative_prompt"] == "" and "guidance_scale" not in call
     assert call["max_sequence_length"] == 16 and (call["height"], call["width"]) == (32, 48)
+
+
+def test_a_video_familys_card_snippet_loads_the_lora_and_writes_the_video(wan_model_dir, train_model, tmp_path,
+                                                                          monkeypatch):  # fmt: skip
+    from diffusers import WanPipeline
+
+    checkpoint = _train(train_model, wan_model_dir, tmp_path, "model.lora.enabled=true", "sampling.num_frames=5")
+    out = tmp_path / "lora"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    front, code = _card(out)
+    assert "text-to-video" in front["tags"] and "export_to_video" in code
+    call, namespace = _run_snippet(code, WanPipeline, monkeypatch, tmp_path, writes="sample.mp4")
+    assert (call["num_frames"], call["height"], call["width"], call["num_inference_steps"]) == (5, 32, 48, 2)
+    assert any("lora" in name for name, _ in namespace["pipe"].transformer.named_parameters())
+    assert (tmp_path / "sample.mp4").stat().st_size > 0
 
 
 def test_export_keeps_a_users_readme_without_force(flux_model_dir, train_model, tmp_path):
