@@ -184,7 +184,8 @@ def plot(summary: dict, out_png: Path) -> None:
         ax.plot(xs, [p["mean"] for p in points], marker="o", markersize=3, color="C0")
         if all(p["low"] is not None for p in points):
             ax.fill_between(xs, [p["low"] for p in points], [p["high"] for p in points], color="C0", alpha=0.2)
-        about = f"rank {rank_label(a['rank'])}, lr {a['chosen_lr']:.3g}, {len(a['seeds'])} seeds"
+        n = len(a["seeds"])
+        about = f"rank {rank_label(a['rank'])}, lr {a['chosen_lr']:.3g}, {n} seed{'' if n == 1 else 's'}"
         ax.set_title(f"{a['title']}\n{about}", fontsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[len(shown) :]:
