@@ -19,6 +19,8 @@ from pathlib import Path
 import yaml
 
 from diffusion_rl.checkpoint.weights import validation_sampling
+from diffusion_rl.data.prompts import load_prompts
+from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import SnippetImage
 from diffusion_rl.models.export import LORA_FILES
 from diffusion_rl.models.registry import family_named
@@ -68,6 +70,19 @@ def _reads_sources_elsewhere(model, cfg, height: int, width: int) -> tuple[int, 
         return None
     size = model.pipeline_condition_size(height, width)
     return None if size == (height, width) else size
+
+
+def _own_negatives(cfg) -> list[str]:
+    """The distinct non-empty negative prompts of the run's prompt files (val.prompts, data.train) that are here; a
+    file that is gone or unreadable is left out (the card is written without it)."""
+    found: dict[str, None] = {}
+    for path in (cfg.val.prompts, cfg.data.train):
+        if path and Path(path).is_file():
+            try:
+                found.update(dict.fromkeys(r.negative_prompt for r in load_prompts(path) if r.negative_prompt))
+            except UserError:
+                continue
+    return list(found)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -160,6 +175,10 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     differ = [f"`{k}` ({defaults[k]!r} there)" for k, v in call.items() if k in defaults and defaults[k] != v]
     if differ:
         lines += ["", f"These differ from `{pipeline}`'s defaults: {', '.join(differ)}."]
+    negatives = _own_negatives(cfg) if "negative_prompt" in call else []
+    if negatives:
+        lines += ["", f"The run's prompts carry negative prompts of their own ({len(negatives)} distinct, e.g. "
+                  f"{json.dumps(negatives[0])}): pass a prompt's own as `negative_prompt` to sample as the run did."]
     if elsewhere and "_auto_resize" not in call:
         size = f"{elsewhere[0]}×{elsewhere[1]}"
         lines += ["", f"The run read its condition images at the output size (`model.condition_size: output`); "

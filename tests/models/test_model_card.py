@@ -4,6 +4,7 @@ against the exported folder and samples with the run's validation settings."""
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from pathlib import Path
 
@@ -223,6 +224,26 @@ def test_the_snippet_reads_the_source_at_the_size_the_run_read_it(edit_dirs, loa
     assert "_auto_resize" not in texts["pipeline"]
     note = "resizes them to 832×1248 for its VAE whatever it is given"  # w / h 1.5: 1248 × 832
     assert (note in texts["output"]) == (name == "qwen_image_edit") and note not in texts["pipeline"]
+
+
+def test_the_card_names_the_runs_own_negative_prompts(tiny_model_dir, load, make_config, tmp_path):
+    from diffusion_rl.checkpoint.model_card import _snippet
+
+    model = load(tiny_model_dir)  # SD3: classifier-free guidance, so the snippet passes negative_prompt=""
+    family, pipeline = family_named(model.family), type(model.pipeline).__name__
+    rows = [{"prompt": "a cat", "negative_prompt": "blurry"}, {"prompt": "a dog", "negative_prompt": "blurry"},
+            {"prompt": "a fox", "negative_prompt": "text, watermark"}, {"prompt": "an owl"}]  # fmt: skip
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def card(*overrides):
+        cfg = make_config("sampling.guidance=4.5", *overrides)
+        return "\n".join(_snippet(model, cfg, family, pipeline, Path("out"), "base", True))
+
+    text = card(f"val.prompts={tmp_path / 'val.jsonl'}")
+    assert 'negative_prompt="",' in text
+    assert 'negative prompts of their own (2 distinct, e.g. "blurry")' in text
+    assert "of their own" not in card()  # the tiny run's prompt files carry none
+    assert "of their own" not in card(f"val.prompts={tmp_path / 'gone.jsonl'}")  # a file not here: no note
 
 
 def test_hub_id_only_for_hub_names_and_cache_snapshots(tmp_path):
