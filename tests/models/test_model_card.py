@@ -205,6 +205,24 @@ def test_every_familys_pipeline_takes_the_keywords_the_card_writes(every_family,
     assert seen == set(load_families().names())
 
 
+def test_a_kontext_cards_snippet_samples_at_the_runs_size(flux_kontext_model_dir, train_model, tmp_path, monkeypatch):
+    """FluxKontextPipeline rescales any height × width to max_area (1024² by default): the snippet passes the run's
+    area, so it samples at the run's 32 × 48, from the source resized as the run read it."""
+    from diffusers import FluxKontextPipeline
+    from PIL import Image
+
+    edits = Path(__file__).resolve().parents[2] / "configs/prompts/shapes_edits"
+    checkpoint = _train(train_model, flux_kontext_model_dir, tmp_path, "model.lora.enabled=true",
+                        f"data.train={edits / 'train.jsonl'}", f"val.prompts={edits / 'val.jsonl'}")  # fmt: skip
+    out = tmp_path / "lora"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    Image.fromarray(np.full((96, 64, 3), 90, dtype=np.uint8)).save(tmp_path / "input.png")
+    call, _ = _run_snippet(_card(out)[1], FluxKontextPipeline, monkeypatch, tmp_path)
+    assert (call["height"], call["width"], call["max_area"], call["_auto_resize"]) == (32, 48, 32 * 48, False)
+    assert call["image"].size == (48, 32)  # resized to the output size, as the run (condition_size output) read it
+    assert Image.open(tmp_path / "sample.png").size == (48, 32)
+
+
 @pytest.mark.parametrize("name", ["flux_kontext", "qwen_image_edit"])
 def test_the_snippet_reads_the_source_at_the_size_the_run_read_it(edit_dirs, load, make_config, name):
     """At model.condition_size output the snippet resizes the source to the output size (Kontext: and turns its
