@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from diffusion_rl.checkpoint.weights import validation_sampling
-from diffusion_rl.data.prompts import load_prompts
+from diffusion_rl.data.prompts import condition_images_in, load_prompts
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import SnippetImage
 from diffusion_rl.models.export import LORA_FILES
@@ -48,13 +48,14 @@ def pipeline_call(model, cfg) -> dict:
     """The keywords of `model`'s pipeline call that sample as the run (`cfg`, its Config) validated, those its
     `__call__` takes only: steps, guidance, size (frames for video; FluxKontextPipeline's `max_area`, to which it
     rescales any size, 1024² by default), text length, an empty negative prompt where guidance runs classifier-free
-    (the pipelines that take one need it for CFG), and `_auto_resize=False` where the run read its condition images
-    at the output size and the pipeline would resize them (`model.condition_size`)."""
+    (the pipelines that take one need it for CFG), and those that make the pipeline read condition images as given
+    where the run read them at the output size and the pipeline would resize them (`model.condition_size`;
+    FluxKontextPipeline's `_auto_resize=False`)."""
     s = validation_sampling(cfg)
     wanted = {"num_inference_steps": s["steps"], "height": s["height"], "width": s["width"],
               "max_area": s["height"] * s["width"]}  # fmt: skip
     if _reads_sources_elsewhere(model, cfg, s["height"], s["width"]):
-        wanted["_auto_resize"] = False
+        wanted |= model.keywords_reading_conditions_as_given(s["height"], s["width"]) or {}
     if model.video:
         wanted["num_frames"] = s["frames"]
     wanted |= model.pipeline_call_settings(s["guidance"], s["guidance_low_noise"])
@@ -63,10 +64,22 @@ def pipeline_call(model, cfg) -> dict:
     return {k: v for k, v in wanted.items() if k in _parameters(model)}
 
 
+def _condition_images(model, cfg) -> int:
+    """Condition images per prompt the run read: its data.train records' count (FLUX.2 reads 0 or more), where that
+    file is here and readable; else 1 for an editing family (task image-to-…), 0 for the others."""
+    if not model.edits:
+        return 0
+    try:
+        known = condition_images_in(cfg.data.train) if cfg.data.train else None
+    except UserError:
+        known = None
+    return known if known is not None else int(family_named(model.family).task.startswith("image-to"))
+
+
 def _reads_sources_elsewhere(model, cfg, height: int, width: int) -> tuple[int, int] | None:
     """The size at which the family's pipeline reads condition images for a height × width output, where the run read
-    them at the output size (model.condition_size: output) and the two differ; None otherwise."""
-    if not model.edits or cfg.model.condition_size != "output":
+    some at the output size (model.condition_size: output) and the two differ; None otherwise."""
+    if cfg.model.condition_size != "output" or not _condition_images(model, cfg):
         return None
     size = model.pipeline_condition_size(height, width)
     return None if size == (height, width) else size
@@ -142,7 +155,9 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     ]
     if video:
         lines.append("from diffusers.utils import export_to_video")
-    if family.task.startswith("image-to") or any(isinstance(v, SnippetImage) for v in call.values()):
+    s = validation_sampling(cfg)
+    image = _image_argument(model, cfg, s["height"], s["width"])
+    if image or any(isinstance(v, SnippetImage) for v in call.values()):
         lines.append("from diffusers.utils import load_image")
     lines.append("")
     dtype = str(model.dtype)
@@ -157,14 +172,7 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
         lines.append(f"pipe = {pipeline}.from_pretrained({_py(str(out.resolve()))}, torch_dtype={dtype})")
     lines.append('pipe.to("cuda" if torch.cuda.is_available() else "cpu")')
     lines.append("")
-    args = ['    prompt="a red fox in the snow",']
-    s = validation_sampling(cfg)
-    elsewhere = _reads_sources_elsewhere(model, cfg, s["height"], s["width"])
-    if elsewhere:  # the run read its sources at the output size: so does the snippet
-        resized = f'load_image("input.png").resize(({s["width"]}, {s["height"]}))'
-        args.insert(0, f"    image={resized},  # the source at the output size, as trained")
-    elif family.task.startswith("image-to"):
-        args.insert(0, '    image=load_image("input.png"),  # the image to start from')
+    args = [*([image] if image else []), '    prompt="a red fox in the snow",']
     args += [f"    {k}={_py(v)}," for k, v in call.items()]
     args.append("    generator=torch.Generator().manual_seed(0),")
     result = "frames" if video else "images"
@@ -177,14 +185,35 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
         lines += ["", f"These differ from `{pipeline}`'s defaults: {', '.join(differ)}."]
     negatives = _own_negatives(cfg) if "negative_prompt" in call else []
     if negatives:
-        lines += ["", f"The run's prompts carry negative prompts of their own ({len(negatives)} distinct, e.g. "
-                  f"{json.dumps(negatives[0])}): pass a prompt's own as `negative_prompt` to sample as the run did."]
-    if elsewhere and "_auto_resize" not in call:
+        lines += [
+            "",
+            f"The run's prompts carry negative prompts of their own ({len(negatives)} distinct, e.g. "
+            f"{json.dumps(negatives[0])}): pass a prompt's own as `negative_prompt` to sample as the run did.",
+        ]
+    elsewhere = _reads_sources_elsewhere(model, cfg, s["height"], s["width"])
+    if elsewhere and model.keywords_reading_conditions_as_given(s["height"], s["width"]) is None:
         size = f"{elsewhere[0]}×{elsewhere[1]}"
         lines += ["", f"The run read its condition images at the output size (`model.condition_size: output`); "
                   f"`{pipeline}` resizes them to {size} for its VAE whatever it is given, so its samples differ "
                   "from the run's. Train with `model.condition_size: pipeline` to sample as trained."]  # fmt: skip
     return lines
+
+
+def _image_argument(model, cfg, height: int, width: int) -> str | None:
+    """The snippet's `image=` line: the run's condition images (input.png; input_1.png … for several), resized to
+    the output size where the run read them so (model.condition_size: output); a video's first frame; None for a run
+    that read none."""
+    if model.video:  # image-to-video: the first frame (a last one, where read, is the call's `last_image`)
+        return '    image=load_image("input.png"),  # the image to start from' if model.edits else None
+    count = _condition_images(model, cfg)
+    if not count:
+        return None
+    resize = f".resize(({width}, {height}))" if _reads_sources_elsewhere(model, cfg, height, width) else ""
+    files = ["input.png"] if count == 1 else [f"input_{i}.png" for i in range(1, count + 1)]
+    loads = [f"load_image({json.dumps(f)}){resize}" for f in files]
+    value = loads[0] if count == 1 else f"[{', '.join(loads)}]"
+    why = "at the output size, as trained" if resize else "as the pipeline reads it"
+    return f"    image={value},  # the image{'s' if count > 1 else ''} to edit, {why}"
 
 
 def _py(value) -> str:

@@ -53,8 +53,8 @@ class ModelConfig:
         "Size at which an editing family reads its condition images. output: fitted to the output size (cover and "
         "centre-crop; the source and the result line up pixel by pixel; the fewest tokens). pipeline: fitted to the "
         "output's aspect ratio at the size the family's diffusers pipeline gives its VAE, whatever the output size "
-        "(FLUX.1 Kontext: the nearest of its ~1 MP training resolutions; Qwen-Image-Edit: ~1024² pixels; the others: "
-        "the output size), so a trained LoRA reads at training what the pipeline shows it at inference "
+        "(FLUX.1 Kontext: the nearest of its ~1 MP training resolutions; Qwen-Image-Edit and FLUX.2: 1024² pixels; "
+        "the others: the output size), so a trained LoRA reads at training what the pipeline shows it at inference "
         "(docs/models.md).",
     )
     create_tiny_if_missing: str | None = opt(

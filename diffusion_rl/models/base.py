@@ -141,6 +141,13 @@ class FlowModel(ABC):
         return height, width
 
     @classmethod
+    def keywords_reading_conditions_as_given(cls, height: int, width: int) -> dict | None:
+        """The pipeline call's keywords under which it reads condition images of height × width as given, where
+        `pipeline_condition_size` differs (the model card's snippet, for a run at model.condition_size: output);
+        None where no call does (by default)."""
+        return None
+
+    @classmethod
     def condition_size(cls, sizing: str, height: int, width: int) -> tuple[int, int]:
         """Where an editing family's condition images are fitted for an output of height × width under
         `model.condition_size` (`sizing`): `output` the output size, `pipeline` the pipeline's size."""

@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
         # Qwen-Image-Edit: 1024² pixels at the aspect ratio, sides rounded to multiples of 32
         (QwenImageEditModel, (512, 768), (832, 1248)),  # w = √(1024² · 1.5) = 1254.2 → 1248, h = 836.1 → 832
         (QwenImageEditModel, (480, 832), (768, 1344)),  # w = 1348.2 → 1344, h = 777.8 → 768
-        # FLUX.2 keeps the output size (its references are shrunk above 1024² pixels where they are encoded)
-        (Flux2Model, (512, 768), (512, 768)),
+        # FLUX.2: 1024² pixels at the aspect ratio, each side cut to a multiple of 16
+        (Flux2Model, (512, 768), (832, 1248)),  # as Qwen-Image-Edit's, cut to 16 instead of 32
+        (Flux2Model, (480, 832), (768, 1344)),  # h = 777.8 → 768, w = 1348.2 → 1344
+        (Flux2Model, (32, 32), (1024, 1024)),  # whatever the output size
     ],
 )
 def test_pipeline_condition_sizes_by_hand(adapter, output, expected):
@@ -57,15 +59,18 @@ def _first_transformer_call(pipe, **call) -> dict:
 
 
 # FluxKontextPipeline rescales its output to max_area pixels (default 1024²) unless told the output's area
-KEYWORDS = {"flux_kontext": {"guidance_scale": 3.5, "max_area": 32 * 48}, "qwen_image_edit": {"true_cfg_scale": 1.0}}
+KEYWORDS = {"flux_kontext": {"guidance_scale": 3.5, "max_area": 32 * 48}, "qwen_image_edit": {"true_cfg_scale": 1.0},
+            "flux2": {"guidance_scale": 1.0}}  # fmt: skip
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide")  # the scheduler's 1-step shift
-@pytest.mark.parametrize("name", ["flux_kontext", "qwen_image_edit"])
-def test_pipeline_size_gives_the_transformer_the_pipelines_condition_tokens(edit_dirs, load, tmp_path, name):
-    """Output 32 × 48 (w / h 1.5): both pipelines read the source at 832 × 1248; a source of exactly that size is
-    resized by neither, so their condition tokens and ours must agree to rounding."""
-    model = load(edit_dirs[name], max_sequence_length=512, condition_size="pipeline")
+@pytest.mark.parametrize("name", ["flux_kontext", "qwen_image_edit", "flux2"])
+def test_pipeline_size_gives_the_transformer_the_pipelines_condition_tokens(edit_dirs, flux2_model_dir, load,
+                                                                            tmp_path, name):  # fmt: skip
+    """Output 32 × 48 (w / h 1.5): the three pipelines read the source at 832 × 1248; a source of exactly that size
+    is resized by none, so their condition tokens and ours must agree to rounding."""
+    model_dir = flux2_model_dir if name == "flux2" else edit_dirs[name]
+    model = load(model_dir, max_sequence_length=512, condition_size="pipeline")
     height, width = 32, 48
     pixels = np.random.default_rng(3).integers(0, 256, (832, 1248, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "source.png")

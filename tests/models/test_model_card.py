@@ -194,9 +194,9 @@ def test_every_familys_pipeline_takes_the_keywords_the_card_writes(every_family,
         assert (call[guidance_key], call["max_sequence_length"]) == (GUIDANCE.get(name, 3.0), text), name
         assert ("negative_prompt" in call) == (name not in NO_CFG), name
         assert ("last_image" in call) == (name == "wan_flf2v"), name  # FLF2V samples from a first and a last frame
-        # Kontext rescales any size to max_area (1024² by default) and its source to ~1 MP unless told otherwise
+        # Kontext rescales any size to max_area (1024² by default); a run of text prompts reads no condition image
         assert call.get("max_area") == (32 * 32 if name == "flux_kontext" else None), name
-        assert call.get("_auto_resize") is (False if name == "flux_kontext" else None), name
+        assert "_auto_resize" not in call, name
         seen.add(model.family)
     call = pipeline_call(model, cfg)  # the last: Wan 2.2 A14B, whose low-noise expert has a guidance of its own
     assert (call["guidance_scale"], call["guidance_scale_2"]) == (3.0, 2.0)
@@ -223,25 +223,39 @@ def test_a_kontext_cards_snippet_samples_at_the_runs_size(flux_kontext_model_dir
     assert Image.open(tmp_path / "sample.png").size == (48, 32)
 
 
-@pytest.mark.parametrize("name", ["flux_kontext", "qwen_image_edit"])
-def test_the_snippet_reads_the_source_at_the_size_the_run_read_it(edit_dirs, load, make_config, name):
+@pytest.mark.parametrize("name", ["flux_kontext", "qwen_image_edit", "flux2"])
+def test_the_snippet_reads_the_source_at_the_size_the_run_read_it(edit_dirs, flux2_model_dir, load, make_config,
+                                                                  tmp_path, name):  # fmt: skip
     """At model.condition_size output the snippet resizes the source to the output size (Kontext: and turns its
-    own resize off; Qwen-Image-Edit cannot, which the card says); at `pipeline` it hands the pipeline the file."""
+    own resize off; FLUX.2's pipelines keep a reference's size; Qwen-Image-Edit's cannot be told, which the card
+    says); at `pipeline` it hands the pipeline the file; a run of text prompts gets no image."""
     from diffusion_rl.checkpoint.model_card import _snippet
 
-    model = load(edit_dirs[name], max_sequence_length=512)
+    model_dir = flux2_model_dir if name == "flux2" else edit_dirs[name]
+    model = load(model_dir, max_sequence_length=512)
     family, pipeline = family_named(model.family), type(model.pipeline).__name__
-    texts = {}
-    for sizing in ("output", "pipeline"):
-        cfg = make_config(f"model.path={edit_dirs[name]}", f"model.condition_size={sizing}", "sampling.height=32",
-                          "sampling.width=48")  # fmt: skip
-        texts[sizing] = "\n".join(_snippet(model, cfg, family, pipeline, Path("out"), "base", True))
+    edits = Path(__file__).resolve().parents[2] / "configs/prompts/shapes_edits/train.jsonl"
+    first_two = [str(edits.parent / json.loads(line)["images"][0]) for line in edits.read_text().splitlines()[:2]]
+    (tmp_path / "two.jsonl").write_text(json.dumps({"prompt": "swap them", "images": first_two}) + "\n")
+
+    def snippet(sizing, data=edits):
+        cfg = make_config(f"model.path={model_dir}", f"model.condition_size={sizing}", "sampling.height=32",
+                          "sampling.width=48", f"data.train={data}")  # fmt: skip
+        return "\n".join(_snippet(model, cfg, family, pipeline, Path("out"), "base", True))
+
+    texts = {sizing: snippet(sizing) for sizing in ("output", "pipeline")}
     assert 'image=load_image("input.png").resize((48, 32)),' in texts["output"]
     assert 'image=load_image("input.png"),' in texts["pipeline"] and ".resize(" not in texts["pipeline"]
     assert ("_auto_resize=False" in texts["output"]) == (name == "flux_kontext")
     assert "_auto_resize" not in texts["pipeline"]
     note = "resizes them to 832×1248 for its VAE whatever it is given"  # w / h 1.5: 1248 × 832
     assert (note in texts["output"]) == (name == "qwen_image_edit") and note not in texts["pipeline"]
+    if name != "flux_kontext":  # several condition images per prompt: a list, each resized as the run read it
+        two = 'image=[load_image("input_1.png").resize((48, 32)), load_image("input_2.png").resize((48, 32))],'
+        assert two in snippet("output", tmp_path / "two.jsonl")
+    if name != "qwen_image_edit":  # text prompts (the quickstart's): plain text-to-image, as the run sampled
+        text = snippet("output", edits.parents[1] / "quickstart.txt")
+        assert "image=" not in text and "load_image" not in text and "_auto_resize" not in text
 
 
 def test_the_card_names_the_runs_own_negative_prompts(tiny_model_dir, load, make_config, tmp_path):

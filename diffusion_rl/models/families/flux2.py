@@ -18,10 +18,12 @@ As Flux2KleinPipeline and Flux2Pipeline (FLUX.2-dev) do it:
   like the latents (the posterior's mode, patchified, batch-norm normalised; `image_latents` [B, k, h', w', 4·C] in
   the conditioning), their tokens after the generated ones, reference i's ids (10 + 10·i, row, column, 0); only
   the generated tokens' velocity is kept, and the σ shift follows the generated tokens alone. With true CFG both
-  halves see the references. The references come at the output size (data/condition_images.py); the pipeline
-  keeps each image's own size, cut to a multiple of 16 and, above 1024² pixels (`REFERENCE_MAX_PIXELS`), shrunk
-  to that area first: so is ours (`reference_pixels`; at most 1024² pixels they are the output size's, unchanged,
-  larger ones give fewer reference tokens than the generated image has). FLUX.2-dev's pipeline shows the images
+  halves see the references. The pipeline keeps each image's own size, cut to a multiple of 16 and, above 1024²
+  pixels (`REFERENCE_MAX_PIXELS`), shrunk to that area first: so is ours (`reference_pixels`). The references come
+  fitted to the output's aspect ratio (data/condition_images.py): under `model.condition_size: output` at the
+  output size (at most 1024² pixels: unchanged; larger outputs give fewer reference tokens than the generated image
+  has), under `pipeline` at 1024² pixels (`pipeline_condition_size`: what the pipelines make of a source of at
+  least that many pixels; a smaller one they keep at its own size). FLUX.2-dev's pipeline shows the images
   to its text encoder only to rewrite the prompt (`caption_upsample_temperature`, off by default): not done here;
 - guidance: klein (`is_distilled`) is CFG-free, guidance is ignored as the pipeline ignores it (one forward);
   klein base runs true CFG with the negative prompts (the pipeline's negative is ""), here in one batched forward;
@@ -136,6 +138,18 @@ class Flux2Model(PackedLatentModel):
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     # -- conditioning -----------------------------------------------------------------------------------------
+    @classmethod
+    def pipeline_condition_size(cls, height: int, width: int) -> tuple[int, int]:
+        """The pipelines' reference of a source at the output's aspect ratio with at least REFERENCE_MAX_PIXELS
+        pixels: that area (Flux2ImageProcessor._resize_to_target_area), each side cut to a multiple of 16."""
+        scale = math.sqrt(REFERENCE_MAX_PIXELS / (height * width))
+        return int(height * scale) // 16 * 16, int(width * scale) // 16 * 16
+
+    @classmethod
+    def keywords_reading_conditions_as_given(cls, height: int, width: int) -> dict | None:
+        """The pipelines read a reference at its own size (shrunk above REFERENCE_MAX_PIXELS, as ours is)."""
+        return {}
+
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=None)
         if self.distilled or self.guidance_embeds:  # CFG-free or guidance-distilled: negatives play no part

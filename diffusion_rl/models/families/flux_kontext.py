@@ -33,6 +33,10 @@ class FluxKontextModel(FluxModel):
         _, w, h = min((abs(width / height - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
         return h, w
 
+    @classmethod
+    def keywords_reading_conditions_as_given(cls, height: int, width: int) -> dict | None:
+        return {"_auto_resize": False}
+
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=1)
         cond = super().encode_prompts(prompts, negative)
