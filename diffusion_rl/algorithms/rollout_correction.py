@@ -180,15 +180,6 @@ def rejection_masks(log_w_BW: torch.Tensor, cfg: RolloutCorrectionConfig) -> lis
     return [(c.name, _criterion_keep(log_w, c)) for c in cfg.criteria]
 
 
-def rejection_mask(log_w_BW: torch.Tensor, cfg: RolloutCorrectionConfig) -> torch.Tensor:
-    """Bool [B, W], True = kept by every criterion, for log w = logp_old - logp_rollout per step; all True
-    without rejection."""
-    keep = torch.ones_like(log_w_BW, dtype=torch.bool)
-    for _, kept in rejection_masks(log_w_BW, cfg):
-        keep = keep & kept
-    return keep
-
-
 def offpolicy_metrics(log_w_BW: torch.Tensor, sequence: bool = True) -> dict[str, torch.Tensor]:
     """rollout_corr/{kl, k3_kl, chi2_step} and, with `sequence` (all of a sample's trained steps in the row),
     {ppl_ratio, chi2_seq}: see the module docstring. log_w = logp_old - logp_rollout [B, W], finite."""

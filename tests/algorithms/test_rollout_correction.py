@@ -6,7 +6,7 @@ import torch
 from diffusion_rl.algorithms.rollout_correction import (
     RolloutCorrectionConfig,
     correction_weights,
-    rejection_mask,
+    rejection_masks,
 )
 
 # log w = logp_old - logp_rollout for 3 samples x 2 steps
@@ -188,12 +188,13 @@ def test_weights_are_detached():
     assert not out.weights_BW.requires_grad
 
 
-def test_rejection_mask_alone():
+def test_rejection_masks_alone():
     log_w = torch.tensor(LOG_W)
-    keep = rejection_mask(log_w, RolloutCorrectionConfig(rs_stat="k1", rs_bound=1.5))
+    [(name, keep)] = rejection_masks(log_w, RolloutCorrectionConfig(rs_stat="k1", rs_bound=1.5))
+    assert name == "k1_step"
     assert keep.dtype == torch.bool and keep.shape == (3, 2)
     assert keep.float().tolist() == _keep("k1", "step", (1 / 1.5, 1.5))
-    assert rejection_mask(log_w, RolloutCorrectionConfig()).all()
+    assert rejection_masks(log_w, RolloutCorrectionConfig()) == []  # no rejection: no criterion
 
 
 def test_k1_bound_as_one_number_becomes_a_pair():
