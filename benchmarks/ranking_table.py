@@ -118,11 +118,13 @@ def summarise(shards: list[dict], wallclock: dict | None = None) -> dict:
 
 def at_equal_wallclock(curves: dict[int, list[float]], grid: list[float], ratio: float) -> dict:
     """The reward after Flow-GRPO's wall-clock: an algorithm `ratio` × slower per FLOP gets budget / ratio of compute;
-    its seeds' curves read there (interval over seeds). Past the budget (ratio < 1) the curve is not measured."""
+    its seeds' curves read there (interval over seeds). Past the budget (ratio < 1) the curve is not measured: the
+    reward at the budget, marked `past_budget`."""
     fraction = 1.0 / ratio
+    seeds = [list(zip(grid, ys)) for ys in curves.values()]
     if fraction > grid[-1]:
-        return {"fraction": fraction, "mean": None, "half_width": None, "note": "more compute than the budget"}
-    return {"fraction": fraction, **band([list(zip(grid, ys)) for ys in curves.values()], [fraction])[0]}
+        return {"fraction": fraction, **band(seeds, [grid[-1]])[0], "past_budget": True}
+    return {"fraction": fraction, **band(seeds, [fraction])[0]}
 
 
 def markdown(summary: dict) -> list[str]:
@@ -146,7 +148,12 @@ def markdown(summary: dict) -> list[str]:
         if c.get("low") is not None:
             match += f" ({c['low']:.2f}–{c['high']:.2f})".replace("inf", "∞")
         wall = a.get("equal_wallclock")
-        wall = "not measured" if wall is None else (pm(wall) if wall["mean"] is not None else wall["note"])
+        if wall is None:
+            wall = "not measured"
+        elif wall.get("past_budget"):  # as fast per FLOP or faster: the curve ends before Flow-GRPO's wall-clock
+            wall = f"{pm(wall)} at the budget (its wall-clock buys {wall['fraction']:.2f}×)"
+        else:
+            wall = pm(wall)
         paired = pm(a["paired_vs_flow_grpo"], signed=True)
         seeds = str(a["interval"]["n"]) + (f" ({len(a['failed'])} failed)" if a["failed"] else "")
         lines.append(f"| {rank_label(a['rank'])} | {a['title']} | {a['chosen_lr']:.3g} | {pm(a['interval'])} | "
@@ -224,8 +231,10 @@ def write_table(out: Path, append_results: bool = False) -> dict:
         "base — DiffusionNFT's validates without CFG). Ranks: a range where paired differences do not separate.",
     ]
     cpu = sum(s["cpu_seconds"] for s in shards)
-    lines += ["", f"Shards: {', '.join(str(s['shard']) for s in shards)}; CPU time {cpu / 3600:.2f} h; machines: "
-              + "; ".join(sorted({f"{s['machine']['cpu']} (AMX: {s['machine']['amx']})" for s in shards}))]  # fmt: skip
+    lines += ["", f"CPU time {cpu / 3600:.2f} h in all, in runs; by shard (the machine that gathered it):"]
+    lines += [f"- shard {s['shard']} ({s['phase']}, {len(s['runs'])} runs): {s['cpu_seconds'] / 3600:.2f} CPU-h, "
+              f"{s['machine']['cpu']}, {s['machine']['cpus']} CPUs, AMX {'yes' if s['machine']['amx'] else 'no'}, "
+              f"gathered {s['finished'][:16].replace('T', ' ')} UTC" for s in shards]  # fmt: skip
     print("\n".join(lines))
     if append_results:
         with open(ROOT / "benchmarks/RESULTS.md", "a") as f:

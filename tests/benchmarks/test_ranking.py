@@ -136,8 +136,8 @@ def run(name, lr, seed, selection, curve):
 def shard(s, runs):
     settings = {"select_seeds": [0, 1], "val_fractions": [0.5], "budget_flops": 1.0}
     return {"shard": s, "phase": "select" if s < 2 else "report", "settings": settings, "runs": runs,
-            "machine": {"cpu": "AMD EPYC", "amx": False}, "cpu_seconds": 3600.0, "wall_seconds": 1.0,
-            "finished": "2026-11-26"}  # fmt: skip
+            "machine": {"cpu": "AMD EPYC", "amx": False, "cpus": 2}, "cpu_seconds": 3600.0, "wall_seconds": 1.0,
+            "finished": "2026-11-26T10:00:00+00:00"}  # fmt: skip
 
 
 def test_the_table_from_shard_files_by_hand(table, tmp_path):
@@ -284,3 +284,15 @@ def test_an_algorithm_is_named_as_its_config_s_first_line_says(load_benchmark, t
     assert learning.algorithm_title(configs["pairwise"]) == "Pref-GRPO"
     (tmp_path / "mine.yaml").write_text("# my own recipe\nalgorithm: {}\n")
     assert learning.algorithm_title(tmp_path / "mine.yaml") == "mine"  # no name in it: the file's
+
+
+def test_equal_wallclock_past_the_budget_reads_the_final_point(table):
+    """An algorithm 0.8 × Flow-GRPO's seconds per FLOP gets 1.25 budgets in Flow-GRPO's wall-clock: beyond the
+    measured curve, so the row gives its reward at the budget (mean of 0.55, 0.62, 0.60), marked so."""
+    grid = [0.0, 0.5, 1.01]
+    curves = {2: [0.40, 0.50, 0.55], 3: [0.40, 0.56, 0.62], 4: [0.40, 0.54, 0.60]}
+    past = table.at_equal_wallclock(curves, grid, 0.8)
+    assert past["past_budget"] and past["fraction"] == pytest.approx(1.25)
+    assert past["mean"] == pytest.approx(0.59) and past["half_width"] > 0
+    inside = table.at_equal_wallclock(curves, grid, 2.0)  # half the budget: the mean curve at ½, 0.53333
+    assert "past_budget" not in inside and inside["mean"] == pytest.approx(0.5333333)
