@@ -282,7 +282,8 @@ class Benchmark:
             logger.error("shard %d: %s lr %.3g failed: %s", s, name, lr, e)
             record.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=5))
         record.update(wall_seconds=round(time.perf_counter() - started, 1),
-                      process_cpu_seconds=round(time.process_time() - cpu, 1))  # fmt: skip
+                      process_cpu_seconds=round(time.process_time() - cpu, 1),
+                      machine={**learning.machine(), "boot": boot_id()})  # fmt: skip
         return record
 
     def run_shard(self, s: int) -> Path:

@@ -212,6 +212,18 @@ def plot(summary: dict, out_png: Path) -> None:
     fig.savefig(out_png, dpi=110)
 
 
+def shard_machines(shard: dict) -> str:
+    """The machines a shard's runs ran on: each run's (CPU, cores, AMX; machine starts by boot id) where its record
+    says, else the machine that gathered the shard."""
+    recorded = [r["machine"] for r in shard["runs"] if r.get("machine")]
+    kinds = sorted({f"{m['cpu']}, {m['cpus']} CPUs, AMX {'yes' if m['amx'] else 'no'}"
+                    for m in recorded or [shard["machine"]]})  # fmt: skip
+    if not recorded:
+        return " / ".join(kinds) + " (the machine that gathered it)"
+    starts = len({m.get("boot") for m in recorded})
+    return " / ".join(kinds) + f" ({len(recorded)} of {len(shard['runs'])} runs say so; {starts} machine start(s))"
+
+
 def write_table(out: Path, append_results: bool = False) -> dict:
     """Recompute the table from `out`'s shard files (and wallclock.json when measured); write ranking.json and .png,
     print the markdown; with append_results add it to benchmarks/RESULTS.md."""
@@ -231,10 +243,9 @@ def write_table(out: Path, append_results: bool = False) -> dict:
         "base — DiffusionNFT's validates without CFG). Ranks: a range where paired differences do not separate.",
     ]
     cpu = sum(s["cpu_seconds"] for s in shards)
-    lines += ["", f"CPU time {cpu / 3600:.2f} h in all, in runs; by shard (the machine that gathered it):"]
-    lines += [f"- shard {s['shard']} ({s['phase']}, {len(s['runs'])} runs): {s['cpu_seconds'] / 3600:.2f} CPU-h, "
-              f"{s['machine']['cpu']}, {s['machine']['cpus']} CPUs, AMX {'yes' if s['machine']['amx'] else 'no'}, "
-              f"gathered {s['finished'][:16].replace('T', ' ')} UTC" for s in shards]  # fmt: skip
+    lines += ["", f"CPU time {cpu / 3600:.2f} h in all, in runs; by shard:"]
+    lines += [f"- shard {s['shard']} ({s['phase']}, {len(s['runs'])} runs): {s['cpu_seconds'] / 3600:.2f} CPU-h; "
+              f"{shard_machines(s)}; gathered {s['finished'][:16].replace('T', ' ')} UTC" for s in shards]  # fmt: skip
     print("\n".join(lines))
     if append_results:
         with open(ROOT / "benchmarks/RESULTS.md", "a") as f:

@@ -77,6 +77,7 @@ def test_a_shard_resumes_its_kept_runs_and_refuses_other_settings(ranking, table
         assert r["flops"] >= 3e10 > r["flops"] - r["flops_per_step"]["last"]
         assert r["curve"][0]["shared"] and r["curve"][0]["images"] == r["curve"][-1]["images"] == 78
         assert r["curve"][0]["val_reward"] == shard["base_validation"][r["validation"]]["val_reward"]
+        assert r["machine"]["cpu"] and r["machine"]["boot"] == ranking.boot_id()  # each run says where it ran
     assert shard["machine"]["cpu"] and isinstance(shard["machine"]["amx"], bool) and shard["cpu_seconds"] > 0
     assert len({r["base_model_sha256"] for r in shard["runs"]}) == 1
     with pytest.raises(SystemExit, match="budget_flops differ"):
@@ -296,3 +297,12 @@ def test_equal_wallclock_past_the_budget_reads_the_final_point(table):
     assert past["mean"] == pytest.approx(0.59) and past["half_width"] > 0
     inside = table.at_equal_wallclock(curves, grid, 2.0)  # half the budget: the mean curve at ½, 0.53333
     assert "past_budget" not in inside and inside["mean"] == pytest.approx(0.5333333)
+
+
+def test_a_shards_machines_come_from_its_runs_where_they_say(table):
+    epyc, xeon = {"cpu": "AMD EPYC", "cpus": 2, "amx": False}, {"cpu": "Intel Xeon", "cpus": 2, "amx": True}
+    runs = [{"machine": {**epyc, "boot": "a"}}, {"machine": {**xeon, "boot": "b"}}, {"machine": {**epyc, "boot": "a"}}]
+    said = table.shard_machines({"machine": epyc, "runs": [*runs, {}]})
+    assert said == "AMD EPYC, 2 CPUs, AMX no / Intel Xeon, 2 CPUs, AMX yes (3 of 4 runs say so; 2 machine start(s))"
+    gathered = table.shard_machines({"machine": xeon, "runs": [{}]})  # runs recorded before they said
+    assert gathered == "Intel Xeon, 2 CPUs, AMX yes (the machine that gathered it)"
