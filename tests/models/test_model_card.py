@@ -223,6 +223,33 @@ def test_a_kontext_cards_snippet_samples_at_the_runs_size(flux_kontext_model_dir
     assert Image.open(tmp_path / "sample.png").size == (48, 32)
 
 
+def test_a_flux2_cards_snippet_passes_the_runs_references(flux2_model_dir, train_model, tmp_path, monkeypatch):
+    """A FLUX.2 run on ShapesWorld edits (a reference per prompt, read at the output size): its card's snippet hands
+    Flux2KleinPipeline the reference resized to the run's 64 × 96, which the pipeline keeps (it refuses images under
+    64 px a side, so this run is not at 32 × 48)."""
+    from diffusers import Flux2KleinPipeline
+    from PIL import Image
+
+    edits = Path(__file__).resolve().parents[2] / "configs/prompts/shapes_edits"
+    checkpoint = _train(train_model, flux2_model_dir, tmp_path, "model.lora.enabled=true", "sampling.guidance=1",
+                        "sampling.height=64", "sampling.width=96", f"data.train={edits / 'train.jsonl'}",
+                        f"val.prompts={edits / 'val.jsonl'}")  # fmt: skip
+    out = tmp_path / "lora"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    Image.fromarray(np.full((200, 120, 3), 90, dtype=np.uint8)).save(tmp_path / "input.png")
+    seen, encode = [], Flux2KleinPipeline.prepare_image_latents
+
+    def spy(self, images, *args, **kwargs):  # the reference pixels the pipeline hands its VAE
+        seen.append(images[0].shape)
+        return encode(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(Flux2KleinPipeline, "prepare_image_latents", spy)
+    call, _ = _run_snippet(_card(out)[1], Flux2KleinPipeline, monkeypatch, tmp_path)
+    assert call["image"].size == (96, 64) and (call["height"], call["width"]) == (64, 96)
+    assert seen and tuple(seen[0][-2:]) == (64, 96)  # the pipeline's VAE reads the reference at the run's size
+    assert Image.open(tmp_path / "sample.png").size == (96, 64)
+
+
 @pytest.mark.parametrize("name", ["flux_kontext", "qwen_image_edit", "flux2"])
 def test_the_snippet_reads_the_source_at_the_size_the_run_read_it(edit_dirs, flux2_model_dir, load, make_config,
                                                                   tmp_path, name):  # fmt: skip
