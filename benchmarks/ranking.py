@@ -461,7 +461,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every algorithm (repeatable)")  # fmt: skip
-    parser.add_argument("--append-results", action="store_true", help="--table: append it to benchmarks/RESULTS.md")
+    parser.add_argument(
+        "--append-results",
+        action="store_true",
+        help="--table: add it to benchmarks/RESULTS.md (replacing the one an earlier run put there)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="--wallclock: rounds of every algorithm in turn")
     parser.add_argument("--steps-per-turn", type=int, default=5, help="--wallclock: steps per algorithm per turn")
     args = parser.parse_args(argv)

@@ -224,9 +224,21 @@ def shard_machines(shard: dict) -> str:
     return " / ".join(kinds) + f" ({len(recorded)} of {len(shard['runs'])} runs say so; {starts} machine start(s))"
 
 
+TABLE_START, TABLE_END = "<!-- ranking table: benchmarks/ranking_table.py -->", "<!-- end of the ranking table -->"
+
+
+def with_table(text: str, block: str) -> str:
+    """RESULTS.md's `text` with the table `block` in place of the one an earlier --append-results wrote (between
+    TABLE_START and TABLE_END), else appended."""
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start >= 0 and end > start:
+        return text[:start] + block + text[end + len(TABLE_END) :]
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
 def write_table(out: Path, append_results: bool = False) -> dict:
     """Recompute the table from `out`'s shard files (and wallclock.json when measured); write ranking.json and .png,
-    print the markdown; with append_results add it to benchmarks/RESULTS.md."""
+    print the markdown; with append_results put it in benchmarks/RESULTS.md (`with_table`)."""
     shards = load_shards(out)
     if not shards:
         sys.exit(f"no shard files under {out}: run `python benchmarks/ranking.py --shard 0` first")
@@ -248,7 +260,9 @@ def write_table(out: Path, append_results: bool = False) -> dict:
               f"{shard_machines(s)}; gathered {s['finished'][:16].replace('T', ' ')} UTC" for s in shards]  # fmt: skip
     print("\n".join(lines))
     if append_results:
-        with open(ROOT / "benchmarks/RESULTS.md", "a") as f:
-            f.write(f"\n### Ranking table ({summary['date'][:10]}; `python benchmarks/ranking.py --table`)\n\n")
-            f.write("\n".join(lines) + "\n\n![mean validation reward against compute](results/ranking/ranking.png)\n")
+        results = ROOT / "benchmarks/RESULTS.md"
+        title = f"### Ranking table ({summary['date'][:10]}; `python benchmarks/ranking.py --table`)"
+        figure = "![mean validation reward against compute](results/ranking/ranking.png)"
+        block = "\n".join([TABLE_START, title, "", *lines, "", figure, TABLE_END])
+        results.write_text(with_table(results.read_text(), block))
     return summary

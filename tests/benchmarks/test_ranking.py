@@ -306,3 +306,13 @@ def test_a_shards_machines_come_from_its_runs_where_they_say(table):
     assert said == "AMD EPYC, 2 CPUs, AMX no / Intel Xeon, 2 CPUs, AMX yes (3 of 4 runs say so; 2 machine start(s))"
     gathered = table.shard_machines({"machine": xeon, "runs": [{}]})  # runs recorded before they said
     assert gathered == "Intel Xeon, 2 CPUs, AMX yes (the machine that gathered it)"
+
+
+def test_the_table_replaces_the_one_written_before(table):
+    """--append-results adds the table once, then replaces it in place: the text around it stays as it was."""
+    first = "\n".join([table.TABLE_START, "| old |", table.TABLE_END])
+    second = "\n".join([table.TABLE_START, "| new |", table.TABLE_END])
+    once = table.with_table("# Results\n\n## Ranking\n", first)
+    assert once == f"# Results\n\n## Ranking\n\n{first}\n"
+    edited = once.replace("## Ranking\n", "## Ranking\nText above.\n") + "## Later\n"
+    assert table.with_table(edited, second) == f"# Results\n\n## Ranking\nText above.\n\n{second}\n## Later\n"
