@@ -12,7 +12,6 @@ from diffusion_rl.algorithms.rollout_correction import (
     RolloutCorrectionConfig,
     correction_weights,
     offpolicy_metrics,
-    rejection_mask,
 )
 from diffusion_rl.config import load
 from diffusion_rl.errors import UserError
@@ -106,10 +105,11 @@ def test_a_chain_where_each_criterion_rejects_different_entries():
     # k1 within [1/1.5, 1.5] rejects |log w| > 0.405 per step; k2 sum ≤ 0.1 rejects rows 1 and 2 as a whole
     a, b = _hand_keep("k1", "step", (1 / 1.5, 1.5)), _hand_keep("k2", "sum", 0.1)
     assert a == [[1.0, 1.0], [0.0, 0.0], [0.0, 1.0]] and b == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
-    cfg = RolloutCorrectionConfig(mode="decoupled", rs_stat="k1", rs_bound=1.5,
+    cfg = RolloutCorrectionConfig(mode="bypass", rs_stat="k1", rs_bound=1.5,
                                   rs_chain=[RejectionCriterion(stat="k2", bound=0.1, level="sum")])  # fmt: skip
-    keep = rejection_mask(torch.tensor(LOG_W), cfg)
-    assert keep.float().tolist() == [[x * y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+    log_w = torch.tensor(LOG_W)
+    keep = correction_weights(log_w, torch.zeros_like(log_w), cfg).weights_BW  # bypass: weight 1 where kept, else 0
+    assert keep.tolist() == [[x * y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
 
 
 def test_chain_entries_are_checked_like_the_first_criterion():
