@@ -44,17 +44,18 @@ def hub_id(path: str | Path | None) -> str | None:
     return None
 
 
-def pipeline_call(model, cfg) -> dict:
+def pipeline_call(model, cfg, sources: int | None = None) -> dict:
     """The keywords of `model`'s pipeline call that sample as the run (`cfg`, its Config) validated, those its
     `__call__` takes only: steps, guidance, size (frames for video; FluxKontextPipeline's `max_area`, to which it
     rescales any size, 1024² by default), text length, an empty negative prompt where guidance runs classifier-free
     (the pipelines that take one need it for CFG), and those that make the pipeline read condition images as given
     where the run read them at the output size and the pipeline would resize them (`model.condition_size`;
-    FluxKontextPipeline's `_auto_resize=False`)."""
+    FluxKontextPipeline's `_auto_resize=False`). `sources`: the run's condition images per prompt, when known."""
     s = validation_sampling(cfg)
+    sources = _condition_images(model, cfg) if sources is None else sources
     wanted = {"num_inference_steps": s["steps"], "height": s["height"], "width": s["width"],
               "max_area": s["height"] * s["width"]}  # fmt: skip
-    if _reads_sources_elsewhere(model, cfg, s["height"], s["width"]):
+    if _reads_sources_elsewhere(model, cfg, sources, s["height"], s["width"]):
         wanted |= model.keywords_reading_conditions_as_given(s["height"], s["width"]) or {}
     if model.video:
         wanted["num_frames"] = s["frames"]
@@ -76,10 +77,10 @@ def _condition_images(model, cfg) -> int:
     return known if known is not None else int(family_named(model.family).task.startswith("image-to"))
 
 
-def _reads_sources_elsewhere(model, cfg, height: int, width: int) -> tuple[int, int] | None:
+def _reads_sources_elsewhere(model, cfg, sources: int, height: int, width: int) -> tuple[int, int] | None:
     """The size at which the family's pipeline reads condition images for a height × width output, where the run read
-    some at the output size (model.condition_size: output) and the two differ; None otherwise."""
-    if cfg.model.condition_size != "output" or not _condition_images(model, cfg):
+    some (`sources` per prompt) at the output size (model.condition_size: output) and the two differ; else None."""
+    if cfg.model.condition_size != "output" or not sources:
         return None
     size = model.pipeline_condition_size(height, width)
     return None if size == (height, width) else size
@@ -143,7 +144,9 @@ def _summary(model, cfg, family, pipeline, step, weights, merged, base) -> list[
 
 
 def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> list[str]:
-    call = pipeline_call(model, cfg)
+    s, sources = validation_sampling(cfg), _condition_images(model, cfg)
+    call = pipeline_call(model, cfg, sources)
+    elsewhere = _reads_sources_elsewhere(model, cfg, sources, s["height"], s["width"])
     video = model.video
     lines = [
         "Sample it as the run validated (its steps, guidance, size and text length: other values, the pipeline's "
@@ -155,8 +158,7 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     ]
     if video:
         lines.append("from diffusers.utils import export_to_video")
-    s = validation_sampling(cfg)
-    image = _image_argument(model, cfg, s["height"], s["width"])
+    image = _image_argument(model, sources, elsewhere, s["height"], s["width"])
     if image or any(isinstance(v, SnippetImage) for v in call.values()):
         lines.append("from diffusers.utils import load_image")
     lines.append("")
@@ -190,7 +192,6 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
             f"The run's prompts carry negative prompts of their own ({len(negatives)} distinct, e.g. "
             f"{json.dumps(negatives[0])}): pass a prompt's own as `negative_prompt` to sample as the run did.",
         ]
-    elsewhere = _reads_sources_elsewhere(model, cfg, s["height"], s["width"])
     if elsewhere and model.keywords_reading_conditions_as_given(s["height"], s["width"]) is None:
         size = f"{elsewhere[0]}×{elsewhere[1]}"
         lines += ["", f"The run read its condition images at the output size (`model.condition_size: output`); "
@@ -199,16 +200,15 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     return lines
 
 
-def _image_argument(model, cfg, height: int, width: int) -> str | None:
-    """The snippet's `image=` line: the run's condition images (input.png; input_1.png … for several), resized to
-    the output size where the run read them so (model.condition_size: output); a video's first frame; None for a run
-    that read none."""
+def _image_argument(model, count: int, elsewhere, height: int, width: int) -> str | None:
+    """The snippet's `image=` line: the run's `count` condition images per prompt (input.png; input_1.png … for
+    several), resized to the output size where the run read them so and the pipeline would read them `elsewhere`; a
+    video's first frame; None for a run that read none."""
     if model.video:  # image-to-video: the first frame (a last one, where read, is the call's `last_image`)
         return '    image=load_image("input.png"),  # the image to start from' if model.edits else None
-    count = _condition_images(model, cfg)
     if not count:
         return None
-    resize = f".resize(({width}, {height}))" if _reads_sources_elsewhere(model, cfg, height, width) else ""
+    resize = f".resize(({width}, {height}))" if elsewhere else ""
     files = ["input.png"] if count == 1 else [f"input_{i}.png" for i in range(1, count + 1)]
     loads = [f"load_image({json.dumps(f)}){resize}" for f in files]
     value = loads[0] if count == 1 else f"[{', '.join(loads)}]"
