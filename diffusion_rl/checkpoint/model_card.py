@@ -56,7 +56,7 @@ def pipeline_call(model, cfg, sources: int | None = None) -> dict:
     wanted = {"num_inference_steps": s["steps"], "height": s["height"], "width": s["width"],
               "max_area": s["height"] * s["width"]}  # fmt: skip
     if _reads_sources_elsewhere(model, cfg, sources, s["height"], s["width"]):
-        wanted |= model.keywords_reading_conditions_as_given(s["height"], s["width"]) or {}
+        wanted |= model.conditions_as_given or {}
     if model.video:
         wanted["num_frames"] = s["frames"]
     wanted |= model.pipeline_call_settings(s["guidance"], s["guidance_low_noise"])
@@ -192,7 +192,7 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
             f"The run's prompts carry negative prompts of their own ({len(negatives)} distinct, e.g. "
             f"{json.dumps(negatives[0])}): pass a prompt's own as `negative_prompt` to sample as the run did.",
         ]
-    if elsewhere and model.keywords_reading_conditions_as_given(s["height"], s["width"]) is None:
+    if elsewhere and model.conditions_as_given is None:
         size = f"{elsewhere[0]}×{elsewhere[1]}"
         lines += ["", f"The run read its condition images at the output size (`model.condition_size: output`); "
                   f"`{pipeline}` resizes them to {size} for its VAE whatever it is given, so its samples differ "

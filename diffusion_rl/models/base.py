@@ -102,6 +102,9 @@ class FlowModel(ABC):
     frozen_components: tuple[str, ...] = ()
     video: bool = False  # samples are videos [F, H, W, 3] (frames > 1 allowed)
     edits: bool = False  # reads condition images with its prompts (an editing family)
+    # the pipeline call's keywords under which it reads condition images as given (the model card, for a run that
+    # read them at the output size where `pipeline_condition_size` differs); None: no call does
+    conditions_as_given: dict | None = None
     sample_conditions: int = 1  # condition images a check samples with when it is given none (`doctor`)
     native_size: int | None = None  # pixels a side its pipeline samples by default, where its configs do not say
     caches_text: bool = True  # text embeddings depend on the text alone (`_encode_texts`): an embedding cache works
@@ -139,13 +142,6 @@ class FlowModel(ABC):
         """(height, width) to which the family's diffusers pipeline sizes a condition image of an output's aspect
         ratio before its VAE: by default the output's own size."""
         return height, width
-
-    @classmethod
-    def keywords_reading_conditions_as_given(cls, height: int, width: int) -> dict | None:
-        """The pipeline call's keywords under which it reads condition images of height × width as given, where
-        `pipeline_condition_size` differs (the model card's snippet, for a run at model.condition_size: output);
-        None where no call does (by default)."""
-        return None
 
     @classmethod
     def condition_size(cls, sizing: str, height: int, width: int) -> tuple[int, int]:

@@ -130,6 +130,7 @@ def text_ids(length: int, device) -> torch.Tensor:
 class Flux2Model(PackedLatentModel):
     frozen_components = ("text_encoder", "vae")
     edits = True  # reference images, 0..N per prompt (none: text-to-image)
+    conditions_as_given = {}  # the pipelines keep a reference's size (shrunk above REFERENCE_MAX_PIXELS, as ours)
 
     def configure(self) -> None:
         self.distilled = bool(self.pipeline.config.get("is_distilled", False))
@@ -144,11 +145,6 @@ class Flux2Model(PackedLatentModel):
         pixels: that area (Flux2ImageProcessor._resize_to_target_area), each side cut to a multiple of 16."""
         scale = math.sqrt(REFERENCE_MAX_PIXELS / (height * width))
         return int(height * scale) // 16 * 16, int(width * scale) // 16 * 16
-
-    @classmethod
-    def keywords_reading_conditions_as_given(cls, height: int, width: int) -> dict | None:
-        """The pipelines read a reference at its own size (shrunk above REFERENCE_MAX_PIXELS, as ours is)."""
-        return {}
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=None)

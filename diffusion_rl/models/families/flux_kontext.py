@@ -24,6 +24,7 @@ from diffusion_rl.models.registry import ModelFamily, register_family
 
 class FluxKontextModel(FluxModel):
     edits = True
+    conditions_as_given = {"_auto_resize": False}  # FluxKontextPipeline resizes a condition image unless told
 
     @classmethod
     def pipeline_condition_size(cls, height: int, width: int) -> tuple[int, int]:
@@ -32,10 +33,6 @@ class FluxKontextModel(FluxModel):
 
         _, w, h = min((abs(width / height - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
         return h, w
-
-    @classmethod
-    def keywords_reading_conditions_as_given(cls, height: int, width: int) -> dict | None:
-        return {"_auto_resize": False}
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=1)
