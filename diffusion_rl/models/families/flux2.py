@@ -111,13 +111,20 @@ def reference_pixels(image: np.ndarray, processor, multiple: int) -> np.ndarray:
     return images_to_uint8(pixels)[0].numpy()
 
 
+def reference_size(height: int, width: int, grow: bool = False) -> tuple[int, int]:
+    """(height, width) in pixels, multiples of 16, of a reference of height × width as the pipelines size it:
+    above REFERENCE_MAX_PIXELS (with `grow`, below it too) scaled to that area, aspect kept, each side cut."""
+    scale = math.sqrt(REFERENCE_MAX_PIXELS / (height * width))
+    scale = scale if grow else min(1.0, scale)
+    return int(height * scale) // 16 * 16, int(width * scale) // 16 * 16
+
+
 def reference_tokens(h: int, w: int) -> int:
     """The tokens of a reference image fitted to a generated image of h × w latent cells (8 px each, 2 × 2 cells a
     token), after `reference_pixels` shrinks it to REFERENCE_MAX_PIXELS' area (the pipelines' rule) — `estimate`'s
     count, to within the resize's rounding of a side."""
-    height, width = 8 * h, 8 * w
-    scale = min(1.0, math.sqrt(REFERENCE_MAX_PIXELS / (height * width)))
-    return int(height * scale) // 16 * (int(width * scale) // 16)
+    height, width = reference_size(8 * h, 8 * w)
+    return (height // 16) * (width // 16)
 
 
 def text_ids(length: int, device) -> torch.Tensor:
@@ -143,8 +150,7 @@ class Flux2Model(PackedLatentModel):
     def pipeline_condition_size(cls, height: int, width: int) -> tuple[int, int]:
         """The pipelines' reference of a source at the output's aspect ratio with at least REFERENCE_MAX_PIXELS
         pixels: that area (Flux2ImageProcessor._resize_to_target_area), each side cut to a multiple of 16."""
-        scale = math.sqrt(REFERENCE_MAX_PIXELS / (height * width))
-        return int(height * scale) // 16 * 16, int(width * scale) // 16 * 16
+        return reference_size(height, width, grow=True)
 
     def encode_prompts(self, prompts: list[str], negative: list[str] | None = None, images=None) -> TensorDict:
         k = condition_count(self.family, images, len(prompts), most=None)
