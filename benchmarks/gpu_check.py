@@ -17,7 +17,11 @@ allocator the CLI gives a run by default (diffusion_rl/utils/cuda_alloc.py), rec
 Each part runs in a child process forked from this one (imports and the runs' architectures made once, here): a
 crash (even a segfault or an out-of-memory kill) is recorded and the next part runs; a part past its time cap is
 killed and recorded as `timeout`. A part starts only while the whole check's budget has room for it, and then gets
-at most what is left. This process never touches CUDA (a forked child could not use it after that). `--dry-run` runs
+at most what is left. This process never touches CUDA (a forked child could not use it after that), and it computes
+on one CPU thread: torch's CPU threads are GNU OpenMP's, which do not survive a fork, so a child forked after this
+process had run a parallel region hangs in its first one (run 8 of the check lost every part to it). A process
+that computes takes `Context.threads` (torch's own count, read here first); one that only forks (this one, the A/B
+parts' own) keeps one. `--dry-run` runs
 the same parts on the CPU with the tiny presets' architectures (tests/benchmarks/test_gpu_check.py), so the check
 cannot rot.
 """
@@ -55,7 +59,10 @@ def run_part(name: str, ctx: Context, result_file: Path, cap_s: float) -> None:
     """In the child: run one part, write {"status", "result" | "error"} to `result_file`."""
     import logging
 
+    import torch
+
     logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(ctx.threads)
     ctx.deadline, ctx.partial_file = time.monotonic() + cap_s, result_file.with_suffix(".partial.json")
     function = PARTS[name][0]
     try:
@@ -119,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         names = ["device", *(n for n in names if n != "device")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(dry_run=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu_check_")))
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    ctx = Context(dry_run=args.dry_run, work=work, threads=torch.get_num_threads())
+    torch.set_num_threads(1)  # before any work here: OpenMP's threads would not survive the forks (see above)
     warm_imports()
     method = start_method() if args.start_method == "auto" else args.start_method
     if method == "fork":  # a spawned part would build them again anyway

@@ -21,7 +21,7 @@ import time
 import torch
 
 from .cudnn_ab import run_variant
-from .parts import Context, build, memory_gib, reset_peaks, timed_steps
+from .parts import Context, build, memory_gib, reset_peaks, step_health, timed_steps
 
 MODELS = ("sd35_lora", "flux2_klein_lora")  # the two largest gaps of runs 6 and 7, at their parts' sizes
 DRY_MODELS, DRY_ROWS = ("sd35_lora",), 2  # the dry run's: one model is enough to keep the part from rotting
@@ -40,9 +40,20 @@ def variant(ctx: Context, name: str, setting: str) -> dict:
     warm_memory = memory_gib()  # the build's and the first step's peaks
     reset_peaks()
     measured = timed_steps(trainer, 1, first=1)[0]
-    return {"allocator_settings": torch._C._accelerator_getAllocatorSettings(), "build_s": built_s,
-            "warmup_step_s": warm["wall_s"], "step_s": measured["wall_s"], "rollout_s": measured.get("timing/generate"),
-            "update_s": measured.get("timing/update"), "warmup_memory": warm_memory, **memory_gib()}  # fmt: skip
+    return {**allocator_reading(), "build_s": built_s, "warmup_step_s": warm["wall_s"], "step_s": measured["wall_s"],
+            "rollout_s": measured.get("timing/generate"), "update_s": measured.get("timing/update"),
+            "warmup_memory": warm_memory, **step_health(measured), **memory_gib()}  # fmt: skip
+
+
+def allocator_reading() -> dict:
+    """What this process's allocator reads back: torch's settings string where torch has the getter (2.11 has not:
+    run 9 lost both variants' numbers to that) and, on CUDA, the segments it holds (expandable segments keep a few
+    that grow; fixed blocks, one per block the driver gave)."""
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    reading = {"allocator_settings": getter() if getter else f"no getter in torch {torch.__version__}"}
+    if torch.cuda.is_initialized():
+        reading["segments"] = torch.cuda.memory_stats().get("segment.all.current")
+    return reading
 
 
 def alloc_ab_part(ctx: Context) -> dict:

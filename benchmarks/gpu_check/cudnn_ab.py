@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from .parts import RUNS, Context, build, memory_gib, reset_peaks, run_config, timed_steps
+from .parts import RUNS, Context, build, memory_gib, reset_peaks, run_config, step_health, timed_steps
 
 
 @dataclass(frozen=True)
@@ -115,18 +115,19 @@ def variant(ctx: Context, name: str, cudnn: bool) -> dict:
             "build_s": built_s, "warmup_step_s": warm["wall_s"], "warmup_update_s": warm.get("timing/update"),
             "step_s": measured["wall_s"], "rollout_s": measured.get("timing/generate"),
             "update_s": measured.get("timing/update"), "logp_diff_max": measured.get("train/logp_diff_max"),
-            **memory_gib()}  # fmt: skip
+            **step_health(measured), **memory_gib()}  # fmt: skip
 
 
-def isolated(function: Callable[[], dict], result_file: Path, cap_s: float) -> dict:
+def isolated(function: Callable[[], dict], result_file: Path, cap_s: float, threads: int = 1) -> dict:
     """`function()` in a forked process for at most `cap_s` seconds: {"status": "ok", "result"}, or "failed" with the
     error (an exception, or the process died: a signal, an abort inside a CUDA library), or "timeout"; with the
-    seconds it took. The process is killed with its parent's."""
+    seconds it took; it computes on `threads` CPU threads. The process is killed with its parent's."""
     sys.stdout.flush()  # else the child's exit could print what this process had buffered a second time
     parent, started = os.getpid(), time.perf_counter()
     pid = os.fork()
     if pid == 0:
         die_with(parent)
+        torch.set_num_threads(threads)
         try:
             record = {"status": "ok", "result": function()}
         except BaseException as e:  # noqa: BLE001 — a crash of the variant is the finding
@@ -158,7 +159,8 @@ def run_variant(ctx: Context, label: str, function: Callable[[], dict], cap_s: f
     cap = min(cap_s, ctx.seconds_left() - MARGIN_S)
     if cap < MIN_VARIANT_S:
         return {"status": "not_run", "error": "the part's cap was near"}
-    return isolated(function, ctx.work / f"{label}.json", cap)
+    torch.set_num_threads(1)  # this process only forks the variants: OpenMP's threads would not survive (gpu_check.py)
+    return isolated(function, ctx.work / f"{label}.json", cap, ctx.threads)
 
 
 def die_with(parent: int) -> None:

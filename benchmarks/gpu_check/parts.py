@@ -47,6 +47,7 @@ class Context:
     device_type: str = field(init=False)
     deadline: float = float("inf")  # time.monotonic() by which the running part is killed (set in its process)
     partial_file: Path | None = None  # where a part leaves what it has measured so far (set in its process)
+    threads: int = 1  # torch's CPU threads in a process that computes (main: torch's own count; see gpu_check.py)
 
     def __post_init__(self):
         self.device_type = "cpu" if self.dry_run else "cuda"
@@ -214,6 +215,12 @@ def build(ctx: Context, name: str, extra: list[str] = (), rows: int | None = Non
     arch = architecture(ctx, run)
     model = random_model(arch, cfg.model, PROMPT_TOKENS, seed=cfg.run.seed, preset=run.preset)
     return cfg, arch, trainer_with(cfg, model, engine_factory)
+
+
+def step_health(metrics: dict) -> dict:
+    """What a step's metrics say of its gradients: the updates skipped so far for a non-finite gradient norm (a kernel
+    that returns NaN shows here, not in the seconds) and the mean finite norm."""
+    return {"skipped_updates": metrics.get("train/skipped_updates"), "grad_norm": metrics.get("grad_norm")}
 
 
 def timed_steps(trainer, steps: int, first: int = 0) -> list[dict]:

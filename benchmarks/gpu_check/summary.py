@@ -94,6 +94,10 @@ def cudnn_ab_table(ab: dict) -> list[str]:
         counts = (record.get("result") or {}).get("kernels") or {}
         return ", ".join(f"{k.lower().removesuffix('_attention')} {n}" for k, n in counts.items()) or "–"
 
+    def skipped(record: dict) -> str:
+        value = (record.get("result") or {}).get("skipped_updates")
+        return "–" if value is None else str(value)
+
     def crashed(record: dict) -> str:
         if record.get("status") == "ok":
             return "no"
@@ -101,16 +105,18 @@ def cudnn_ab_table(ab: dict) -> list[str]:
 
     lines = ["", "## torch's cuDNN attention kernel off vs on (cudnn_ab; `sdpa`, each variant its own process)", "",
              "| model | size | off: rollout s | off: update s | on: rollout s | on: update s | update on/off "
-             "| kernels off / on | cuDNN variant crashed? |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| kernels off / on | updates skipped off / on | cuDNN variant crashed? |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, runs in ab["runs"].items():
         off, on = runs.get("cudnn_off", {}), runs.get("cudnn_on", {})
         lines.append(
             f"| {name} | {runs['size']} | {seconds(off, 'rollout_s')} | {seconds(off, 'update_s')} "
             f"| {seconds(on, 'rollout_s')} | {seconds(on, 'update_s')} | {_f(runs.get('update_ratio'), '.3f')} "
-            f"| {kernels(off)} / {kernels(on)} | {crashed(on)} |"
+            f"| {kernels(off)} / {kernels(on)} | {skipped(off)} / {skipped(on)} | {crashed(on)} |"
         )
     lines += ["", f"cudnn_off: {ab['variants']['cudnn_off']}; cudnn_on: {ab['variants']['cudnn_on']}; the switch: "
-              f"{ab['switch']}. Kernels: torch's pick per attention call in the warm-up step."]  # fmt: skip
+              f"{ab['switch']}. Kernels: torch's pick per attention call in the warm-up step. Updates skipped: for a "
+              "non-finite gradient norm, in the warm-up and measured steps."]  # fmt: skip
     return lines
 
 

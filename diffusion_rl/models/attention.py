@@ -4,7 +4,8 @@
 the DIFFUSERS_ATTN_BACKEND environment variable names). On a CUDA device, `sdpa` keeps torch from choosing its cuDNN
 kernel: on an H200 (torch 2.11, CUDA 13) that kernel's backward failed on FLUX.1-dev's LoRA step ("mha_graph.execute
 … is_good()", an illegal memory access without CUDA_LAUNCH_BLOCKING) while flash and memory-efficient attention ran
-it (benchmarks/RESULTS.md, GPU check); `_native_cudnn` still asks for cuDNN explicitly.
+it, and at a smaller size it gave FLUX.1's LoRA non-finite gradients (run 9), while elsewhere it was at most 4 %
+faster (benchmarks/RESULTS.md, GPU check); `_native_cudnn` still asks for cuDNN explicitly (not on FLUX.1).
 Any other name is one of diffusers' dispatcher backends
 (`native`, `_native_math`, `flash`, `_flash_3`, `sage`, `flex`, `xformers`, …), set on this transformer's attention
 processors only (diffusers' process-wide active backend is left as it was). Backends that diffusers downloads from
