@@ -24,6 +24,9 @@ from torch import nn
 from diffusion_rl.errors import UserError
 
 DEFAULT_BACKEND = "sdpa"
+CUDNN_FINDING = ("on an H200 (torch 2.11, CUDA 13) torch's cuDNN attention kernel failed FLUX.1-dev's LoRA backward "
+                 "(an illegal memory access at 6 images, non-finite gradients at 2) and was at most 4 % faster on the "
+                 "other families (docs/gpu.md)")  # fmt: skip
 logger = logging.getLogger(__name__)
 
 
@@ -53,8 +56,8 @@ def set_attention_backend(transformer: nn.Module, name: str, family: str, device
     if name == DEFAULT_BACKEND:
         if device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled():
             torch.backends.cuda.enable_cudnn_sdp(False)  # process-wide: torch has no per-module switch
-            logger.info("model.attention_backend=sdpa: torch's cuDNN attention kernel is off (its backward fails on "
-                        "FLUX shapes); flash and memory-efficient attention remain")  # fmt: skip
+            logger.info("model.attention_backend=sdpa: torch's cuDNN attention kernel is off (%s); flash and "
+                        "memory-efficient attention remain", CUDNN_FINDING)  # fmt: skip
         return
     from diffusers.models.attention_dispatch import (
         AttentionBackendName,
@@ -76,6 +79,8 @@ def set_attention_backend(transformer: nn.Module, name: str, family: str, device
         raise UserError(
             f"model.attention_backend={name} is not usable here ({e}); installed: {', '.join(installed_backends())}"
         ) from None
+    if name == "_native_cudnn" and device.type == "cuda":
+        logger.warning("model.attention_backend=_native_cudnn: %s; watch train/skipped_updates", CUDNN_FINDING)
     active = _AttentionBackendRegistry._active_backend
     diffusers_logger = logging.getLogger("diffusers.models.modeling_utils")
     level = diffusers_logger.level

@@ -79,3 +79,14 @@ def test_sdpa_on_cuda_leaves_torchs_cudnn_kernel_off(device, cudnn_after):
         assert torch.backends.cuda.cudnn_sdp_enabled() is cudnn_after
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+@pytest.mark.parametrize("device, warned", [("cuda", True), ("cpu", False)])
+def test_torchs_cudnn_kernel_asked_for_on_cuda_is_warned_about(family_dirs, load, caplog, device, warned):
+    # run 9 of the GPU check: FLUX.1-dev's LoRA got non-finite gradients from it (runs 3-5: an illegal memory access)
+    from diffusion_rl.models.attention import set_attention_backend
+
+    transformer = load(family_dirs["flux"]).policies.trained
+    with caplog.at_level("WARNING", logger="diffusion_rl.models.attention"):
+        set_attention_backend(transformer, "_native_cudnn", "flux", torch.device(device))
+    assert ("non-finite gradients" in caplog.text and "train/skipped_updates" in caplog.text) is warned
