@@ -318,7 +318,7 @@ def model_part(name: str):
             "warmup_step_s": steps[0]["wall_s"], "step_s": measured["wall_s"], "rollout_s": rollout,
             "update_s": update, "images_per_s": measured.get("perf/images_per_s"), "mfu": measured.get("perf/mfu"),
             "flops_per_step": measured.get("perf/flops_per_step"), **mem,
-            "logp_diff_max": measured.get("train/logp_diff_max"),
+            "logp_diff_max": measured.get("train/logp_diff_max"), **step_health(measured),
         }  # fmt: skip
         if predicted is not None:
             result["estimate"] = {"peak_gib": est_peak, "step_s": est_step, "efficiency": predicted.efficiency,

@@ -55,6 +55,10 @@ def markdown(record: dict) -> str:
             "Estimate errors are (estimate − measured) / measured: memory against the peak reserved, time "
             "against rollout + update; the estimate without its text encoders (the check runs none).",
         ]
+        skipped = {name: r["skipped_updates"] for name, r in models.items() if r.get("skipped_updates")}
+        if skipped:  # a kernel returning NaN shows in no column above
+            lines += ["", "**Updates skipped for a non-finite gradient** (the step's numbers do not compare): "
+                      + ", ".join(f"{name} {n}" for name, n in skipped.items())]  # fmt: skip
     replay = (parts.get("replay") or {}).get("result")
     if replay:
         lines += ["", f"## Rollout replay: train/logp_diff_max ({replay['model']})", "",

@@ -24,7 +24,7 @@ NUMBER = (int, float)
 MODEL_KEYS = {"config", "architecture", "images_per_step", "transformer_params", "trainable_params", "build_s",
               "warmup_step_s", "step_s", "rollout_s", "update_s", "images_per_s", "mfu", "flops_per_step",
               "peak_allocated_gib", "peak_reserved_gib", "logp_diff_max", "estimate", "estimate_memory_rel_error",
-              "estimate_time_rel_error", "efficiency_fit"}  # fmt: skip
+              "estimate_time_rel_error", "efficiency_fit", "skipped_updates", "grad_norm"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,8 @@ def test_a_crashing_cudnn_variant_is_recorded_and_the_next_variant_still_runs(tm
             os.kill(os.getpid(), signal.SIGSEGV)  # as a crash inside a CUDA library would
         if cudnn and name == "sd35_lora":
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return {"rollout_s": 1.0, "update_s": 4.0 if cudnn else 5.0, "step_s": 5.0 if cudnn else 6.0}
+        return {"rollout_s": 1.0, "update_s": 4.0 if cudnn else 5.0, "step_s": 5.0 if cudnn else 6.0,
+                "skipped_updates": 2 if cudnn else 0}  # fmt: skip
 
     monkeypatch.setattr(cudnn_ab, "variant", variant)
     monkeypatch.setattr(cudnn_ab, "DRY_MODELS", ("wan21_lora", "sd35_lora", "flux_lora"))
@@ -165,6 +166,7 @@ def test_a_crashing_cudnn_variant_is_recorded_and_the_next_variant_still_runs(tm
         "runs": runs, "variants": {"cudnn_off": "off", "cudnn_on": "on"}, "switch": "no-op"}}}}  # fmt: skip
     table = markdown(record)
     assert "| flux_lora | tiny preset, 2 images | 1.00 | 5.00 | 1.00 | 4.00 | 0.800 |" in table
+    assert "| 0 / 2 | no |" in table  # its cuDNN variant's NaN gradients (run 9's FLUX.1), in a column of their own
     assert "| failed: the process died (exit code -11) |" in table
 
 
@@ -278,6 +280,20 @@ gpu_check.warm_imports = lambda: None
 gpu_check.warm_architectures = lambda ctx: parallel_work()  # as the real warm-up may, in the parent
 gpu_check.main(["--out", sys.argv[2], "--dry-run", "--budget", "60"])
 """
+
+
+def test_a_model_part_with_skipped_updates_is_named_under_its_table():
+    from gpu_check.summary import markdown
+
+    step = {"images_per_step": 2, "step_s": 1.0, "rollout_s": 0.5, "update_s": 0.5, "images_per_s": 2.0,
+            "mfu": 0.2, "peak_allocated_gib": 1.0, "peak_reserved_gib": 1.5}  # fmt: skip
+    parts = {"sd35_lora": {**step, "skipped_updates": 0}, "flux_lora": {**step, "skipped_updates": 2}}
+    record = {"created": "now", "dry_run": False, "budget_s": 100,
+              "parts": {name: {"status": "ok", "result": result} for name, result in parts.items()}}  # fmt: skip
+    table = markdown(record)
+    assert "**Updates skipped for a non-finite gradient** (the step's numbers do not compare): flux_lora 2" in table
+    parts["flux_lora"]["skipped_updates"] = 0
+    assert "Updates skipped" not in markdown(record)
 
 
 def test_the_allocator_reading_survives_a_torch_without_the_settings_getter(gpu_check, monkeypatch):
