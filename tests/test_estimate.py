@@ -260,7 +260,7 @@ def test_estimate_json_contract(capsys):
 
 
 def test_fits_is_about_the_config_as_it_runs_and_both_peaks_are_reported(capsys):
-    # qwen_image_ocr_lora checkpoints: it fits 4 H800s only because of it (135.7 GiB without, 60.8 with)
+    # qwen_image_ocr_lora checkpoints: it fits 4 H800s only because of it (125.7 GiB without, 59.6 with)
     qwen = str(Path(__file__).resolve().parents[1] / "configs" / "qwen_image_ocr_lora.yaml")
     runs = {}
     for checkpointing in ("true", "false"):

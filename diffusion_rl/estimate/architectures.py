@@ -34,6 +34,7 @@ class TextEncoder:
     vocab: int
     vision: dict | None = None  # Qwen2.5-VL's vision tower (edits read condition images through it)
     positions: int | None = None  # CLIP: the fixed length it encodes (77 in the real ones)
+    head: bool = False  # a language-model head of its own (a decoder whose config unties it from the embeddings)
 
     @property
     def params(self) -> int:
@@ -43,7 +44,8 @@ class TextEncoder:
 
     @property
     def weight_params(self) -> int:
-        return self.params + self.vocab * self.hidden + self.vision_params
+        """What the pipeline loads: the layers, the embedding table, an untied head, the vision tower's layers."""
+        return self.params + (2 if self.head else 1) * self.vocab * self.hidden + self.vision_params
 
     @property
     def vision_params(self) -> int:
@@ -89,8 +91,11 @@ def text_encoder_of(name: str, config: dict) -> TextEncoder:
                           intermediate_size=vision["intermediate_size"], patch_size=vision["patch_size"],
                           spatial_merge_size=config.get("spatial_merge_size", 2))  # fmt: skip
         label = kind if kind in ("qwen3", "mistral3") else "qwen2_5_vl"
+        # Qwen2.5-VL-7B and Mistral-Small keep a head of their own (8.29 B and 24.0 B in all), Qwen3-4B ties it;
+        # where a config does not say, counted untied (the larger)
+        tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         return TextEncoder(name, label, text["num_hidden_layers"], h, text["intermediate_size"], heads * head_dim, kv,
-                           True, text["vocab_size"], vision)  # fmt: skip
+                           True, text["vocab_size"], vision, head=not tied)  # fmt: skip
     raise UserError(f"estimate: text encoder '{name}' has model_type '{kind}', which the estimate does not know")
 
 

@@ -116,10 +116,11 @@ def test_estimate_reads_the_shipped_dev_architecture(capsys):
     arch = from_shipped("FLUX.2-dev")
     (mistral,) = arch.text_encoders
     # Mistral-Small-3.1-24B by hand: 40 layers of (q: 5120×4096, o: 4096×5120, k, v: 5120×1024, gated MLP
-    # 3 × 5120×32768) and the 131072 × 5120 embeddings (the untied LM head, 0.67B, is not counted)
+    # 3 × 5120×32768), the 131072 × 5120 embeddings and the untied LM head of the same shape (the pipeline loads
+    # Mistral3ForConditionalGeneration whole)
     layer = 2 * 5120 * 4096 + 2 * 5120 * 1024 + 3 * 5120 * 32768
     assert mistral.kind == "mistral3" and mistral.params == 40 * layer
-    assert mistral.weight_params == 40 * layer + 131072 * 5120 + mistral.vision_params
+    assert mistral.weight_params == 40 * layer + 2 * 131072 * 5120 + mistral.vision_params
     # the Pixtral vision tower: 24 layers of (4 × 1024² attention + 3 × 1024×4096 gated MLP)
     assert mistral.vision_params == 24 * (4 * 1024**2 + 3 * 1024 * 4096)
     assert arch.transformer_config["joint_attention_dim"] == 3 * 5120  # three layers' hidden states side by side
