@@ -24,7 +24,7 @@ from diffusion_rl.algorithms.policy_gradient import (
 )
 from diffusion_rl.cli import main
 from diffusion_rl.config import load
-from diffusion_rl.estimate.architectures import Architecture, TextEncoder, architecture_for, from_shipped, shipped
+from diffusion_rl.estimate.architectures import Architecture, Encoder, architecture_for, from_shipped, shipped
 from diffusion_rl.estimate.counting import (
     DecodeCost,
     PeakLive,
@@ -188,7 +188,7 @@ def test_peak_live_bytes_count_each_storage_while_a_tensor_holds_it():
 
 
 def test_text_encoder_flops_per_token_are_matmuls_plus_attention():
-    enc = TextEncoder("t", "t5", layers=2, hidden=8, ffn=16, q_dim=8, kv_dim=4, gated=True, vocab=100)
+    enc = Encoder("t", "t5", layers=2, hidden=8, ffn=16, q_dim=8, kv_dim=4, gated=True, vocab=100)
     per_layer = 2 * 8 * 8 + 2 * 8 * 4 + 3 * 8 * 16  # q and o, k and v (grouped), three MLP matrices
     assert enc.params == 2 * per_layer
     tokens = 5

@@ -13,15 +13,15 @@ doing 1/N of the rows. `efficiency` is the fraction of the datasheet's peak and 
 fitted on the GPU check's five measured steps on an H200 (EFFICIENCY below); what the roofline leaves out of a real
 run (rewards, FSDP collectives, CPU offload, idle time between phases) is not in it.
 
-Memory per GPU adds what a worker holds at its peak, the update: the transformer's weights (the whole of them
-while FSDP2 has them gathered, engine.reshard_after_forward false; one shard plus two gathered blocks otherwise),
-the trainable parameters' fp32 master/gradient/AdamW state as models/doctor.py counts it (sharded over the
-workers), a frozen reference copy (full fine-tuning with a KL), the text encoders and VAE (replicated), the kept
-trajectories of the worker's rows, the EMA's fp32 copy of the trained parameters, the VAE decode's working set for
-a generate call's rows (counted on meta), and the activations autograd saves for one micro-batch — counted on the
-meta device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the
-CUDA context, allocator fragmentation and kernel workspaces. The memory savers (docs/models.md) take their part
-off: `sampling.latents_dtype` the trajectories' window, `model.offload_frozen` the text encoders and VAE,
+Memory per GPU adds what a worker holds at its peak, the update: the transformer's weights (the whole of them while
+FSDP2 has them gathered, engine.reshard_after_forward false; one shard plus two gathered blocks otherwise), the
+trainable parameters' fp32 master/gradient/AdamW state as models/doctor.py counts it (sharded over the workers), a
+frozen reference copy (full fine-tuning with a KL), the text encoders, VAE and an image encoder (replicated), the kept
+trajectories of the worker's rows, the EMA's fp32 copy of the trained parameters, the VAE decode's working set for a
+generate call's rows (counted on meta), and the activations autograd saves for one micro-batch — counted on the meta
+device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the CUDA
+context, allocator fragmentation and kernel workspaces. The memory savers (docs/models.md) take their part off:
+`sampling.latents_dtype` the trajectories' window, `model.offload_frozen` the text encoders, VAE and image encoder,
 `model.offload_reference` the reference copy, `engine.fsdp_cpu_offload` the shards and the optimizer state.
 """
 
@@ -154,6 +154,11 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
             tokens += sources * vision_tokens
         text_flops += prompts * enc.forward_flops(tokens)
     text_bytes = sum(enc.weight_params for enc in arch.text_encoders) * wbytes
+    image = arch.image_encoder  # Wan 2.1 I2V: each sample's frame through CLIP once, in the rollout's encode
+    image_bytes = image.weight_params * wbytes if image else 0
+    if image is not None:  # FLF2V reads two frames' tokens in one sequence (pos_embed_seq_len 514 = 2 × 257)
+        frames = max(1, (arch.transformer_config.get("pos_embed_seq_len") or 0) // image.positions)
+        text_flops += rows * frames * image.forward_flops(image.positions)
 
     # transformer evaluations per image: T, or a tree's NFE_tree / N (its shared steps are taken once per node)
     tree = TreeSpec.of(s.tree)
@@ -180,7 +185,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         return (max(flops / (device.peak_tflops * 1e12), weights_moved / bandwidth) + traffic / bandwidth) / efficiency
 
     phases = {
-        "encode_prompts": seconds(text_flops, text_bytes),
+        "encode_prompts": seconds(text_flops, text_bytes + image_bytes),
         "rollout": seconds(rollout_flops, rollout_bytes, rollout_traffic),
         "decode": seconds(decode_flops, rows * vae_params * wbytes, rows * decode.traffic),
         "update": seconds(update_flops, update_bytes, update_traffic),
@@ -228,6 +233,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         "reference_copy": reference,
         "text_encoders": frozen * text_bytes,
         "vae": frozen * vae_params * wbytes,
+        **({"image_encoder": frozen * image_bytes} if image else {}),
         "trajectories": trajectory,
         "decode": decoding,
         "activations": checkpointed if m.gradient_checkpointing else activations,

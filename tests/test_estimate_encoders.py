@@ -1,4 +1,5 @@
-"""`estimate`'s text-encoder weights — what each pipeline loads onto the device beside the transformer — against
+"""`estimate`'s frozen encoders' weights (text encoders, and Wan 2.1 I2V's CLIP image encoder) — what each pipeline
+loads onto the device beside the transformer — against
 the real transformers classes built on the meta device from the same shipped configs, and against the parameter
 counts the encoders' checkpoints publish (model cards / safetensors indexes)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,16 +25,17 @@ PUBLISHED = {
     ("qwen2_5_vl", 3584): 8.292e9,  # Qwen/Qwen2.5-VL-7B-Instruct, whole (Qwen-Image)
     ("qwen3", 2560): 4.022e9,  # Qwen/Qwen3-4B (FLUX.2-klein-4B, Z-Image)
     ("mistral3", 5120): 24.01e9,  # mistralai/Mistral-Small-3.1-24B-Instruct-2503, whole (FLUX.2-dev)
+    ("clip_vision_model", 1280): 632.08e6 - 1280 * 1024,  # open_clip ViT-H-14's visual tower less its projection
 }
 SHIPPED = sorted(p.name.removesuffix(".json") for p in FOLDER.iterdir() if p.name.endswith(".json"))
 
 
 def _configs(name: str) -> dict[str, dict]:
-    """The shipped text encoders' configs of architecture `name` (following `same_as`)."""
+    """The shipped encoders' configs of architecture `name` (following `same_as`)."""
     data = json.loads((FOLDER / f"{name}.json").read_text())
     while "components" not in data:
         data = json.loads((FOLDER / f"{data['same_as']}.json").read_text())
-    return {k: v for k, v in data["components"].items() if k.startswith("text_encoder")}
+    return {k: v for k, v in data["components"].items() if k.startswith(("text_encoder", "image_encoder"))}
 
 
 def _width(config: dict) -> int:
@@ -44,9 +47,11 @@ def _build(config: dict):
     """The transformers class the pipeline loads, from the shipped config (call it on the meta device)."""
     import transformers as t
 
-    kind, keys = config["model_type"], {k: v for k, v in config.items() if k != "model_type"}
+    kind, keys = config["model_type"], {k: v for k, v in config.items() if k not in ("model_type", "_class_name")}
     if kind == "clip_text_model":  # SD3 loads it with a hidden² projection (0.2–0.5 % more), FLUX without
         return t.CLIPTextModel(t.CLIPTextConfig(**keys))
+    if kind == "clip_vision_model":  # Wan 2.1 I2V's image_encoder/
+        return t.CLIPVisionModel(t.CLIPVisionConfig(**keys))
     if kind == "t5":
         return t.T5EncoderModel(t.T5Config(**keys))
     if kind == "umt5":
@@ -75,13 +80,34 @@ def _real_params(config_json: str) -> int:
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_text_encoder_weights_are_the_real_classes_and_the_published_counts(name):
+def test_encoder_weights_are_the_real_classes_and_the_published_counts(name):
     arch, configs = from_shipped(name), _configs(name)
-    assert [e.name for e in arch.text_encoders] == sorted(configs)
-    for encoder in arch.text_encoders:
+    encoders = [*arch.text_encoders, *([arch.image_encoder] if arch.image_encoder else [])]
+    assert sorted(e.name for e in encoders) == sorted(configs)
+    for encoder in encoders:
         config = configs[encoder.name]
         real = _real_params(json.dumps(config, sort_keys=True))
         published = PUBLISHED[(config["model_type"], _width(config))]
         assert real == pytest.approx(published, rel=2e-3), (encoder.name, real)  # our configs build the checkpoints
-        # what estimate counts leaves out only small pieces (SD3's CLIP projections, the vision merger): within 1 %
+        # estimate leaves out only small pieces (SD3's CLIP projections, the vision merger, a ViT's embeddings): 1 %
         assert encoder.weight_params == pytest.approx(real, rel=1e-2), (encoder.name, encoder.weight_params, real)
+
+
+def test_an_image_encoder_is_held_beside_the_text_encoders_and_offloaded_with_them():
+    from diffusion_rl.config import load
+    from diffusion_rl.estimate.architectures import architecture_for
+    from diffusion_rl.estimate.devices import DEVICES
+    from diffusion_rl.estimate.estimator import estimate
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    i2v = load(str(configs / "wan21_i2v_lora.yaml"))
+    arch = architecture_for(i2v.model)
+    held = estimate(i2v, arch, DEVICES["h100"], 8)
+    assert held.memory_gib["image_encoder"] == pytest.approx(arch.image_encoder.weight_params * 2 / 2**30)  # bf16
+    offloaded = estimate(load(str(configs / "wan21_i2v_lora.yaml"), ["model.offload_frozen=true"]), arch,
+                         DEVICES["h100"], 8)  # fmt: skip
+    assert offloaded.memory_gib["image_encoder"] == 0
+    assert held.peak_memory_gib_per_gpu - offloaded.peak_memory_gib_per_gpu == pytest.approx(
+        sum(held.memory_gib[k] for k in ("text_encoders", "vae", "image_encoder")))
+    t2v = load(str(configs / "wan21_t2v_1_3b_ocr_lora.yaml"))
+    assert "image_encoder" not in estimate(t2v, architecture_for(t2v.model), DEVICES["h100"], 8).memory_gib
