@@ -461,9 +461,10 @@ def warm_imports() -> None:
 
 from .alloc_ab import alloc_ab_part  # noqa: E402 — these parts build on this module's helpers
 from .cudnn_ab import cudnn_ab_part  # noqa: E402
+from .encoders import encoders_part  # noqa: E402
 
-# name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, alloc_ab and
-# wan22_a14b_lora, past the default budget, run with --only)
+# name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, alloc_ab,
+# encoders and wan22_a14b_lora, past the default budget, run with --only)
 PARTS = {
     "device": (device_part, 30),
     "sd35_lora": (model_part("sd35_lora"), 80),
@@ -480,5 +481,6 @@ PARTS = {
     "wan22_ti2v_lora": (model_part("wan22_ti2v_lora"), 80),
     "cudnn_ab": (cudnn_ab_part, 150),
     "alloc_ab": (alloc_ab_part, 170),
+    "encoders": (encoders_part, 90),
     "wan22_a14b_lora": (model_part("wan22_a14b_lora"), 150),
 }

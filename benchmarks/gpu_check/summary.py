@@ -81,6 +81,9 @@ def markdown(record: dict) -> str:
     alloc = (parts.get("alloc_ab") or {}).get("result")
     if alloc:
         lines += alloc_ab_table(alloc)
+    encoders = (parts.get("encoders") or {}).get("result")
+    if encoders:
+        lines += encoders_table(encoders)
     fsdp = (parts.get("fsdp2") or {}).get("result")
     if fsdp:
         lines += ["", f"## FSDP2 worker at world size 1 ({fsdp['backend']}, without Ray)", "",
@@ -145,3 +148,21 @@ def alloc_ab_table(ab: dict) -> list[str]:
         )
     lines += ["", f"Effect: {ab['effect']}. Peaks of the measured (second) step; the first step's in the record."]
     return lines
+
+
+def encoders_table(encoders: dict) -> list[str]:
+    """The encoders part's table: the text encoders at real size, held on the device and offloaded, beside estimate."""
+    lines = ["", "## Text encoders at real size (encoders; encode_prompts over one GPU's prompts of a step)", "",
+             "| model | prompts | weights GiB | estimate GiB | held: encode s | offloaded: encode s | estimate s "
+             "| held: working set GiB | offloaded: peak GiB |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, runs in encoders.items():
+        held, offloaded, est = runs.get("held") or {}, runs.get("offloaded") or {}, runs["estimate"]
+        lines.append(
+            f"| {name} | {held.get('prompts', '–')} | {_f(held.get('weights_gib'))} | {_f(est['text_encoders_gib'])} "
+            f"| {_f(held.get('encode_s'), '.3f')} | {_f(offloaded.get('encode_s'), '.3f')} "
+            f"| {_f(est['encode_prompts_s'], '.3f')} | {_f(held.get('peak_above_before_gib'))} "
+            f"| {_f(offloaded.get('peak_allocated_gib'))} |"
+        )
+    note = ("Offloaded: the encoders on the CPU, moved to the device for the call and back (model.offload_frozen); "
+            "its seconds less the held ones are the copies `estimate` does not model.")
+    return [*lines, "", note]

@@ -95,10 +95,20 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
         )  # each variant set it before building
         assert fixed["step_s"] > 0 and expandable["step_s"] > 0 and fixed["skipped_updates"] == 0
         assert runs["step_s_ratio"] == expandable["step_s"] / fixed["step_s"]
+    encoders = parts["encoders"]["result"]
+    from gpu_check.encoders import MODELS as ENCODED
+
+    assert list(encoders) == list(ENCODED)
+    for runs in encoders.values():
+        held, offloaded = runs["held"], runs["offloaded"]
+        assert held["encode_s"] > 0 and offloaded["encode_s"] > 0 and held["prompts"] == offloaded["prompts"] >= 1
+        # the tiny encoders weigh what estimate counts for them, within its left-out pieces (the CLIP projections
+        # and embeddings: a larger share at tiny sizes than the real ones' 1 %, tests/test_estimate_encoders.py)
+        assert held["weights_gib"] == pytest.approx(runs["estimate"]["text_encoders_gib"], rel=0.1)
     summary = (tmp_path / "gpu_check.md").read_text()
     headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
                 "## model.attention_backend", "## FSDP2 worker", "## torch's cuDNN attention kernel off vs on",
-                "## CUDA's allocator: fixed blocks vs expandable")  # fmt: skip
+                "## CUDA's allocator: fixed blocks vs expandable", "## Text encoders at real size")  # fmt: skip
     for heading in headings:
         assert heading in summary
 
@@ -294,6 +304,25 @@ def test_a_model_part_with_skipped_updates_is_named_under_its_table():
     assert "**Updates skipped for a non-finite gradient** (the step's numbers do not compare): flux_lora 2" in table
     parts["flux_lora"]["skipped_updates"] = 0
     assert "Updates skipped" not in markdown(record)
+
+
+@pytest.mark.parametrize("family, arch, published", [
+    ("sd3", "stable-diffusion-3.5-medium", {"text_encoder": 123_650_304, "text_encoder_2": 694_659_840,
+                                             "text_encoder_3": 4_762_310_656}),
+    ("wan", "Wan2.1-T2V-1.3B-Diffusers", {"text_encoder": 5_680_910_336}),
+])  # fmt: skip
+def test_the_encoders_part_builds_the_real_size_encoders(gpu_check, family, arch, published):
+    """On the meta device: each text encoder the part builds from the tiny pipeline's class and the shipped config
+    has the checkpoint's parameter count (CLIP-L and bigG with their projections, T5-XXL's and UMT5-XXL's encoders)."""
+    from gpu_check.encoders import born_text_encoder, shipped_text_configs
+
+    from diffusion_rl.models.tiny import build_tiny
+
+    tiny = build_tiny(family, "small")
+    built = {name: born_text_encoder(tiny.components[name], config, torch.device("meta"), torch.bfloat16)
+             for name, config in shipped_text_configs(arch).items()}  # fmt: skip
+    assert {name: sum(p.numel() for p in m.parameters()) for name, m in built.items()} == published
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for m in built.values() for p in m.parameters())
 
 
 def test_the_allocator_reading_survives_a_torch_without_the_settings_getter(gpu_check, monkeypatch):
