@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
 import pytest
 import torch
 
-from diffusion_rl.estimate.architectures import from_shipped
+from diffusion_rl.estimate.architectures import from_shipped, shipped, shipped_doc
 
-FOLDER = resources.files("diffusion_rl.assets") / "architectures"
 # Parameters as the pipelines load them, from the public checkpoints (not from our formulas)
 PUBLISHED = {
     ("clip_text_model", 768): 123.06e6,  # openai/clip-vit-large-patch14's text model
@@ -27,15 +25,13 @@ PUBLISHED = {
     ("mistral3", 5120): 24.01e9,  # mistralai/Mistral-Small-3.1-24B-Instruct-2503, whole (FLUX.2-dev)
     ("clip_vision_model", 1280): 632.08e6 - 1280 * 1024,  # open_clip ViT-H-14's visual tower less its projection
 }
-SHIPPED = sorted(p.name.removesuffix(".json") for p in FOLDER.iterdir() if p.name.endswith(".json"))
+SHIPPED = sorted(shipped())
 
 
 def _configs(name: str) -> dict[str, dict]:
-    """The shipped encoders' configs of architecture `name` (following `same_as`)."""
-    data = json.loads((FOLDER / f"{name}.json").read_text())
-    while "components" not in data:
-        data = json.loads((FOLDER / f"{data['same_as']}.json").read_text())
-    return {k: v for k, v in data["components"].items() if k.startswith(("text_encoder", "image_encoder"))}
+    """The shipped encoders' configs of architecture `name` (another's with its `changes`, for a `same_as`)."""
+    components = shipped_doc(name)["components"]
+    return {k: v for k, v in components.items() if k.startswith(("text_encoder", "image_encoder"))}
 
 
 def _width(config: dict) -> int:

@@ -16,14 +16,13 @@ tiny encoders.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
 import torch
 
 from diffusion_rl.config import load
-from diffusion_rl.estimate.architectures import shipped
+from diffusion_rl.estimate.architectures import shipped_doc
 from diffusion_rl.estimate.estimator import estimate
 from diffusion_rl.models.loader import model_of_pipeline, resolve_device
 from diffusion_rl.models.registry import family_named
@@ -49,10 +48,8 @@ GPUS = 8  # the ready configs' workers: one step's prompts per GPU are prompts_p
 
 
 def shipped_text_configs(name: str) -> dict[str, dict]:
-    """The text encoders' configs of shipped architecture `name` (another checkpoint's, for a `same_as`)."""
-    doc = json.loads(shipped()[name].read_text())
-    doc = json.loads(shipped()[doc["same_as"]].read_text()) if "same_as" in doc else doc
-    return {k: v for k, v in doc["components"].items() if k.startswith("text_encoder")}
+    """The text encoders' configs of shipped architecture `name`."""
+    return {k: v for k, v in shipped_doc(name)["components"].items() if k.startswith("text_encoder")}
 
 
 def born_text_encoder(tiny: torch.nn.Module, shipped_config: dict, device: torch.device, dtype: torch.dtype):

@@ -69,17 +69,17 @@ class Encoder:
 
 
 def text_encoder_of(name: str, config: dict) -> Encoder:
-    """A Encoder from a transformers config dict (CLIP text, T5 / UMT5 encoder, Qwen2.5-VL, Qwen3)."""
+    """A text encoder's Encoder from its transformers config (CLIP text, T5 / UMT5, Qwen2.5-VL, Qwen3, Mistral-3)."""
     kind = config.get("model_type", "")
     if kind.startswith("clip"):
         h, positions = config["hidden_size"], config.get("max_position_embeddings", CLIP_TOKENS)
         return Encoder(name, "clip", config["num_hidden_layers"], h, config["intermediate_size"], h, h, False,
-                           config["vocab_size"], positions=positions)  # fmt: skip
+                       config["vocab_size"], positions=positions)  # fmt: skip
     if kind in ("t5", "umt5", "t5encoder"):
         q = config["num_heads"] * config["d_kv"]
         gated = str(config.get("feed_forward_proj", "")).startswith("gated")
         return Encoder(name, "t5", config["num_layers"], config["d_model"], config["d_ff"], q, q, gated,
-                           config["vocab_size"])  # fmt: skip
+                       config["vocab_size"])  # fmt: skip
     # Qwen3 (FLUX.2-klein, Z-Image) and Mistral-3 (FLUX.2-dev): the same gated decoder
     if kind.startswith("qwen2") or kind in ("qwen3", "mistral3"):
         text = config.get("text_config") or config
@@ -96,7 +96,7 @@ def text_encoder_of(name: str, config: dict) -> Encoder:
         # where a config does not say, counted untied (the larger)
         tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         return Encoder(name, label, text["num_hidden_layers"], h, text["intermediate_size"], heads * head_dim, kv,
-                           True, text["vocab_size"], vision, head=not tied)  # fmt: skip
+                       True, text["vocab_size"], vision, head=not tied)  # fmt: skip
     raise UserError(f"estimate: text encoder '{name}' has model_type '{kind}', which the estimate does not know")
 
 
@@ -187,7 +187,8 @@ def shipped() -> dict[str, Path]:
     return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".json")}
 
 
-def from_shipped(name: str) -> Architecture:
+def shipped_doc(name: str) -> dict:
+    """Shipped architecture `name`'s file: name, family, source and each component's config."""
     doc = json.loads(shipped()[name].read_text())
     # another checkpoint of a shipped architecture (Qwen-Image-2512: Qwen-Image's), with the config keys it `changes`
     # (FLUX.1-schnell: FLUX.1-dev's without the guidance embedding)
@@ -196,6 +197,11 @@ def from_shipped(name: str) -> Architecture:
         changes = doc.get("changes", {})
         components = {part: {**config, **changes.get(part, {})} for part, config in base["components"].items()}
         doc = {**base, "name": doc["name"], "source": doc["source"], "components": components}
+    return doc
+
+
+def from_shipped(name: str) -> Architecture:
+    doc = shipped_doc(name)
     return from_components(doc["name"], doc["family"], doc["components"], doc["source"])
 
 
