@@ -22,9 +22,8 @@ at most what is left. This process never touches CUDA (a forked child could not 
 on one CPU thread: torch's CPU threads are GNU OpenMP's, which do not survive a fork, so a child forked after this
 process had run a parallel region hangs in its first one (run 8 of the check lost every part to it). A process
 that computes takes `Context.threads` (torch's own count, read here first); one that only forks (this one, the A/B
-parts' own) keeps one. `--dry-run` runs
-the same parts on the CPU with the tiny presets' architectures (tests/benchmarks/test_gpu_check.py), so the check
-cannot rot.
+parts' own) keeps one. `--dry-run` runs the same parts on the CPU with the tiny presets' architectures
+(tests/benchmarks/test_gpu_check.py), so the check cannot rot.
 """
 
 from __future__ import annotations
