@@ -93,14 +93,12 @@ def ready_config(run):
     return load(ROOT / "configs" / run.config, list(run.overrides))
 
 
-def encoders_variant(ctx: Context, name: str, offload: bool) -> dict:
+def encoders_variant(ctx: Context, name: str, offload: bool, count: int) -> dict:
     """One model's encoders held on the device (offload False) or moved for the call (True): a warm-up call, then one
-    over the prompts one GPU of the ready config encodes each step (its share of prompts_per_step; the negative is
-    the model's own)."""
+    over `count` prompts, what one GPU of the ready config encodes each step (the negative is the model's own)."""
     cfg, model = model_with_real_encoders(ctx, name, offload)
     encoders = [m for k, m in model.pipeline.components.items() if k.startswith("text_encoder") and m is not None]
     weights = sum(p.numel() * p.element_size() for m in encoders for p in m.parameters()) / GIB
-    count = math.ceil(ready_config(RUNS[name]).data.prompts_per_step / GPUS)
     prompts = [f"prompt {i}: a red cube to the left of a blue sphere on a wooden table" for i in range(count)]
     model.encode_prompts(prompts[:1])  # warm-up: kernels, the allocator's first blocks, the first move
     sync()
@@ -119,16 +117,17 @@ def encoders_variant(ctx: Context, name: str, offload: bool) -> dict:
 def encoders_part(ctx: Context) -> dict:
     """Each model's encoders held, then offloaded, each variant in this part's process one after the other (the
     first's memory released before the second builds); `estimate`'s figures for the ready config beside them."""
-    result = {}
+    result, entry = {}, ctx.device_entry()
     for name in MODELS:
         run = RUNS[name]
-        entry = ctx.device_entry()
-        target = run_config(ctx, run, []) if ctx.dry_run else ready_config(run)  # the tiny sizes in the dry run
+        ready = ready_config(run)
+        count = math.ceil(ready.data.prompts_per_step / GPUS)  # one GPU's share of a step's prompts
+        target = run_config(ctx, run, []) if ctx.dry_run else ready  # the tiny sizes in the dry run
         predicted = estimate(target, architecture(ctx, run), entry, GPUS, prompt_tokens=PROMPT_TOKENS)
         runs = result[name] = {"estimate": {"text_encoders_gib": predicted.memory_gib["text_encoders"],
                                             "encode_prompts_s": predicted.phase_seconds["encode_prompts"]}}  # fmt: skip
         for label, offload in (("held", False), ("offloaded", True)):
-            runs[label] = encoders_variant(ctx, name, offload)
+            runs[label] = encoders_variant(ctx, name, offload, count)
             release()
             ctx.keep(result)
     return result
