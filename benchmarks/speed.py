@@ -29,7 +29,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from diffusion_rl.algorithms.base import Targets  # noqa: E402
+from diffusion_rl.algorithms.credit import Targets  # noqa: E402
 from diffusion_rl.config import load  # noqa: E402
 from diffusion_rl.engine.worker import PolicyWorker  # noqa: E402
 from diffusion_rl.models.tiny import save_tiny, tiny_presets  # noqa: E402

@@ -1,4 +1,5 @@
-"""Algorithms: group advantages, rollout correction, and every registered loss with the `Algorithm` that runs it.
+"""Algorithms: credit (group advantages, tree credit), rollout correction, and every registered loss with the
+`Algorithm` that runs it.
 
 The built-in losses are one file each (losses/ for the policy-gradient ones, preference/ for Diffusion-DPO,
 DiffusionNFT and AWM), registered when LOSSES is first looked up. See algorithms/base.py for what an algorithm
@@ -11,12 +12,12 @@ from diffusion_rl.algorithms.base import (
     LossOutput,
     LossSettings,
     LossSpec,
-    Targets,
     TrainBatch,
     UpdatePosition,
     make_algorithm,
     register_loss,
 )
+from diffusion_rl.algorithms.credit import Targets
 
 __all__ = [
     "LOSSES",

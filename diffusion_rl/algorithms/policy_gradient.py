@@ -8,7 +8,9 @@ optimizer step sees the mean over (kept samples × trained steps) of its mini-ba
 
 Advantages are per trained step ([B, K] in the units): a flat row's one advantage on each of its steps; with tree
 rollouts (`sampling.tree`) the advantage of the node each step leads into, times the step's weight (its share among
-the rows that hold the same transition, 0 where pruned), from the per-depth targets of algorithms/tree_credit.py.
+the rows that hold the same transition, 0 where pruned). Both come from the algorithm's credit (algorithms/credit.py),
+and the PPO anchor from its rollout correction: collaborators chosen when the algorithm is built, so the plain step
+walks past neither's options.
 
 Rollout correction (algorithm.rollout_correction): `decoupled` recomputes the old log-probs and means with the
 weights before the update and weights each entry by π_old / π_rollout (algorithms/rollout_correction.py);
@@ -30,16 +32,14 @@ from tensordict import tensorclass
 
 from diffusion_rl.algorithms.base import (
     Algorithm,
-    GroupNorm,
     LossOutput,
     LossSettings,
-    Targets,
     TrainBatch,
     UpdatePosition,
     loss_names,
 )
-from diffusion_rl.algorithms.rollout_correction import correction_weights
-from diffusion_rl.algorithms.tree_credit import tree_credit
+from diffusion_rl.algorithms.credit import make_credit
+from diffusion_rl.algorithms.rollout_correction import make_correction
 from diffusion_rl.sampling.rollout import recompute_step
 from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import Range, check, opt
@@ -48,7 +48,8 @@ from diffusion_rl.utils.seeding import make_generator
 
 @dataclass
 class PolicyLossInput:
-    """One training micro-batch at one denoising step; B = samples in the micro-batch."""
+    """One training micro-batch at one denoising step; B = samples in the micro-batch. Built in one place
+    (`PolicyGradient.loss`), whose shapes the algorithm's tests hold: no checks on the hot path."""
 
     log_prob: torch.Tensor  # [B] current policy's log-prob of the rollout's next latent, with grad
     old_log_prob: torch.Tensor  # [B] the same under the rollout (or recomputed old) policy, no grad
@@ -59,21 +60,6 @@ class PolicyLossInput:
     std: torch.Tensor  # [B] the step's std_dev_t, WITHOUT sqrt(dt)
     sqrt_dt: torch.Tensor  # [B] sqrt(|dt|) of the step: the noise std is std * sqrt_dt
     weights: torch.Tensor | None = None  # [B] rollout-correction weights (detached), multiply the per-sample loss
-
-    def __post_init__(self):
-        batch = self.log_prob.shape
-        if len(batch) != 1:
-            raise ValueError(f"log_prob must be [B]; got {tuple(batch)}")
-        for name in ("old_log_prob", "advantages", "std", "sqrt_dt", "weights"):
-            value = getattr(self, name)
-            if value is not None and value.shape != batch:
-                raise ValueError(f"{name} must be [B] = {tuple(batch)}; got {tuple(value.shape)}")
-        for name in ("mean", "old_mean", "ref_mean"):
-            value = getattr(self, name)
-            if value is not None and (value.ndim < 1 or value.shape[0] != batch[0]):
-                raise ValueError(f"{name} must be [B, ...] with B = {batch[0]}; got {tuple(value.shape)}")
-        if self.ref_mean is not None and self.ref_mean.shape != self.mean.shape:
-            raise ValueError(f"ref_mean {tuple(self.ref_mean.shape)} must have mean's shape {tuple(self.mean.shape)}")
 
 
 @dataclass
@@ -232,45 +218,24 @@ class PolicyGradient(Algorithm):
 
     def __init__(self, section, spec, **context):
         super().__init__(section, spec, **context)
-        self.tree = self.sampler.tree
-        self.correction = section.rollout_correction
+        self.credit = make_credit(self.sampler.tree, self.tree_prune, section.advantage, self.reward_weights)
+        self.correction = make_correction(section.rollout_correction)
         self.kl_beta = self.settings.kl_beta
-
-    def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
-        """Flat rows: group-relative advantages [B] (Algorithm.prepare); tree rollouts: `_tree_targets`."""
-        return super().prepare(scored, group_index) if self.tree is None else self._tree_targets(scored, group_index)
-
-    def _tree_targets(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
-        """Depth-wise advantages and step weights [B, D + 1] of tree rollouts (algorithms/tree_credit.py)."""
-        norm, prune = GroupNorm.of(self.section.advantage), self.tree_prune
-        credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, norm, depths=prune.depths,
-                             leaves=prune.leaves)  # fmt: skip
-        targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights,
-                          batch_size=[len(group_index)])  # fmt: skip
-        return targets, credit.metrics
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[PolicyGradientUnits, dict[str, float]]:
         alg, traj = self.section, batch.traj
         columns = trained_columns(
             traj.ids.sample_index, traj.window_size, alg.timestep_fraction, alg.timestep_selection, self.seed, step
         ).to(traj.device)
-        advantages, step_weight = self._per_step(batch.targets, traj, columns)
+        advantages, step_weight = self.credit.per_step(batch.targets, traj, columns)
         weight = (advantages != 0).any(1).float() if alg.drop_zero_advantage else torch.ones_like(advantages[:, 0])
-        rollout_log_probs = gather_columns(traj.log_probs, columns)
-        metrics = {"train/kept_fraction": float(weight.mean())}
-        if self.correction.mode == "decoupled":
-            old_log_probs, old_means = self._old_policy(traj, columns)
-            corrected = correction_weights(old_log_probs, rollout_log_probs, self.correction)
-            correction = corrected.weights_BW
-            metrics.update({name: float(value) for name, value in corrected.metrics.items()})
-        else:
-            old_log_probs, old_means = rollout_log_probs, gather_columns(traj.means, columns).float()
-            correction = torch.ones_like(rollout_log_probs)
+        anchor = self.correction.anchor(gather_columns(traj.log_probs, columns), gather_columns(traj.means, columns),
+                                        lambda: self._old_policy(traj, columns))  # fmt: skip
         sqrt_dt = (gather_columns(traj.sigmas, columns) - gather_columns(traj.sigmas_next, columns)).sqrt()
         units = PolicyGradientUnits(traj=traj, advantages=advantages, weight=weight, columns=columns,
-                                    step_weight=step_weight, old_log_probs=old_log_probs, old_means=old_means,
-                                    correction=correction, sqrt_dt=sqrt_dt, batch_size=traj.batch_size)  # fmt: skip
-        return units, metrics
+                                    step_weight=step_weight, old_log_probs=anchor.log_probs, old_means=anchor.means,
+                                    correction=anchor.weights, sqrt_dt=sqrt_dt, batch_size=traj.batch_size)  # fmt: skip
+        return units, {"train/kept_fraction": float(weight.mean()), **anchor.metrics}
 
     def chunks(self, units: PolicyGradientUnits) -> int:
         return units.columns.shape[1]  # K trained steps, one backward pass each
@@ -283,9 +248,8 @@ class PolicyGradient(Algorithm):
                 ref_mean = self._recompute(units.traj, units.columns[:, k]).mean
         step = self._recompute(units.traj, units.columns[:, k])
         weights = units.weight * units.correction[:, k] * units.step_weight[:, k]
-        entry_metrics = {}
-        if self.correction.mode == "bypass" and self.correction.rs_stat is not None:
-            kept, entry_metrics = self._rejection(step.log_prob, units.old_log_probs[:, k : k + 1])
+        kept, entry_metrics = self.correction.reject(step.log_prob, units.old_log_probs[:, k : k + 1])
+        if kept is not None:
             weights = weights * kept
         sqrt_dt = units.sqrt_dt[:, k].contiguous()  # a strided view would sum (grpo_guard's mean) in another order
         inp = PolicyLossInput(log_prob=step.log_prob, old_log_prob=units.old_log_probs[:, k], mean=step.mean,
@@ -300,35 +264,6 @@ class PolicyGradient(Algorithm):
         return LossOutput(out.loss, metrics, entry_metrics)
 
     # -- helpers ------------------------------------------------------------------------------------------------
-    def _rejection(self, log_prob_B: torch.Tensor, rollout_B1: torch.Tensor):
-        """Bypass correction's rejection of one trained step: [B] 0 for a rejected entry, else 1, from the current
-        policy's log-probs against the rollout's; and its per-entry shares and means (the update loop averages them
-        over the (sample, step) entries)."""
-        corrected = correction_weights(log_prob_B.detach()[:, None], rollout_B1, self.correction)
-        entry_metrics = {f"rollout_corr/{name}": corrected.metrics[f"rollout_corr/{name}"]
-                         for name in ("rejected_fraction", "kl", "k3_kl", "chi2_step")}  # fmt: skip
-        entry_metrics.update({k: v for k, v in corrected.metrics.items() if "/rejected_fraction/" in k})
-        return corrected.weights_BW[:, 0], entry_metrics
-
-    def _per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
-        """Advantages and step weights [B, K] of the trained columns: a flat row's advantage on each of them (a tree
-        row's: `_tree_per_step`)."""
-        adv = targets.advantages
-        if adv is None:
-            raise ValueError("a policy-gradient update needs targets.advantages (none were given)")
-        if adv.ndim == 2:
-            return self._tree_per_step(targets, traj, columns_BK)
-        return adv[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv.device)
-
-    def _tree_per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
-        """A tree row's per-depth advantages and step weights at the depth each trained step leads into."""
-        adv = targets.advantages
-        if self.tree is None or adv.shape[1] != self.tree.depth + 1:
-            raise ValueError(f"per-depth advantages {tuple(adv.shape)} need sampling.tree with {adv.shape[1] - 1} "
-                             "splits")  # fmt: skip
-        depth_BK = self.tree.depth_of_step(gather_columns(traj.step_index, columns_BK))
-        return adv.gather(1, depth_BK), targets.step_weights.gather(1, depth_BK)
-
     def _recompute(self, traj: Trajectory, cols_B: torch.Tensor):
         """The recorded step x_j → x_{j+1} (σ_j → σ_{j+1}) of window column cols_B[b] of each row b, under the active
         policy (sampling/rollout.py `recompute_step`)."""

@@ -29,6 +29,10 @@ the whole sample (every column). max of k1 is refused: a signed statistic's max 
 Criteria chain: rs_stat/rs_bound/rs_level is the first criterion, each entry of rs_chain ({stat, bound, level})
 another; an entry is kept only when it passes every criterion. The loss weight is (normalised) IS weight × keep.
 
+Which of these a run uses is one collaborator chosen when the algorithm is built (`make_correction`): the PPO anchor
+and its weights (`anchor`, before the update) and the per-step rejection (`reject`, inside the loss); the plain path,
+bypass without rejection, is `RolloutAnchor`, whose weights are all 1 and which rejects nothing.
+
 Off-policy diagnostics, from l = logp_old - logp_rollout [B, W] (unclamped where finite; exponentials of the
 clamped l, and of the clamped row sum for the sequence form):
     kl = mean(-l)                          estimates KL(π_rollout ‖ π_old) on the rollout's samples
@@ -39,6 +43,7 @@ clamped l, and of the clamped row sum for the sequence form):
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -257,3 +262,64 @@ def correction_weights(
         })  # fmt: skip
         metrics.update(offpolicy_metrics(log_w_BW))
     return CorrectionResult(weights_BW=weights_BW.detach(), metrics={k: v.detach() for k, v in metrics.items()})
+
+
+@dataclass
+class Anchor:
+    """What the update's ratios are taken against, per trained step: [B, K] log-probs, [B, K, …] step means, and the
+    detached [B, K] loss weights of the correction."""
+
+    log_probs: torch.Tensor
+    means: torch.Tensor
+    weights: torch.Tensor
+    metrics: dict[str, float]
+
+
+class RolloutAnchor:
+    """Bypass without rejection (the default): the rollout's log-probs and means are the anchor, every weight 1."""
+
+    def __init__(self, cfg: RolloutCorrectionConfig):
+        self.cfg = cfg
+
+    def anchor(
+        self, rollout_log_probs_BK: torch.Tensor, rollout_means_BK: torch.Tensor, old_policy: Callable
+    ) -> Anchor:
+        """`old_policy()`: the (log-probs, means) [B, K] recomputed with the weights before the update (decoupled)."""
+        return Anchor(rollout_log_probs_BK, rollout_means_BK.float(), torch.ones_like(rollout_log_probs_BK), {})
+
+    def reject(self, log_prob_B: torch.Tensor, anchor_B1: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+        """[B] 1 for a kept entry, 0 for a rejected one of the trained step (None: none rejected), from the current
+        policy's log-probs against the anchor's [B, 1]; and the entry metrics (shares of the step's entries)."""
+        return None, {}
+
+
+class BypassRejection(RolloutAnchor):
+    """Bypass with rejection (rs_level step): the rollout is the anchor; each trained step's entries whose current
+    log-prob is too far from the rollout's are left out of the loss."""
+
+    def reject(self, log_prob_B: torch.Tensor, anchor_B1: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+        corrected = correction_weights(log_prob_B.detach()[:, None], anchor_B1, self.cfg)
+        entry_metrics = {f"rollout_corr/{name}": corrected.metrics[f"rollout_corr/{name}"]
+                         for name in ("rejected_fraction", "kl", "k3_kl", "chi2_step")}  # fmt: skip
+        entry_metrics.update({k: v for k, v in corrected.metrics.items() if "/rejected_fraction/" in k})
+        return corrected.weights_BW[:, 0], entry_metrics
+
+
+class Decoupled(RolloutAnchor):
+    """Decoupled: the old policy, recomputed before the update, is the anchor; π_old / π_rollout weights each entry
+    (with its rejection), once for the whole window."""
+
+    def anchor(
+        self, rollout_log_probs_BK: torch.Tensor, rollout_means_BK: torch.Tensor, old_policy: Callable
+    ) -> Anchor:
+        old_log_probs, old_means = old_policy()
+        corrected = correction_weights(old_log_probs, rollout_log_probs_BK, self.cfg)
+        metrics = {name: float(value) for name, value in corrected.metrics.items()}
+        return Anchor(old_log_probs, old_means, corrected.weights_BW, metrics)
+
+
+def make_correction(cfg: RolloutCorrectionConfig) -> RolloutAnchor:
+    """The collaborator of algorithm.rollout_correction (module docstring)."""
+    if cfg.mode == "decoupled":
+        return Decoupled(cfg)
+    return RolloutAnchor(cfg) if cfg.rs_stat is None else BypassRejection(cfg)

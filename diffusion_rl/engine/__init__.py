@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from diffusion_rl.algorithms.base import Targets
+from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.sampling.rollout import SamplerSettings

@@ -46,7 +46,8 @@ from pathlib import Path
 
 import torch
 
-from diffusion_rl.algorithms.base import Targets, make_algorithm
+from diffusion_rl.algorithms.base import make_algorithm
+from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.ray_cluster import (

@@ -25,7 +25,7 @@ from datetime import timedelta
 
 import torch
 
-from diffusion_rl.algorithms.base import Targets
+from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.engine.parallel import Fsdp2Sharded
 from diffusion_rl.engine.weight_sync import BroadcastChannel, WeightReceiver, WeightSender
 from diffusion_rl.engine.worker import PolicyWorker, UpdatePlan

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from diffusion_rl.algorithms.base import Targets, TrainBatch, UpdatePosition, make_algorithm, minibatch_rows
+from diffusion_rl.algorithms.base import TrainBatch, UpdatePosition, make_algorithm, minibatch_rows
+from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import GroupNorm, combine_per_reward_advantages, compute_group_advantages
+from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages, group_advantages
 
 NAN = float("nan")
 EPS = 1e-4
@@ -131,18 +131,26 @@ def test_invalid_inputs():
         compute_group_advantages(torch.zeros(3), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="integer"):
         compute_group_advantages(torch.zeros(3), torch.zeros(3))
-    with pytest.raises(ValueError, match="std_ddof"):
-        _run(std_ddof=-1)
+
+
+def test_advantage_options_are_checked_once_when_the_config_loads():
+    from diffusion_rl.config import load
+    from diffusion_rl.errors import UserError
+
+    for bad in ("algorithm.advantage.std_ddof=-1", "algorithm.advantage.eps=-1e-3", "algorithm.advantage.eps=nan"):
+        with pytest.raises(UserError, match="algorithm.advantage"):
+            load(None, [bad])
 
 
 def test_per_reward_aggregation_is_weighted_sum_of_per_reward_advantages():
     other = [0.5, 0.0, 1.5, 2.0, NAN, 1.0, 0.5, 1.0, 3.0]
     weights = {"a": 1.0, "b": 0.5}
-    result = combine_per_reward_advantages(
+    result = group_advantages(
         {"a": torch.tensor(REWARDS), "b": torch.tensor(other)},
         weights,
         torch.tensor(GROUPS),
         GroupNorm(global_std=False, std_ddof=0),
+        itemize=True,
     )
     a = _hand(REWARDS, GROUPS, global_std=False, ddof=0)
     b = _hand(other, GROUPS, global_std=False, ddof=0)
@@ -157,4 +165,4 @@ def test_per_reward_aggregation_is_weighted_sum_of_per_reward_advantages():
 
 def test_per_reward_aggregation_rejects_mismatched_names():
     with pytest.raises(ValueError, match="same rewards"):
-        combine_per_reward_advantages({"a": torch.zeros(2)}, {"b": 1.0}, torch.tensor([0, 0]))
+        group_advantages({"a": torch.zeros(2)}, {"b": 1.0}, torch.tensor([0, 0]))

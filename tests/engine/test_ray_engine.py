@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 ray = pytest.importorskip("ray")
 
-from diffusion_rl.algorithms.base import Targets  # noqa: E402
+from diffusion_rl.algorithms.credit import Targets  # noqa: E402
 from diffusion_rl.checkpoint.state import read_saved_tensors  # noqa: E402
 from diffusion_rl.checkpoint.store import CheckpointManager  # noqa: E402
 from diffusion_rl.data.sampler import make_step_prompts  # noqa: E402

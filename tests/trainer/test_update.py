@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import Targets
+from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient, trained_columns
 from diffusion_rl.data.sampler import make_step_prompts
 from diffusion_rl.sampling.window import window_for_step

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from tensordict import tensorclass
 
-from diffusion_rl.algorithms.base import LossOutput, LossSettings, Targets, TrainBatch, UpdatePosition, register_loss
+from diffusion_rl.algorithms.base import LossOutput, LossSettings, TrainBatch, UpdatePosition, register_loss
+from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.algorithms.preference.base import (
     ForwardProcess,
     batch_rows,

@@ -1,4 +1,4 @@
-"""Tree credit (algorithms/tree_credit.py) on hand-built trees: reward fusion, depth-wise advantages, step weights,
+"""Credit (algorithms/credit.py): tree credit on hand-built trees: reward fusion, depth-wise advantages, step weights,
 pruning; and the depth each sampler step leads into."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import GroupNorm, compute_group_advantages
-from diffusion_rl.algorithms.tree_credit import tree_credit
+from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages
+from diffusion_rl.algorithms.credit import tree_credit
 from diffusion_rl.sampling.tree import TreeSpec
 
 TREE = TreeSpec(branch_at=(1, 3), branching=(2, 2))  # leaves 0,1 under depth-1 node 0; leaves 2,3 under node 1
@@ -87,7 +87,8 @@ def test_the_update_gives_each_trained_step_the_advantage_and_weight_of_its_dept
     from pathlib import Path
     from types import SimpleNamespace
 
-    from diffusion_rl.algorithms.base import Targets, make_algorithm
+    from diffusion_rl.algorithms.base import make_algorithm
+    from diffusion_rl.algorithms.credit import FlatCredit, Targets, TreeCredit
     from diffusion_rl.config import load
 
     root = Path(__file__).resolve().parents[2]
@@ -98,11 +99,12 @@ def test_the_update_gives_each_trained_step_the_advantage_and_weight_of_its_dept
     targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights, batch_size=[8])
     traj = SimpleNamespace(step_index=torch.arange(4).expand(8, 4))  # window: steps 0..3
     columns = torch.tensor([[0, 1, 2, 3]] * 4 + [[3, 2, 1, 0]] * 4)  # rows 4-7 in reverse (a random selection)
-    adv, weight = algorithm._per_step(targets, traj, columns)
+    assert isinstance(algorithm.credit, TreeCredit)
+    adv, weight = algorithm.credit.per_step(targets, traj, columns)
     # steps 0 / 1, 2 / 3 lead into the root / depth 1 / depth 2
     assert adv[0].tolist() == pytest.approx([0.0, -1.0, -1.0, -4 / math.sqrt(11.5)])
     assert weight[0].tolist() == [0.0, 0.5, 0.5, 1.0] and weight[4].tolist() == [1.0, 0.5, 0.5, 0.0]
     assert adv[4].tolist() == pytest.approx([credit.advantages[4, 2].item(), -1.0, -1.0, 0.0])
     flat = Targets(advantages=REWARDS.nan_to_num(0.0), batch_size=[8])  # flat rows: the row's advantage on every step
-    adv, weight = algorithm._per_step(flat, traj, columns)
+    adv, weight = FlatCredit(cfg.algorithm.advantage, {}).per_step(flat, traj, columns)
     assert torch.equal(adv, REWARDS.nan_to_num(0.0)[:, None].expand(8, 4)) and bool((weight == 1).all())

@@ -1,6 +1,17 @@
-"""Credit of a tree rollout (sampling/tree.py): reward fusion, depth-wise advantages, shared-step weights, pruning.
+"""Credit: how a policy-gradient update turns a step's scores into the advantage of each trained step.
 
-After BranchGRPO (arXiv 2509.06040, §3) and TreeGRPO (arXiv 2512.08153). For one prompt's tree with leaf rewards r_l:
+A collaborator chosen once, when the algorithm is built (`make_credit`), so the plain step walks past no tree:
+
+- `FlatCredit`: one group-relative advantage per row (algorithms/base.py `group_advantages`), the same on each of
+  the row's trained steps. Flow-GRPO and its relatives; TempFlow-GRPO's per-step credit is flat too (its branching is
+  the sampler's shared initial noise with a one-step window).
+- `TreeCredit`: tree rollouts (sampling/tree.py), per depth of the row's path, with the weight of each step.
+
+Both have `targets(scored, group_index)` on the driver (→ `Targets`, O(B) numbers) and `per_step(targets, traj,
+columns)` on the worker (→ advantages and step weights [B, K] of the trained window columns).
+
+Tree credit, after BranchGRPO (arXiv 2509.06040, §3) and TreeGRPO (arXiv 2512.08153). For one prompt's tree with leaf
+rewards r_l:
 
     V(node)       = mean of r_l over the valid leaves under the node            (reward fusion; NaN = failed leaf)
     A_d(node)     = (V(node) − mean_g V) / (std V + eps)   over the nodes of depth d: mean within the prompt's tree,
@@ -27,14 +38,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+from tensordict import tensorclass
 
-from diffusion_rl.algorithms.base import GroupNorm, _batch_stats, compute_group_advantages
+from diffusion_rl.algorithms.advantages import GroupNorm, _batch_stats, compute_group_advantages, group_advantages
+from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.sampling.tree import TreeSpec, leaf_positions
 
 
+@tensorclass
+class Targets:
+    """What the update needs from scoring, per row of the step: set by `Algorithm.prepare` on the driver."""
+
+    # [B] fp32: group-relative advantage (0 for a failed sample); tree rollouts: [B, D + 1], per depth of the row's
+    # path (algorithms/tree_credit.py), with `step_weights` [B, D + 1] the weight of its steps of each depth
+    advantages: torch.Tensor | None = None
+    step_weights: torch.Tensor | None = None
+    pair_id: torch.Tensor | None = None  # [B] long: the preference pair a row belongs to (−1: none)
+    pair_role: torch.Tensor | None = None  # [B] long: 1 chosen, −1 rejected, 0 unpaired
+
+
 @dataclass
-class TreeCredit:
+class DepthTargets:
     advantages: torch.Tensor  # float32 [B, D + 1]: A of the node of each depth on the row's path (column 0: root)
     step_weights: torch.Tensor  # float32 [B, D + 1]: the weight of the row's steps of each depth
     metrics: dict[str, float] = field(default_factory=dict)
@@ -48,7 +74,7 @@ def tree_credit(
     *,
     depths: list[int] | None = None,
     leaves: int | None = None,
-) -> TreeCredit:
+) -> DepthTargets:
     """Targets of a step's rows: rewards [B] (NaN = failed), group_ids [B] in row order (row b is sample b), `norm`
     the options of algorithm.advantage (default: Flow-GRPO's)."""
     B, N, D = rewards.shape[0], tree.leaves, tree.depth
@@ -85,7 +111,7 @@ def tree_credit(
         weights[:, D] *= _extreme_leaves(r_B, group_B, leaves).float()
     metrics.update(_batch_stats("advantage", advantages[:, D]))
     metrics["tree/trained_leaf_fraction"] = float((weights[:, D] > 0).float().mean())
-    return TreeCredit(advantages=advantages.float(), step_weights=weights, metrics=metrics)
+    return DepthTargets(advantages=advantages.float(), step_weights=weights, metrics=metrics)
 
 
 def _extreme_leaves(r_B: torch.Tensor, group_B: torch.Tensor, keep: int) -> torch.Tensor:
@@ -98,3 +124,50 @@ def _extreme_leaves(r_B: torch.Tensor, group_B: torch.Tensor, keep: int) -> torc
         kept[order[max(0, len(order) - high) :]] = True
         kept[order[: min(low, max(0, len(order) - high))]] = True
     return kept
+
+
+class FlatCredit:
+    """One group-relative advantage per row, on each of its trained steps (weight 1)."""
+
+    def __init__(self, advantage, reward_weights: dict[str, float]):
+        self.advantage, self.reward_weights = advantage, reward_weights
+
+    def targets(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
+        """`sum_rewards`: the advantages of the weighted total; `sum_advantages` (MixGRPO's): each reward's within
+        its groups, summed with the rewards' weights, a failed sample NaN in every reward (advantage 0)."""
+        itemize = self.advantage.combine == "sum_advantages"
+        if itemize:
+            per_reward = {k: torch.from_numpy(np.where(scored.failed, np.nan, s)) for k, s in scored.per_reward.items()}
+            weights = self.reward_weights
+        else:
+            per_reward, weights = {"reward": torch.from_numpy(scored.total)}, {"reward": 1.0}
+        result = group_advantages(per_reward, weights, group_index, self.advantage, itemize)
+        return Targets(advantages=result.advantages, batch_size=[len(group_index)]), result.metrics
+
+    def per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
+        adv_B = targets.advantages
+        return adv_B[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv_B.device)
+
+
+class TreeCredit:
+    """Per-depth advantages and step weights of tree rollouts (`tree_credit`), each trained step taking its depth's."""
+
+    def __init__(self, tree: TreeSpec, prune, advantage):
+        self.tree, self.prune, self.advantage = tree, prune, advantage
+
+    def targets(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
+        credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, self.advantage,
+                             depths=self.prune.depths, leaves=self.prune.leaves)  # fmt: skip
+        targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights,
+                          batch_size=[len(group_index)])  # fmt: skip
+        return targets, credit.metrics
+
+    def per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
+        rows = torch.arange(columns_BK.shape[0], device=columns_BK.device)[:, None]
+        depth_BK = self.tree.depth_of_step(traj.step_index[rows, columns_BK])
+        return targets.advantages.gather(1, depth_BK), targets.step_weights.gather(1, depth_BK)
+
+
+def make_credit(tree: TreeSpec | None, prune, advantage, reward_weights: dict[str, float]):
+    """Tree credit for tree rollouts (`sampling.tree`), flat credit otherwise."""
+    return FlatCredit(advantage, reward_weights) if tree is None else TreeCredit(tree, prune, advantage)

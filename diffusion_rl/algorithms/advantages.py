@@ -1,0 +1,182 @@
+"""Group-relative advantages (Flow-GRPO's), and MixGRPO's per-reward aggregation: pure tensor functions.
+
+Samples that share a group id (the images of one prompt) form a group. For a sample i of group g:
+
+    A_i = (r_i - mean_g) / (std + eps)        std: of all valid rewards of the batch (global_std=True, as in
+                                               Flow-GRPO's default) or of group g's own valid rewards
+    A_i = r_i - mean_g                         when normalize_by_std=False
+
+- The std is taken over ONE value per sample, with `std_ddof`. verl-omni repeats each reward once per trained
+  timestep before taking the std, which makes the advantages depend on how many steps are trained; we use one
+  value per sample, as flow_grpo does (its np.std is ddof 0).
+- A failed sample (reward NaN or inf) is left out of its group's mean and of the std, and gets A = 0.
+- A group with a single valid sample gives A = 0 (no comparison is possible); so does a group whose std is
+  undefined (fewer than std_ddof + 1 valid samples), and a group whose valid rewards are all equal.
+- Advantages are not clipped here; the loss clamps them (adv_clip_max).
+- Several rewards (MixGRPO's `sum_advantages`): A = sum_k weight_k · A_k, each A_k as above from reward k alone; a
+  sample failed on reward k takes A_k = 0 and still its other rewards' advantages.
+
+The options are any object with `global_std`, `std_ddof`, `eps` and `normalize_by_std`: the config's
+algorithm.advantage (which checks their ranges when it loads), or a `GroupNorm`. Everything is vectorised over the
+batch with index_add / scatter_reduce on dense group indices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+_STAT_KEYS = ("mean", "std", "min", "max", "abs_mean")
+
+
+@dataclass(frozen=True)
+class GroupNorm:
+    """The advantage options as a plain value (Flow-GRPO's by default), for callers without a config."""
+
+    global_std: bool = True
+    std_ddof: int = 0
+    eps: float = 1e-4
+    normalize_by_std: bool = True
+
+
+@dataclass
+class AdvantageResult:
+    advantages: torch.Tensor  # float32 [B], on the rewards' device
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Groups:
+    """One reward's advantages and the per-group facts the metrics need."""
+
+    advantages_B: torch.Tensor  # float64 [B]
+    has_valid_G: torch.Tensor  # bool [G]: at least one valid sample
+    constant_G: torch.Tensor  # bool [G]: at least one valid sample, all valid rewards equal
+    singleton_G: torch.Tensor  # bool [G]: exactly one valid sample
+
+
+def group_advantages(
+    per_reward: Mapping[str, torch.Tensor],
+    weights: Mapping[str, float],
+    group_ids: torch.Tensor,
+    norm=GroupNorm(),
+    itemize: bool = False,
+) -> AdvantageResult:
+    """A = sum_k weights[k] · A_k, each A_k the group-relative advantage of per_reward[k] [B] (NaN = failed) grouped
+    by group_ids [B] (any integers, e.g. prompt indices); one reward: its own advantages.
+
+    Metrics: advantage/{mean,std,min,max,abs_mean} of the sum over the batch (failed samples' zeros included: what the
+    loss sees); advantage/{zero_std,singleton}_group_fraction over the groups with a valid sample, counting the
+    groups in which no reward gives a signal (all constant / all at most one valid sample); `itemize`: the same
+    per reward, under advantage/<name>/."""
+    if set(per_reward) != set(weights) or not per_reward:
+        raise ValueError(f"per_reward {sorted(per_reward)} and weights {sorted(weights)} must name the same rewards")
+    first = next(iter(per_reward.values()))
+    group_B, num_groups = _dense_groups(first, group_ids)
+    total_B = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
+    no_signal_G = torch.ones(num_groups, dtype=torch.bool, device=first.device)
+    all_singleton_G = torch.ones_like(no_signal_G)
+    any_valid_G = torch.zeros_like(no_signal_G)
+    metrics: dict[str, float] = {}
+    for name, rewards in per_reward.items():
+        groups = _group_advantages(rewards, group_B, num_groups, norm)
+        total_B += weights[name] * groups.advantages_B
+        # A group gives a signal for reward k unless it has no valid sample, one, or only equal rewards.
+        no_signal_G &= groups.constant_G | ~groups.has_valid_G
+        all_singleton_G &= groups.singleton_G | ~groups.has_valid_G
+        any_valid_G |= groups.has_valid_G
+        if itemize:
+            metrics.update(_batch_stats(f"advantage/{name}", groups.advantages_B))
+            metrics.update(_group_fractions(f"advantage/{name}", groups.has_valid_G, groups.constant_G,
+                                            groups.singleton_G))  # fmt: skip
+    metrics.update(_batch_stats("advantage", total_B))
+    metrics.update(_group_fractions("advantage", any_valid_G, no_signal_G & any_valid_G, all_singleton_G & any_valid_G))
+    return AdvantageResult(advantages=total_B.float(), metrics=metrics)
+
+
+def compute_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm=GroupNorm()) -> AdvantageResult:
+    """One reward's group-relative advantages (`group_advantages` of it alone)."""
+    return group_advantages({"reward": rewards}, {"reward": 1.0}, group_ids, norm)
+
+
+def _dense_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """group_ids mapped onto 0..G-1 (long [B]) and G, after checking the shapes and dtypes."""
+    if rewards.ndim != 1 or not rewards.is_floating_point():
+        raise ValueError(f"rewards must be a 1-D float tensor [B]; got {rewards.dtype} {tuple(rewards.shape)}")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(f"group_ids {tuple(group_ids.shape)} must have the rewards' shape {tuple(rewards.shape)}")
+    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(f"group_ids must be an integer tensor; got {group_ids.dtype}")
+    if rewards.numel() == 0:
+        raise ValueError("cannot compute advantages of an empty batch")
+    unique_G, group_B = torch.unique(group_ids.to(rewards.device), return_inverse=True)
+    return group_B, unique_G.numel()
+
+
+def _group_advantages(
+    rewards_B: torch.Tensor,
+    group_B: torch.Tensor,
+    num_groups: int,
+    norm: GroupNorm,
+) -> _Groups:
+    # fp64: reward spreads can be ~1e-5 of their magnitude (JPEG sizes), below fp32's resolution of the mean
+    r_B = rewards_B.detach().to(torch.float64)
+    valid_B = torch.isfinite(r_B)
+    r0_B = torch.where(valid_B, r_B, 0.0)
+    zeros_G = torch.zeros(num_groups, dtype=torch.float64, device=r_B.device)
+
+    count_G = zeros_G.index_add(0, group_B, valid_B.double())
+    mean_G = zeros_G.index_add(0, group_B, r0_B) / count_G.clamp_min(1)
+    max_G = torch.full_like(zeros_G, -math.inf).scatter_reduce(0, group_B, r_B.masked_fill(~valid_B, -math.inf), "amax")
+    min_G = torch.full_like(zeros_G, math.inf).scatter_reduce(0, group_B, r_B.masked_fill(~valid_B, math.inf), "amin")
+    has_valid_G = count_G >= 1
+    constant_G = has_valid_G & (max_G == min_G)
+
+    dev_B = torch.where(valid_B, r0_B - mean_G[group_B], 0.0)
+    # Exactly 0 in a constant group: the mean of equal floats can differ from them in the last bit.
+    dev_B = torch.where(constant_G[group_B], 0.0, dev_B)
+
+    std_defined_B = torch.ones_like(valid_B)
+    std_ddof = norm.std_ddof
+    if norm.normalize_by_std:
+        if norm.global_std:
+            n_valid = valid_B.sum().double()
+            mean_all = r0_B.sum() / n_valid.clamp_min(1)
+            sq_dev = torch.where(valid_B, (r0_B - mean_all) ** 2, 0.0).sum()
+            dof = n_valid - std_ddof
+            std_B = torch.sqrt(sq_dev / dof.clamp_min(1)).expand_as(r_B)
+            std_defined_B = (dof > 0).expand_as(valid_B)
+        else:
+            sq_dev_G = zeros_G.index_add(0, group_B, dev_B**2)
+            dof_G = count_G - std_ddof
+            std_B = torch.sqrt(sq_dev_G / dof_G.clamp_min(1))[group_B]
+            std_defined_B = (dof_G > 0)[group_B]
+        denom_B = std_B + norm.eps
+        # denom is 0 only with eps=0 and std=0, where dev is 0 too (constant group or batch): advantage 0
+        adv_B = dev_B / torch.where(denom_B > 0, denom_B, 1.0)
+    else:
+        adv_B = dev_B
+
+    keep_B = valid_B & (count_G[group_B] >= 2) & std_defined_B
+    return _Groups(
+        advantages_B=torch.where(keep_B, adv_B, 0.0),
+        has_valid_G=has_valid_G,
+        constant_G=constant_G,
+        singleton_G=count_G == 1,
+    )
+
+
+def _batch_stats(prefix: str, adv_B: torch.Tensor) -> dict[str, float]:
+    values = torch.stack([adv_B.mean(), adv_B.std(correction=0), adv_B.min(), adv_B.max(), adv_B.abs().mean()])
+    return {f"{prefix}/{key}": v for key, v in zip(_STAT_KEYS, values.tolist())}
+
+
+def _group_fractions(
+    prefix: str, has_valid_G: torch.Tensor, constant_G: torch.Tensor, singleton_G: torch.Tensor
+) -> dict[str, float]:
+    n = has_valid_G.sum().clamp_min(1).double()
+    return {f"{prefix}/zero_std_group_fraction": ((constant_G & has_valid_G).sum() / n).item(),
+            f"{prefix}/singleton_group_fraction": ((singleton_G & has_valid_G).sum() / n).item()}  # fmt: skip
