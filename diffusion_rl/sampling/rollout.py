@@ -31,7 +31,7 @@ from tensordict import TensorDict
 
 from diffusion_rl.models.guidance import Guidance
 from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
-from diffusion_rl.sampling.sde import Generators, StepOutput, get_step
+from diffusion_rl.sampling.sde import Generators, StepOutput, check_sigmas, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.tree import TreeNodes, TreeSpec
 from diffusion_rl.sampling.window import SdeWindow, step_types
@@ -123,6 +123,7 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
         raise ValueError(f"rollout: {B} rows ({R} roots), {len(init_seeds)} init seeds, {len(noise_seeds)} noise "
                          f"seeds, {cond.batch_size[0]} conds")  # fmt: skip
     sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width, settings.frames)
+    check_sigmas(sigmas, settings.sde_type)  # once here: the steps, and the update's recomputed ones, check none
     kinds = step_types(settings.num_steps, window, settings.sde_type)
     x = initial_noise(model, settings, init_seeds)
     generators = [generator_of(s) for s in noise_seeds] if nodes is None else None  # a tree's: its nodes'

@@ -94,9 +94,25 @@ def _per_row(value: float | Tensor, x: Tensor, name: str) -> Tensor:
     return value_B
 
 
+def check_sigmas(sigmas: Sequence[float] | Tensor, sde_type: str) -> None:
+    """A sampler's schedule, checked once where it is made (its steps then run without a host synchronisation):
+    strictly decreasing, ≥ 0, and for the `sde` step ≤ 1 (its std has 1 − σ under a root)."""
+    values = [float(s) for s in sigmas]
+    for i, (sigma, sigma_next) in enumerate(zip(values, values[1:])):
+        if not sigma_next < sigma:
+            raise ValueError("sampling runs from noise to data, so sigma_next must be < sigma; got "
+                             f"sigma={sigma:g}, sigma_next={sigma_next:g} (step {i})")  # fmt: skip
+    if values and min(values) < 0:
+        raise ValueError(f"sigma_next must be >= 0, got {min(values):g}")
+    if sde_type == "sde" and values and max(values) > 1:
+        raise ValueError(f"the sde step needs sigma <= 1 (its std has 1 - sigma under a root), got {max(values):g}")
+
+
 def _prepare(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float,
-             prev_sample: Tensor | None) -> _Inputs:  # fmt: skip
-    """The checked inputs: tensors in fp32, sigma and sigma_next per row [B]."""
+             prev_sample: Tensor | None, sde_type: str) -> _Inputs:  # fmt: skip
+    """The inputs: tensors in fp32, sigma and sigma_next per row [B]. Only what costs no host synchronisation is
+    checked here: shapes, and a step given as two floats (`check_sigmas`); per-row sigma tensors (the update's
+    recomputed steps) come from a schedule that `check_sigmas` saw when the rollout made it."""
     if x.ndim < 2:
         raise ValueError(f"x must have shape [B, ...] with at least one non-batch dim, got shape {tuple(x.shape)}")
     for name, t in (("v", v), ("prev_sample", prev_sample)):
@@ -104,13 +120,9 @@ def _prepare(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Te
             raise ValueError(f"{name} must have the shape of x {tuple(x.shape)}, got {tuple(t.shape)}")
     if noise_level < 0:
         raise ValueError(f"noise_level must be >= 0 (0 gives the deterministic step), got {noise_level}")
+    if not isinstance(sigma, Tensor) and not isinstance(sigma_next, Tensor):
+        check_sigmas([sigma, sigma_next], sde_type)
     sigma_B, sigma_next_B = _per_row(sigma, x, "sigma"), _per_row(sigma_next, x, "sigma_next")
-    if bool((bad_B := sigma_next_B >= sigma_B).any()):
-        i = int(bad_B.nonzero()[0, 0])
-        got = f"sigma={sigma_B[i].item():g}, sigma_next={sigma_next_B[i].item():g} (row {i})"
-        raise ValueError(f"sampling runs from noise to data, so sigma_next must be < sigma; got {got}")
-    if bool((sigma_next_B < 0).any()):
-        raise ValueError(f"sigma_next must be >= 0, got {sigma_next_B.min().item():g}")
     return _Inputs(x.float(), v.float(), sigma_B, sigma_next_B, None if prev_sample is None else prev_sample.float())
 
 
@@ -162,7 +174,7 @@ def _gaussian_log_prob(sample: Tensor, mean: Tensor, noise_std_B: Tensor) -> Ten
 def ode_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
              prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Euler step of the flow ODE: x + v·dt. Ignores noise_level and generator; log_prob is 0."""
-    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
+    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample, "ode")
     dt = _rows(inp.sigma_next_B - inp.sigma_B, inp.x)
     mean = inp.x + inp.v * dt
     zeros_B = torch.zeros_like(inp.sigma_B)
@@ -173,11 +185,7 @@ def ode_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Te
 def sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
              prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Flow-GRPO's Euler–Maruyama step. std = noise_level·sqrt(sigma / (1 - sigma)); noise std std·sqrt(-dt)."""
-    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
-    if bool((inp.sigma_B > 1).any()):
-        raise ValueError(
-            f"the sde step needs sigma <= 1 (its std has 1 - sigma under a root), got {inp.sigma_B.max():g}"
-        )
+    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample, "sde")
     # sigma / (1 - sigma) is infinite at sigma = 1 (pure noise, the first step); the reference uses the next
     # sigma in the denominator there, which keeps the first step's std finite (though large).
     sigma_tilde_B = torch.where(inp.sigma_B == 1, inp.sigma_next_B, inp.sigma_B)
@@ -195,7 +203,7 @@ def sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Te
 def cps_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
              prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Coefficients-preserving step: std = sigma_next·sin(noise_level·π/2); log_prob = -(x' - mean)², row-mean."""
-    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
+    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample, "cps")
     std_B = inp.sigma_next_B * math.sin(noise_level * math.pi / 2)
     std, s, s_next = (_rows(t, inp.x) for t in (std_B, inp.sigma_B, inp.sigma_next_B))  # [B, 1, ...]
     x0 = inp.x - s * inp.v  # predicted clean image
@@ -215,7 +223,7 @@ def cps_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Te
 def dance_sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
                    prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """DanceGRPO's step with eta = noise_level: Euler step + score term; std = eta·sqrt(sigma - sigma_next)."""
-    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample)
+    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample, "dance_sde")
     s = _rows(inp.sigma_B, inp.x)  # [B, 1, ...]
     dt = _rows(inp.sigma_next_B, inp.x) - s
     x0 = inp.x - s * inp.v
