@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py --out DIR [--dry-run] [--only sd35_lora,replay] [--budget 470]
 
 Writes DIR/gpu_check.json (after every part, so a killed run keeps what it measured) and DIR/gpu_check.md (a
-summary). The parts (benchmarks/gpu_check/parts.py), most important first: the device; one Flow-GRPO step of each
+summary). The parts (benchmarks/gpu_check/catalog.py), most important first: the device; one Flow-GRPO step of each
 ready config on a real-size random-weight model (SD3.5-Medium LoRA and full fine-tuning, FLUX.1-dev LoRA, Qwen-Image
 LoRA where the memory allows, Wan 2.1 1.3B LoRA; last, FLUX.2-klein-4B, Z-Image-Turbo and Wan 2.2 TI2V-5B LoRA) with
 `estimate`'s error against it; the rollout's log-prob replay
@@ -47,7 +47,8 @@ from diffusion_rl.utils import cuda_alloc  # noqa: E402  (stdlib only)
 ALLOCATOR = cuda_alloc.apply(True)  # what the CLI gives a run by default (the user's variables win), before torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check.parts import PARTS, Context, Skipped, warm_architectures, warm_imports  # noqa: E402
+from gpu_check.catalog import PARTS  # noqa: E402
+from gpu_check.parts import Context, Skipped, warm_architectures, warm_imports  # noqa: E402
 from gpu_check.summary import markdown  # noqa: E402
 
 SCHEMA = 1

@@ -457,30 +457,3 @@ def warm_imports() -> None:
         arch = from_shipped(run.arch)
         for name in (family_named(run.family).pipeline, arch.transformer_class, arch.vae_class):
             getattr(diffusers, name)
-
-
-from .alloc_ab import alloc_ab_part  # noqa: E402 — these parts build on this module's helpers
-from .cudnn_ab import cudnn_ab_part  # noqa: E402
-from .encoders import encoders_part  # noqa: E402
-
-# name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, alloc_ab,
-# encoders and wan22_a14b_lora, past the default budget, run with --only)
-PARTS = {
-    "device": (device_part, 30),
-    "sd35_lora": (model_part("sd35_lora"), 80),
-    "replay": (replay_part, 70),
-    "flux_lora": (model_part("flux_lora"), 70),
-    "wan21_lora": (model_part("wan21_lora"), 100),
-    "sd35_full": (model_part("sd35_full"), 80),
-    "compile": (compile_part, 120),
-    "qwen_image_lora": (model_part("qwen_image_lora"), 80),
-    "attention": (attention_part, 60),
-    "fsdp2": (fsdp2_part, 45),
-    "flux2_klein_lora": (model_part("flux2_klein_lora"), 60),
-    "z_image_lora": (model_part("z_image_lora"), 60),
-    "wan22_ti2v_lora": (model_part("wan22_ti2v_lora"), 80),
-    "cudnn_ab": (cudnn_ab_part, 150),
-    "alloc_ab": (alloc_ab_part, 170),
-    "encoders": (encoders_part, 90),
-    "wan22_a14b_lora": (model_part("wan22_a14b_lora"), 150),
-}

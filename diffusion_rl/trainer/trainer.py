@@ -5,18 +5,7 @@
                  → update (the engine trains on the trajectories it kept, with those targets)
     the loop:    train_step → validate when due → log the step's metrics → checkpoint when due and healthy
 
-Where a step's batch comes from, and its scores (the `collect` phase, a source below the Trainer):
-- `OnlineRollouts` (data.sample_source: online): the step's prompts, each repeated group_size times, are sampled
-  by the engine (which keeps the trajectories for the update) and scored by the rewards. The batch is sampled in
-  `sampling.score_chunks` chunks; each chunk is scored in a background thread while the next one samples. A sample
-  whose latents came out NaN/inf (a diverged policy) is failed without being scored (its image is black, not a
-  sample); when every sample of a step is, the run stops with TrainingDiverged. When the engine samples ahead
-  (engine.max_staleness k > 0, separate rollout actors), the rollouts and scores of the next k steps are made in a
-  background thread while this step's update runs; `collect` then only waits for what is left of them.
-- `OfflinePairs` (offline, Diffusion-DPO): data.prompts_per_step pairs of a pair dataset, their images
-  VAE-encoded once and cached; rows 0..P−1 are the chosen images, P..2P−1 the rejected ones, row p and P + p
-  forming group p, and the "scores" are the dataset's labels (1 chosen, 0 rejected), from which the algorithm
-  pairs them like any other group.
+Where a step's batch comes from, and its scores (the `collect` phase): a source of trainer/sources.py.
 
 Steps count completed training steps: checkpoint `step_000010` holds the state after 10 steps, and metrics,
 validation grids and checkpoints of a step are all numbered by it. A step's metrics and validation are written
@@ -25,12 +14,9 @@ before its checkpoint is published, so a resumed run ends with every row and fil
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,32 +36,31 @@ from diffusion_rl.data.condition_images import (
     fit_rows,
     with_condition_images,
 )
-from diffusion_rl.data.pairs import PreferencePair, load_image, load_pairs
+from diffusion_rl.data.pairs import load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
-from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prompts
+from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
-from diffusion_rl.errors import RunStopped, TrainingDiverged
+from diffusion_rl.errors import RunStopped
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
-from diffusion_rl.rewards import RewardCombiner, RewardResult
+from diffusion_rl.rewards import RewardCombiner
 from diffusion_rl.rewards.build import build_combiner, console_rewards
-from diffusion_rl.rewards.combine import with_unscored_rows
 from diffusion_rl.sampling.rollout import SamplerSettings
-from diffusion_rl.sampling.window import SdeWindow, window_for_step
+from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.tracking import make_trackers, plot_metrics, read_metrics
 from diffusion_rl.tracking.media import log_sheet, sample_sheet, save_sample
 from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
+from diffusion_rl.trainer.sources import Collected, RolloutDiverged, make_source
 from diffusion_rl.trainer.timing import PhaseTimer, perf_metrics
 from diffusion_rl.utils.files import naming
 from diffusion_rl.utils.omp import check_effective
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
 from diffusion_rl.utils.seeding import seed_for
-from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
 
@@ -126,10 +111,7 @@ class Trainer:
         e = cfg.engine  # devices of a step: the trainers (they count FLOPs), and the rollout actors beside them
         self.trainer_devices = e.num_workers if e.kind == "ray" else 1
         self.devices = self.trainer_devices + (e.rollout_workers if e.rollout == "separate" else 0)
-        if offline:
-            self.source = OfflinePairs(cfg, pairs, self.sampler, self.engine)
-        else:
-            self.source = OnlineRollouts(cfg, self.records, self.sampler, self.engine, self.rewards)
+        self.source = make_source(cfg, self.records, self.sampler, self.engine, self.rewards, pairs)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
         device = resolve_device(cfg.model.device)
         self.profiler = StepProfiler(cfg.profile.steps, cfg.profile.memory, self.run_dir, device)
@@ -410,140 +392,3 @@ class Trainer:
         self.engine.load(path, state["engine"])
         self._load_plain_state(state)
         logger.info("resumed from %s (step %d)", path, self.step)
-
-
-# -- the step's sources: where its batch and scores come from -----------------------------------------------------
-class RolloutDiverged(TrainingDiverged):
-    """Every sample of a step came out NaN/inf: the weights that sampled it (the current ones) are broken."""
-
-
-@dataclass
-class Collected:
-    prompts: StepPrompts  # the step's rows
-    images: np.ndarray | None  # uint8 [B, H, W, 3] (videos [B, F, H, W, 3]) of the rollout; None for offline data
-    scored: RewardResult  # total [B] (NaN = failed), per reward, failed, metrics
-
-
-class OnlineRollouts:
-    def __init__(self, cfg, records: list[PromptRecord], sampler: PromptSampler, engine, rewards: RewardCombiner):
-        self.cfg, self.records, self.sampler = cfg, records, sampler
-        self.engine, self.rewards = engine, rewards
-        # one thread keeps the rewards' own order and state simple
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
-        self.ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sample-ahead")
-        self.sampled_ahead: dict[int, Future] = {}  # later step → its (Collected, seconds) being made
-
-    def collect(self, step: int, window: SdeWindow | None, timer: PhaseTimer) -> Collected:
-        """`timing/generate` covers sampling (and scoring that overlapped it); `timing/reward` the time left
-        waiting for scores after the last chunk. A step sampled ahead: `timing/generate` is the wait for it and
-        `timing/sampled_ahead` the time its sampling and scoring took in the background."""
-        future = self.sampled_ahead.pop(step, None)
-        if future is None:
-            collected = self._sample_and_score(step, window, timer)
-        else:
-            with timer("generate"):
-                collected, seconds = future.result()
-            collected.scored.metrics["timing/sampled_ahead"] = seconds
-        ahead = getattr(self.engine, "max_staleness", 0)  # > 0: the engine samples ahead (separate rollout actors)
-        if ahead:
-            self._sample_ahead(step, ahead)
-        return collected
-
-    def _sample_ahead(self, step: int, ahead: int) -> None:
-        """Start the next `ahead` steps (those not started yet) in the background thread."""
-        for later in range(step + 1, min(step + ahead, self.cfg.train.total_steps - 1) + 1):
-            if later not in self.sampled_ahead:
-                window = window_for_step(self.cfg.sampling, self.cfg.run.seed, later)
-                self.sampled_ahead[later] = self.ahead.submit(self._timed, later, window)
-
-    def _timed(self, step: int, window: SdeWindow | None) -> tuple[Collected, float]:
-        start = time.perf_counter()
-        collected = self._sample_and_score(step, window, PhaseTimer())
-        return collected, time.perf_counter() - start
-
-    def discard_ahead(self) -> None:
-        """Forget the steps sampled ahead (their actors are gone, or the run goes back to a checkpoint)."""
-        for future in self.sampled_ahead.values():
-            future.cancel()
-            with contextlib.suppress(Exception):  # what failed there is what the caller is recovering from
-                future.result()  # a started one finishes first: nothing then still calls the engine
-        self.sampled_ahead = {}
-
-    def _sample_and_score(self, step: int, window: SdeWindow | None, timer: PhaseTimer) -> Collected:
-        prompts = make_step_prompts(self.records, self.sampler, step, self.cfg.data.group_size)
-        s = self.cfg.sampling  # the rewards see an edit's sources as the model did: fitted to the output size
-        metadata = with_condition_images(prompts.metadata, prompts.condition_images, s.height, s.width)
-        images, finite, nfe, pending = [], [], [], []
-        with timer("generate"):
-            for rows in split_evenly(range(len(prompts)), self.cfg.sampling.score_chunks):
-                if not rows:
-                    continue
-                part = self.engine.generate(prompts, step, window, rows=rows)
-                images.append(part.images.numpy())
-                finite.append(part.finite.numpy())
-                nfe.append(part.nfe.numpy())
-                ok = [row for row, usable in zip(rows, finite[-1]) if usable]
-                if ok:
-                    texts, chunk_metadata = [prompts.prompts[i] for i in ok], [metadata[i] for i in ok]
-                    pending.append(self.pool.submit(self.rewards.score, images[-1][finite[-1]], texts, chunk_metadata))
-        images, finite = np.concatenate(images), np.concatenate(finite)
-        if not finite.any():
-            raise RolloutDiverged(
-                f"step {step + 1}: the latents of every sample came out NaN/inf: the policy has diverged (lower "
-                "train.lr and resume)"
-            )
-        ok = np.flatnonzero(finite)
-        with timer("reward"):  # group rewards score here, on the whole batch: a group is never split across chunks
-            scored = self.rewards.combine([p.result() for p in pending], [metadata[i] for i in ok],
-                                          images=images[ok], prompts=[prompts.prompts[i] for i in ok],
-                                          group_index=prompts.group_index.numpy()[ok])  # fmt: skip
-        if len(ok) < len(prompts):
-            logger.warning("step %d: %d of %d samples came out NaN/inf and are failed unscored", step + 1,
-                           len(prompts) - len(ok), len(prompts))  # fmt: skip
-            scored = with_unscored_rows(scored, ok, metadata)
-        scored.metrics["sampling/nonfinite_fraction"] = 1.0 - len(ok) / len(prompts)
-        # transformer forwards per image the rollout took (CFG counts 2; a tree's shared nodes split among leaves)
-        scored.metrics["rollout/nfe_per_image"] = float(np.concatenate(nfe).mean())
-        return Collected(prompts, images, scored)
-
-
-class OfflinePairs:
-    def __init__(self, cfg, pairs: list[PreferencePair], sampler: PromptSampler, engine):
-        self.cfg, self.pairs, self.sampler, self.engine = cfg, pairs, sampler, engine
-        self.latents: dict[int, torch.Tensor] = {}  # pair index → latents [2, …] (chosen, rejected), CPU
-
-    def discard_ahead(self) -> None:
-        """Nothing is sampled ahead from a pair dataset."""
-
-    def collect(self, step: int, window: SdeWindow | None, timer: PhaseTimer) -> Collected:
-        with timer("load"):
-            indices = self.sampler.indices(step)
-            latents = torch.stack([self.latents_of(i) for i in indices])  # [P, 2, …]
-            pairs = [self.pairs[i] for i in indices]
-            P = len(pairs)
-            records = [PromptRecord(p.prompt, p.negative_prompt) for p in pairs] * 2
-            prompts = StepPrompts(
-                records=records,
-                uids=[f"s{step}-pair{i}" for i in indices] * 2,
-                group_index=torch.arange(P).repeat(2),
-                prompt_index=list(indices) * 2,
-                step=step,
-                group_size=2,
-            )
-            self.engine.keep_offline(prompts, torch.cat([latents[:, 0], latents[:, 1]]), step)
-        labels = np.concatenate([np.ones(P), np.zeros(P)]).astype(np.float32)
-        scored = RewardResult(
-            total=labels,
-            per_reward={},
-            failed=np.zeros(2 * P, dtype=bool),
-            metrics={"data/cached_pairs": float(len(self.latents))},
-        )
-        return Collected(prompts, None, scored)
-
-    def latents_of(self, index: int) -> torch.Tensor:
-        """[2, …] VAE latents of pair `index`'s chosen and rejected images, encoded on first use."""
-        if index not in self.latents:
-            s, pair = self.cfg.sampling, self.pairs[index]
-            images = torch.stack([load_image(path, s.height, s.width) for path in (pair.chosen, pair.rejected)])
-            self.latents[index] = self.engine.encode_images(images)
-        return self.latents[index]
