@@ -36,6 +36,12 @@ class LogConfig:
         "Count each step's FLOPs exactly (FlopCounterMode on the first rollout and update of each shape, cached) and "
         "log perf/flops_per_step, perf/images_per_s, perf/images_per_device_s and perf/mfu.",
     )
+    weight_change: Literal["auto", "on", "off"] = opt(
+        "auto",
+        "Log train/weight_change_rel, |Δθ| / |θ| of each optimizer step over the trained parameters (mean over the "
+        "update's steps): it costs a transient copy of them, so auto logs it up to 50M trained parameters (LoRA of "
+        "every family, full fine-tuning of the tiny models), on and off always.",
+    )
     peak_tflops: float | None = opt(
         None,
         "Peak dense bf16 TFLOP/s of one device for perf/mfu; null = the device table (H100/H200/H800/A100/L40S/A10/"

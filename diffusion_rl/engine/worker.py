@@ -141,17 +141,24 @@ class KeptRollouts:
             self._by_step.pop(step, None)
 
 
+WEIGHT_CHANGE_AUTO_MAX = 50_000_000  # trained parameters up to which log.weight_change=auto measures it
+
+
 # -- the optimizer step of every update: clip over all shards, skip a non-finite gradient, schedule, EMA, counters
 class OptimizerStepper:
     """AdamW over the trained parameters with a linear warm-up, gradient clipping and an optional EMA.
 
     `parallel` (engine/parallel.py) computes the gradient norm over all shards, so every worker clips and skips
     alike. A step whose gradient norm is not finite is skipped (gradients dropped); `train.max_consecutive_skips`
-    of them in a row raise TrainingDiverged.
+    of them in a row raise TrainingDiverged. With `weight_change` each step also measures |Δθ| / |θ| (over all
+    shards), from a copy of the weights taken before it.
     """
 
-    def __init__(self, params: list[torch.nn.Parameter], train, parallel):
+    def __init__(self, params: list[torch.nn.Parameter], train, parallel, weight_change: str = "off"):
         self.train, self.parallel = train, parallel
+        count = sum(p.numel() for p in params)  # a shard's count under FSDP2: the auto rule errs towards measuring
+        self.measure_change = weight_change == "on" or (weight_change == "auto" and count <= WEIGHT_CHANGE_AUTO_MAX)
+        self.changes: list[float] = []  # |Δθ| / |θ| of this update's optimizer steps
         self.optimizer = torch.optim.AdamW(
             params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, eps=train.adam_eps
         )
@@ -177,7 +184,10 @@ class OptimizerStepper:
         if not math.isfinite(grad_norm):
             self._skip(grad_norm)
             return grad_norm
+        before = [p.detach().clone() for p in self.params] if self.measure_change else None
         self.optimizer.step()
+        if before is not None:
+            self.changes.append(self._relative_change(before))
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
@@ -185,6 +195,13 @@ class OptimizerStepper:
         if self.ema is not None and self.steps % t.ema.update_every == 0:
             self.ema.update()
         return grad_norm
+
+    @torch.no_grad()
+    def _relative_change(self, before: list[torch.Tensor]) -> float:
+        """|θ_after − θ_before| / |θ_before| over every trained parameter (and shard); `before` is overwritten."""
+        norm_before = _total_norm(before)
+        torch._foreach_sub_(before, [p.detach() for p in self.params])  # before − after = −Δθ, in place
+        return _total_norm(before) / norm_before if norm_before > 0 else float("nan")
 
     def _skip(self, grad_norm: float) -> None:
         """Drop a non-finite gradient; train.max_consecutive_skips in a row raise TrainingDiverged."""
@@ -201,12 +218,16 @@ class OptimizerStepper:
     def metrics(self, grad_norms: list[float]) -> dict[str, float]:
         """What every update reports about its optimizer steps: the mean finite gradient norm, lr, step counts."""
         finite = [g for g in grad_norms if math.isfinite(g)]
-        return {
+        out = {
             "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
             "lr": self.scheduler.get_last_lr()[0],
             "train/optimizer_steps": self.steps,
             "train/skipped_updates": self.skipped,
         }
+        if self.changes:  # the update's optimizer steps that were taken (a skipped one changes nothing)
+            out["train/weight_change_rel"] = sum(self.changes) / len(self.changes)
+            self.changes = []
+        return out
 
     # -- state (the scheduler and counters are plain data; the optimizer and EMA tensors go to DCP) ----------------
     def counters_state(self) -> dict:
@@ -218,6 +239,14 @@ class OptimizerStepper:
     def load_counters_state(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps, self.skipped, self.consecutive_skips = state["counters"]
+
+
+def _total_norm(tensors: list[torch.Tensor]) -> float:
+    """The 2-norm of all `tensors` together, over every shard of a DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    total = torch.nn.utils.get_total_norm(tensors)
+    return float(total.full_tensor() if isinstance(total, DTensor) else total)
 
 
 def apply_train_hyperparameters(optimizer: torch.optim.Optimizer, scheduler, train, log: bool = True) -> None:
@@ -284,7 +313,7 @@ class PolicyWorker:
             params = self.model.trainable_parameters()
             if not params:
                 raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
-            self.optimizer = OptimizerStepper(params, cfg.train, self.parallel)
+            self.optimizer = OptimizerStepper(params, cfg.train, self.parallel, cfg.log.weight_change)
         self.version: int | None = None  # a rollout actor's: the steps its received weights had taken (None: none)
         self.kept = KeptRollouts()
         self.flops = FlopTally(cfg.log.flops and trains)
