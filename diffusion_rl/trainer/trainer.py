@@ -66,7 +66,8 @@ logger = logging.getLogger(__name__)
 
 
 def ensure_model(cfg: Config) -> None:
-    """Create the tiny model (of model.family; sd3 when auto) at model.path when asked to and it is absent."""
+    """Create the tiny model (of model.family; sd3 when auto) at model.path when asked to and it is absent (a shipped
+    pretrained preset is copied out: models/tiny/shipped.py)."""
     path, m = Path(cfg.model.path), cfg.model
     if m.create_tiny_if_missing and not path.exists():
         logger.info("creating the tiny %s model (%s preset) at %s", m.tiny_family, m.create_tiny_if_missing, path)
@@ -88,6 +89,7 @@ class Trainer:
         if cfg.engine.num_threads:
             torch.set_num_threads(cfg.engine.num_threads)
         self.run_dir = Path(cfg.run.dir)
+        ensure_model(cfg)  # first: a shipped model brings its prompt files (the ShapesWorld quickstart reads them)
         offline = cfg.data.sample_source == "offline"
         pairs = load_pairs(cfg.data.pairs) if offline else None
         if offline:
@@ -106,7 +108,6 @@ class Trainer:
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
         self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
-        ensure_model(cfg)
         self.engine = make_engine(cfg)
         e = cfg.engine  # devices of a step: the trainers (they count FLOPs), and the rollout actors beside them
         self.trainer_devices = e.num_workers if e.kind == "ray" else 1
