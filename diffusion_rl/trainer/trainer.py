@@ -56,7 +56,7 @@ from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prom
 from diffusion_rl.engine import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
-from diffusion_rl.errors import RunStopped, TrainingDiverged
+from diffusion_rl.errors import RunStopped, TrainingDiverged, UserError
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
@@ -404,9 +404,9 @@ class Trainer:
         restore_rng_state(state["rng"])
 
     def load_checkpoint(self, path: Path) -> None:
-        state = read_state(path)
+        state = read_state(path)  # verified against its manifest first, on the driver only
         if state["step"] != step_of(path):
-            raise RuntimeError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
+            raise UserError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
         self.engine.load(path, state["engine"])
         self._load_plain_state(state)
         logger.info("resumed from %s (step %d)", path, self.step)
