@@ -113,9 +113,10 @@ class Trainer:
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
         self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
-        s = cfg.sampling  # an edit dataset's images all exist, read, and fit the output size: checked before any work
-        check_condition_images(self.records, s.height, s.width, str(cfg.data.train))
-        check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts))
+        s = cfg.sampling  # an edit dataset's images all exist, fit the output size and decode: before any work
+        decoded = set()  # each image decoded once, whether the training or the validation set (or both) holds it
+        check_condition_images(self.records, s.height, s.width, str(cfg.data.train), decoded)
+        check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts), decoded)
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
