@@ -9,6 +9,8 @@
       config.yaml  the run's config (secrets redacted): what `eval`, `sample` and `export` rebuild the model from.
       adapter/     LoRA only, an export not read on resume: the trained adapter in peft's format and in
                    diffusers' (`pipeline.load_lora_weights(adapter/)`).
+      manifest.sha256  the sha256 of every file above, written when the checkpoint is saved and checked before it is
+                   read (checkpoint/manifest.py: `read_state`, `read_saved_tensors` and checkpoint/weights.py call it).
 
 A checkpoint directory is read without running code from it: state.pt with torch's weights_only loader, DCP's
 metadata with an unpickler that admits only DCP's own metadata classes, and DCP's non-tensor entries with the
@@ -30,10 +32,12 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from diffusion_rl.checkpoint.manifest import verify_checkpoint
 from diffusion_rl.errors import UserError
 
 FORMAT_VERSION = 2
 DCP_DIR = "dcp"
+DCP_METADATA = ".metadata"  # dcp/'s index of every entry and the file holding it
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
 ADAPTER_DIR = "adapter"
@@ -93,10 +97,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         fqn = read_item.dest_index.fqn
         try:
             obj = torch.load(value, weights_only=True)
-        except (pickle.UnpicklingError, EOFError, RuntimeError) as e:  # torch's own line saying what it refused
-            said = next((line.strip() for line in str(e).splitlines() if "WeightsUnpickler error" in line), None)
-            said = said and said.split(". ")[0]  # not its advice to allow-list the global
-            raise ValueError(f"{fqn}: an entry that is not plain data ({said or _first_line(e)})") from None
+        except (pickle.UnpicklingError, EOFError, RuntimeError) as e:
+            raise ValueError(f"{fqn}: an entry that is not plain data ({_refusal(e)})") from None
         if isinstance(self.state_dict.get(fqn), torch.Tensor) and not isinstance(obj, torch.Tensor):
             raise ValueError(f"{fqn}: a {type(obj).__name__} where a tensor belongs")
         if self.flatten_state_dict:
@@ -115,6 +117,7 @@ def read_saved_tensors(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
     without it: read from the metadata's shapes, so no model is needed (and any saved sharding works)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    verify_checkpoint(directory)
     check_format(directory)
     metadata = SafeReader(directory / DCP_DIR).read_metadata()
     targets = {
@@ -152,26 +155,42 @@ def _first_line(error: BaseException) -> str:
     return lines[0][:300] if lines else type(error).__name__
 
 
+def _refusal(error: BaseException) -> str:
+    """torch's own line saying what its weights_only loader refused (not its advice to allow-list the global), or
+    the error's first line."""
+    said = next((line.strip() for line in str(error).splitlines() if "WeightsUnpickler error" in line), None)
+    return said.split(". ")[0] if said else _first_line(error)
+
+
 def write_state(directory: Path, state: dict) -> None:
     """state.pt: plain data only (numbers, strings, lists, dicts, tensors), so weights_only loading reads it."""
     torch.save({"format": FORMAT_VERSION, **state}, directory / STATE_FILE)
 
 
 def read_state(directory: Path) -> dict:
+    """state.pt of a verified checkpoint (the trainer's resume reads it first: checkpoint/manifest.py)."""
+    verify_checkpoint(directory)
     check_format(directory)
+    path = directory / STATE_FILE
     try:
-        return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise UserError(f"{directory / STATE_FILE}: refused to load (it holds more than plain data): {e}") from None
+        raise UserError(f"{path}: refused to load (it holds more than plain data: {_refusal(e)})") from None
+    except (RuntimeError, EOFError, ValueError) as e:  # not a torch.save file, or a truncated one
+        raise UserError(f"{path}: not a readable checkpoint state file ({_first_line(e)})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise UserError(f"{path}: not a checkpoint state (no step in it)")
+    return state
 
 
 def check_format(directory: Path) -> None:
     """A UserError unless `directory` is a checkpoint of this format (an earlier one names the command to convert)."""
-    if (directory / STATE_FILE).is_file() and (directory / DCP_DIR).is_dir():
+    if (directory / STATE_FILE).is_file() and (directory / DCP_DIR / DCP_METADATA).is_file():
         return
     if any((directory / name).is_file() for name in LEGACY_FILES):
         raise UserError(
             f"{directory} is a checkpoint of an earlier diffusion-rl format; convert it once with "
             f"`diffusion-rl checkpoint upgrade {directory}`"
         )
-    raise UserError(f"{directory} is not a complete checkpoint: it has no {STATE_FILE} and {DCP_DIR}/")
+    missing = [n for n in (STATE_FILE, f"{DCP_DIR}/{DCP_METADATA}") if not (directory / n).is_file()]
+    raise UserError(f"{directory} is not a complete checkpoint: it has no {' and no '.join(missing)}")

@@ -1,13 +1,14 @@
 """Checkpoint directories that are either complete or absent, with a `latest` pointer and pruning.
 
 Layout:
-    <run_dir>/checkpoints/step_000010/    one complete checkpoint (contents are up to the caller's write_fn)
+    <run_dir>/checkpoints/step_000010/    one complete checkpoint (contents are up to the caller's write_fn, and
+                                          manifest.sha256, the sha256 of each of its files: checkpoint/manifest.py)
     <run_dir>/checkpoints/latest          text file holding the newest checkpoint's directory name
     <run_dir>/checkpoints/.tmp-*          work in progress, pruned checkpoints being deleted, or leftovers of a
                                           crash: never listed, removed by save()
     <run_dir>/checkpoints/broken-step_*   a checkpoint whose weights sampled nothing but NaN: kept, never listed
 
-Invariant: a `step_*` directory only ever appears by an atomic rename of a fully written and fsynced temp
+Invariant: a `step_*` directory only ever appears by an atomic rename of a fully written, hashed and fsynced temp
 directory, and only ever disappears by an atomic rename out of the `step_*` names (then it is deleted), so every
 `step_*` directory is complete. One process (the driver) saves at a time.
 """
@@ -21,12 +22,14 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from diffusion_rl.checkpoint.manifest import write_manifest
 from diffusion_rl.checkpoint.paths import (
     CHECKPOINTS_DIR,
     LATEST_FILE,
     STEP_DIR,
     latest_checkpoint,
     list_checkpoints,
+    refuse_link,
     resolve_checkpoint,
     step_dir_name,
 )
@@ -113,10 +116,12 @@ class CheckpointManager:
     def __init__(self, run_dir: str | os.PathLike[str], keep_last: int = 0) -> None:
         self.run_dir = Path(run_dir)
         self.dir = self.run_dir / CHECKPOINTS_DIR
+        refuse_link(self.dir)  # its checkpoints would be refused when read: set run.dir on the other volume instead
         self.keep_last = keep_last
 
     def save(self, step: int, write_fn: Callable[[Path], None]) -> Path:
-        """Has write_fn fill a temp dir, publishes it as step_NNNNNN, points `latest` at it, prunes old ones.
+        """Has write_fn fill a temp dir, hashes its files into its manifest, publishes it as step_NNNNNN, points
+        `latest` at it, prunes old ones.
 
         If write_fn raises, its temp dir is removed, `latest` and existing checkpoints are untouched, and the
         error propagates (a full disk as an ENOSPC OSError naming the checkpoint). An existing checkpoint of the
@@ -130,7 +135,8 @@ class CheckpointManager:
         tmp = self.dir / f"{TMP_PREFIX}{name}-{os.getpid()}"
         tmp.mkdir()
         try:
-            write_fn(tmp)
+            write_fn(tmp)  # returns when every file is complete (under Ray: every worker's shards)
+            write_manifest(tmp)
             _fsync_tree(tmp)
         except BaseException as e:
             short_write = _short_write(e, self.dir / name)

@@ -2,7 +2,8 @@
 
 The model comes from the checkpoint's config.yaml (LoRA tensors only fit a model built with the same LoRA
 settings); its trained policy — or, when the run kept one, the EMA of it, as validation samples with — is read
-from the checkpoint's dcp/ (checkpoint/state.py), whatever engine and worker count wrote it.
+from the checkpoint's dcp/ (checkpoint/state.py), whatever engine and worker count wrote it. Both are read only once the
+checkpoint matches its manifest (checkpoint/manifest.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from diffusion_rl.checkpoint.manifest import verify_checkpoint
 from diffusion_rl.checkpoint.paths import resolve_checkpoint
 from diffusion_rl.checkpoint.state import CONFIG_FILE, check_format, load_tensors, saved_keys
 from diffusion_rl.errors import UserError
@@ -22,9 +24,10 @@ logger = logging.getLogger(__name__)
 
 
 def checkpoint_config(checkpoint_dir: str | Path):
-    """The run config saved with a checkpoint (a `diffusion_rl.config.Config`)."""
+    """The run config saved with a checkpoint (a `diffusion_rl.config.Config`), once the checkpoint is verified."""
     from diffusion_rl.config import load
 
+    verify_checkpoint(checkpoint_dir)
     path = Path(checkpoint_dir) / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"checkpoint {checkpoint_dir} has no {CONFIG_FILE}; was it written by `diffusion-rl train`?")
@@ -58,6 +61,7 @@ def load_trained_weights(model, checkpoint_dir: str | Path, use_ema: bool = True
     Returns ("ema" | "trained": which weights are now in the model, the digest of the trained weights).
     """
     directory = Path(checkpoint_dir)
+    verify_checkpoint(directory)  # hashed once: checkpoint_config verified it already when it built `model`
     check_format(directory)
     policies = model.policies
     tensors = {"policies": {"default": policies.state_dict_of("default")}}

@@ -6,7 +6,8 @@ sharded) and a `trainer_state.pt` without the optimizer; both a `run_state.pt` (
 is read without running code from it (weights_only). The checkpoint's config.yaml is brought to today's keys first
 (the loss settings that sat in `algorithm` move into its section `algorithm.<loss>`; `algorithm.family` goes); the
 model is rebuilt from it on the CPU (`--model` points at the base model when it has moved), the old state loaded
-into it and written anew with the converted config; the directory is replaced only once the new one is complete.
+into it and written anew with the converted config and a manifest (checkpoint/manifest.py); the directory is replaced
+only once the new one is complete.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from diffusion_rl.checkpoint.manifest import verify_checkpoint, write_manifest
 from diffusion_rl.checkpoint.paths import step_of
 from diffusion_rl.checkpoint.state import CONFIG_FILE, DCP_DIR, STATE_FILE, write_state
 from diffusion_rl.checkpoint.store import rename_into_place
@@ -105,8 +107,10 @@ def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) ->
     from diffusion_rl.config_io.yaml_files import to_yaml
     from diffusion_rl.engine.worker import PolicyWorker
 
-    directory = Path(directory).resolve()
-    step_of(directory)  # a step_NNNNNN folder, or a UserError
+    given = Path(directory)
+    step_of(given.resolve())  # a step_NNNNNN folder, or a UserError
+    verify_checkpoint(given)  # no link to or in it (the earlier formats had no manifest: read unverified)
+    directory = given.resolve()
     if (directory / STATE_FILE).is_file():
         raise UserError(f"{directory} is already in the current checkpoint format")
     missing = [n for n in (OLD_TRAINER_STATE, OLD_RUN_STATE, CONFIG_FILE) if not (directory / n).is_file()]
@@ -133,6 +137,7 @@ def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) ->
         state = {"step": run_state["step"], "sampler": run_state["sampler"], "rng": run_state["rng"]}
         write_state(tmp, {**state, "engine": engine_state})
         (tmp / CONFIG_FILE).write_text(to_yaml(redact_secrets(saved)), encoding="utf-8")  # today's keys
+        write_manifest(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

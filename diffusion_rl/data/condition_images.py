@@ -11,19 +11,21 @@ source line up pixel by pixel (metadata["condition_images"]); a model at the siz
 fit_conditions`, model.condition_size: the output size, or its pipeline's at the output's aspect ratio), and resizes
 further where its pipeline does (Qwen-Image-Edit shows its text encoder a ~384² copy).
 
-Checked when a dataset is loaded for a run (`check_condition_images`, reading only the headers): a missing file,
-an unreadable image, an image over MAX_PIXELS (refused from its header, before any pixel is decoded: a 12000² photo
-takes 1.2 GB to fit; a bomb more), an image smaller than a quarter of the output on a side (it would be upscaled
-more than 4×), or rows with different numbers of images (a batch of them must line up) is an error naming the file
-and the line or row.
+Checked when a run starts, before its first step (`check_condition_images`): a missing file, an unreadable image, an
+image over MAX_PIXELS (refused from its header, before any pixel is decoded: a 12000² photo takes 1.2 GB to fit; a
+bomb more), an image smaller than a quarter of the output on a side (it would be upscaled more than 4×), pixels that
+do not decode (a truncated or corrupt file: every distinct image is decoded in full once, in parallel threads), or
+rows with different numbers of images (a batch of them must line up) is an error naming the file and the line or row.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -41,6 +43,7 @@ MAX_SIDE = 8192
 MAX_PIXELS = MAX_SIDE * MAX_SIDE  # 67 MP, 201 MB decoded as RGB: larger is a photo to shrink first, or a bomb
 T = TypeVar("T")
 METADATA_KEY = "condition_images"  # where a reward finds a sample's condition images (rewards/base.py)
+DECODE_THREADS = 8  # the start-up check's threads: each holds one decoded image (at most 201 MB) at a time
 
 
 @dataclass(frozen=True)
@@ -139,9 +142,12 @@ def with_condition_images(
     return metadata
 
 
-def check_condition_images(records: Sequence, height: int, width: int, where: str) -> int:
+def check_condition_images(
+    records: Sequence, height: int, width: int, where: str, decoded: set[ConditionImage] | None = None
+) -> int:
     """The number of condition images each record of a dataset (`where`, for messages) carries, after checking every
-    image exists, reads, and is large enough for height × width; records must all carry the same number."""
+    image exists, is large enough for height × width and decodes in full; records must all carry the same number.
+    `decoded`: images decoded already (e.g. by the check of the training set, for the validation set's), updated."""
     counts = {len(r.images) for r in records}
     if len(counts) > 1:
         by_count = {n: next(i for i, r in enumerate(records) if len(r.images) == n) for n in sorted(counts)}
@@ -150,12 +156,29 @@ def check_condition_images(records: Sequence, height: int, width: int, where: st
             f"{where}: the records carry different numbers of condition images: {examples}; a batch needs the same "
             "number in every row (split the dataset by count)"
         )
-    for record in records:
-        for image in record.images:
-            w, h = image.size()
+    decoded = set() if decoded is None else decoded
+    distinct = list(dict.fromkeys(image for record in records for image in record.images))  # in dataset order
+
+    def check(image: ConditionImage) -> None:
+        def fits(opened: Image.Image) -> None:
+            w, h = opened.size  # from the header: a too small (or too large: open) image is refused undecoded
             if w * MAX_UPSCALE < width or h * MAX_UPSCALE < height:
                 raise UserError(
                     f"{image.where}: the image is {w}×{h}, too small for the output {width}×{height} (it would be "
                     f"upscaled more than {MAX_UPSCALE}×); use larger sources or a smaller sampling.height/width"
                 )
+            if image not in decoded:
+                opened.load()  # every pixel: a truncated file fails here, not at the step that first reads it
+
+        image.decode(fits)
+
+    # PIL decodes without the GIL: threads decode images side by side; the first bad one in dataset order is reported
+    with ThreadPoolExecutor(max_workers=max(1, min(DECODE_THREADS, os.cpu_count() or 1))) as pool:
+        try:
+            for _ in pool.map(check, distinct):
+                pass
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+    decoded.update(distinct)
     return counts.pop() if counts else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffusion_rl.checkpoint.manifest import verify_checkpoint
 from diffusion_rl.checkpoint.paths import resolve_checkpoint, step_of
 from diffusion_rl.checkpoint.state import check_format
 from diffusion_rl.errors import UserError
@@ -25,6 +26,7 @@ class Target:
 
 def _checkpoint(spec: str) -> Path:
     directory = resolve_checkpoint(spec)
+    verify_checkpoint(directory)  # every checkpoint before the first is sampled
     check_format(directory)
     return directory
 

@@ -20,12 +20,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from diffusion_rl.checkpoint.manifest import verify_checkpoint
 from diffusion_rl.checkpoint.paths import step_dir_name, step_of
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config_io.secrets import redact_secrets
 from diffusion_rl.config_io.yaml_files import to_yaml
 from diffusion_rl.data.shapes import ShapesWorld, spread_subset
 from diffusion_rl.engine.ema import EmaWeights
+from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import freeze
 from diffusion_rl.models.families.sd3 import SD3Model
 from diffusion_rl.pretrain.config import PretrainConfig
@@ -269,9 +271,10 @@ class PretrainTrainer:
         return self.checkpoints.save(self.step, write)
 
     def load_checkpoint(self, path: Path) -> None:
+        verify_checkpoint(path)  # its files as saved (checkpoint/manifest.py)
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
         if state["step"] != step_of(path):
-            raise RuntimeError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
+            raise UserError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
         self.vae.load_state_dict(load_file(path / "vae.safetensors"))
         self.transformer.load_state_dict(load_file(path / "transformer.safetensors"))
         self.vae_optimizer.load_state_dict(state["vae_optimizer"])

@@ -42,7 +42,7 @@ from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
-from diffusion_rl.errors import RunStopped
+from diffusion_rl.errors import RunStopped, UserError
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
@@ -100,9 +100,10 @@ class Trainer:
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
         self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
-        s = cfg.sampling  # an edit dataset's images all exist, read, and fit the output size: checked before any work
-        check_condition_images(self.records, s.height, s.width, str(cfg.data.train))
-        check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts))
+        s = cfg.sampling  # an edit dataset's images all exist, fit the output size and decode: before any work
+        decoded = set()  # each image decoded once, whether the training or the validation set (or both) holds it
+        check_condition_images(self.records, s.height, s.width, str(cfg.data.train), decoded)
+        check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts), decoded)
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
@@ -387,9 +388,9 @@ class Trainer:
         restore_rng_state(state["rng"])
 
     def load_checkpoint(self, path: Path) -> None:
-        state = read_state(path)
+        state = read_state(path)  # verified against its manifest first, on the driver only
         if state["step"] != step_of(path):
-            raise RuntimeError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
+            raise UserError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
         self.engine.load(path, state["engine"])
         self._load_plain_state(state)
         logger.info("resumed from %s (step %d)", path, self.step)

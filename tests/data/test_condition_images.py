@@ -167,10 +167,16 @@ def test_huge_condition_images_are_refused_from_the_header_naming_file_and_line(
         check_condition_images(records, 32, 32, "edits")
 
 
+def truncated_png(path: Path) -> Path:
+    """A 64×64 PNG of noise cut after 3000 of its ~12 kB: its header reads, its pixels do not all decode."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buffer, "PNG")
+    path.write_bytes(buffer.getvalue()[:3000])
+    return path
+
+
 def test_a_truncated_image_in_prepare_edit_names_the_file_and_line(tmp_path, capsys):
-    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-    Image.fromarray(noise).save(tmp_path / "full.png")
-    (tmp_path / "cut.png").write_bytes((tmp_path / "full.png").read_bytes()[:3000])  # header intact, pixels cut
+    truncated_png(tmp_path / "cut.png")
     (tmp_path / "edits.jsonl").write_text(json.dumps({"prompt": "x", "image": "cut.png"}) + "\n")
     assert main(["prepare", "edit", str(tmp_path), str(tmp_path / "out"), "--size", "32"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
@@ -194,3 +200,54 @@ def test_condition_images_in_counts_a_datasets_images_for_estimate(tmp_path):
     assert condition_images_in(tmp_path / "two.jsonl") == 2
     assert condition_images_in(tmp_path / "missing.txt") == 0  # a text file never carries images
     assert condition_images_in(tmp_path / "missing.parquet") is None  # still to be prepared: estimate assumes one
+
+
+def test_a_truncated_condition_image_is_found_when_the_run_starts_naming_its_file_and_line(tmp_path):
+    png(tmp_path / "ok.png", 32, 32)
+    truncated_png(tmp_path / "cut.png")
+    with Image.open(tmp_path / "cut.png") as header:
+        assert header.size == (64, 64)  # what a check of the headers alone let through
+    lines = [{"prompt": "a", "images": ["ok.png"]}, {"prompt": "b", "images": ["cut.png"]}]
+    (tmp_path / "edits.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(UserError, match=r"edits.jsonl, line 2, images\[0\] \(cut.png\): cannot decode the image"):
+        check_condition_images(load_prompts(tmp_path / "edits.jsonl"), 32, 32, "edits")
+    rows = [{"prompt": "a", "images": [{"bytes": png_bytes(40, 40)}]},
+            {"prompt": "b", "images": [{"bytes": (tmp_path / "cut.png").read_bytes()}]}]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "edits.parquet")
+    with pytest.raises(UserError, match=r"edits.parquet, row 1 \(0-based\), images\[0\]: cannot decode the image"):
+        check_condition_images(load_prompts(tmp_path / "edits.parquet"), 32, 32, "edits")
+
+
+def test_each_condition_image_is_decoded_once_whichever_records_and_sets_share_it(tmp_path, monkeypatch):
+    from PIL import ImageFile
+
+    for name in ("a.png", "b.png"):
+        png(tmp_path / name, 32, 32)
+    loads, load = [], ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda image: loads.append(image.filename) or load(image))
+    lines = [{"prompt": p, "images": [i]} for p, i in (("a", "a.png"), ("b", "b.png"), ("c", "a.png"))]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "val.jsonl").write_text(json.dumps({"prompt": "v", "images": ["b.png"]}) + "\n")
+    decoded = set()
+    check_condition_images(load_prompts(tmp_path / "train.jsonl"), 32, 32, "train", decoded)
+    check_condition_images(load_prompts(tmp_path / "val.jsonl"), 64, 64, "val", decoded)  # b.png again: its size only
+    assert sorted(Path(f).name for f in loads) == ["a.png", "b.png"]
+
+
+def test_a_run_whose_edit_data_holds_a_truncated_image_stops_before_step_1(flux_kontext_model_dir, tmp_path, capsys):
+    # the first 17 ShapesWorld edits, the 17th's source image cut: a 1-step run need not sample it (it ran, exit 0)
+    edits = ROOT / "configs/prompts/shapes_edits"
+    lines = [json.loads(line) for line in (edits / "train.jsonl").read_text().splitlines()[:17]]
+    for line in lines:
+        line["images"] = [str(edits / line["images"][0])]
+    lines[-1]["images"] = [str(truncated_png(tmp_path / "cut.png"))]
+    (tmp_path / "edits.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    argv = ["train", str(ROOT / "configs/quickstart_edit.yaml"), f"model.path={flux_kontext_model_dir}",
+            f"data.train={tmp_path / 'edits.jsonl'}", f"run.dir={tmp_path / 'run'}", "train.total_steps=1",
+            f"val.prompts={ROOT / 'configs/prompts/shapes_edits/val.jsonl'}", "val.before_train=false", "val.every=0",
+            "model.device=cpu", "log.tensorboard=false"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "edits.jsonl, line 17, images[0]" in err[0] and "cannot decode the image" in err[0], err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no step ran

@@ -80,6 +80,9 @@ def test_resume_on_one_worker_continues_like_two(
     step2, step3 = (path for _, path in checkpoints.list())
     # the one checkpoint format: sharded in dcp/ (what resumes, on any engine), and the gathered LoRA export
     assert {"dcp", "adapter", "state.pt", "config.yaml"} <= {p.name for p in step2.iterdir()}
+    # its manifest, written once both workers had written their shards, lists each worker's file
+    listed = {line.split("  ", 1)[1] for line in (step2 / "manifest.sha256").read_text().splitlines()}
+    assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/.metadata", "state.pt"} <= listed
     assert max_difference(read_saved_tensors(step3, "policies.default."), straight_weights) == 0.0
     adapter = load_file(step3 / "adapter" / "adapter_model.safetensors")  # the LoRA in peft format
     assert max_difference(adapter, straight_weights) == 0.0

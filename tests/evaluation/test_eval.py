@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from diffusion_rl.checkpoint.manifest import write_manifest
 from diffusion_rl.checkpoint.state import read_saved_tensors
 from diffusion_rl.cli import main
 from diffusion_rl.evaluation import EvalSettings
@@ -209,6 +210,7 @@ def test_a_checkpoint_cannot_choose_reward_code_to_run(nested, trained_run, tiny
     # the code named by the entry itself, or by the reward a group reward wraps
     config["rewards"] = [{"name": "rank", "kwargs": {"reward": f"{evil}:fn"}} if nested else {"name": f"{evil}:fn"}]
     (ckpt / "config.yaml").write_text(yaml.safe_dump(config))
+    write_manifest(ckpt)  # a crafted checkpoint comes with a manifest of its own: no signature
     argv = eval_argv(tiny_model_dir, tmp_path / "eval", ckpt, n=1)
     argv.remove("--reward"), argv.remove(BOTH)  # the rewards come from the checkpoint's config
     capsys.readouterr()

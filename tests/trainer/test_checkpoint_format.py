@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from diffusion_rl.checkpoint.manifest import write_manifest
 from diffusion_rl.checkpoint.state import SafeReader, check_format, read_saved_tensors, read_state
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.cli import main
@@ -35,6 +36,7 @@ def _checkpoint(trainer) -> Path:
 def test_a_state_file_that_would_run_code_is_refused(make_trainer):
     path = _checkpoint(make_trainer("train.total_steps=1"))
     torch.save({"step": 1, "payload": _Payload()}, path / "state.pt")
+    write_manifest(path)  # a crafter rewrites the manifest too (it is no signature): the loader still refuses code
     with pytest.raises(UserError, match=r"state.pt: refused to load"):
         read_state(path)
     assert RAN == []
@@ -117,7 +119,8 @@ def test_saved_weights_read_without_a_model_equal_the_trained_ones(make_trainer,
 
 
 def _rewrite_dcp(path: Path, change) -> None:
-    """Read every entry of path/dcp, change(entries) in place, and write them back as a DCP checkpoint."""
+    """Read every entry of path/dcp, change(entries) in place, and write them back as a DCP checkpoint (and its
+    manifest anew)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     whole = path.parent / "whole.pt"
@@ -127,6 +130,7 @@ def _rewrite_dcp(path: Path, change) -> None:
     for file in (path / "dcp").iterdir():
         file.unlink()
     torch.distributed.checkpoint.save(entries, checkpoint_id=path / "dcp")
+    write_manifest(path)  # crafted with its manifest: what the safe readers below the manifest must refuse
 
 
 def _code_in_optimizer(entries):

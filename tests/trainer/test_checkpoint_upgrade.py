@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from diffusion_rl.checkpoint.manifest import MANIFEST_FILE, checkpoint_files
 from diffusion_rl.checkpoint.state import read_saved_tensors, read_state
 from diffusion_rl.checkpoint.weights import checkpoint_config
 from diffusion_rl.cli import main
@@ -37,6 +38,8 @@ def test_a_checkpoint_of_the_earlier_code_upgrades_and_resumes(tmp_path, tiny_mo
     shutil.copytree(FIXTURE, old)
     adapter = load_file(old / "policy_default.safetensors")
     assert main(["checkpoint", "upgrade", str(old), "--model", str(tiny_model_dir)]) == 0, capsys.readouterr().err
+    listed = [line.split("  ", 1)[1] for line in (old / MANIFEST_FILE).read_text().splitlines()]
+    assert listed == sorted(set(checkpoint_files(old)) - {MANIFEST_FILE}) and "state.pt" in listed  # verified on load
 
     cfg = checkpoint_config(old)  # the strict loader reads the converted config.yaml
     assert (cfg.algorithm.loss, cfg.algorithm.settings.clip_range, cfg.model.lora.rank) == ("flow_grpo", 1e-4, 2)
