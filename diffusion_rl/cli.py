@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init-tiny", help="write a tiny random-weight model of a model family to a directory")
     p.add_argument("--family", default="sd3", help=f"the model family ({', '.join(FAMILIES.names())})")
     p.add_argument("dir")
-    p.add_argument("--preset", default="base", help="the tiny model's size: base, small (each family's own list)")
+    p.add_argument("--preset", default="base", help="the tiny model's size: base, small (each family's own list); "
+                   "sd3's shapes is the pretrained ShapesWorld model shipped in the package")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true")
     p.set_defaults(fn=cmd_init_tiny)

@@ -43,6 +43,10 @@ def test_copying_it_out_gives_a_loadable_model_with_its_prompts(tmp_path):
 
     out = save_tiny(tmp_path / "models/shapes", "sd3", "shapes")
     assert (out / "shapes_prompts/train.jsonl").is_file() and not (out / MANIFEST).exists()
+    (out / "vae/diffusion_pytorch_model.safetensors").write_bytes(b"stale")
+    save_tiny(out, "sd3", "shapes")  # over an existing directory (init-tiny --force): its files are replaced
+    verify_copy = file_sha256(out / "vae/diffusion_pytorch_model.safetensors")
+    assert verify_copy == file_sha256(SHAPES / "vae/diffusion_pytorch_model.safetensors")
     model = load_model(load(None, [f"model.path={out}", "model.device=cpu"]).model)
     assert sum(p.numel() for p in model.pipeline.transformer.parameters()) > 2_000_000
 

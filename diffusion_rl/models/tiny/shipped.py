@@ -75,6 +75,9 @@ def copy_shipped(family: str, preset: str, directory: Path) -> Path:
     renamed into place, so an interrupted copy leaves nothing at `directory`)."""
     source = shipped_dir(family, preset)
     verify(source)
+    if directory.is_dir():  # `init-tiny --force` over an existing directory: its files are overwritten
+        shutil.copytree(source, directory, ignore=shutil.ignore_patterns(MANIFEST), dirs_exist_ok=True)
+        return directory
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.parent / f".{directory.name}.copy-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
