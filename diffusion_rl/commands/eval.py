@@ -16,6 +16,9 @@ FALLBACK = {"steps": 20, "guidance": 4.5, "guidance_low_noise": None, "height": 
 
 
 def register(subparsers) -> None:
+    from diffusion_rl.sampling.ode import ODE_SOLVERS  # the registries' names: no list kept here
+    from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
+
     p = subparsers.add_parser(
         "eval",
         help="evaluate the base model and checkpoints on a prompt file: K samples per prompt, every reward",
@@ -59,10 +62,10 @@ def register(subparsers) -> None:
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--frames", type=int, default=None, help="video frames per sample (a video family; 4k + 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sde-type", default="ode", choices=["ode", "sde", "cps", "dance_sde"])
+    p.add_argument("--sde-type", default="ode", choices=STEP_TYPE_NAMES)
     p.add_argument("--noise-level", type=float, default=0.7)
     p.add_argument(
-        "--ode-solver", default=None, choices=["euler", "dpm2", "ab2"],
+        "--ode-solver", default=None, choices=ODE_SOLVERS,
         help="solver of the ODE steps (default: the run's validation solver, else euler)",
     )  # fmt: skip
     p.add_argument("--batch-size", type=int, default=8, help="images per forward pass and reward call")

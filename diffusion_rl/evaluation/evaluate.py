@@ -49,6 +49,7 @@ from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.rewards import RewardCombiner, RewardFailure, WeightedReward, make_reward
 from diffusion_rl.sampling.ode import ODE_SOLVERS
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
+from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 from diffusion_rl.sampling.window import default_window
 from diffusion_rl.tracking.media import sample_sheet, save_sample
 from diffusion_rl.utils.files import naming
@@ -56,7 +57,6 @@ from diffusion_rl.utils.seeding import seed_for
 
 logger = logging.getLogger(__name__)
 
-SDE_TYPES = ("ode", "sde", "cps", "dance_sde")
 OUTPUT_FILES = ("metrics.json", "samples.jsonl", "compare.md", "compare.png", "compare.webp")
 
 
@@ -91,8 +91,8 @@ class EvalSettings:
             raise UserError(f"--guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
         if self.guidance_low_noise is not None and self.guidance_low_noise < 1:
             raise UserError(f"--guidance-low-noise must be ≥ 1 (1 disables CFG), got {self.guidance_low_noise}")
-        if self.sde_type not in SDE_TYPES:
-            raise UserError(f"--sde-type {self.sde_type!r} is unknown; known: {', '.join(SDE_TYPES)}")
+        if self.sde_type not in STEP_TYPE_NAMES:
+            raise UserError(f"--sde-type {self.sde_type!r} is unknown; known: {', '.join(STEP_TYPE_NAMES)}")
         if self.noise_level < 0:
             raise UserError(f"--noise-level must be ≥ 0, got {self.noise_level}")
         if self.ode_solver not in ODE_SOLVERS:
