@@ -232,16 +232,17 @@ def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=t
             module = get_peft_model(module, LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets)))
         _saves_uncounted(m for name, m in module.named_modules() if name.split(".")[-2:-1] in (["lora_A"], ["lora_B"]))
     inputs = transformer_inputs(arch, s, dtype)
+    adapter = family_named(arch.family).adapter
     if not full_finetune:  # the gradient reaches the adapters through the activations
-        for latents in _latent_inputs(inputs):
+        for latents in adapter.meta_latents(inputs):
             latents.requires_grad_(True)
-    tokens = _tokens(inputs)
+    tokens = _tokens(*adapter.meta_token_shape(inputs))
     # one forward: the counts when it returns are the forward's (the same ops as without gradients: the dispatch modes
     # see them below autograd), the counts after the backward the training call's
     with FlopCounterMode(display=False) as train, count_saved_tensors(tokens) as saved, counting_traffic() as traffic:
         out = module(**inputs)[0]
         forward_flops, forward_traffic = float(train.get_total_flops()), float(traffic.bytes)
-        out = torch.stack(out) if isinstance(out, list) else out  # Z-Image answers with a list of rows
+        out = adapter.meta_output(out)
         out.float().sum().backward()
     c = arch.transformer_config
     width = c.get("dim") or c.get("num_attention_heads", 1) * c.get("attention_head_dim", 1)
@@ -267,20 +268,11 @@ def _saves_uncounted(modules) -> None:
         m.register_forward_hook(leave)
 
 
-def _latent_inputs(inputs: dict) -> list[torch.Tensor]:
-    """The latent inputs: `hidden_states` [B, …], or Z-Image's list `x` of rows [C, F, H, W]."""
-    return [inputs["hidden_states"]] if "hidden_states" in inputs else list(inputs["x"])
-
-
-def _tokens(inputs: dict) -> int:
-    """Tokens per row the transformer's blocks carry (image + text)."""
-    if "hidden_states" in inputs:
-        x, text = inputs["hidden_states"], inputs["encoder_hidden_states"].shape[1]
-    else:  # Z-Image: one [C, F, H, W] latent and one [L, D] caption per row
-        x, text = inputs["x"][0][None], inputs["cap_feats"][0].shape[0]
-    if x.dim() == 3:
-        return x.shape[1] + text
-    spatial = x.shape[2:]  # [C, (F,) H, W] with a 2×2 (Wan: 1×2×2) patch
+def _tokens(shape: tuple[int, ...], text: int) -> int:
+    """Tokens per row the transformer's blocks carry (image + text), from the latents' shape [B, …]."""
+    if len(shape) == 3:
+        return shape[1] + text
+    spatial = shape[2:]  # [C, (F,) H, W] with a 2×2 (Wan: 1×2×2) patch
     count = 1
     for n in spatial[-2:]:
         count *= n // 2

@@ -136,6 +136,21 @@ class FlowModel(ABC):
         `source_latent`, the cells of one (default: `latent`'s)."""
         raise NotImplementedError(f"the family '{cls.family}' gives estimate no transformer inputs (meta_inputs)")
 
+    @classmethod
+    def meta_latents(cls, inputs: dict) -> list[torch.Tensor]:
+        """In `meta_inputs`' result: the latent inputs (the gradient reaches LoRA adapters through them)."""
+        return [inputs["hidden_states"]]
+
+    @classmethod
+    def meta_token_shape(cls, inputs: dict) -> tuple[tuple[int, ...], int]:
+        """In `meta_inputs`' result: the latents' shape [B, …] as the blocks patch them, and text tokens per row."""
+        return tuple(inputs["hidden_states"].shape), inputs["encoder_hidden_states"].shape[1]
+
+    @classmethod
+    def meta_output(cls, out) -> torch.Tensor:
+        """The transformer's first output at `meta_inputs` as one tensor [B, …]."""
+        return out
+
     # -- condition images: the size the model reads them at ----------------------------------------------------
     @classmethod
     def pipeline_condition_size(cls, height: int, width: int) -> tuple[int, int]:

@@ -118,6 +118,18 @@ class ZImageModel(SD3Model):
                     cap_feats=[on_meta(text, config["cap_feat_dim"], dtype=dtype) for _ in range(batch)],
                     return_dict=False)  # fmt: skip
 
+    @classmethod
+    def meta_latents(cls, inputs: dict) -> list[torch.Tensor]:
+        return list(inputs["x"])  # one [C, F, H, W] latent per row
+
+    @classmethod
+    def meta_token_shape(cls, inputs: dict) -> tuple[tuple[int, ...], int]:
+        return (1, *inputs["x"][0].shape), inputs["cap_feats"][0].shape[0]  # one caption [L, D] per row
+
+    @classmethod
+    def meta_output(cls, out) -> torch.Tensor:
+        return torch.stack(out)  # a list of rows
+
 
 def _rows(embeds: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     """Each row's valid text tokens, as the pipeline hands them to the transformer."""
