@@ -22,13 +22,15 @@ def test_the_estimates_recover_a_known_signal_and_noise(noise):
     signal = torch.zeros(P, dtype=torch.float64)
     signal[0] = 2.0
     grads = signal + (sigma2**0.5) * torch.randn(groups, P, generator=gen, dtype=torch.float64)
-    out = noise.noise_scale(grads)
+    out = noise.noise_scale(grads, replicates=20)
     assert out["trace_sigma"] == pytest.approx(P * sigma2, rel=0.03)
     assert out["signal_sq_norm"] == pytest.approx(4.0, rel=0.05)
     assert out["b_noise_groups"] == pytest.approx(P * sigma2 / 4.0, rel=0.07)
     # two halves of 2000 groups: cos ≈ |G|² / (|G|² + tr Σ / 2000)
     assert out["half_batch_cosine"] == pytest.approx(4.0 / (4.0 + 25.0 / 2000), abs=0.01)
     assert out["signal_share_at"][8] == pytest.approx(4.0 / (4.0 + 25.0 / 8), rel=0.07)
+    lo, hi = out["b_noise_groups_90ci"]
+    assert lo <= out["b_noise_groups"] <= hi and hi < 2 * out["b_noise_groups"]
 
 
 def test_pure_noise_is_reported_unresolved(noise):
