@@ -54,31 +54,41 @@ def _signal_and_trace(gram: torch.Tensor, rows: torch.Tensor) -> tuple[float, fl
     return s2 - trace / G, trace
 
 
-def noise_scale(group_grads: torch.Tensor, replicates: int = 1000, seed: int = 0) -> dict:
-    """The estimates of the module docstring from per-group mean gradients [G, P] (float64), with a bootstrap over
-    the groups (`replicates` resamples) for B_noise: its 5th and 95th percentiles, a replicate whose signal is not
-    above 0 counting as unbounded."""
+def noise_scale(group_grads: torch.Tensor, replicates: int = 2000, seed: int = 0) -> dict:
+    """The estimates of the module docstring from per-group mean gradients [G, P] (float64); the groups' Gram matrix
+    is kept in the result, so the estimates can be recomputed without the gradients."""
     G = group_grads.shape[0]
     gram = group_grads @ group_grads.T  # [G, G]
-    signal, trace = _signal_and_trace(gram, torch.arange(G))
     half = G // 2
     a, b = group_grads[:half].mean(0), group_grads[half : 2 * half].mean(0)
     cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+    return {"groups": G, "half_batch_cosine": cosine, **estimates(gram, replicates, seed), "gram": gram.tolist()}
+
+
+def estimates(gram: torch.Tensor, replicates: int = 2000, seed: int = 0) -> dict:
+    """|G|², tr Σ and B_noise from the groups' Gram matrix, with a 90 % bootstrap interval over the groups.
+
+    A resample's truth is the plug-in |mean_j h_j|² = S2 (what the resamples are drawn around), not the estimate
+    |G|² = S2 − tr Σ / G, so the interval of |G|² is the estimate less the 95th and 5th percentiles of the resamples'
+    error (|G|²* − S2); B_noise's is tr Σ over it (unbounded where |G|²'s lower end is not above 0)."""
+    G = gram.shape[0]
+    signal, trace = _signal_and_trace(gram, torch.arange(G))
+    plug_in = float(gram.mean())
     gen = torch.Generator().manual_seed(seed)
-    draws = []
-    for _ in range(replicates):
-        sig, tr = _signal_and_trace(gram, torch.randint(G, (G,), generator=gen))
-        draws.append(tr / sig if sig > 0 else float("inf"))
-    draws.sort()
-    interval = [draws[int(0.05 * (replicates - 1))], draws[int(0.95 * (replicates - 1))]]
+    errors = sorted(_signal_and_trace(gram, torch.randint(G, (G,), generator=gen))[0] - plug_in
+                    for _ in range(replicates))  # fmt: skip
+    signal_lo, signal_hi = signal - errors[int(0.95 * (replicates - 1))], signal - errors[int(0.05 * (replicates - 1))]
+
+    def b_noise(sig: float) -> float | None:
+        return trace / sig if sig > 0 else None
+
     return {
-        "b_noise_groups_90ci": interval,
-        "groups": G,
-        "batch_grad_sq_norm": float(gram.mean()),
+        "batch_grad_sq_norm": plug_in,
         "trace_sigma": trace,
         "signal_sq_norm": signal,
-        "b_noise_groups": trace / signal if signal > 0 else None,
-        "half_batch_cosine": cosine,
+        "signal_sq_norm_90ci": [signal_lo, signal_hi],
+        "b_noise_groups": b_noise(signal),
+        "b_noise_groups_90ci": [b_noise(signal_hi), b_noise(signal_lo)],  # None: unbounded (lower: no signal at all)
         "signal_share_at": {p: (signal / (signal + trace / p) if signal > 0 else 0.0) for p in (2, 8, 32, 128)},
     }
 
@@ -194,8 +204,8 @@ def main(argv: list[str] | None = None) -> None:
         write_json(out, {**report, "overrides": args.set, "algorithms": results})  # after each: nothing is lost
     for name, r in results.items():
         b = r["b_noise_groups"]
-        lo, hi = r["b_noise_groups_90ci"]
-        noise = ("unresolved" if b is None else f"{b:.1f} groups") + f" (90 % {lo:.3g}–{hi:.3g})"
+        lo, hi = ("∞" if x is None else f"{x:.3g}" for x in r["b_noise_groups_90ci"])
+        noise = ("unresolved" if b is None else f"{b:.1f} groups") + f" (90 % {lo}–{hi})"
         print(f"{name:<10} G={r['groups']:>3}×{r['group_size']:<3} zero-std {r['zero_std_group_fraction']:.2f}  "
               f"half-cos {r['half_batch_cosine']:+.3f}  B_noise {noise}  "
               f"share@8 {r['signal_share_at'][8]:.2f}  ({r['seconds']} s)")  # fmt: skip
