@@ -5,7 +5,8 @@ up, then traces a second step with a profiler hook in every thread of the proces
 `diffusion_rl/` that ran, with its lines: from its first decorator to its last line, docstring included. A file's
 count is the union of its functions' lines (a nested function counts inside its parent).
 
-Counted: the step's own layers. Left out, as a reader takes them by their name and contract without opening
+Each file's lines are counted twice: every line of its functions, and the code among them (no docstring, comment or
+blank line). Counted: the step's own layers. Left out, as a reader takes them by their name and contract without opening
 them (listed with --all): the model (models/), the reward functions (rewards/ but the combiner), data and config
 plumbing (data/, config/, registry.py, settings.py, utils/), the run guard (guard/), the phase timer and FLOP
 tally (trainer/timing.py, engine/flops.py), the single-device no-ops (engine/parallel.py), and the sampler's
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import json
 import os
 import sys
 import tempfile
 import threading
+import tokenize
 from collections import defaultdict
 from pathlib import Path
 
@@ -40,6 +43,28 @@ def counted(path: str) -> bool:
     if path.startswith("rewards/"):
         return path in REWARDS_KEPT
     return not path.startswith(LEFT_OUT)
+
+
+def code_lines(path: Path) -> set[int]:
+    """The lines of `path` that hold code: not blank, not only a comment, not part of a docstring."""
+    source = path.read_text()
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
+            tokenize.ENDMARKER}  # fmt: skip
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skip:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return lines - docstrings
 
 
 def function_spans(path: Path) -> dict[int, tuple[int, int]]:
@@ -109,10 +134,16 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     files = summary(rows, args.all)
+    total = code = 0
+    print(f"{'file':42s} {'lines':>5s} {'code':>5s}  functions")
     for name, entry in sorted(files.items()):
-        print(f"{name:42s} {len(entry['lines']):4d}  {', '.join(entry['functions'])}")
-    total = sum(len(entry["lines"]) for entry in files.values())
-    print(f"{len(files)} files, {total} lines of functions a reader opens")
+        entry_code = len(entry["lines"] & code_lines(PACKAGE / name))
+        total, code = total + len(entry["lines"]), code + entry_code
+        print(f"{name:42s} {len(entry['lines']):5d} {entry_code:5d}  {', '.join(entry['functions'])}")
+    print(
+        f"{len(files)} files, {total} lines of functions a reader opens ({code} of code: no docstring, comment or "
+        "blank line)"
+    )
 
 
 if __name__ == "__main__":
