@@ -109,9 +109,9 @@ def refuse_what_cannot_fit(cfg) -> None:
         return  # no model directory to count yet: loading it names what is missing
     device = device_named("cpu").with_overrides(peak_tflops=1.0, bandwidth_gbs=1.0)  # the time is not used here
     try:
-        result = estimate(cfg, arch, device, workers)
+        result = estimate(cfg, arch, device, workers)  # a size the model cannot make: a UserError naming the keys
     except ValueError:
-        return  # a size the model cannot make: the model's own size check names it, with one that works
+        return  # a shape the meta forward cannot take (a frame count): the model's own check names it when loaded
     context = 0.0 if cuda else result.memory_gib["context"]  # the CUDA context: a CPU run has none
     need = (result.peak_memory_gib_per_gpu - context) * sharing
     if need * GIB > capacity:
@@ -136,11 +136,12 @@ def cmd_sample(args) -> None:
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import sample_images
     from diffusion_rl.sampling.window import default_window
+    from diffusion_rl.settings import check_flag
     from diffusion_rl.tracking.media import sample_sheet, save_sample
     from diffusion_rl.utils.seeding import seed_for
 
-    if args.max_sequence_length is not None and args.max_sequence_length < 1:
-        raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
+    check_flag("--max-sequence-length", args.max_sequence_length, "model.max_sequence_length", ModelConfig)
+    EvalSettings(**{k: v for k, v in _sample_flags(args).items() if v is not None})  # the flags given, before loading
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
         from diffusion_rl.checkpoint.weights import checkpoint_config, load_checkpoint_model, validation_sampling
 
@@ -163,9 +164,7 @@ def cmd_sample(args) -> None:
     for key, value in defaults.items():  # flags the user left out: as the run validated, or SAMPLE_DEFAULTS
         if getattr(args, key) is None:
             setattr(args, key, value)
-    flags = EvalSettings(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
-                         sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver,
-                         frames=args.frames, guidance_low_noise=args.guidance_low_noise)  # fmt: skip
+    flags = EvalSettings(**_sample_flags(args))
     require_size(model, args.height, args.width, args.frames)  # a size the model cannot make is the user's to fix
     model.check_low_noise_guidance(args.guidance_low_noise, "--guidance-low-noise")
     prompts = [p for p in args.prompt for _ in range(args.n)]
@@ -182,6 +181,13 @@ def cmd_sample(args) -> None:
     sheet = sample_sheet(images.numpy(), prompts, args.n, fit_rows(rows, args.height, args.width))
     path = save_sample(sheet, Path(args.out).with_suffix("").as_posix())  # .png, or .webp for a video
     logger.info("wrote %s (%d samples, %d×%d)", path, len(prompts), args.height, args.width)
+
+
+def _sample_flags(args) -> dict:
+    """`sample`'s sampling flags as EvalSettings' fields (its checks: each flag in its config key's range)."""
+    return dict(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
+                sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver, frames=args.frames,
+                guidance_low_noise=args.guidance_low_noise)  # fmt: skip
 
 
 def cmd_init_tiny(args) -> None:
