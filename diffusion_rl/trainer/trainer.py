@@ -119,7 +119,10 @@ class Trainer:
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
-        self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))
+        self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))  # first: it refuses a rerun the guard ended
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
+        if cfg.run.resume == "never" and not cfg.run.val_only and self.checkpoints.set_aside_earlier_run():
+            self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))  # the earlier run's end went aside too
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
         ensure_model(cfg)
         self.engine = make_engine(cfg)
@@ -130,7 +133,6 @@ class Trainer:
             self.source = OfflinePairs(cfg, pairs, self.sampler, self.engine)
         else:
             self.source = OnlineRollouts(cfg, self.records, self.sampler, self.engine, self.rewards)
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
         device = resolve_device(cfg.model.device)
         self.profiler = StepProfiler(cfg.profile.steps, cfg.profile.memory, self.run_dir, device)
         self.step = 0
