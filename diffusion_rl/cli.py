@@ -3,7 +3,8 @@
 User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback; an OSError
 (read-only directory, full disk) prints its path and cause in one line and exits with status 1, as does a run that
 stopped itself (divergence, every sample failing); a run the reward-hacking guard ended (guard.action stop or
-rollback) prints that outcome last and exits with status 3.
+rollback) prints that outcome last and exits with status 3; Ctrl-C is one line too (a training run's says how many
+steps were done and which checkpoint holds them), status 130.
 """
 
 from __future__ import annotations
@@ -386,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"diffusion-rl: stopped: {e}", file=sys.stderr)
         logger.debug("the error in full:", exc_info=True)
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C outside a training run's loop (which says how far it got, above)
+        print("diffusion-rl: interrupted (Ctrl-C)", file=sys.stderr)
+        logger.debug("where:", exc_info=True)
+        return 130
     except OSError as e:  # read-only run dir, full disk, …: the path and the cause (-v: the traceback too)
         cause = e.cause if isinstance(getattr(e, "cause", None), OSError) else e  # Ray wraps a worker's error
         where = f"{cause.filename}: " if cause.filename is not None else ""

@@ -56,7 +56,7 @@ from diffusion_rl.data.sampler import PromptSampler, StepPrompts, make_step_prom
 from diffusion_rl.engine import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
-from diffusion_rl.errors import RunStopped, TrainingDiverged
+from diffusion_rl.errors import RunInterrupted, RunStopped, TrainingDiverged
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
@@ -172,6 +172,8 @@ class Trainer:
                 aside, latest = self.checkpoints.set_aside_latest()  # its weights sampled the NaN
                 note = f" (the weights that sampled it are set aside as {aside})"
             raise type(e)(f"{e}; latest checkpoint (the last healthy one): {latest or 'none'}{note}") from e
+        except KeyboardInterrupt:  # Ctrl-C: how far the run got and what holds it, one line (not a traceback)
+            raise RunInterrupted(self._interrupted()) from None
         finally:
             self.trackers.close()
             self.trackers = None  # a later validate() (evaluation) must not write to closed trackers
@@ -290,6 +292,13 @@ class Trainer:
         s = self.cfg.sampling
         flat = s.num_steps * self.engine.model.forwards_per_evaluation(SamplerSettings.of(s).scales)
         return {"rollout/nfe_per_image_flat": float(flat), "rollout/nfe_saving": 1.0 - nfe_per_image / flat}
+
+    def _interrupted(self) -> str:
+        latest, done = self.checkpoints.latest(), f"{self.step} of {self.cfg.train.total_steps} steps done"
+        if latest is None:
+            return f"interrupted (Ctrl-C) with {done}; no checkpoint was saved yet (train.save_every)"
+        return (f"interrupted (Ctrl-C) with {done}; the last checkpoint is {latest} (step {step_of(latest)}): run the "
+                "same command to resume from it")  # fmt: skip
 
     def finish(self) -> list[dict]:
         rows = read_metrics(self.run_dir / "metrics.jsonl") if self.cfg.log.jsonl else []
