@@ -18,7 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvision notices of image processors
 
-from diffusion_rl.config_io.secrets import redact_text  # noqa: E402  (stdlib only, as config_io is)
+from diffusion_rl.config_io.secrets import redact_text  # noqa: E402  (config_io imports no torch)
 from diffusion_rl.errors import GuardStopped, RunStopped, UserError  # noqa: E402
 from diffusion_rl.utils import cuda_alloc, omp  # noqa: E402  (stdlib only: imported before torch)
 
@@ -51,7 +51,8 @@ def _setup_logging(verbose: bool) -> None:
     from diffusion_rl.config_io.secrets import RedactingFilter
 
     for handler in logging.getLogger().handlers:  # a URL's credentials never reach the console or a log file
-        handler.addFilter(RedactingFilter())
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
     diffusers.utils.logging.set_verbosity_error()
     diffusers.utils.logging.disable_progress_bar()
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"diffusion-rl: error: {redact_text(str(e))}", file=sys.stderr)
         return 2
     except RunStopped as e:  # divergence, every sample failing: why, and the last good checkpoint
-        print(f"diffusion-rl: stopped: {e}", file=sys.stderr)
+        print(f"diffusion-rl: stopped: {redact_text(str(e))}", file=sys.stderr)
         logger.debug("the error in full:", exc_info=True)
         return e.exit_code
     except KeyboardInterrupt:  # Ctrl-C outside a training run's loop (which says how far it got, above)

@@ -45,9 +45,8 @@ def sizes_from_configs(transformer, vae, scale: int, multiple: int, default_samp
         largest = table * patch * scale
         why = f"pos_embed_max_size {table} × patch {patch} × VAE scale {scale}"
     native = _native(transformer, vae, scale, default_sample_size, fallback)
-    if native is not None and largest is not None:
-        native = min(native, largest)
     if native is not None:
+        native = min(native, largest or native)
         native = max(multiple, native - native % multiple)
     return ImageSizes(native=native, largest=largest, multiple=multiple, why_largest=why)
 
