@@ -16,7 +16,8 @@ the 3 learning rates of LRS; an algorithm's rate is the one with the highest tra
 run's last third of compute, averaged over both selection shards; validation is never read); shards 2, 3, … run each
 algorithm at its chosen rate, so they wait for both selection shards; the table reads the report shards only (the
 selection shards' runs chose the rate). Every finished run is kept at <out>/runs/shard_<s>/<algorithm>_lr<rate>.json
-(resumable: kept runs are skipped, and <out>/settings.json stops a run under other settings); several processes may
+(resumable: kept runs are skipped, and <out>/settings.json stops a run under other settings before any work, as a
+--shard outside 0 … --shards − 1 does); several processes may
 run one shard on one machine at once (`--threads 1` each): a run in progress holds a claim file, and each process
 takes the next run nobody holds (the base-model validation too: one measures it, the others wait). When the shard's
 last run ends, all of them go into <out>/shard_<s>.json with the machine, CPU time and the shard's shared base-model
@@ -60,6 +61,8 @@ from learning import (  # noqa: E402
     write_json,
 )
 from ranking_table import choices, load_shards  # noqa: E402
+
+from diffusion_rl.errors import UserError  # noqa: E402
 
 logger = logging.getLogger("ranking")
 
@@ -159,10 +162,9 @@ class Benchmark:
         self.args = args
         self.out = Path(args.out_dir).resolve()
         self.model_dir = Path(args.model).resolve()
-        self.info = None if args.plan else ensure_base_model(self.model_dir, args.threads)
         found = learning.algorithm_configs(args.only.split(",") if args.only else None)
         self.configs, self.skipped = {}, {}
-        task_info = self.info or {"size": 32, "text_tokens": 16}  # the plan needs no model: skip reasons don't read it
+        task_info = {"size": 32, "text_tokens": 16}  # neither skip reasons nor rates read the model: none is needed yet
         for name, path in found.items():
             cfg = build_config(path, self.out / "unused", self.namespace(0, []), self.model_dir, task_info)
             why = skip_reason(cfg, shapes=True)
@@ -175,6 +177,9 @@ class Benchmark:
         self.settings = {"budget_flops": self.budget, "val_fractions": list(VAL_FRACTIONS), "val_n": args.val_n,
                          "val_n_subset": args.val_n_subset, "lrs": args.lrs, "select_seeds": list(SELECT_SEEDS),
                          "algorithms": sorted(self.configs), "set": list(args.set)}  # fmt: skip
+        if args.plan or args.shard is not None:
+            self.check_settings()  # before any work: settings.json of other settings, or unreadable, stops here
+        self.info = None if args.plan else ensure_base_model(self.model_dir, args.threads)  # may pretrain it
 
     def namespace(self, seed: int, extra: list[str]):
         heldout = self.model_dir / "shapes_prompts" / "heldout.jsonl"  # every held-out prompt (78)
@@ -185,9 +190,16 @@ class Benchmark:
         )
 
     def check_settings(self) -> None:
+        """<out>/settings.json must hold this run's settings (written when absent, but by a plan)."""
         kept = self.out / "settings.json"
         if kept.is_file():
-            before = json.loads(kept.read_text())
+            try:
+                before = json.loads(kept.read_text())
+            except ValueError as e:
+                before = e
+            if not isinstance(before, dict):
+                raise UserError(f"{kept} is empty or not the settings of the runs in {self.out} ({before}): restore "
+                                "it, or give another --out-dir")  # fmt: skip
             if before != self.settings:
                 changed = sorted(k for k in self.settings if before.get(k) != self.settings[k])
                 sys.exit(f"{self.out} holds runs made with other settings ({', '.join(changed)} differ: {kept}); "
@@ -288,7 +300,6 @@ class Benchmark:
 
     def run_shard(self, s: int) -> Path:
         """Run shard s's runs not kept yet; when all are kept, gather them into its shard file."""
-        self.check_settings()
         if self.shard_file(s).is_file():
             sys.exit(f"shard {s} is finished: {self.shard_file(s)}")
         runs = self.shard_runs(s)
@@ -362,7 +373,6 @@ class Benchmark:
 
     def plan(self, shards: int) -> list[str]:
         """--plan's printout: per shard its runs (done, kept or to do) and the compute they need."""
-        self.check_settings()
         chosen = self.chosen_lrs()
         images = 78 * (len(VAL_FRACTIONS) * self.args.val_n_subset + self.args.val_n)
         lines = [f"budget per run: {self.budget:.4g} FLOPs of training (+ < 1 step); validation per run "
@@ -442,16 +452,25 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad argument is one line (argparse adds the usage): what is wrong, status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--plan", action="store_true", help="print the shards, their runs and compute; run nothing")
     what.add_argument("--shard", type=int, help="run (or resume) this shard")
     what.add_argument("--table", action="store_true", help="the table from the shard files that exist")
     what.add_argument("--wallclock", action="store_true", help="seconds per FLOP vs Flow-GRPO, algorithms alternating")
     what.add_argument("--measure-step-flops", action="store_true", help="each algorithm's counted FLOPs per step")
-    parser.add_argument("--shards", type=int, default=SHARDS, help="--plan: how many shards (seeds)")
-    parser.add_argument("--model", default=str(ROOT / "models/shapes"), help="the ShapesWorld base model dir")
+    parser.add_argument("--shards", type=int, default=SHARDS,
+                        help="shards (seeds) in all: --plan lists them, --shard takes 0 … N − 1")  # fmt: skip
+    parser.add_argument("--model", default=str(ROOT / "models/shapes"),
+                        help="the ShapesWorld base model dir (pretrained there when absent or empty)")  # fmt: skip
     parser.add_argument("--only", default=None, help="comma-separated algorithm names (default: all)")
     parser.add_argument("--out-dir", default=str(OUT), help="shard files, kept runs and the table")
     parser.add_argument("--budget-flops", type=float, default=BUDGET_FLOPS, help="training FLOPs per run")
@@ -470,12 +489,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps-per-turn", type=int, default=5, help="--wallclock: steps per algorithm per turn")
     args = parser.parse_args(argv)
     if not (args.budget_flops and math.isfinite(args.budget_flops) and args.budget_flops > 0):
-        sys.exit(f"--budget-flops must be > 0, got {args.budget_flops}")
+        parser.error(f"--budget-flops must be > 0, got {args.budget_flops}")
+    if args.shard is not None and not 0 <= args.shard < args.shards:
+        parser.error(f"--shard {args.shard}: the shards are 0 to {args.shards - 1} (--shards {args.shards}; more "
+                     "report seeds: a larger --shards)")  # fmt: skip
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    """A mistake in the input (a settings file, a --model folder pretraining would replace) is one line, status 2."""
+    try:
+        run(parse_args(argv))
+    except UserError as e:
+        print(f"ranking.py: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run(args: argparse.Namespace) -> None:
     learning.setup_logging(args.threads)
     os.chdir(ROOT)  # the configs name their files relative to the repository root
     if args.table:

@@ -3,7 +3,8 @@
 User errors (bad config, missing file, bad value) print one line and exit with status 2, no traceback; an OSError
 (read-only directory, full disk) prints its path and cause in one line and exits with status 1, as does a run that
 stopped itself (divergence, every sample failing); a run the reward-hacking guard ended (guard.action stop or
-rollback) prints that outcome last and exits with status 3.
+rollback) prints that outcome last and exits with status 3; Ctrl-C is one line too (a training run's says how many
+steps were done and which checkpoint holds them), status 130.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvision notices of image processors
 
+from diffusion_rl.config_io.secrets import redact_text  # noqa: E402  (config_io imports no torch)
 from diffusion_rl.errors import GuardStopped, RunStopped, UserError  # noqa: E402
 from diffusion_rl.utils import cuda_alloc, omp  # noqa: E402  (stdlib only: imported before torch)
 
@@ -45,6 +47,12 @@ def _setup_logging(verbose: bool) -> None:
     )
     import diffusers
     import transformers
+
+    from diffusion_rl.config_io.secrets import RedactingFilter
+
+    for handler in logging.getLogger().handlers:  # a URL's credentials never reach the console or a log file
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
     diffusers.utils.logging.set_verbosity_error()
     diffusers.utils.logging.disable_progress_bar()
@@ -103,9 +111,9 @@ def refuse_what_cannot_fit(cfg) -> None:
         return  # no model directory to count yet: loading it names what is missing
     device = device_named("cpu").with_overrides(peak_tflops=1.0, bandwidth_gbs=1.0)  # the time is not used here
     try:
-        result = estimate(cfg, arch, device, workers)
+        result = estimate(cfg, arch, device, workers)  # a size the model cannot make: a UserError naming the keys
     except ValueError:
-        return  # a size the model cannot make: the model's own size check names it, with one that works
+        return  # a shape the meta forward cannot take (a frame count): the model's own check names it when loaded
     context = 0.0 if cuda else result.memory_gib["context"]  # the CUDA context: a CPU run has none
     need = (result.peak_memory_gib_per_gpu - context) * sharing
     if need * GIB > capacity:
@@ -130,11 +138,12 @@ def cmd_sample(args) -> None:
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import sample_images
     from diffusion_rl.sampling.window import default_window
+    from diffusion_rl.settings import check_flag
     from diffusion_rl.tracking.media import sample_sheet, save_sample
     from diffusion_rl.utils.seeding import seed_for
 
-    if args.max_sequence_length is not None and args.max_sequence_length < 1:
-        raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
+    check_flag("--max-sequence-length", args.max_sequence_length, "model.max_sequence_length", ModelConfig)
+    EvalSettings(**{k: v for k, v in _sample_flags(args).items() if v is not None})  # the flags given, before loading
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
         from diffusion_rl.checkpoint.weights import checkpoint_config, load_checkpoint_model, validation_sampling
 
@@ -157,9 +166,7 @@ def cmd_sample(args) -> None:
     for key, value in defaults.items():  # flags the user left out: as the run validated, or SAMPLE_DEFAULTS
         if getattr(args, key) is None:
             setattr(args, key, value)
-    flags = EvalSettings(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
-                         sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver,
-                         frames=args.frames, guidance_low_noise=args.guidance_low_noise)  # fmt: skip
+    flags = EvalSettings(**_sample_flags(args))
     require_size(model, args.height, args.width, args.frames)  # a size the model cannot make is the user's to fix
     model.check_low_noise_guidance(args.guidance_low_noise, "--guidance-low-noise")
     prompts = [p for p in args.prompt for _ in range(args.n)]
@@ -176,6 +183,13 @@ def cmd_sample(args) -> None:
     sheet = sample_sheet(images.numpy(), prompts, args.n, fit_rows(rows, args.height, args.width))
     path = save_sample(sheet, Path(args.out).with_suffix("").as_posix())  # .png, or .webp for a video
     logger.info("wrote %s (%d samples, %d×%d)", path, len(prompts), args.height, args.width)
+
+
+def _sample_flags(args) -> dict:
+    """`sample`'s sampling flags as EvalSettings' fields (its checks: each flag in its config key's range)."""
+    return dict(n=args.n, num_steps=args.steps, guidance=args.guidance, height=args.height, width=args.width,
+                sde_type=args.sde_type, noise_level=args.noise_level, ode_solver=args.ode_solver, frames=args.frames,
+                guidance_low_noise=args.guidance_low_noise)  # fmt: skip
 
 
 def cmd_init_tiny(args) -> None:
@@ -369,12 +383,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.fn(args)
     except UserError as e:
-        print(f"diffusion-rl: error: {e}", file=sys.stderr)
+        print(f"diffusion-rl: error: {redact_text(str(e))}", file=sys.stderr)
         return 2
     except RunStopped as e:  # divergence, every sample failing: why, and the last good checkpoint
-        print(f"diffusion-rl: stopped: {e}", file=sys.stderr)
+        print(f"diffusion-rl: stopped: {redact_text(str(e))}", file=sys.stderr)
         logger.debug("the error in full:", exc_info=True)
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C outside a training run's loop (which says how far it got, above)
+        print("diffusion-rl: interrupted (Ctrl-C)", file=sys.stderr)
+        logger.debug("where:", exc_info=True)
+        return 130
     except OSError as e:  # read-only run dir, full disk, …: the path and the cause (-v: the traceback too)
         cause = e.cause if isinstance(getattr(e, "cause", None), OSError) else e  # Ray wraps a worker's error
         where = f"{cause.filename}: " if cause.filename is not None else ""

@@ -15,6 +15,12 @@ class RunStopped(RuntimeError):
     exit_code = 1  # the CLI's exit status
 
 
+class RunInterrupted(RunStopped):
+    """The user stopped the run (Ctrl-C, SIGINT); the message says how far it got and which checkpoint holds it."""
+
+    exit_code = 130  # 128 + SIGINT: what a shell reports for a process Ctrl-C ended
+
+
 class TrainingDiverged(RunStopped):
     """Too many consecutive updates had a non-finite loss or gradient norm."""
 

@@ -7,7 +7,7 @@ loss's settings next to the loss) both build on it, so neither has to import the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # the largest sizes and counts a config may ask for: far above any real run, low enough that a typo (an extra zero,
@@ -55,6 +55,28 @@ def opt(default: Any, help: str, *, factory: bool = False, within: Range | None 
     if factory:
         return field(default_factory=default, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def field_range(cls: type, name: str) -> Range:
+    """The range settings dataclass `cls` declares for its field `name` (`opt(within=...)`)."""
+    return {f.name: f for f in fields(cls)}[name].metadata["within"]
+
+
+def check_flag(flag: str, value: float | None, key: str, cls: type) -> None:
+    """A UserError naming command-line `flag` when `value` lies outside the range of config key `key` (a field of
+    `cls`), the setting the flag stands for: the limits are declared once, on the config; None (unset) passes."""
+    within = field_range(cls, key.rsplit(".", 1)[-1])
+    if value is None or value in within:
+        return
+    from diffusion_rl.errors import UserError
+
+    if not math.isfinite(value):
+        bound = "finite"
+    elif value > within.hi:
+        bound = f"≤ {_number(within.hi)}"
+    else:
+        bound = f"> {_number(within.lo)}" if within.lo_open else f"≥ {_number(within.lo)}"
+    raise UserError(f"{flag} must be {bound} (as {key}: {within}), got {value}")
 
 
 def check(condition: bool, message: str) -> None:

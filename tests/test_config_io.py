@@ -381,8 +381,48 @@ def test_redact_secrets_replaces_secret_named_values_at_any_depth():
     }
     assert kwargs["api_key"] == "sk-1"  # the input is left as it was
     kept, dropped = without_redacted(redact_secrets(kwargs))
-    assert dropped == ["api_key", "headers.Authorization", "headers.x-api-key", "hf_token"]
+    assert dropped == ["api_key", "headers.Authorization", "headers.x-api-key", "hf_token", "list"]
     assert kept["headers"] == {"Accept": "json"} and kept["API_KEY_ENV"] == "VLM_KEY" and "api_key" not in kept
+
+
+SECRET_KEYS = ["api_key", "x-api-key", "apiKey", "HF_TOKEN", "auth_token", "private_key", "privateKey", "openai_key",
+               "aws_secret_access_key", "client_secret", "Authorization", "password", "db_passwd", "credentials",
+               "private", "key", "token", "basic_auth"]  # fmt: skip
+HARMLESS_KEYS = ["max_tokens", "text_tokens", "tokenizer", "tokenizer_path", "pad_token", "eos_token_id",
+                 "image_key", "sort_key", "api_key_env", "TOKEN_ENV", "keys", "num_key_value_heads", "keyword",
+                 "bypass", "url"]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", SECRET_KEYS)
+def test_a_key_named_for_a_secret_is_redacted(key):
+    from diffusion_rl.config_io.secrets import REDACTED, redact_secrets
+
+    assert redact_secrets({"kwargs": {key: "s3cr3t", "n": 1}}) == {"kwargs": {key: REDACTED, "n": 1}}
+
+
+@pytest.mark.parametrize("key", HARMLESS_KEYS)
+def test_a_key_that_only_contains_a_secret_word_is_kept(key):
+    from diffusion_rl.config_io.secrets import redact_secrets
+
+    assert redact_secrets({"kwargs": {key: "value"}}) == {"kwargs": {key: "value"}}
+
+
+def test_a_flag_under_a_secret_looking_name_is_kept():
+    from diffusion_rl.config_io.secrets import redact_secrets
+
+    assert redact_secrets({"private": True, "token": None}) == {"private": True, "token": None}
+
+
+def test_the_credentials_in_a_url_are_redacted_anywhere_and_count_as_redacted():
+    from diffusion_rl.config_io.secrets import REDACTED, redact_secrets, redact_text, without_redacted
+
+    kwargs = {"url": "http://user:SECRET@host:8000/v1", "mirrors": ["https://tok@h.example"], "mail": "a@b.c",
+              "plain": "http://host/x@y"}  # fmt: skip
+    redacted = redact_secrets(kwargs)
+    assert redacted == {"url": f"http://{REDACTED}@host:8000/v1", "mirrors": [f"https://{REDACTED}@h.example"],
+                        "mail": "a@b.c", "plain": "http://host/x@y"}  # fmt: skip
+    assert without_redacted(redacted) == ({"mail": "a@b.c", "plain": "http://host/x@y"}, ["url", "mirrors"])
+    assert redact_text("no answer from http://u:p@h/score") == f"no answer from http://{REDACTED}@h/score"
 
 
 def test_a_redacted_config_loads_back(tmp_path):

@@ -375,7 +375,7 @@ def test_text_report_and_bad_numbers(capsys):
     out = capsys.readouterr().out
     assert "2× a100" in out and "GPU-hours" in out and "images/GPU/s" in out and "fits" in out
     assert main(["estimate", QUICKSTART, "--gpus", "0"]) == 2
-    assert "--gpus must be > 0" in capsys.readouterr().err
+    assert "--gpus must be ≥ 1" in capsys.readouterr().err
 
 
 def test_memory_parts_by_hand():

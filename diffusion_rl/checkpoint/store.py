@@ -33,9 +33,11 @@ from diffusion_rl.checkpoint.paths import (
     resolve_checkpoint,
     step_dir_name,
 )
+from diffusion_rl.utils.files import set_aside
 
 logger = logging.getLogger(__name__)
 
+EARLIER_RUN = (CHECKPOINTS_DIR, "config.yaml", "metrics.jsonl")  # any of these in a run directory: a run was here
 TMP_PREFIX = ".tmp-"
 BROKEN_PREFIX = "broken-"  # a checkpoint set aside as broken: not a step_* name, so never listed
 
@@ -174,6 +176,18 @@ class CheckpointManager:
         if resume == "auto":
             return self.latest()
         return resolve_checkpoint(resume, what="run.resume")
+
+    def set_aside_earlier_run(self) -> Path | None:
+        """run.resume=never: an earlier run in this run directory (its checkpoints, config.yaml or metrics) is moved
+        aside, into `<run.dir>.before-<time>` beside it, with one log line, so the fresh run's steps are the only
+        ones here (`sample --checkpoint` and `latest` would otherwise find the old run's). Returns where; None when
+        no run was there."""
+        if not any((self.run_dir / name).exists() for name in EARLIER_RUN):
+            return None
+        aside = set_aside(self.run_dir)
+        logger.warning("run.resume=never: the earlier run in %s is moved aside to %s (delete it when no longer needed)",
+                       self.run_dir, aside)  # fmt: skip
+        return aside
 
     def point_latest_at(self, checkpoint: Path) -> None:
         """Make `latest` name `checkpoint` (one of this run's), e.g. after the guard rolled the run back to it."""

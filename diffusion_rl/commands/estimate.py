@@ -4,6 +4,7 @@ launch, from the config and the model's architecture alone (no weights; see diff
 from __future__ import annotations
 
 import json
+import math
 
 
 def register(subparsers) -> None:
@@ -33,19 +34,31 @@ def register(subparsers) -> None:
 
 
 def cmd_estimate(args) -> None:
-    from diffusion_rl.config import load
+    from diffusion_rl.config import EngineConfig, LogConfig, ModelConfig, load
     from diffusion_rl.errors import UserError
     from diffusion_rl.estimate.architectures import architecture_for
     from diffusion_rl.estimate.devices import device_named
-    from diffusion_rl.estimate.estimator import EFFICIENCY, estimate
+    from diffusion_rl.estimate.estimator import EFFICIENCY, EFFICIENCY_RANGE, estimate
+    from diffusion_rl.settings import check_flag
+
+    ranged = (  # (flag, the config key whose range it is checked against, its section)
+        ("--gpus", "engine.num_workers", EngineConfig),
+        ("--prompt-tokens", "model.max_sequence_length", ModelConfig),
+        ("--peak-tflops", "log.peak_tflops", LogConfig),
+    )
 
     device = device_named(args.gpu).with_overrides(args.peak_tflops, args.bandwidth_gbs, args.memory_gib)
     if device.peak_tflops is None or device.bandwidth_gbs is None:
         raise UserError(f"--gpu {args.gpu}: no peak or bandwidth in the table; give --peak-tflops and --bandwidth-gbs")
-    for name in ("gpus", "prompt_tokens", "peak_tflops", "bandwidth_gbs", "memory_gib", "efficiency"):
+    for flag, key, section in ranged:
+        check_flag(flag, getattr(args, flag[2:].replace("-", "_")), key, section)
+    for name in ("bandwidth_gbs", "memory_gib"):  # a device's: no config key, any finite positive number
         value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if value is not None and not (0 < value < math.inf):
+            raise UserError(f"--{name.replace('_', '-')} must be > 0 and finite, got {value}")
+    if args.efficiency is not None and args.efficiency not in EFFICIENCY_RANGE:
+        raise UserError(f"--efficiency is a fraction of the device's peak and bandwidth, in {EFFICIENCY_RANGE}; "
+                        f"got {args.efficiency:g}")  # fmt: skip
     cfg = load(args.config, args.overrides)
     gpus = args.gpus or (cfg.engine.num_workers if cfg.engine.kind == "ray" else 1)
     arch = architecture_for(cfg.model, args.arch)

@@ -140,6 +140,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from diffusion_rl.config.model import LoraConfig, ModelConfig
     from diffusion_rl.data.prompts import load_prompts
     from diffusion_rl.evaluation import EvalSettings, evaluate, resolve_targets
+    from diffusion_rl.settings import check_flag
 
     targets = resolve_targets(args.checkpoint)
     first_checkpoint = next((t.checkpoint for t in targets if not t.is_base), None)
@@ -180,8 +181,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         use_ema=not args.no_ema,
         frames=pick("frames"),
     )
-    if args.max_sequence_length is not None and args.max_sequence_length < 1:
-        raise UserError(f"--max-sequence-length must be ≥ 1, got {args.max_sequence_length}")
+    check_flag("--max-sequence-length", args.max_sequence_length, "model.max_sequence_length", ModelConfig)
     model_cfg = ModelConfig(
         path=args.model,
         device=args.device,

@@ -17,7 +17,11 @@ if TYPE_CHECKING:
 class RunConfig:
     dir: str = opt("runs/quickstart", "Run directory: checkpoints, metrics.jsonl, samples, TensorBoard logs.")
     seed: int = opt(0, "Seed of every random draw (noise, data order, windows, timestep picks).")
-    resume: str = opt("auto", "auto (latest checkpoint in run.dir if any), never, or a checkpoint directory.")
+    resume: str = opt(
+        "auto",
+        "auto (latest checkpoint in run.dir if any), never (start over: an earlier run in run.dir is moved aside to "
+        "<run.dir>.before-<time>), or a checkpoint directory.",
+    )
     name: str | None = opt(None, "Run name for trackers (default: the run directory's name).")
     val_only: bool = opt(
         False,

@@ -4,6 +4,11 @@ YAML is read with YAML 1.2 scalar rules rather than PyYAML's 1.1 defaults, becau
 configs: ``1e-4`` would be a string, ``yes``/``no``/``on``/``off`` booleans, ``010`` octal, ``1:30`` an int
 and ``2024-01-01`` a date. Here those are a float and strings (``true``/``false`` are the booleans). Building and
 checking the tree is config_io/convert.py's.
+
+What is read is bounded: a config file is at most ``MAX_CONFIG_BYTES``, and aliases (``*name``) may repeat what their
+anchor names by at most ``ALIAS_BUDGET`` entries in all (merge keys and a few reuses; a YAML bomb, nine aliases of
+nine aliases…, would otherwise expand to hundreds of millions of entries when the tree is built). An alias that
+contains itself is refused too.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import typing
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -23,12 +27,21 @@ from diffusion_rl.errors import UserError
 # ---------------------------------------------------------------------------------------------------------------
 # YAML dialect
 
+MAX_CONFIG_BYTES = 1 << 20  # a config holds settings (a few kB); data such as prompts lives in the files it names
+ALIAS_BUDGET = 10_000  # entries aliases may add to a document beyond its own
+
 _BOOL_RE = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _TAG = "tag:yaml.org,2002:"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 bool/int/float resolution and an error on duplicate keys."""
+    """SafeLoader with YAML 1.2 bool/int/float resolution, an error on duplicate keys and bounded aliases."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _check_aliases(node)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
@@ -40,6 +53,54 @@ class _Loader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+class _AliasError(yaml.composer.ComposerError):
+    """Aliases beyond the budget, or one inside itself: well-formed YAML, refused."""
+
+
+def _check_aliases(root: yaml.Node) -> None:
+    """A YAMLError (at the anchor that repeats most) when aliases would expand the document by more than
+    ALIAS_BUDGET nodes, or an alias contains itself. The composed graph shares an aliased node; its expanded size is
+    counted once per node (depth first, without recursion), so a bomb is measured without being expanded."""
+    size: dict[int, int] = {}
+    uses: dict[int, int] = {}
+    nodes: dict[int, yaml.Node] = {}
+    open_: set[int] = set()  # the nodes on the current path
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            open_.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            continue
+        if key in open_:
+            raise _AliasError(None, None, "an alias inside the node it names (an infinite document)", node.start_mark)
+        if key in size:
+            continue
+        open_.add(key)
+        nodes[key] = node
+        stack.append((node, True))
+        for child in _children(node):
+            uses[id(child)] = uses.get(id(child), 0) + 1
+            stack.append((child, False))
+    extra = size[id(root)] - len(size)
+    if extra > ALIAS_BUDGET:
+        worst = max((k for k, n in uses.items() if n > 1), key=lambda k: size[k] * (uses[k] - 1))
+        raise _AliasError(
+            None,
+            None,
+            f"they would expand the document to {size[id(root)]:,} entries, {extra:,} more than it holds (at most "
+            f"{ALIAS_BUDGET:,} are allowed; a YAML bomb?): write the values out instead of repeating this anchor",
+            nodes[worst].start_mark,
+        )
 
 
 _REPLACED_TAGS = tuple(_TAG + t for t in ("bool", "int", "float", "timestamp", "value"))
@@ -65,7 +126,9 @@ _Dumper.add_representer(  # numbers on one line ('resolution: [512, 512]'), anyt
 )
 
 
-def _yaml_load(text: str | typing.BinaryIO) -> Any:
+def load_yaml_text(text: str | bytes) -> Any:
+    """The value of YAML `text` in this dialect, aliases bounded (a YAMLError otherwise): a config's or a
+    command-line value's."""
     return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
 
 
@@ -89,7 +152,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         if not sep or not all(parts):
             raise UserError(f"bad command-line override {override!r}: {_OVERRIDE_FORM}")
         try:
-            value = _yaml_load(raw)
+            value = load_yaml_text(raw)
         except yaml.YAMLError as e:
             raise UserError(f"command-line override {override!r}: cannot parse the value as YAML ({e})") from None
         node: Any = result
@@ -124,7 +187,14 @@ def read_yaml_config(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> di
     path = os.fspath(path)
     try:
         with open(path, "rb") as fh:  # bytes: PyYAML detects the encoding and reports bad bytes as YAMLError
-            data = _yaml_load(fh)
+            text = fh.read(MAX_CONFIG_BYTES + 1)  # a pipe or device too: never more than the bound
+        if len(text) > MAX_CONFIG_BYTES:
+            size = os.stat(path).st_size if os.path.isfile(path) else len(text)
+            raise UserError(
+                f"{path}: {size / 2**20:.1f} MiB is larger than a config file may be ({MAX_CONFIG_BYTES >> 20} MiB: "
+                "settings only); put data such as prompts in a file the config names (data.train)"
+            )
+        data = load_yaml_text(text)
     except FileNotFoundError:
         raise UserError(f"config file not found: {path}") from None
     except OSError as e:
@@ -182,7 +252,8 @@ def _yaml_error_message(path: str, error: yaml.YAMLError) -> str:
     problem = getattr(error, "problem", None) or str(error)
     context = getattr(error, "context", None)
     detail = f"{problem} ({context})" if context else problem
-    return " ".join(f"YAML syntax error in {path}{where}: {detail}".split())  # one line: the CLI prints it as is
+    what = "YAML aliases" if isinstance(error, _AliasError) else "YAML syntax error"
+    return " ".join(f"{what} in {path}{where}: {detail}".split())  # one line: the CLI prints it as is
 
 
 def to_yaml(obj: Any) -> str:

@@ -20,6 +20,7 @@ record has some; metadata["ability"] goes to the "ability" column), so that `loa
 records.
 """
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,6 +36,9 @@ logger = logging.getLogger(__name__)
 READABLE_EXTENSIONS = (".txt", ".jsonl", ".parquet")
 WRITABLE_EXTENSIONS = (".jsonl", ".parquet")
 DEFAULT_DATA_SOURCE = "default"
+# a prompt's characters kept: 8 per token of the longest text a model reads (model.max_sequence_length ≤ 8192; English
+# takes ~4 a token), so only text that no encoder would read is cut
+MAX_PROMPT_CHARS = 65_536
 
 _JSONL_KEYS = ("prompt", "negative_prompt", "ground_truth", "data_source", "metadata", "images")
 IMAGE_PLACEHOLDER = "<image>"  # verl's multimodal prompts mark each image's place in the text with it
@@ -89,6 +93,21 @@ def load_prompts(path: str | Path) -> list[PromptRecord]:
     if not records:
         raise UserError(f"{path}: no prompts found; expected at least one non-blank line or row")
     logger.info("loaded %d prompts from %s", len(records), path)
+    return _cut_long_prompts(records, path)
+
+
+def _cut_long_prompts(records: list[PromptRecord], path: Path) -> list[PromptRecord]:
+    """Prompts cut to MAX_PROMPT_CHARS, with one warning: no text encoder reads that far, and the tokenizer would
+    cut them anyway, without a word."""
+    long = [i for i, r in enumerate(records) if len(r.prompt) > MAX_PROMPT_CHARS]
+    if long:
+        logger.warning(
+            "%s: %d prompt(s) longer than %s characters (the first: prompt %d, %s characters) cut to their first %s: "
+            "the text encoders read at most model.max_sequence_length tokens, far less", path, len(long),
+            f"{MAX_PROMPT_CHARS:,}", long[0] + 1, f"{len(records[long[0]].prompt):,}", f"{MAX_PROMPT_CHARS:,}",
+        )  # fmt: skip
+    for i in long:
+        records[i] = dataclasses.replace(records[i], prompt=records[i].prompt[:MAX_PROMPT_CHARS])
     return records
 
 

@@ -297,12 +297,10 @@ class PolicyWorker:
         if trains:
             self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)
         self.settings = SamplerSettings.of(cfg.sampling)
-        try:  # a size or frame count the model cannot make: say so before any work
-            self.model.latent_shape(self.settings.height, self.settings.width, self.settings.frames)
-        except ValueError as e:
-            raise UserError(f"sampling.height/width/num_frames do not fit the {self.model.family} model: {e}") from None
-        if cfg.val.prompts and (cfg.val.height or cfg.val.width):  # validation at its own size: it must fit too
-            self._check_val_size()
+        # a size or frame count the model cannot make: say so before any work (validation's too, at its own size)
+        self._check_size(cfg.sampling.height, cfg.sampling.width, "sampling")
+        if cfg.val.prompts and (cfg.val.height or cfg.val.width):
+            self._check_size(*cfg.val.size(cfg.sampling), "val")
         self.model.check_low_noise_guidance(cfg.sampling.guidance_low_noise, "sampling.guidance_low_noise")
         self.model.check_low_noise_guidance(cfg.val.guidance_low_noise, "val.guidance_low_noise")
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
@@ -319,16 +317,18 @@ class PolicyWorker:
         self.flops = FlopTally(cfg.log.flops and trains)
         self.peak_flops = device_peak_flops(self.model.device, cfg.log.peak_tflops)
 
-    def _check_val_size(self) -> None:
-        height, width = self.cfg.val.size(self.cfg.sampling)
-        problem = size_problem(self.model, height, width, ("val.height", "val.width"))
+    def _check_size(self, height: int, width: int, section: str) -> None:
+        """A UserError naming `section`'s keys when the model cannot make height × width pixels (`size_problem`:
+        its step, its largest) or the run's frames."""
+        problem = size_problem(self.model, height, width, (f"{section}.height", f"{section}.width"))
         if problem is None:
             try:
                 self.model.latent_shape(height, width, self.settings.frames)
             except ValueError as e:
                 problem = str(e)
         if problem:
-            raise UserError(f"val.height/val.width do not fit the {self.model.family} model: {problem}")
+            keys = "sampling.height/width/num_frames" if section == "sampling" else f"{section}.height/{section}.width"
+            raise UserError(f"{keys} do not fit the {self.model.family} model: {problem}")
 
     # -- sampling -------------------------------------------------------------------------------------------
     def generate(

@@ -137,6 +137,17 @@ class Architecture:
         return 2 ** sum(bool(d) for d in c["temperal_downsample"]) if "temperal_downsample" in c else 1
 
 
+def image_sizes_of(arch: Architecture):
+    """The sizes the architecture's model makes (models/image_size.py's ImageSizes), from its configs alone: what
+    `size_problem` checks a config's size against before anything is loaded."""
+    from diffusion_rl.models.image_size import sizes_from_configs
+    from diffusion_rl.models.registry import family_named
+
+    adapter, config = family_named(arch.family).adapter, arch.transformer_config
+    step = adapter.size_step(arch.vae_scale, config)
+    return sizes_from_configs(config, arch.vae_config, arch.vae_scale, step, None, adapter.native_size)
+
+
 def _class_name(config: dict, fallback: str) -> str:
     return config.get("_class_name") or fallback
 

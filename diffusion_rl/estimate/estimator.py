@@ -33,13 +33,16 @@ from dataclasses import asdict, dataclass
 import torch
 
 from diffusion_rl.data.prompts import condition_images_in
-from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture
+from diffusion_rl.errors import UserError
+from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture, image_sizes_of
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
 from diffusion_rl.estimate.devices import Device
 from diffusion_rl.models.guidance import Guidance, refuse_low_noise_without_experts, runs_cfg
+from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.registry import family_named
 from diffusion_rl.sampling.rollout import DECODE_ROWS
 from diffusion_rl.sampling.tree import TreeSpec
+from diffusion_rl.settings import Range
 from diffusion_rl.utils.dtypes import DTYPES
 
 # Fitted on the GPU check of 2026-11-26 on one NVIDIA H200 (benchmarks/results/gpu_check_h200.json, `merged`): the
@@ -47,6 +50,7 @@ from diffusion_rl.utils.dtypes import DTYPES
 # 1.3B LoRA), of the roofline's ideal rollout + update seconds over the measured ones (0.5218); each part is then
 # within −10.4 % … +15.2 % (tests/test_estimate_calibration.py). Other GPUs scale by their datasheet peak and bandwidth.
 EFFICIENCY = 0.522
+EFFICIENCY_RANGE = Range(0, 1, lo_open=True)  # `estimate --efficiency`: a fraction of the datasheet's numbers
 CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: "typically 1–3 GB")
 GIB = 2**30
 TIGHT = 0.05  # a fit with less free device memory than this share of it is reported with a warning
@@ -103,6 +107,9 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     and the model family imply comes from their registrations: the loss's algorithm (trained and frozen calls, CFG,
     reference) and the family's adapter (transformer inputs, text tokens, condition images)."""
     s, t, m, e = cfg.sampling, cfg.train, cfg.model, cfg.engine
+    problem = size_problem(image_sizes_of(arch), s.height, s.width, ("sampling.height", "sampling.width"))
+    if problem:  # the model's own check, before a meta forward would fail on it
+        raise UserError(f"sampling.height/width do not fit {arch.name}: {problem}")
     algorithm, settings = cfg.algorithm.spec.algorithm, cfg.algorithm.settings
     family = family_named(arch.family)
     images = cfg.data.prompts_per_step * cfg.data.group_size

@@ -38,6 +38,8 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.weights import checkpoint_config, load_trained_weights
+from diffusion_rl.config.sampling import SamplingConfig
+from diffusion_rl.config.train import TrainConfig, ValConfig
 from diffusion_rl.config_io.secrets import redact_secrets
 from diffusion_rl.data.condition_images import METADATA_KEY, fit_rows
 from diffusion_rl.data.prompts import PromptRecord
@@ -51,6 +53,7 @@ from diffusion_rl.sampling.ode import ODE_SOLVERS
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 from diffusion_rl.sampling.window import default_window
+from diffusion_rl.settings import check_flag
 from diffusion_rl.tracking.media import sample_sheet, save_sample
 from diffusion_rl.utils.files import naming
 from diffusion_rl.utils.seeding import seed_for
@@ -58,6 +61,20 @@ from diffusion_rl.utils.seeding import seed_for
 logger = logging.getLogger(__name__)
 
 OUTPUT_FILES = ("metrics.json", "samples.jsonl", "compare.md", "compare.png", "compare.webp")
+
+
+# EvalSettings' fields, their flags and the config keys whose ranges (settings.Range) they are checked against
+FLAG_KEYS = (
+    ("n", "--n", "val.n", ValConfig),
+    ("num_steps", "--steps", "val.num_steps", ValConfig),
+    ("guidance", "--guidance", "val.guidance", ValConfig),
+    ("guidance_low_noise", "--guidance-low-noise", "val.guidance_low_noise", ValConfig),
+    ("height", "--height", "val.height", ValConfig),
+    ("width", "--width", "val.width", ValConfig),
+    ("noise_level", "--noise-level", "sampling.noise_level", SamplingConfig),
+    ("batch_size", "--batch-size", "train.micro_batch_size", TrainConfig),
+    ("frames", "--frames", "sampling.num_frames", SamplingConfig),
+)
 
 
 @dataclass(frozen=True)
@@ -81,28 +98,16 @@ class EvalSettings:
     frames: int = 1  # video frames per sample (a video family)
 
     def __post_init__(self):
-        if self.n < 1:
-            raise UserError(f"--n must be ≥ 1, got {self.n}")
+        for name, flag, key, section in FLAG_KEYS:  # each flag in the range of the config key it stands for
+            check_flag(flag, getattr(self, name), key, section)
         if self.num_steps < 2 and self.sde_type != "ode":
             raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {self.num_steps}")
-        if self.num_steps < 1:
-            raise UserError(f"--steps must be ≥ 1, got {self.num_steps}")
-        if self.guidance < 1:
-            raise UserError(f"--guidance must be ≥ 1 (1 disables CFG), got {self.guidance}")
-        if self.guidance_low_noise is not None and self.guidance_low_noise < 1:
-            raise UserError(f"--guidance-low-noise must be ≥ 1 (1 disables CFG), got {self.guidance_low_noise}")
         if self.sde_type not in STEP_TYPE_NAMES:
             raise UserError(f"--sde-type {self.sde_type!r} is unknown; known: {', '.join(STEP_TYPE_NAMES)}")
-        if self.noise_level < 0:
-            raise UserError(f"--noise-level must be ≥ 0, got {self.noise_level}")
         if self.ode_solver not in ODE_SOLVERS:
             raise UserError(f"--ode-solver {self.ode_solver!r} is unknown; known: {', '.join(ODE_SOLVERS)}")
-        if self.batch_size < 1:
-            raise UserError(f"--batch-size must be ≥ 1, got {self.batch_size}")
         if self.sheet_prompts < 1:
             raise UserError(f"--sheet-prompts must be ≥ 1, got {self.sheet_prompts}")
-        if self.frames < 1:
-            raise UserError(f"--frames must be ≥ 1, got {self.frames}")
 
     def sampler(self) -> SamplerSettings:
         sde = self.sde_type if self.sde_type != "ode" else "sde"

@@ -333,6 +333,13 @@ class FlowModel(ABC):
             return None
         return torch.full((rows,), float(guidance), device=device, dtype=torch.float32)
 
+    @classmethod
+    def size_step(cls, vae_scale: int, transformer_config) -> int:
+        """Pixels that height and width must be multiples of, from the VAE's down-sampling and the transformer's
+        config (a loaded model's, or `estimate`'s architecture's): a token covers 2×2 latent cells (SD3's patch, the
+        packed families' packing)."""
+        return vae_scale * 2
+
     @abstractmethod
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
         """Shape of one sample's latents (without batch) for `frames` frames of height × width pixels (a ValueError

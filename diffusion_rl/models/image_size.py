@@ -6,7 +6,11 @@ Read from the pipeline's configs, so every family (and a real checkpoint as well
   samples when given no size; Wan's pipeline has none in its configs: the adapter's `native_size`);
 - largest: a transformer with a learned position table (SD3's `pos_embed_max_size`, in patches) takes at most
   pos_embed_max_size × patch_size × VAE scale pixels a side; rotary-position transformers (FLUX.1, Qwen-Image)
-  have no such bound.
+  have no such bound;
+- multiple: the adapter's `size_step` (VAE scale × the latent cells a token covers).
+
+`size_problem` is the one check of a size against them: `sample`'s and `eval`'s flags, the worker's sampling.* and
+val.* sizes (engine/worker.py), and `estimate`'s architecture before a model is loaded (estimate/architectures.py).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ImageSizes:
-    native: int  # pixels a side the model was made for
+    native: int | None  # pixels a side the model was made for (None: its configs do not say, as estimate reads them)
     largest: int | None  # pixels a side at most (None: no bound in the config)
     multiple: int  # height and width must be multiples of this
     why_largest: str = ""  # how `largest` follows from the config, for messages
@@ -25,55 +29,52 @@ class ImageSizes:
 def image_sizes(model) -> ImageSizes:
     """The sizes `model` (a FlowModel) can sample, from its pipeline's configs."""
     pipeline = model.pipeline
-    scale = int(model.vae_scale)
-    transformer = pipeline.transformer.config
+    scale, transformer = int(model.vae_scale), pipeline.transformer.config
+    return sizes_from_configs(transformer, pipeline.vae.config, scale, model.size_step(scale, transformer),
+                              getattr(pipeline, "default_sample_size", None), model.native_size)  # fmt: skip
+
+
+def sizes_from_configs(transformer, vae, scale: int, multiple: int, default_sample_size: int | None,
+                       fallback: int | None) -> ImageSizes:  # fmt: skip
+    """The sizes of a model with these transformer and VAE configs (mappings: a loaded pipeline's, or `estimate`'s
+    architecture's), VAE scale, size step (`FlowModel.size_step`), pipeline default and adapter's `native_size`."""
     largest, why = None, ""
-    table = getattr(transformer, "pos_embed_max_size", None)
+    table = transformer.get("pos_embed_max_size")
     if table:
-        patch = int(getattr(transformer, "patch_size", 1) or 1)
+        patch = int(transformer.get("patch_size") or 1)
         largest = table * patch * scale
         why = f"pos_embed_max_size {table} × patch {patch} × VAE scale {scale}"
-    multiple = _smallest_multiple(model)
-    native = _native(pipeline, scale, model.native_size)
-    if largest is not None:
-        native = min(native, largest)
-    native = max(multiple, native - native % multiple)
+    native = _native(transformer, vae, scale, default_sample_size, fallback)
+    if native is not None:
+        native = min(native, largest or native)
+        native = max(multiple, native - native % multiple)
     return ImageSizes(native=native, largest=largest, multiple=multiple, why_largest=why)
 
 
-def _native(pipeline, scale: int, fallback: int | None) -> int:
-    latent_size = getattr(pipeline.transformer.config, "sample_size", None)
+def _native(transformer, vae, scale: int, default_sample_size: int | None, fallback: int | None) -> int | None:
+    latent_size = transformer.get("sample_size")
     if isinstance(latent_size, int) and latent_size > 0:
         return latent_size * scale
-    vae_size = getattr(pipeline.vae.config, "sample_size", None)
+    vae_size = vae.get("sample_size")
     if isinstance(vae_size, int) and vae_size > 0:
         return vae_size
-    default = getattr(pipeline, "default_sample_size", None)
-    return int(default) * scale if default else int(fallback)
-
-
-def _smallest_multiple(model, limit: int = 512) -> int:
-    """The smallest size the adapter's own `latent_shape` accepts: every valid size is a multiple of it."""
-    for size in range(1, limit + 1):
-        try:
-            model.latent_shape(size, size)
-        except ValueError:
-            continue
-        return size
-    raise ValueError(f"no image size up to {limit} px fits this {model.family} model")  # pragma: no cover
+    if default_sample_size:
+        return int(default_sample_size) * scale
+    return None if fallback is None else int(fallback)
 
 
 def size_problem(model, height: int, width: int, keys: tuple[str, str] = ("--height", "--width")) -> str | None:
-    """Why `model` cannot sample height × width pixels, with a size that works (named by `keys`: the flags or
-    config keys the user sets); None when it can."""
-    sizes = image_sizes(model)
+    """Why `model` (a FlowModel, or its ImageSizes) cannot sample height × width pixels, with a size that works
+    (named by `keys`: the flags or config keys the user sets); None when it can."""
+    sizes = model if isinstance(model, ImageSizes) else image_sizes(model)
 
     def fit(size: int) -> int:
         if sizes.largest is not None:
             size = min(size, sizes.largest)
         return max(sizes.multiple, size - size % sizes.multiple)
 
-    suggestion = f"try {keys[0]} {fit(height)} {keys[1]} {fit(width)} (the model's native size is {sizes.native})"
+    native = "" if sizes.native is None else f" (the model's native size is {sizes.native})"
+    suggestion = f"try {keys[0]} {fit(height)} {keys[1]} {fit(width)}{native}"
     if height < 1 or width < 1 or height % sizes.multiple or width % sizes.multiple:
         return (
             f"{height}×{width} is not a size this model makes: height and width must be positive multiples of "

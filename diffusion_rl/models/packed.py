@@ -87,7 +87,7 @@ class PackedLatentModel(FlowModel):
 
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
         single_frame(self.family, frames)
-        step = self.vae_scale * 2  # VAE down-sampling, then 2×2 packing
+        step = self.size_step(self.vae_scale, self.pipeline.transformer.config)  # VAE down-sampling, 2×2 packing
         if height % step or width % step:
             raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
         return (height // step, width // step, self.latent_channels * 4)

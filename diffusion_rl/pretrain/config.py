@@ -19,7 +19,11 @@ class PretrainRunConfig:
     dir: str = opt("runs/shapes_pretrain", "Run directory: checkpoints, metrics.jsonl, sample grids.")
     out: str = opt("models/shapes", "Where the finished model is written (diffusers format).")
     seed: int = opt(0, "Seed of the model's initial weights and of every random draw of the run.")
-    resume: str = opt("auto", "auto (latest checkpoint in run.dir if any), never, or a checkpoint directory.")
+    resume: str = opt(
+        "auto",
+        "auto (latest checkpoint in run.dir if any), never (start over: an earlier run in run.dir is moved aside to "
+        "<run.dir>.before-<time>), or a checkpoint directory.",
+    )
     num_threads: int | None = opt(2, "torch CPU threads (null = torch's default).")
 
 

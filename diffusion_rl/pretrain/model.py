@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from diffusion_rl.checkpoint.store import rename_into_place
+from diffusion_rl.config_io.convert import to_dict
 from diffusion_rl.data.shapes import write_prompt_files
 from diffusion_rl.models.tiny.parts import build_seeded
 from diffusion_rl.models.tiny.sd3 import PRESETS, build
@@ -43,8 +45,47 @@ def build_pipeline(cfg: PretrainConfig):
     return pipeline
 
 
+def settings_digest(cfg: PretrainConfig) -> str:
+    """What a pretrained model depends on: the config but for where it goes and how the run is watched (run.dir,
+    run.out, run.resume, run.num_threads, log)."""
+    settings = to_dict(cfg)
+    settings.pop("log")
+    for key in ("dir", "out", "resume", "num_threads"):
+        settings["run"].pop(key)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_out(cfg: PretrainConfig) -> None:
+    """A UserError, before any work, when run.out holds something the export would replace that is not this
+    config's own model: a file, a folder of other files, or a model pretrained with other settings (`shapes.json`'s
+    settings_sha256). An absent or empty folder, or a finished model of the same settings (a rerun), is written."""
+    from diffusion_rl.errors import UserError
+
+    out = Path(cfg.run.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"run.out {out} is a file; pretraining writes a model folder there: give another run.out")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        info = json.loads((out / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        info = None
+    if not isinstance(info, dict):
+        raise UserError(
+            f"run.out {out} holds files and no pretrained model ({INFO_FILE}), which the export would replace: give "
+            "another run.out (a new or empty folder), or empty it yourself"
+        )
+    if info.get("settings_sha256") != settings_digest(cfg):
+        raise UserError(
+            f"run.out {out} holds a model pretrained with other settings ({INFO_FILE}: settings_sha256 "
+            f"{info.get('settings_sha256')}, this config's {settings_digest(cfg)}), which the export would replace: "
+            "give another run.out, or delete it yourself to replace it"
+        )
+
+
 def export_model(cfg: PretrainConfig, pipeline, info: dict[str, Any]) -> Path:
-    """Write the pipeline (diffusers format), the prompt split and `shapes.json` to run.out, replacing it whole.
+    """Write the pipeline (diffusers format), the prompt split and `shapes.json` to run.out, replacing it whole
+    (`check_out` refused anything there but a model of the same settings).
 
     The directory is assembled next to its destination and renamed into place, so an interrupted export never
     leaves a half-written model behind.
@@ -61,9 +102,11 @@ def export_model(cfg: PretrainConfig, pipeline, info: dict[str, Any]) -> Path:
             "text_tokens": cfg.model.text_tokens,
             "split_seed": cfg.data.split_seed,
             "heldout_fraction": cfg.data.heldout_fraction,
+            "settings_sha256": settings_digest(cfg),
             **info,
         }
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        check_out(cfg)  # again: something may have been put there while it trained
         rename_into_place(tmp, out, aside=out.parent / f".{out.name}.old-{os.getpid()}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -82,4 +125,7 @@ def read_model_info(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
             f"{model_dir} has no {INFO_FILE}: not a ShapesWorld model; make one with "
             "`diffusion-rl pretrain configs/shapes_pretrain.yaml`"
         )
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise UserError(f"{path}: not JSON ({e}); pretrain the model again, or restore the file") from None

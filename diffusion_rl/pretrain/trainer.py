@@ -33,7 +33,7 @@ from diffusion_rl.models.families.sd3 import SD3Model
 from diffusion_rl.pretrain.config import PretrainConfig
 from diffusion_rl.pretrain.evaluate import sample_specs, score_images
 from diffusion_rl.pretrain.flow_matching import cosine_lr_factor, flow_matching_loss, logit_normal_sigmas, noisy_latents
-from diffusion_rl.pretrain.model import build_pipeline, export_model
+from diffusion_rl.pretrain.model import build_pipeline, check_out, export_model
 from diffusion_rl.pretrain.vae import latent_stats, reconstruction_mse, to_pixels, vae_loss
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.tracking import ConsoleTracker, image_grid, make_trackers, plot_metrics, read_metrics, save_png
@@ -55,6 +55,7 @@ _PROBE = 64  # fixed held-out images on which the VAE's reconstruction error is 
 
 class PretrainTrainer:
     def __init__(self, cfg: PretrainConfig):
+        check_out(cfg)  # before any work: the export must not replace what is not this config's model
         self.cfg = cfg
         if cfg.run.num_threads:
             torch.set_num_threads(cfg.run.num_threads)
@@ -65,6 +66,8 @@ class PretrainTrainer:
         # eval (in freeze): T5's dropout would corrupt the cached prompt embeddings
         freeze(self.pipeline.text_encoder, self.pipeline.text_encoder_2, self.pipeline.text_encoder_3)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.keep_last)
+        if cfg.run.resume == "never":
+            self.checkpoints.set_aside_earlier_run()
         _, probe = self.world.batch(range(_PROBE), "heldout", stream="vae_probe")
         self.probe = to_pixels(probe)
         self.vae_optimizer = torch.optim.AdamW(self.vae.parameters(), lr=cfg.vae.lr)

@@ -89,10 +89,12 @@ class WandbTracker:
 
 def redact_overrides(args: Sequence[str]) -> list[str]:
     """Command-line arguments with the value of every secret-named dotted override hidden (`….api_key=X`, and
-    secret-named keys inside a YAML value such as `rewards.0.kwargs={api_key: X}`), as config.yaml hides them."""
+    secret-named keys inside a YAML value such as `rewards.0.kwargs={api_key: X}`) and every URL's credentials, as
+    config.yaml hides them."""
     import yaml
 
-    from diffusion_rl.config_io.secrets import REDACTED, is_secret_key
+    from diffusion_rl.config_io.secrets import REDACTED, is_secret_key, redact_text
+    from diffusion_rl.config_io.yaml_files import load_yaml_text
 
     out = []
     for arg in args:
@@ -101,12 +103,12 @@ def redact_overrides(args: Sequence[str]) -> list[str]:
             arg = f"{key}={REDACTED}"
         elif sep and value.lstrip().startswith(("{", "[")):
             try:
-                parsed = yaml.safe_load(value)
+                parsed = load_yaml_text(value)  # bounded: a YAML bomb is no secret, but must not hang here
             except yaml.YAMLError:
                 parsed = None
             if parsed is not None and redact_secrets(parsed) != parsed:
                 arg = f"{key}={yaml.safe_dump(redact_secrets(parsed), default_flow_style=True, width=1 << 30).strip()}"
-        out.append(arg)
+        out.append(redact_text(arg))
     return out
 
 

@@ -42,7 +42,7 @@ from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
 from diffusion_rl.engine.reward_actors import make_reward_fn
-from diffusion_rl.errors import RunStopped, UserError
+from diffusion_rl.errors import RunInterrupted, RunStopped, UserError
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
@@ -107,14 +107,16 @@ class Trainer:
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
-        self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))
+        self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))  # first: it refuses a rerun the guard ended
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
+        if cfg.run.resume == "never" and not cfg.run.val_only and self.checkpoints.set_aside_earlier_run():
+            self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))  # the earlier run's end went aside too
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
         self.engine = make_engine(cfg)
         e = cfg.engine  # devices of a step: the trainers (they count FLOPs), and the rollout actors beside them
         self.trainer_devices = e.num_workers if e.kind == "ray" else 1
         self.devices = self.trainer_devices + (e.rollout_workers if e.rollout == "separate" else 0)
         self.source = make_source(cfg, self.records, self.sampler, self.engine, self.rewards, pairs)
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
         device = resolve_device(cfg.model.device)
         self.profiler = StepProfiler(cfg.profile.steps, cfg.profile.memory, self.run_dir, device)
         self.step = 0
@@ -154,6 +156,8 @@ class Trainer:
                 aside, latest = self.checkpoints.set_aside_latest()  # its weights sampled the NaN
                 note = f" (the weights that sampled it are set aside as {aside})"
             raise type(e)(f"{e}; latest checkpoint (the last healthy one): {latest or 'none'}{note}") from e
+        except KeyboardInterrupt:  # Ctrl-C: how far the run got and what holds it, one line (not a traceback)
+            raise RunInterrupted(self._interrupted()) from None
         finally:
             self.trackers.close()
             self.trackers = None  # a later validate() (evaluation) must not write to closed trackers
@@ -272,6 +276,13 @@ class Trainer:
         s = self.cfg.sampling
         flat = s.num_steps * self.engine.model.forwards_per_evaluation(SamplerSettings.of(s).scales)
         return {"rollout/nfe_per_image_flat": float(flat), "rollout/nfe_saving": 1.0 - nfe_per_image / flat}
+
+    def _interrupted(self) -> str:
+        latest, done = self.checkpoints.latest(), f"{self.step} of {self.cfg.train.total_steps} steps done"
+        if latest is None:
+            return f"interrupted (Ctrl-C) with {done}; no checkpoint was saved yet (train.save_every)"
+        return (f"interrupted (Ctrl-C) with {done}; the last checkpoint is {latest} (step {step_of(latest)}): run the "
+                "same command to resume from it")  # fmt: skip
 
     def finish(self) -> list[dict]:
         rows = read_metrics(self.run_dir / "metrics.jsonl") if self.cfg.log.jsonl else []

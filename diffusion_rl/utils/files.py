@@ -1,10 +1,13 @@
-"""Writes that name their file when they fail."""
+"""Writes that name their file when they fail, and a folder's contents set aside before a fresh start in it."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -17,3 +20,25 @@ def naming(path: str | os.PathLike[str]) -> Iterator[None]:
         if e.filename is not None:
             raise
         raise OSError(e.errno, e.strerror or str(e), os.fspath(path)) from e
+
+
+def set_aside(directory: str | os.PathLike[str]) -> Path:
+    """Move everything in `directory` into a new folder beside it, `<name>.before-<YYYYmmdd-HHMMSS>` (`-2`, … when
+    taken), and return that folder: a fresh start in `directory` then finds it empty and loses nothing. The directory
+    itself stays (it may be a mount point); one that holds the working directory is refused (a UserError)."""
+    from diffusion_rl.errors import UserError
+
+    directory = Path(directory).resolve()
+    if Path.cwd().resolve().is_relative_to(directory):
+        raise UserError(f"{directory} holds the working directory: a run there cannot start over; give it a folder")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        aside = directory.with_name(f"{directory.name}.before-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            aside.mkdir()
+            break
+        except FileExistsError:
+            continue
+    for entry in sorted(directory.iterdir()):
+        os.rename(entry, aside / entry.name)
+    return aside

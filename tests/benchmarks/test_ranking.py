@@ -316,3 +316,42 @@ def test_the_table_replaces_the_one_written_before(table):
     assert once == f"# Results\n\n## Ranking\n\n{first}\n"
     edited = once.replace("## Ranking\n", "## Ranking\nText above.\n") + "## Later\n"
     assert table.with_table(edited, second) == f"# Results\n\n## Ranking\nText above.\n\n{second}\n## Later\n"
+
+
+def one_line_exit(capsys, run) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        run()
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("shard", "said"),
+    [("-1", "--shard -1: the shards are 0 to 6 (--shards 7"), ("99", "--shard 99: the shards are 0 to 6"),
+     ("1e11", "argument --shard: invalid int value: '1e11'")],
+)  # fmt: skip
+def test_a_shard_that_is_not_one_is_one_line_before_any_work(ranking, tmp_path, capsys, shard, said):
+    assert said in one_line_exit(capsys, lambda: ranking.main(["--shard", shard, "--out-dir", str(tmp_path)]))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("settings", ["", "{not json", "[1, 2]"])
+def test_an_empty_or_broken_settings_file_is_one_line_before_any_work(ranking, tmp_path, capsys, monkeypatch,
+                                                                      settings):  # fmt: skip
+    (tmp_path / "settings.json").write_text(settings)
+    monkeypatch.setattr(ranking, "ensure_base_model", lambda *a: pytest.fail("the base model was made"))
+    argv = ["--shard", "0", "--model", str(tmp_path / "none"), "--out-dir", str(tmp_path), "--only", "flow_grpo"]
+    err = one_line_exit(capsys, lambda: ranking.main(argv))
+    assert f"{tmp_path / 'settings.json'} is empty or not the settings of the runs in {tmp_path}" in err
+
+
+def test_a_model_folder_of_other_files_is_not_pretrained_into(ranking, tmp_path, capsys):
+    model = tmp_path / "mine"
+    model.mkdir()
+    (model / "notes.txt").write_text("mine")
+    argv = ["--shard", "0", "--model", str(model), "--out-dir", str(tmp_path / "out"), "--only", "flow_grpo"]
+    err = one_line_exit(capsys, lambda: ranking.main(argv))
+    assert f"ranking.py: error: run.out {model} holds files and no pretrained model" in err
+    assert [p.name for p in model.iterdir()] == ["notes.txt"] and not (tmp_path / "mine_pretrain_run").exists()

@@ -327,3 +327,17 @@ def test_parquet_conflicting_top_level_and_verl_ground_truth(tmp_path):
     pq.write_table(pa.Table.from_pylist([row]), path)
     with pytest.raises(UserError, match=r"both\.parquet, row 0 \(0-based\): 'ground_truth' .* differ"):
         load_prompts(path)
+
+
+def test_a_prompt_no_encoder_could_read_is_cut_with_a_warning(tmp_path, caplog):
+    from diffusion_rl.data.prompts import MAX_PROMPT_CHARS
+
+    path = tmp_path / "p.txt"
+    path.write_text("a short one\n" + "word " * 200_000 + "\n")  # a 1 MB line
+    with caplog.at_level("WARNING", logger="diffusion_rl.data.prompts"):
+        records = load_prompts(path)
+    assert records[0].prompt == "a short one" and len(records[1].prompt) == MAX_PROMPT_CHARS
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"{path}: 1 prompt(s) longer than 65,536 characters (the first: prompt 2, 999,999 characters) cut" in (
+        warning
+    )

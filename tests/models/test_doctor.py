@@ -140,3 +140,14 @@ def test_image_sizes_come_from_the_pipeline_configs(family_dirs, load):
     assert (flux.native, flux.largest, flux.multiple) == (64, None, 8)
     qwen = image_sizes(load(family_dirs["qwen_image"]))  # no size in its configs: diffusers' default 128 × 4
     assert (qwen.native, qwen.largest, qwen.multiple) == (512, None, 8)
+
+
+def test_estimate_reads_a_model_directorys_size_limits_as_the_loaded_model_has_them(family_dirs, load):
+    """`estimate` (and train's memory check before loading) checks sizes with the same size_problem, on sizes read from
+    the directory's configs without weights: the same step and largest size as the loaded model's, every family."""
+    from diffusion_rl.estimate.architectures import from_model_dir, image_sizes_of
+    from diffusion_rl.models.image_size import image_sizes
+
+    for name, folder in family_dirs.items():
+        loaded, unloaded = image_sizes(load(folder)), image_sizes_of(from_model_dir(folder))
+        assert (unloaded.multiple, unloaded.largest) == (loaded.multiple, loaded.largest), name

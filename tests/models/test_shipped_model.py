@@ -30,7 +30,11 @@ def test_the_shipped_model_is_the_rankings_pretrained_base_and_intact():
 
 
 def test_the_shipped_model_was_made_by_the_shipped_pretraining_config():
+    from diffusion_rl.pretrain.config import load_pretrain_config
+    from diffusion_rl.pretrain.model import settings_digest
+
     info = json.loads((SHAPES / "shapes.json").read_text())
+    assert info["settings_sha256"] == settings_digest(load_pretrain_config(str(ROOT / "configs/shapes_pretrain.yaml")))
     config = yaml.safe_load((ROOT / "configs/shapes_pretrain.yaml").read_text())
     assert (info["size"], info["text_tokens"]) == (config["model"]["size"], config["model"]["text_tokens"])
     assert (info["split_seed"], info["heldout_fraction"]) == (config["data"]["split_seed"],

@@ -14,7 +14,7 @@ from diffusion_rl.data.shapes import ShapesWorld
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.pretrain.config import load_pretrain_config
-from diffusion_rl.pretrain.model import build_pipeline
+from diffusion_rl.pretrain.model import build_pipeline, settings_digest
 from diffusion_rl.pretrain.trainer import PretrainTrainer
 from diffusion_rl.pretrain.vae import reconstruction_mse, to_pixels
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
@@ -56,6 +56,7 @@ def test_pretrain_writes_a_loadable_model_whose_vae_learned(tmp_path):
     out = tmp_path / "model"
     info = json.loads((out / "shapes.json").read_text())
     assert info["size"] == 32 and info["text_tokens"] == 48 and 0 <= info["shapes/geneval"] <= 1
+    assert info["settings_sha256"] == settings_digest(cfg)  # a rerun of these settings may replace it
     assert len(load_prompts(out / "shapes_prompts" / "val.jsonl")) == 4
 
     model = load_model(ModelConfig(path=str(out), device="cpu", max_sequence_length=48,

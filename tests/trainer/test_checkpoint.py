@@ -246,3 +246,23 @@ def test_a_broken_latest_is_set_aside_and_latest_points_at_the_checkpoint_before
     assert manager.latest() is None and manager.list() == []  # a resume then starts from scratch
     with pytest.raises(ValueError, match="no checkpoint to set aside"):
         manager.set_aside_latest()
+
+
+def test_an_earlier_run_is_set_aside_beside_its_folder_and_a_folder_without_one_is_left(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    manager = CheckpointManager(run)
+    assert manager.set_aside_earlier_run() is None  # no folder
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    assert manager.set_aside_earlier_run() is None and (run / "notes.txt").is_file()  # no run was here: left
+    manager.save(1, lambda d: (d / "x").write_text("1"))
+    first = manager.set_aside_earlier_run()
+    assert first.parent == tmp_path and first.name.startswith("run.before-") and list(run.iterdir()) == []
+    assert sorted(p.name for p in first.iterdir()) == ["checkpoints", "notes.txt"]
+    manager.save(1, lambda d: (d / "x").write_text("2"))
+    second = manager.set_aside_earlier_run()  # within the same second: its own folder
+    assert second != first and CheckpointManager(second).latest().name == "step_000001"
+    monkeypatch.chdir(run)  # a run directory that holds the working directory is not emptied
+    (run / "config.yaml").write_text("{}")
+    with pytest.raises(UserError, match="holds the working directory"):
+        manager.set_aside_earlier_run()

@@ -74,18 +74,27 @@ def test_resume_from_a_missing_path_is_a_user_error(make_trainer, tmp_path):
         make_trainer(f"run.resume={missing}").train()
 
 
-def test_resume_never_starts_fresh_next_to_checkpoints(make_trainer, weights):
+def test_resume_never_moves_the_earlier_run_aside_and_starts_fresh(make_trainer, weights, caplog):
     make_trainer("train.save_every=1", "train.keep_last=0").train()
-    checkpoints = CheckpointManager(make_trainer().run_dir)
+    run_dir = make_trainer().run_dir
+    (run_dir / "notes.txt").write_text("mine")  # a file of the user's in the run directory
+    checkpoints = CheckpointManager(run_dir)
     assert [step for step, _ in checkpoints.list()] == [1, 2]
     after_one_step = read_saved_tensors(checkpoints.dir / "step_000001", "policies.default.")
 
-    fresh = make_trainer("train.total_steps=1", "run.resume=never")
+    with caplog.at_level(logging.WARNING):
+        fresh = make_trainer("train.total_steps=1", "run.resume=never")
+    (aside,) = run_dir.parent.glob("run.before-*")
+    said = [r.getMessage() for r in caplog.records if "moved aside" in r.getMessage()]
+    assert said == [f"run.resume=never: the earlier run in {run_dir} is moved aside to {aside} (delete it when no "
+                    "longer needed)"]  # fmt: skip
+    assert [step for step, _ in CheckpointManager(aside).list()] == [1, 2] and (aside / "notes.txt").is_file()
     rows = fresh.train()
     assert fresh.step == 1
-    assert [r["step"] for r in rows] == [1]  # the old run's rows were dropped, not continued
+    assert [r["step"] for r in rows] == [1]  # the old run's rows are not in this run's metrics
     now = weights(fresh)
     assert all(torch.equal(after_one_step[k], now[k]) for k in now)  # one step from the base weights
+    assert [step for step, _ in checkpoints.list()] == [1]  # the old run's step 2 is not beside it (sample picks it)
     assert checkpoints.latest().name == "step_000001"
 
 

@@ -21,14 +21,20 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-never-write-me"
 # a judge that fails (raises) unless it was given the real key
 JUDGE = f"""
+import logging
+
 import numpy as np
 
 
-def reward(images, prompts, metadata, api_key=None, headers=None, api_key_env=None, max_tokens=None):
+def reward(images, prompts, metadata, api_key=None, **others):
     if api_key != {SECRET!r}:
         raise ValueError("bad api key")
+    if "url" in others:  # a URL is said in a log line (as the remote reward says its server's)
+        logging.getLogger("diffusion_rl.judge").info("judging at %s", others["url"])
     return images.reshape(len(images), -1).mean(axis=1).astype(np.float32) / 255
 """
+# every kind of secret: a secret-named key (api_key, private_key) and a URL's credentials
+SECRETS = {"api_key": SECRET, "private_key": SECRET, "url": f"http://user:{SECRET}@127.0.0.1:9"}
 
 
 def test_an_inline_api_key_is_redacted_in_everything_the_run_writes(make_trainer, tiny_model_dir, tmp_path,
@@ -94,10 +100,10 @@ def test_a_secret_is_in_no_file_the_run_writes_nor_in_its_wandb_run_or_console(
     monkeypatch.setenv("WANDB_SILENT", "true")
     judge = tmp_path / "judge.py"
     judge.write_text(JUDGE)
-    reward = {"name": f"{judge}:reward", "kwargs": {"api_key": SECRET}}
+    reward = {"name": f"{judge}:reward", "kwargs": SECRETS}
     argv = train_argv("train.total_steps=1", "train.save_every=1", "log.wandb.enabled=true", "log.tensorboard=true")
     if given_as == "override":
-        argv += [f"rewards.0.name={reward['name']}", f"rewards.0.kwargs.api_key={SECRET}"]
+        argv += [f"rewards.0.name={reward['name']}", *(f"rewards.0.kwargs.{k}={v}" for k, v in SECRETS.items())]
     else:
         config = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
         config["rewards"] = [reward]
@@ -109,9 +115,14 @@ def test_a_secret_is_in_no_file_the_run_writes_nor_in_its_wandb_run_or_console(
     run = tmp_path / "run"
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["reward/failed_fraction"] == 0  # key used
     assert list((run / "wandb").glob("offline-run-*/*.wandb")) and list((run / "tensorboard").iterdir())
-    assert _files_holding(run, SECRET) == []
+    assert list((run / "wandb").glob("offline-run-*/logs/debug.log"))
+    assert _files_holding(run, SECRET) == []  # config.yaml (the run's, the checkpoint's), .wandb, debug.log, …
+    config = (run / "config.yaml").read_text()
+    assert f"private_key: '{REDACTED}'" in config and f"url: http://{REDACTED}@127.0.0.1:9" in config
     printed = capsys.readouterr()
     assert SECRET not in printed.out + printed.err + caplog.text
+    assert f"judging at http://{REDACTED}@127.0.0.1:9" in caplog.text
     if given_as == "override":  # W&B recorded the command line, with the key's value hidden
         (data,) = (run / "wandb").glob("offline-run-*/*.wandb")
-        assert f"rewards.0.kwargs.api_key={REDACTED}".encode() in data.read_bytes()
+        for arg in (f"api_key={REDACTED}", f"private_key={REDACTED}", f"url=http://{REDACTED}@127.0.0.1:9"):
+            assert f"rewards.0.kwargs.{arg}".encode() in data.read_bytes()

@@ -52,3 +52,17 @@ def test_a_validation_size_the_model_cannot_make_names_the_key(make_trainer):
 def test_a_non_positive_validation_size_is_a_config_error(make_config):
     with pytest.raises(UserError, match=r"val\.width"):
         make_config("val.width=0")
+
+
+def test_a_training_size_beyond_the_models_position_table_is_refused_before_sampling(make_config, monkeypatch):
+    """512 px is in sampling.height's range but past the tiny SD3's pos_embed_max_size: one line naming the keys
+    and a size that works, from the same check as val.*'s, before any rollout."""
+    from diffusion_rl.engine.worker import PolicyWorker
+    from diffusion_rl.trainer import make_trainer
+
+    monkeypatch.setattr(PolicyWorker, "generate", lambda *a, **k: pytest.fail("sampling started"))
+    with pytest.raises(UserError) as caught:
+        make_trainer(make_config("sampling.height=512", "sampling.width=512")).train()
+    message = str(caught.value)
+    assert "\n" not in message and "sampling.height" in message and "pos_embed_max_size" in message
+    assert "try sampling.height 256 sampling.width 256" in message

@@ -85,8 +85,9 @@ class SD3Model(FlowModel):
 
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
         single_frame(self.family, frames)
-        if height % (self.vae_scale * 2) or width % (self.vae_scale * 2):
-            raise ValueError(f"height and width must be multiples of {self.vae_scale * 2}, got {height}×{width}")
+        step = self.size_step(self.vae_scale, self.pipeline.transformer.config)
+        if height % step or width % step:
+            raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
         return (self.vae.config.latent_channels, height // self.vae_scale, width // self.vae_scale)
 
     def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:

@@ -153,8 +153,12 @@ class WanModel(FlowModel):
             v = guided(*v.chunk(2), scale)
         return v
 
+    @classmethod
+    def size_step(cls, vae_scale: int, transformer_config) -> int:
+        return vae_scale * tuple(transformer_config["patch_size"])[1]  # patch: (frames, rows, columns)
+
     def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
-        step = self.vae_scale * self.patch[1]
+        step = self.size_step(self.vae_scale, self.pipeline.transformer.config)
         if height % step or width % step:
             raise ValueError(f"height and width must be multiples of {step}, got {height}×{width}")
         if frames < 1 or (frames - 1) % self.temporal_scale:
