@@ -15,7 +15,6 @@ which measures how much of one step's gradient is signal.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning import ROOT, algorithm_configs, build_config, ensure_base_model, machine, setup_logging, write_json  # noqa: E402
+from learning import ROOT, algorithm_configs, build_config, start_shapes_benchmark, write_json  # noqa: E402
 
 # (column, metric key): what the update saw at each step
 METRICS = (
@@ -82,15 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps < 3:
         parser.error("--steps: at least 3 (the table shows thirds)")
-    setup_logging(args.threads)
-    os.chdir(ROOT)
-    model_dir = Path(args.model).resolve()
-    info = ensure_base_model(model_dir, args.threads)
-    load = os.getloadavg()
-    out = ROOT / "benchmarks/results" / ("diagnosis" + (f"_{args.label}" if args.label else "") + ".json")
-    command = " ".join(["python benchmarks/diagnosis.py", *(argv or sys.argv[1:])])
-    report = {"command": command, "machine": {**machine(), "load_average_before": list(load)}, "steps": args.steps,
-              "seed": args.seed, "overrides": args.set, "algorithms": {}}  # fmt: skip
+    model_dir, info, out, header = start_shapes_benchmark("diagnosis.py", "diagnosis", args, argv)
+    report = {**header, "steps": args.steps, "seed": args.seed, "overrides": args.set, "algorithms": {}}
     results = report["algorithms"]
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in algorithm_configs(args.only.split(",")).items():

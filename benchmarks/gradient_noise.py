@@ -24,7 +24,6 @@ as such); a bootstrap over the groups gives its 90 % interval. Writes benchmarks
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,9 +35,7 @@ from learning import (  # noqa: E402
     ROOT,
     algorithm_configs,
     build_config,
-    ensure_base_model,
-    machine,
-    setup_logging,
+    start_shapes_benchmark,
     write_json,
 )
 
@@ -189,19 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.groups < 4:
         sys.exit("--groups: at least 4 (two halves of two groups each)")
-    setup_logging(args.threads)
-    os.chdir(ROOT)
-    model_dir = Path(args.model).resolve()
-    info = ensure_base_model(model_dir, args.threads)
-    load = os.getloadavg()
-    out = ROOT / "benchmarks/results" / ("gradient_noise" + (f"_{args.label}" if args.label else "") + ".json")
-    command = " ".join(["python benchmarks/gradient_noise.py", *(argv or sys.argv[1:])])
-    machine_facts = {**machine(), "load_average_before": [round(x, 2) for x in load]}
+    model_dir, info, out, header = start_shapes_benchmark("gradient_noise.py", "gradient_noise", args, argv)
     results = {}
     for name, path in algorithm_configs(args.only.split(",")).items():
         results[name] = measure(name, path, args, model_dir, info)
-        report = {"command": command, "machine": machine_facts, "groups": args.groups, "seed": args.seed}
-        write_json(out, {**report, "overrides": args.set, "algorithms": results})  # after each: nothing is lost
+        report = {**header, "groups": args.groups, "seed": args.seed, "overrides": args.set}
+        write_json(out, {**report, "algorithms": results})  # after each algorithm: nothing is lost
     for name, r in results.items():
         b = r["b_noise_groups"]
         lo, hi = ("∞" if x is None else f"{x:.3g}" for x in r["b_noise_groups_90ci"])

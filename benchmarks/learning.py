@@ -368,6 +368,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
+def start_shapes_benchmark(script: str, stem: str, args, argv: list[str] | None) -> tuple[Path, dict, Path, dict]:
+    """What a ShapesWorld benchmark with --threads, --model and --label does before its runs: logging and threads,
+    the repository as the working directory, the base model (pretrained when absent), its results file
+    (benchmarks/results/<stem>[_<label>].json) and its report's header (the command, the machine, the load)."""
+    setup_logging(args.threads)
+    os.chdir(ROOT)
+    model_dir = Path(args.model).resolve()
+    info = ensure_base_model(model_dir, args.threads)
+    out = ROOT / "benchmarks/results" / (stem + (f"_{args.label}" if args.label else "") + ".json")
+    header = {"command": " ".join([f"python benchmarks/{script}", *(argv or sys.argv[1:])]),
+              "machine": {**machine(), "load_average_before": [round(x, 2) for x in os.getloadavg()]}}  # fmt: skip
+    return model_dir, info, out, header
+
+
 def setup_logging(threads: int) -> None:
     """INFO lines from the benchmark, warnings only from the libraries, no progress bars; `threads` torch threads."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
