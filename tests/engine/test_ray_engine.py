@@ -247,12 +247,12 @@ def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_writte
     engine = RayEngine(cfg)
     try:
         _batch(engine, cfg)
-        with pytest.raises(WorkerError) as caught:  # no advantages: the update raises ValueError in every worker
-            engine.update(Targets(batch_size=[4]), 0)
+        with pytest.raises(WorkerError) as caught:  # no advantages: the update fails in every worker (a TypeError
+            engine.update(Targets(batch_size=[4]), 0)  # where the credit reads them: targets are not re-checked there)
         message = str(caught.value)
         assert "worker rank" in message and f"on {os.uname().nodename}" in message
-        assert "ValueError" in message and "targets.advantages" in message
-        assert "policy_gradient.py" in message  # the worker's traceback
+        assert "TypeError" in message and "not subscriptable" in message
+        assert "credit.py" in message and "policy_gradient.py" in message  # the worker's traceback
         # the engine stopped its workers: a checkpoint now fails and leaves nothing behind
         manager = CheckpointManager(tmp_path / "run")
         with pytest.raises(RuntimeError, match="trainer actors stopped after a failure"):
