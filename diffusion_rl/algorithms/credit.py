@@ -163,8 +163,7 @@ class TreeCredit:
         return targets, credit.metrics
 
     def per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
-        rows = torch.arange(columns_BK.shape[0], device=columns_BK.device)[:, None]
-        depth_BK = self.tree.depth_of_step(traj.step_index[rows, columns_BK])
+        depth_BK = self.tree.depth_of_step(traj.step_index.gather(1, columns_BK))
         return targets.advantages.gather(1, depth_BK), targets.step_weights.gather(1, depth_BK)
 
 

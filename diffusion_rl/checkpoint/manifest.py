@@ -21,7 +21,6 @@ disk gives.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -31,25 +30,17 @@ from pathlib import Path
 
 from diffusion_rl.checkpoint.paths import refuse_link
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils.digest import file_sha256
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.sha256"
-CHUNK = 1 << 20  # bytes read at a time: memory stays flat whatever the file's size
 MAX_THREADS = 8  # hashlib releases the GIL while it hashes, so threads hash files side by side
 _LINE = re.compile(r"([0-9a-f]{64}) [ *](.+)")
 
 # checkpoint → its files' (path, size, mtime, ctime, inode) when it was last verified in this process: a load reads
 # a checkpoint several times (its config, then its weights) and hashes it once; a file written since has a new ctime
 _verified: dict[Path, tuple] = {}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def checkpoint_files(directory: Path) -> dict[str, os.stat_result]:

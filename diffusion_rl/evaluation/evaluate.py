@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
 import json
 import logging
 import os
@@ -55,6 +54,7 @@ from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 from diffusion_rl.sampling.window import default_window
 from diffusion_rl.settings import check_flag
 from diffusion_rl.tracking.media import sample_sheet, save_sample
+from diffusion_rl.utils.digest import file_sha256
 from diffusion_rl.utils.files import naming
 from diffusion_rl.utils.seeding import seed_for
 
@@ -145,10 +145,6 @@ def build_scorer(rewards: Sequence[RewardChoice]) -> RewardCombiner:
     return RewardCombiner(
         [WeightedReward(r.metric_name, 1.0, make_reward(r.name, **r.kwargs), False, frames=r.frames) for r in rewards]
     )
-
-
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -386,7 +382,7 @@ def evaluate(
     result = {
         "prompts": {
             "file": str(prompts_file) if prompts_file is not None else None,
-            "sha256": _file_sha256(Path(prompts_file)) if prompts_file is not None else None,
+            "sha256": file_sha256(Path(prompts_file)) if prompts_file is not None else None,
             "count": len(records),
         },
         "settings": dataclasses.asdict(settings),

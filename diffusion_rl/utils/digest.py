@@ -1,11 +1,24 @@
-"""One digest of named tensors, shared by checkpoints (which weights a tool loaded) and the prompt-embedding cache
-(which tensors belong to which text)."""
+"""Digests shared across the package: of named tensors (checkpoints: which weights a tool loaded; the prompt-embedding
+cache: which tensors belong to which text) and of a file, streamed (checkpoint manifests, shipped models, eval's
+prompt file)."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import torch
+
+CHUNK = 1 << 20  # bytes a file is read at a time: memory stays flat whatever the file's size
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read CHUNK at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def weights_digest(tensors: dict[str, torch.Tensor]) -> str:

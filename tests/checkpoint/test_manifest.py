@@ -15,6 +15,7 @@ from diffusion_rl.checkpoint.manifest import MANIFEST_FILE, verify_checkpoint
 from diffusion_rl.checkpoint.paths import resolve_checkpoint
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils import digest
 
 
 def _writer(text: str):
@@ -150,11 +151,11 @@ def test_each_file_is_hashed_once_per_load_in_chunks(tmp_path, monkeypatch):
             self.file.close()
 
     monkeypatch.setattr(manifest, "file_sha256", lambda p: hashed.append(p.name) or real_hash(p))
-    monkeypatch.setattr(manifest, "open", lambda p, mode: Reader(real_open(p, mode)), raising=False)
+    monkeypatch.setattr(digest, "open", lambda p, mode: Reader(real_open(p, mode)), raising=False)
     verify_checkpoint(path)
     verify_checkpoint(path)  # e.g. `sample`: the config, then the weights
     assert sorted(hashed) == [".metadata", "__0_0.distcp", "state.txt"]
-    assert set(reads) == {manifest.CHUNK}
+    assert set(reads) == {digest.CHUNK}
     (path / "state.txt").write_text("run")  # changed since: hashed again, and found changed
     with pytest.raises(UserError, match="state.txt: its sha256 differs"):
         verify_checkpoint(path)

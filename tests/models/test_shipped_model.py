@@ -12,7 +12,8 @@ import yaml
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.tiny import save_tiny, tiny_presets
-from diffusion_rl.models.tiny.shipped import MANIFEST, file_sha256, shipped_dir, verify
+from diffusion_rl.models.tiny.shipped import MANIFEST, shipped_dir, verify
+from diffusion_rl.utils.digest import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = shipped_dir("sd3", "shapes")

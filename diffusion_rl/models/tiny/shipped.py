@@ -14,12 +14,12 @@ out (`save_tiny`, `init-tiny`, `model.create_tiny_if_missing`): a changed or mis
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils.digest import file_sha256
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
 MANIFEST = "SHA256SUMS"
@@ -33,14 +33,6 @@ def shipped_presets(family: str) -> list[str]:
 def shipped_dir(family: str, preset: str) -> Path | None:
     name = SHIPPED.get((family, preset))
     return None if name is None else ASSETS / name
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_manifest(directory: Path) -> Path:
