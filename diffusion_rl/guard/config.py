@@ -22,7 +22,15 @@ class GuardConfig:
     stats: list[str] = opt(list, f"Statistics to watch (empty = all: {', '.join(ALL_STATS)}).", factory=True)
     baseline_steps: int = opt(
         3,
-        "The baseline of a rollout statistic is its mean over the first N training steps.",
+        "The baseline of a rollout statistic is its mean over the first N training steps (more when they cover fewer "
+        "than min_prompts prompts).",
+        within=Range(1, MAX_COUNT),
+    )
+    min_prompts: int = opt(
+        16,
+        "Rollout statistics are compared as means over spans of steps covering at least this many prompts (the "
+        "baseline over the first steps, the current value over the latest): one step of a few prompts swings with "
+        "what they ask for.",
         within=Range(1, MAX_COUNT),
     )
     max_relative_change: float | None = opt(

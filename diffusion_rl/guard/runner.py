@@ -105,8 +105,9 @@ class RunGuard:
             return {}
         self._prepare_files()
         names = tuple(s for s in self.cfg.watched if s in ROLLOUT_STATS)
-        values = rollout_stats(still_of(images_BHW3), np.asarray(group_index), names, self.cfg.max_side)
-        return self._record(step, values, policy=step - 1)
+        groups = np.asarray(group_index)
+        values = rollout_stats(still_of(images_BHW3), groups, names, self.cfg.max_side)
+        return self._record(step, values, policy=step - 1, prompts=len(np.unique(groups)))
 
     def on_validation(self, step: int, images_BHW3: np.ndarray) -> dict[str, float]:
         """Metrics of the validation at `step`: val_drift from the first validation's images (its reference)."""
@@ -124,8 +125,10 @@ class RunGuard:
         values = {"val_drift": val_drift(images, self.reference_val)}
         return self._record(step, values, policy=step, alerts_key="guard/val_alerts")
 
-    def _record(self, step: int, values: dict[str, float], policy: int, alerts_key: str = "guard/alerts") -> dict:
-        alerts = self.detector.update(step, values)
+    def _record(
+        self, step: int, values: dict[str, float], policy: int, alerts_key: str = "guard/alerts", prompts: int = 1
+    ) -> dict:
+        alerts = self.detector.update(step, values, prompts)
         for alert in alerts:
             self._append(alert)
         self._warn(step, values, alerts)
@@ -133,8 +136,9 @@ class RunGuard:
         if acting and self.cfg.action != "warn" and self.pending is None:
             self.pending = acting[0]
             streak = self.detector.streak[acting[0].stat]
-            self.bad_policy = policy - (streak - 1)  # the streak's first check blames this policy
-        if any(len(self.detector.history.get(k, [])) == self.cfg.baseline_steps for k in values):
+            # the streak's first check blames the first policy of the steps its value was a mean over
+            self.bad_policy = policy - (streak - 1) - (acting[0].span - 1)
+        if any(len(self.detector.history.get(k, [])) == self.detector.baseline_span(k) for k in values):
             self._write_summary()  # a baseline was just established
         metrics = {f"guard/{k}": v for k, v in values.items()}
         metrics[alerts_key] = float(len(alerts))
@@ -269,6 +273,7 @@ class RunGuard:
         return {
             "action": self.cfg.action,
             "baseline_steps": self.cfg.baseline_steps,
+            "min_prompts": self.cfg.min_prompts,
             "max_relative_change": self.cfg.max_relative_change,
             "max_zscore": self.cfg.max_zscore,
             "window": self.cfg.window,

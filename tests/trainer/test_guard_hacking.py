@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.cli import main
 from diffusion_rl.tracking import read_metrics
@@ -35,15 +37,19 @@ def test_a_hacking_run_is_stopped_by_the_guard_naming_statistic_and_step(make_tr
     stopped_at = rows[-1]["step"]
     assert stopped_at < 30 and first["step"] == stopped_at  # the run ended at the step of its first alert
     assert first["rule"] == "relative_change" and first["act"]
-    # the warning names the statistic, the step, the value and the baseline
-    message = f"guard: {first['stat']} at step {stopped_at} is {first['value']:.4g}, baseline {first['baseline']:.4g}"
-    assert any(r.getMessage().startswith(message) for r in caplog.records)
-    assert rows[-1][f"guard/{first['stat']}"] == first["value"] and rows[-1]["guard/alerts"] >= 1
+    # the warning names the statistic, the step, the value (the mean over the last steps covering
+    # guard.min_prompts = 16 prompts: 4 steps of 4) and the baseline
+    span = first["span"]
+    message = (f"guard: {first['stat']} at step {stopped_at} is {first['value']:.4g} (mean of the last {span} steps),"
+               f" baseline {first['baseline']:.4g}")  # fmt: skip
+    assert span == 4 and any(r.getMessage().startswith(message) for r in caplog.records)
+    assert first["value"] == pytest.approx(sum(row[f"guard/{first['stat']}"] for row in rows[-span:]) / span)
+    assert rows[-1]["guard/alerts"] >= 1
 
-    # rolled back: the checkpoint before the first policy out of range (the rollout of step t comes from the policy
-    # after t − 1 updates) is loaded and is what `latest` points at
+    # rolled back: the checkpoint before the first policy of the steps that mean covers (the rollout of step t comes
+    # from the policy after t − 1 updates) is loaded and is what `latest` points at
     summary = json.loads((trainer.run_dir / "guard" / "summary.json").read_text())
-    good = max(s for s, _ in CheckpointManager(trainer.run_dir).list() if s < stopped_at - 1)
+    good = max(s for s, _ in CheckpointManager(trainer.run_dir).list() if s < stopped_at - span)
     assert summary["outcome"] == f"Rolled back at step {stopped_at} ({first['stat']}) to checkpoint step {good}"
     assert CheckpointManager(trainer.run_dir).latest().name == f"step_{good:06d}" and trainer.step == good
     assert read_metrics(trainer.run_dir)[-1]["step"] == stopped_at
