@@ -57,6 +57,15 @@ def test_a_layer_never_imports_the_layers_above_it(layer):
     assert not problems, "\n".join(problems)
 
 
+def test_the_engine_reads_no_dataset():
+    """Workers get the run's texts in their spec (engine/spec.py): the trainer reads the prompts, once."""
+    readers = {"diffusion_rl.data.prompts", "diffusion_rl.data.pairs"}
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+             for path in sorted((PACKAGE / "engine").rglob("*.py"))
+             for line, module in _imports(path) if _module_of(module) in readers]  # fmt: skip
+    assert not found, "\n".join(found)
+
+
 def test_checkpoint_paths_is_a_leaf():
     imported = {m for _, m in _imports(PACKAGE / "checkpoint" / "paths.py")}
     assert imported <= {"diffusion_rl.errors", "diffusion_rl.errors.UserError"}, imported

@@ -49,9 +49,14 @@ from typing import Literal
 
 import torch
 
+from diffusion_rl.metrics import MAX, ROWS, declare_metrics, rule_of
 from diffusion_rl.settings import Range, opt
 
 SAFETY_BOUND = 20.0  # |log w| cap: exp(20) ≈ 4.9e8 stays finite in fp32, and so does its square
+# bypass rejection reports these per trained step, as shares of the step's entries: weighted by the rows of each pass
+declare_metrics({"rollout_corr/abs_dlogp_max": MAX, "rollout_corr/rejected_fraction": ROWS, "rollout_corr/kl": ROWS,
+                 "rollout_corr/k3_kl": ROWS, "rollout_corr/chi2_step": ROWS,
+                 "rollout_corr/rejected_fraction/*": ROWS})  # fmt: skip
 _OPTIONS = {
     "mode": ("bypass", "decoupled"),
     "level": ("step", "sequence"),
@@ -289,7 +294,7 @@ class RolloutAnchor:
 
     def reject(self, log_prob_B: torch.Tensor, anchor_B1: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
         """[B] 1 for a kept entry, 0 for a rejected one of the trained step (None: none rejected), from the current
-        policy's log-probs against the anchor's [B, 1]; and the entry metrics (shares of the step's entries)."""
+        policy's log-probs against the anchor's [B, 1]; and the metrics of those entries (declared ROWS below)."""
         return None, {}
 
 
@@ -299,10 +304,8 @@ class BypassRejection(RolloutAnchor):
 
     def reject(self, log_prob_B: torch.Tensor, anchor_B1: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
         corrected = correction_weights(log_prob_B.detach()[:, None], anchor_B1, self.cfg)
-        entry_metrics = {f"rollout_corr/{name}": corrected.metrics[f"rollout_corr/{name}"]
-                         for name in ("rejected_fraction", "kl", "k3_kl", "chi2_step")}  # fmt: skip
-        entry_metrics.update({k: v for k, v in corrected.metrics.items() if "/rejected_fraction/" in k})
-        return corrected.weights_BW[:, 0], entry_metrics
+        metrics = {k: v for k, v in corrected.metrics.items() if rule_of(k) == ROWS}  # shares of the step's entries
+        return corrected.weights_BW[:, 0], metrics
 
 
 class Decoupled(RolloutAnchor):
