@@ -35,6 +35,7 @@ from diffusion_rl.engine.worker import PolicyWorker  # noqa: E402
 from diffusion_rl.models.tiny import save_tiny, tiny_presets  # noqa: E402
 from diffusion_rl.sampling.rollout import anonymous_ids, rollout  # noqa: E402
 from diffusion_rl.sampling.window import default_window  # noqa: E402
+from diffusion_rl.trainer.setup import worker_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,7 +87,7 @@ def main() -> None:
             f"data.group_size={args.batch}", f"train.micro_batch_size={args.batch}",
             f"algorithm.flow_grpo.kl_beta={args.kl_beta}", f"model.compile={str(args.compile).lower()}",
         ])  # fmt: skip
-        worker = PolicyWorker(cfg)
+        worker = PolicyWorker(worker_spec(cfg))
         results = run_benchmarks(worker, cfg, args)
         del worker
         if args.e2e_steps > 0:

@@ -133,7 +133,8 @@ def replaced(original, replacement) -> Iterator[None]:
 
 def trainer_with(cfg, model: FlowModel, engine_factory=None):
     """The trainer a user's `diffusion-rl train` builds for `cfg` (engine, algorithm, rewards, data), whose worker
-    takes `model` instead of loading one from model.path; `engine_factory(cfg)`: another engine (FSDP2 part)."""
+    takes `model` instead of loading one from model.path; `engine_factory(engine, spec)`: another engine (FSDP2
+    part)."""
     import diffusion_rl.engine as engine
     from diffusion_rl.models import loader
     from diffusion_rl.trainer import make_trainer
@@ -145,7 +146,7 @@ def trainer_with(cfg, model: FlowModel, engine_factory=None):
         return make_trainer(cfg)
 
 
-def one_rank_engine(cfg, init_method: str):
+def one_rank_engine(engine, spec, init_method: str):
     """The Ray engine's trainer (engine/sharded_worker.py: `ShardedWorker.setup` joins the process group and makes
     the PolicyWorker with its transformer sharded by FSDP2) at world size 1 in this process, without Ray: the
     worker is the engine, as on the local engine; its `update` skips the Ray object references a world of one has
@@ -158,5 +159,5 @@ def one_rank_engine(cfg, init_method: str):
             return PolicyWorker.update(self, targets, step, plan)
 
     rank = OneRank(0, 1, torch.get_num_threads())
-    rank.setup(cfg, init_method)
+    rank.setup(spec, engine, init_method)
     return rank

@@ -433,7 +433,9 @@ def fsdp2_part(ctx: Context) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     init = f"tcp://127.0.0.1:{port}"
-    _, _, trainer = build(ctx, "sd35_lora", SMALL, rows=2, engine_factory=lambda cfg: one_rank_engine(cfg, init))
+    _, _, trainer = build(
+        ctx, "sd35_lora", SMALL, rows=2, engine_factory=lambda engine, spec: one_rank_engine(engine, spec, init)
+    )
     try:
         steps = timed_steps(trainer, 2)
         backend = dist.get_backend()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -56,9 +56,9 @@ class UpdatePosition:
 @dataclass
 class LossOutput:
     loss: torch.Tensor  # scalar, to call backward on
-    metrics: dict[str, torch.Tensor]  # scalar tensors, detached: averaged over the update's backward passes
-    # detached scalars that are shares of this chunk's (row, step) entries: averaged weighted by rows instead
-    entry_metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    # scalar tensors, detached: reduced over the update's backward passes by their declared rule (the mean unless
+    # the loss declares another: diffusion_rl/metrics.py)
+    metrics: dict[str, torch.Tensor]
 
 
 class LossSettings:
@@ -207,18 +207,39 @@ def register_loss(name: str, *, settings: type, algorithm: type[Algorithm], sde_
     return add
 
 
+@dataclass(frozen=True)
+class AlgorithmInputs:
+    """What an `Algorithm` is built from: its config section and the few numbers it needs from the others (the run
+    seed, the training rollouts' sampler, the rewards' weights by metric name, the update's sizes, the tree
+    rollouts' pruning). The trainer makes it from the config (`of`) and hands it to the workers, which build their
+    own algorithm from it."""
+
+    section: AlgorithmConfig
+    seed: int
+    sampler: SamplerSettings
+    reward_weights: dict[str, float]
+    micro_batch_size: int
+    num_minibatches: int = 1
+    ppo_epochs: int = 1
+    tree_prune: TreePruneConfig | None = None
+
+    @classmethod
+    def of(cls, config: Config) -> AlgorithmInputs:
+        t = config.train
+        return cls(config.algorithm, config.run.seed, SamplerSettings.of(config.sampling),
+                   {r.metric_name: r.weight for r in config.rewards}, t.micro_batch_size, t.num_minibatches,
+                   t.ppo_epochs, None if config.sampling.tree is None else config.sampling.tree.prune)  # fmt: skip
+
+    def build(self) -> Algorithm:
+        """The algorithm of `section.loss`, not attached to a model yet."""
+        spec = LOSSES.get(self.section.loss)
+        return spec.algorithm(self.section, spec, seed=self.seed, sampler=self.sampler,
+                              reward_weights=self.reward_weights, micro_batch_size=self.micro_batch_size,
+                              num_minibatches=self.num_minibatches, ppo_epochs=self.ppo_epochs,
+                              tree_prune=self.tree_prune)  # fmt: skip
+
+
 def make_algorithm(config: Config) -> Algorithm:
     """The algorithm of `config.algorithm.loss` (not attached to a model yet), given its section and what it needs
     from the others."""
-    spec, t = LOSSES.get(config.algorithm.loss), config.train
-    return spec.algorithm(
-        config.algorithm,
-        spec,
-        seed=config.run.seed,
-        sampler=SamplerSettings.of(config.sampling),
-        reward_weights={r.metric_name: r.weight for r in config.rewards},
-        micro_batch_size=t.micro_batch_size,
-        num_minibatches=t.num_minibatches,
-        ppo_epochs=t.ppo_epochs,
-        tree_prune=None if config.sampling.tree is None else config.sampling.tree.prune,
-    )
+    return AlgorithmInputs.of(config).build()

@@ -40,6 +40,7 @@ from diffusion_rl.algorithms.base import (
 )
 from diffusion_rl.algorithms.credit import make_credit
 from diffusion_rl.algorithms.rollout_correction import make_correction
+from diffusion_rl.metrics import MAX, MIN, declare_metrics
 from diffusion_rl.sampling.rollout import recompute_step
 from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import Range, check, opt
@@ -155,6 +156,9 @@ def ratio_metrics(
     return out
 
 
+declare_metrics({"ratio_min": MIN, "ratio_max": MAX, "train/logp_diff_max": MAX})
+
+
 @tensorclass
 class PolicyGradientUnits:
     """The update's rows: one per sample, with the K window columns it trains and their anchors."""
@@ -248,7 +252,7 @@ class PolicyGradient(Algorithm):
                 ref_mean = self._recompute(units.traj, units.columns[:, k]).mean
         step = self._recompute(units.traj, units.columns[:, k])
         weights = units.weight * units.correction[:, k] * units.step_weight[:, k]
-        kept, entry_metrics = self.correction.reject(step.log_prob, units.old_log_probs[:, k : k + 1])
+        kept, rejection = self.correction.reject(step.log_prob, units.old_log_probs[:, k : k + 1])
         if kept is not None:
             weights = weights * kept
         sqrt_dt = units.sqrt_dt[:, k].contiguous()  # a strided view would sum (grpo_guard's mean) in another order
@@ -256,12 +260,12 @@ class PolicyGradient(Algorithm):
                               old_mean=units.old_means[:, k], ref_mean=ref_mean, advantages=units.advantages[:, k],
                               std=step.std, sqrt_dt=sqrt_dt, weights=weights)  # fmt: skip
         out = self.loss_fn(inp, self.settings)
-        metrics = dict(out.metrics)
+        metrics = {**out.metrics, **rejection}
         if at.epoch == 0 and at.minibatch == 0:  # before the first optimizer step: 0 when the recompute replays the
             # rollout bit for bit (same weights, kernels, batch); rollouts sampled ahead or by an actor add their lag
             rollout_B = gather_columns(units.traj.log_probs, units.columns[:, k : k + 1])[:, 0]
             metrics["train/logp_diff_max"] = (step.log_prob.detach() - rollout_B).abs().max()
-        return LossOutput(out.loss, metrics, entry_metrics)
+        return LossOutput(out.loss, metrics)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _recompute(self, traj: Trajectory, cols_B: torch.Tensor):

@@ -106,6 +106,7 @@ def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) ->
     from diffusion_rl.config_io.secrets import redact_secrets
     from diffusion_rl.config_io.yaml_files import to_yaml
     from diffusion_rl.engine.worker import PolicyWorker
+    from diffusion_rl.trainer.setup import worker_spec
 
     given = Path(directory)
     step_of(given.resolve())  # a step_NNNNNN folder, or a UserError
@@ -120,7 +121,7 @@ def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) ->
     model = {"device": "cpu", "create_tiny_if_missing": None, **({"path": model_path} if model_path else {})}
     cfg = dataclasses.replace(saved, model=dataclasses.replace(saved.model, **model), engine=copy.copy(saved.engine))
     cfg.engine.kind = "local"  # the saved config keeps its own engine
-    worker = PolicyWorker(cfg)
+    worker = PolicyWorker(worker_spec(cfg))
     trainer_state = _load_plain(directory / OLD_TRAINER_STATE)
     run_state = _load_plain(directory / OLD_RUN_STATE)
     if (directory / DCP_DIR).is_dir():

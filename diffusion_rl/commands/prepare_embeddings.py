@@ -43,9 +43,9 @@ def prepare_embeddings(cfg, out: str | None = None):
     `out`: a *.safetensors file to write instead."""
     import dataclasses
 
-    from diffusion_rl.engine.embeddings import cache_location, run_texts
     from diffusion_rl.models.embedding_cache import SUFFIX, open_cache
     from diffusion_rl.models.loader import load_model
+    from diffusion_rl.trainer.setup import cache_location, load_run_prompts
     from diffusion_rl.trainer.trainer import ensure_model
 
     if out is not None and not out.endswith(SUFFIX):
@@ -53,7 +53,7 @@ def prepare_embeddings(cfg, out: str | None = None):
     if out is None and cfg.model.embedding_cache is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, embedding_cache="auto"))
     location = out or cache_location(cfg)
-    texts = run_texts(cfg)
+    texts = load_run_prompts(cfg).texts()
     ensure_model(cfg)
     model = load_model(cfg.model)
     cache = open_cache(model, cfg.model.path, location, writing=True)

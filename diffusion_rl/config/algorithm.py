@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from diffusion_rl.algorithms import LOSSES
-from diffusion_rl.algorithms.rollout_correction import RolloutCorrectionConfig
+from diffusion_rl.config.rollout_correction import RolloutCorrectionConfig
 from diffusion_rl.config_io.convert import SECTIONS
 from diffusion_rl.errors import did_you_mean
 from diffusion_rl.settings import MAX_GROUP, Range, check, opt

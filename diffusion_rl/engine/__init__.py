@@ -1,6 +1,7 @@
 """The engine: what the trainer calls to sample, keep and train on a step's rows. One seam, two implementations.
 
-`make_engine(cfg)` gives the engine that `engine.kind` names:
+`make_engine(engine, spec)` gives the engine that `engine.kind` names, its workers built from `spec` (engine/spec.py:
+the narrow part of the run's settings a worker needs, which the trainer makes):
 - local: one `PolicyWorker` (engine/worker.py) on one device: the engine is the worker itself;
 - ray: `RayEngine` (engine/ray.py), the same worker on every Ray actor (FSDP2-sharded trainers; with
   engine.rollout=separate also rollout actors, workers that do not train), the driver splitting each call.
@@ -24,8 +25,10 @@ from typing import Protocol
 import torch
 
 from diffusion_rl.algorithms.credit import Targets
+from diffusion_rl.config.engine import EngineConfig
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
+from diffusion_rl.engine.spec import WorkerSpec
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Generated
 from diffusion_rl.sampling.window import SdeWindow
@@ -59,14 +62,14 @@ class Engine(Protocol):
     def health_problem(self) -> str | None: ...
 
 
-def make_engine(cfg) -> Engine:
+def make_engine(engine: EngineConfig, spec: WorkerSpec) -> Engine:
     """The engine `engine.kind` names (Ray is imported only when asked for)."""
-    if cfg.engine.kind == "local":
+    if engine.kind == "local":
         from diffusion_rl.engine.worker import PolicyWorker
 
-        return PolicyWorker(cfg)
-    if cfg.engine.kind == "ray":
+        return PolicyWorker(spec)
+    if engine.kind == "ray":
         from diffusion_rl.engine.ray import RayEngine
 
-        return RayEngine(cfg)
-    raise ValueError(f"unknown engine.kind '{cfg.engine.kind}'")
+        return RayEngine(engine, spec)
+    raise ValueError(f"unknown engine.kind '{engine.kind}'")

@@ -46,8 +46,8 @@ from pathlib import Path
 
 import torch
 
-from diffusion_rl.algorithms.base import make_algorithm
 from diffusion_rl.algorithms.credit import Targets
+from diffusion_rl.config.engine import EngineConfig
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.ray_cluster import (
@@ -60,7 +60,9 @@ from diffusion_rl.engine.ray_cluster import (
     ensure_ray,
 )
 from diffusion_rl.engine.sharded_worker import IO_GROUP, RolloutWorker, ShardedWorker
-from diffusion_rl.engine.worker import UpdatePlan, health_problem, reduce_metrics
+from diffusion_rl.engine.spec import WorkerSpec
+from diffusion_rl.engine.worker import UpdatePlan, health_problem
+from diffusion_rl.metrics import reduce_metrics
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Generated
 from diffusion_rl.sampling.window import SdeWindow
@@ -123,13 +125,15 @@ def place_units(
 
 
 class RayEngine:
-    def __init__(self, cfg):
-        self.cfg = cfg
-        e = cfg.engine
+    def __init__(self, engine: EngineConfig, spec: WorkerSpec):
+        """`engine`: the config's engine section (the cluster, the actors, the weight sync); `spec`: what each
+        worker is built from (the rollout actors get its `for_rollout()`)."""
+        self.engine, self.spec = engine, spec
+        e = engine
         start = time.perf_counter()
         ensure_ray(e)
         check_layout_fits(e)  # a layout the cluster can never hold fails now, not after start_timeout_s
-        self.algorithm = make_algorithm(cfg)  # its unit_rows: how an update's rows go together (DPO: pairs)
+        self.algorithm = spec.algorithm.build()  # its unit_rows: how an update's rows go together (DPO: pairs)
         self.traffic = DriverTraffic()
         self._lock = threading.Lock()
         # step → the rows each source keeps, in its order; sources are the trainers 0..N−1, then rollout actors
@@ -147,25 +151,25 @@ class RayEngine:
     def _rendezvous(self, name: str, sender: ActorGroup) -> str:
         """Where a group of processes meets: a file on one machine (no socket listens), else a free TCP port on the
         node of `sender`'s rank 0."""
-        if self.cfg.engine.address is None:
+        if self.engine.address is None:
             directory = tempfile.TemporaryDirectory(prefix=f"diffusion_rl_{name}_")
             self._dirs.append(directory)
             return f"file://{directory.name}/store"
         return sender.call("rendezvous_address", ranks=[0])[0]
 
     def _start_trainers(self) -> ActorGroup:
-        e = self.cfg.engine
+        e = self.engine
         threads = max(1, int(e.cpus_per_worker))  # engine.num_threads is the trainer process's
         trainers = ActorGroup(ShardedWorker, e.num_workers,
                               bundles(e.num_workers, e.cpus_per_worker, e.gpus_per_worker, e.trainer_resources),
                               lambda rank: (rank, e.num_workers, threads), group="trainer", role="worker rank",
                               start_timeout_s=e.start_timeout_s, traffic=self.traffic,
                               env=actor_env(e))  # fmt: skip
-        trainers.call("setup", self.cfg, self._rendezvous("rendezvous", trainers))
+        trainers.call("setup", self.spec, self.engine, self._rendezvous("rendezvous", trainers))
         return trainers
 
     def _start_rollouts(self) -> None:
-        e = self.cfg.engine
+        e = self.engine
         threads = max(1, int(e.cpus_per_rollout_worker))
         self.rollouts = ActorGroup(RolloutWorker, e.rollout_workers,
                                    bundles(e.rollout_workers, e.cpus_per_rollout_worker, e.gpus_per_rollout_worker,
@@ -173,7 +177,7 @@ class RayEngine:
                                    lambda rank: (rank, threads), group="rollout", role="rollout actor",
                                    start_timeout_s=e.start_timeout_s, traffic=self.traffic,
                                    concurrency_groups={IO_GROUP: 2}, env=actor_env(e))  # fmt: skip
-        self.rollouts.call("setup", self.cfg)
+        self.rollouts.call("setup", self.spec.for_rollout())
         self.weights_version: int | None = None  # the version the rollout actors hold; None: push before sampling
         self._loading: list = []  # the last object-store push's loads, checked at the next push
         if e.weight_sync == "broadcast":
@@ -194,7 +198,7 @@ class RayEngine:
     @property
     def max_staleness(self) -> int:
         """Later steps the trainer may sample while an update runs (engine.max_staleness; 0 when colocated)."""
-        return self.cfg.engine.max_staleness if self.rollouts is not None else 0
+        return self.engine.max_staleness if self.rollouts is not None else 0
 
     # -- the engine interface ---------------------------------------------------------------------------------
     def generate(
@@ -256,7 +260,7 @@ class RayEngine:
         metrics = reduce_metrics(self.trainers.call("update", per_rank=per_rank))
         if self.rollouts is not None:
             self.rollouts.call("release", step, concurrency_group=IO_GROUP)
-            if (step + 1) % self.cfg.engine.sync_every == 0:
+            if (step + 1) % self.engine.sync_every == 0:
                 metrics.update(self._push_weights(version=step + 1))
         metrics.update(self.traffic.step_metrics())
         return metrics
@@ -274,7 +278,7 @@ class RayEngine:
         """The sampling policy's weights from the trainers to every rollout actor, as `version`. Object store: the
         trainers wait only for the put; the actors load before their next call. Broadcast: both sides wait."""
         start = time.perf_counter()
-        if self.cfg.engine.weight_sync == "object_store":
+        if self.engine.weight_sync == "object_store":
             if self._loading:  # the previous push's loads: a failure there surfaces now
                 self.rollouts.gather(*self._loading)
             ref, sent = self.trainers.call("put_rollout_weights")[0]
@@ -346,7 +350,7 @@ class RayEngine:
     def restart(self) -> None:
         """Fresh actors for all of it (a trainer died: its process group is gone): the caller loads a checkpoint."""
         self.close()
-        self.__init__(self.cfg)
+        self.__init__(self.engine, self.spec)
 
     def restart_rollouts(self) -> None:
         """Fresh rollout actors (one died; the trainers are intact): they get the trainers' weights before they

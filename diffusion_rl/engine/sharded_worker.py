@@ -26,7 +26,9 @@ from datetime import timedelta
 import torch
 
 from diffusion_rl.algorithms.credit import Targets
+from diffusion_rl.config.engine import EngineConfig
 from diffusion_rl.engine.parallel import Fsdp2Sharded
+from diffusion_rl.engine.spec import WorkerSpec
 from diffusion_rl.engine.weight_sync import BroadcastChannel, WeightReceiver, WeightSender
 from diffusion_rl.engine.worker import PolicyWorker, UpdatePlan
 from diffusion_rl.errors import TrainingDiverged, UserError
@@ -143,13 +145,13 @@ class ShardedWorker(RayActor, WeightSender, PolicyWorker):
     def rendezvous_address(self) -> str:
         return free_address()
 
-    def setup(self, cfg, init_method: str) -> None:
+    def setup(self, spec: WorkerSpec, engine: EngineConfig, init_method: str) -> None:
         """Join the process group, then become the PolicyWorker with its transformer sharded over the group."""
         import torch.distributed as dist
 
         from diffusion_rl.models.loader import resolve_device
 
-        device = resolve_device(cfg.model.device)
+        device = resolve_device(spec.model.device)
         if device.type == "cuda":  # Ray shows each worker its own GPU(s): index 0 unless model.device names one
             torch.cuda.set_device(device.index or 0)
         if init_method.startswith("file://"):  # a local cluster: gloo's connections stay on loopback too
@@ -160,10 +162,10 @@ class ShardedWorker(RayActor, WeightSender, PolicyWorker):
             init_method=init_method,
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=cfg.engine.collective_timeout_s),
+            timeout=timedelta(seconds=engine.collective_timeout_s),
         )
-        e = cfg.engine
-        PolicyWorker.__init__(self, cfg, Fsdp2Sharded(device, e.mixed_precision, e.reshard_after_forward,
+        e = engine
+        PolicyWorker.__init__(self, spec, Fsdp2Sharded(device, e.mixed_precision, e.reshard_after_forward,
                                                       e.fsdp_cpu_offload))  # fmt: skip
 
     def update(self, targets: Targets, step: int, plan: UpdatePlan) -> dict[str, float]:
@@ -189,11 +191,11 @@ class RolloutWorker(RayActor, WeightReceiver, PolicyWorker):
         self._start(rank, num_threads, f"rollout {rank}")
         self.channel: BroadcastChannel | None = None
 
-    def setup(self, cfg) -> None:
+    def setup(self, spec: WorkerSpec) -> None:
         """Load the model (LoRA configured as the trainers', so that adapter names match) in the rollout dtype."""
         from diffusion_rl.models.loader import resolve_device
 
-        device = resolve_device(cfg.model.device)
+        device = resolve_device(spec.model.device)
         if device.type == "cuda":
             torch.cuda.set_device(device.index or 0)
-        PolicyWorker.__init__(self, cfg, trains=False)
+        PolicyWorker.__init__(self, spec)

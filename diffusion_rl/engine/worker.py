@@ -20,28 +20,28 @@ last backward before an optimizer step reduces gradients across workers.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import threading
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from diffusion_rl.algorithms.base import TrainBatch, UpdatePosition, make_algorithm, minibatch_rows
+from diffusion_rl.algorithms.base import TrainBatch, UpdatePosition, minibatch_rows
 from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.ema import EmaWeights
-from diffusion_rl.engine.embeddings import attach_embedding_cache
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
 from diffusion_rl.engine.parallel import SingleDevice
+from diffusion_rl.engine.spec import WorkerSpec
 from diffusion_rl.errors import TrainingDiverged, UserError
+from diffusion_rl.metrics import MAX, declare_metrics, reduce_metrics
 from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.embedding_cache import use_embedding_cache
 from diffusion_rl.models.export import write_lora_adapter
 from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.loader import load_model
@@ -74,6 +74,9 @@ def staleness_metrics(step: int, policy_version: torch.Tensor, bound: int) -> di
     return metrics
 
 
+declare_metrics({"rollout/staleness_max": MAX})
+
+
 def health_problem(reports: Sequence[tuple[int, bool]]) -> str | None:
     """Why a model should not be checkpointed, from each worker's `health()`: its last updates were skipped, or its
     weights (any worker's shards) are not finite."""
@@ -82,16 +85,6 @@ def health_problem(reports: Sequence[tuple[int, bool]]) -> str | None:
     if skips := reports[0][0]:
         return f"the last {skips} update(s) were skipped for a non-finite gradient"
     return None
-
-
-def reduce_metrics(reports: Sequence[dict[str, float]]) -> dict[str, float]:
-    """One metrics dict from reports of the same metrics (an update's passes; the Ray engine's workers), each over
-    as many rows: `*_max` the max, `*_min` the min, the rest the mean, over the reports that have the key."""
-    out = {}
-    for name in dict.fromkeys(key for report in reports for key in report):
-        v = [float(report[name]) for report in reports if name in report]
-        out[name] = max(v) if name.endswith("_max") else min(v) if name.endswith("_min") else sum(v) / len(v)
-    return out
 
 
 def pad_units(units, size: int):
@@ -278,44 +271,43 @@ def _differs(saved, wanted) -> bool:
 
 
 class PolicyWorker:
-    def __init__(self, cfg, parallel: SingleDevice | None = None, trains: bool = True):
-        """`parallel`: how the network is spread over devices (engine/parallel.py); None = this one device.
-        `trains` False: a rollout actor's worker, which only samples with the weights it is sent."""
-        self.cfg, self.trains = cfg, trains
-        model_cfg = cfg.model  # a rollout actor's in engine.rollout_dtype
-        if not trains:
-            model_cfg = dataclasses.replace(cfg.model, dtype=cfg.engine.rollout_dtype or cfg.model.dtype)
+    def __init__(self, spec: WorkerSpec, parallel: SingleDevice | None = None):
+        """`spec`: what the worker is built from (engine/spec.py; a rollout actor's has no algorithm: it only samples
+        with the weights it is sent); `parallel`: how the network is spread over devices (engine/parallel.py); None =
+        this one device."""
+        self.spec, self.trains = spec, spec.trains
         # peft draws LoRA's initial A from the global CPU generator: seed it from run.seed (and put it back after),
         # so the starting adapter does not depend on what the process drew before.
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed_for(cfg.run.seed, "model_init"))
-            self.model: FlowModel = load_model(model_cfg, text_encoders=model_cfg.embedding_cache is None)
-        # model.embedding_cache: the run's texts cached (in the model's dtype), encoders released
-        attach_embedding_cache(self.model, cfg if trains else dataclasses.replace(cfg, model=model_cfg))
-        self.algorithm = make_algorithm(cfg) if trains else None
-        self.rollout_policy = self.algorithm.rollout_policy if trains else DEFAULT  # the policy that samples
-        if trains:
+            torch.default_generator.manual_seed(seed_for(spec.seed, "model_init"))
+            self.model: FlowModel = load_model(spec.model, text_encoders=spec.embedding_cache is None)
+        if spec.embedding_cache is not None:  # the run's texts cached (in the model's dtype), encoders released
+            use_embedding_cache(self.model, spec.model.path, spec.embedding_cache, list(spec.texts))
+        self.algorithm = spec.algorithm.build() if self.trains else None
+        self.rollout_policy = self.algorithm.rollout_policy if self.trains else DEFAULT  # the policy that samples
+        if self.trains:
             self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)
-        self.settings = SamplerSettings.of(cfg.sampling)
+        s = spec.sampling
+        self.settings = SamplerSettings.of(s)
         # a size or frame count the model cannot make: say so before any work (validation's too, at its own size)
-        self._check_size(cfg.sampling.height, cfg.sampling.width, "sampling")
-        if cfg.val.prompts and (cfg.val.height or cfg.val.width):
-            self._check_size(*cfg.val.size(cfg.sampling), "val")
-        self.model.check_low_noise_guidance(cfg.sampling.guidance_low_noise, "sampling.guidance_low_noise")
-        self.model.check_low_noise_guidance(cfg.val.guidance_low_noise, "val.guidance_low_noise")
+        self._check_size(s.height, s.width, "sampling")
+        if spec.val_size is not None:
+            self._check_size(*spec.val_size, "val")
+        self.model.check_low_noise_guidance(s.guidance_low_noise, "sampling.guidance_low_noise")
+        self.model.check_low_noise_guidance(spec.val_guidance_low_noise, "val.guidance_low_noise")
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
         self.parallel = parallel if parallel is not None else SingleDevice()
         self.parallel.prepare(self.model)
         self.optimizer: OptimizerStepper | None = None
-        if trains:
+        if self.trains:
             params = self.model.trainable_parameters()
             if not params:
                 raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
-            self.optimizer = OptimizerStepper(params, cfg.train, self.parallel, cfg.log.weight_change)
+            self.optimizer = OptimizerStepper(params, spec.train, self.parallel, spec.weight_change)
         self.version: int | None = None  # a rollout actor's: the steps its received weights had taken (None: none)
         self.kept = KeptRollouts()
-        self.flops = FlopTally(cfg.log.flops and trains)
-        self.peak_flops = device_peak_flops(self.model.device, cfg.log.peak_tflops)
+        self.flops = FlopTally(spec.flops)
+        self.peak_flops = device_peak_flops(self.model.device, spec.peak_tflops)
 
     def _check_size(self, height: int, width: int, section: str) -> None:
         """A UserError naming `section`'s keys when the model cannot make height × width pixels (`size_problem`:
@@ -341,7 +333,7 @@ class PolicyWorker:
         rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
         if not self.trains and self.version is None:
             raise RuntimeError("no weights were pushed to this rollout actor yet")
-        s = self.cfg.sampling
+        s = self.spec.sampling
         with self.parallel.gathered(self.rollout_policy):
             if not rows:
                 return Generated.empty(s.height, s.width, s.num_frames if self.model.video else None)
@@ -351,7 +343,7 @@ class PolicyWorker:
             with self.model.using(self.rollout_policy), self.flops.count(shape):  # the sampling policy (NFT: old)
                 traj = training_rollout(self.model, self.settings, texts, negative, prompts.sample_ids(rows), step,
                                         window, self.model.fit_conditions(images, s.height, s.width),
-                                        seed=self.cfg.run.seed, share_initial_noise=s.share_initial_noise)  # fmt: skip
+                                        seed=self.spec.seed, share_initial_noise=s.share_initial_noise)  # fmt: skip
         self._keep(traj, step)
         return traj.generated()
 
@@ -404,7 +396,7 @@ class PolicyWorker:
                 negative,
                 settings,
                 init_seeds=seeds,
-                batch_size=self.cfg.train.micro_batch_size,
+                batch_size=self.spec.train.micro_batch_size,
                 images=self.model.fit_conditions(images, settings.height, settings.width),
             )
 
@@ -426,7 +418,7 @@ class PolicyWorker:
         if targets.batch_size != traj.batch_size:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(device), batch_size=traj.batch_size)
-        alg, parallel, train, bound = self.algorithm, self.parallel, self.cfg.train, self.cfg.engine.staleness_bound
+        alg, parallel, train, bound = self.algorithm, self.parallel, self.spec.train, self.spec.staleness_bound
         out = staleness_metrics(step, traj.ids.policy_version, bound) if bound else {}  # rollouts sampled ahead
         with parallel.training(), self.flops.count(("update", traj.batch_size[0], plan.pad_to, plan.padding_only)):
             units, metrics = alg.begin(batch, step)
@@ -437,7 +429,7 @@ class PolicyWorker:
             if plan.pad_to:  # several workers take as many passes
                 units = pad_units(units, plan.pad_to)
             U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
-            passes, entry_sums, entry_rows, grad_norms = [], defaultdict(float), 0, []
+            passes, rows_of_pass, grad_norms = [], [], []
             for epoch in range(train.ppo_epochs):
                 for m in range(M):
                     rows = minibatch_rows(U, M, m).to(units.device)
@@ -454,12 +446,9 @@ class PolicyWorker:
                             (loss.loss * (len(micro) / (n * K))).backward()
                             if alg.count(chunk):  # a pass of padding units only trains nothing and reports nothing
                                 passes.append({"loss": loss.loss.detach(), **loss.metrics})
-                                for name, value in loss.entry_metrics.items():  # shares of entries: weighted by rows
-                                    entry_sums[name] += float(value) * len(micro)
-                                entry_rows += len(micro)
+                                rows_of_pass.append(len(micro))
                     grad_norms.append(self.optimizer.step())
-            out.update(reduce_metrics(passes))
-            out.update({name: total / entry_rows for name, total in entry_sums.items()})
+            out.update(reduce_metrics(passes, rows_of_pass))  # each by its declared rule (diffusion_rl/metrics.py)
             parallel.settle()
             out.update(alg.end(step))
             out.update(self.optimizer.metrics(grad_norms))
@@ -535,5 +524,5 @@ class PolicyWorker:
             self.optimizer.ema.load_shadow(list(tensors["ema"].values()))
         self.optimizer.load_counters_state(state)
         apply_train_hyperparameters(
-            self.optimizer.optimizer, self.optimizer.scheduler, self.cfg.train, self.parallel.rank == 0
+            self.optimizer.optimizer, self.optimizer.scheduler, self.spec.train, self.parallel.rank == 0
         )

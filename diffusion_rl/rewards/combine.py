@@ -35,7 +35,8 @@ import numpy as np
 
 from diffusion_rl.errors import RunStopped
 from diffusion_rl.rewards.base import RewardFn, RewardOutputError, check_reward_inputs, is_group_reward
-from diffusion_rl.rewards.calls import RewardTimeout, Scored, call_reward, describe, score_with_retry
+from diffusion_rl.rewards.calls import Scored, call_reward, score_with_retry
+from diffusion_rl.rewards.reporting import all_failed_message, reward_metrics, warn_failures
 from diffusion_rl.rewards.video import FRAME_REDUCTIONS, framewise
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class RewardCombiner:
         for r in self.rewards:
             if not r.group:
                 scored[r.name] = score_with_retry(r.scorer_of(images), r.name, images, prompts, metadata, r.timeout_s)
-                _warn_failures(r.name, scored[r.name], batch_size)
+                warn_failures(r.name, scored[r.name], batch_size)
         return scored
 
     def combine(
@@ -143,9 +144,9 @@ class RewardCombiner:
         scored = {r.name: scored[r.name] for r in self.rewards}  # the config's order, for metrics and messages
         total, failed = self._combine(scored, batch_size)
         if failed.all():
-            raise RewardFailure(_all_failed_message(scored, batch_size))
+            raise RewardFailure(all_failed_message(scored, batch_size))
         per_reward = {name: s.scores for name, s in scored.items()}
-        metrics = _metrics(total, failed, per_reward, metadata)
+        metrics = reward_metrics(total, failed, per_reward, metadata)
         return RewardResult(total=total, per_reward=per_reward, failed=failed, metrics=metrics)
 
     def _score_group_rewards(self, images, prompts, metadata, group_index) -> dict[str, Scored]:
@@ -158,7 +159,7 @@ class RewardCombiner:
         groups, scored = _group_index(prompts, group_index), {}
         for r in group_rewards:
             scored[r.name] = _score_groups(r, images, prompts, metadata, groups)
-            _warn_failures(r.name, scored[r.name], len(metadata))
+            warn_failures(r.name, scored[r.name], len(metadata))
         return scored
 
     def _combine(self, scored: dict[str, Scored], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,7 +193,7 @@ def with_unscored_rows(result: RewardResult, scored_rows: np.ndarray, metadata: 
 
     total, failed = spread(result.total, np.nan), spread(result.failed, True)
     per_reward = {name: spread(scores, np.nan) for name, scores in result.per_reward.items()}
-    return RewardResult(total, per_reward, failed, _metrics(total, failed, per_reward, metadata))
+    return RewardResult(total, per_reward, failed, reward_metrics(total, failed, per_reward, metadata))
 
 
 def _group_index(prompts: list[str], group_index: Sequence[int] | np.ndarray | None) -> np.ndarray:
@@ -243,54 +244,3 @@ def _concat(parts: Sequence[Scored]) -> Scored:
         offset += len(part.scores)
     batch_error = next((p.batch_error for p in parts if p.batch_error is not None), None)
     return Scored(np.concatenate([p.scores for p in parts]), batch_error=batch_error, sample_errors=errors)
-
-
-def _warn_failures(name: str, s: Scored, batch_size: int) -> None:
-    n_failed = int(s.failed.sum())
-    if s.batch_error is None and n_failed == 0:
-        return
-    if isinstance(s.batch_error, RewardTimeout):
-        logger.warning("reward '%s' failed all %d samples of the chunk: %s", name, batch_size, s.batch_error)
-        return
-    parts = []
-    if s.batch_error is not None:
-        parts.append(f"raised on the whole batch ({describe(s.batch_error)}), retried sample by sample")
-    if n_failed:
-        n_raised = len(s.sample_errors)
-        parts.append(f"failed on {n_failed} of {batch_size} samples ({n_raised} raised, {n_failed - n_raised} NaN/inf)")
-        if s.sample_errors:
-            parts.append(f"first error: {s.first_error()}")
-    else:
-        parts.append(f"all {batch_size} samples scored one by one")
-    logger.warning("reward '%s' %s", name, "; ".join(parts))
-
-
-def _all_failed_message(scored: dict[str, Scored], batch_size: int) -> str:
-    lines = []
-    for name, s in scored.items():
-        n_failed = int(s.failed.sum())
-        if n_failed:
-            error = s.first_error() or "returned NaN/inf"
-            lines.append(f"'{name}' failed on {n_failed}/{batch_size} ({error})")
-    return f"every sample of the batch failed its rewards: {'; '.join(lines)}"
-
-
-def _metrics(
-    total: np.ndarray, failed: np.ndarray, per_reward: dict[str, np.ndarray], metadata: list[dict[str, Any]]
-) -> dict[str, float]:
-    """Statistics over the samples that did not fail; a statistic of an empty set is left out, not logged as 0."""
-    good = total[~failed].astype(np.float64)
-    metrics = {"reward/mean": float(good.mean()), "reward/std": float(good.std()), "reward/min": float(good.min()),
-               "reward/max": float(good.max()), "reward/failed_fraction": float(failed.mean())}  # fmt: skip
-    for name, scores in per_reward.items():
-        ok = np.isfinite(scores)
-        metrics[f"reward/{name}/failed_fraction"] = float(1.0 - ok.mean())
-        if ok.any():
-            metrics[f"reward/{name}/mean"] = float(scores[ok].astype(np.float64).mean())
-            metrics[f"reward/{name}/std"] = float(scores[ok].astype(np.float64).std())
-    sources = np.array([str(m.get("data_source")) if m.get("data_source") is not None else "" for m in metadata])
-    for source in sorted(set(sources) - {""}):
-        in_source = (sources == source) & ~failed
-        if in_source.any():
-            metrics[f"reward/source/{source}/mean"] = float(total[in_source].astype(np.float64).mean())
-    return metrics

@@ -36,8 +36,6 @@ from diffusion_rl.data.condition_images import (
     fit_rows,
     with_condition_images,
 )
-from diffusion_rl.data.pairs import load_pairs
-from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.data.sampler import PromptSampler
 from diffusion_rl.engine import make_engine
 from diffusion_rl.engine.ray_cluster import WorkerDied
@@ -55,8 +53,9 @@ from diffusion_rl.tracking.media import log_sheet, sample_sheet, save_sample
 from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
+from diffusion_rl.trainer.setup import load_run_prompts, worker_spec
 from diffusion_rl.trainer.sources import Collected, RolloutDiverged, make_source
-from diffusion_rl.trainer.timing import PhaseTimer, perf_metrics
+from diffusion_rl.trainer.timing import PhaseTimer, StepMetrics
 from diffusion_rl.utils.files import naming
 from diffusion_rl.utils.omp import check_effective
 from diffusion_rl.utils.rng import capture_rng_state, restore_rng_state
@@ -90,16 +89,9 @@ class Trainer:
             torch.set_num_threads(cfg.engine.num_threads)
         self.run_dir = Path(cfg.run.dir)
         ensure_model(cfg)  # first: a shipped model brings its prompt files (the ShapesWorld quickstart reads them)
-        offline = cfg.data.sample_source == "offline"
-        pairs = load_pairs(cfg.data.pairs) if offline else None
-        if offline:
-            logger.info("loaded %d preference pairs from %s", len(pairs), cfg.data.pairs)
-        self.records = (
-            [PromptRecord(p.prompt, p.negative_prompt) for p in pairs] if offline else load_prompts(cfg.data.train)
-        )
+        run_prompts = load_run_prompts(cfg)
+        self.records, self.val_records = run_prompts.records, run_prompts.val_records
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
-        # offline DPO may run without a reward: then nothing scores validation samples, so there is no validation
-        self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
         s = cfg.sampling  # an edit dataset's images all exist, fit the output size and decode: before any work
         decoded = set()  # each image decoded once, whether the training or the validation set (or both) holds it
         check_condition_images(self.records, s.height, s.width, str(cfg.data.train), decoded)
@@ -112,11 +104,17 @@ class Trainer:
         if cfg.run.resume == "never" and not cfg.run.val_only and self.checkpoints.set_aside_earlier_run():
             self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))  # the earlier run's end went aside too
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
-        self.engine = make_engine(cfg)
+        self.engine = make_engine(cfg.engine, worker_spec(cfg, run_prompts.texts()))
         e = cfg.engine  # devices of a step: the trainers (they count FLOPs), and the rollout actors beside them
-        self.trainer_devices = e.num_workers if e.kind == "ray" else 1
-        self.devices = self.trainer_devices + (e.rollout_workers if e.rollout == "separate" else 0)
-        self.source = make_source(cfg, self.records, self.sampler, self.engine, self.rewards, pairs)
+        trainer_devices = e.num_workers if e.kind == "ray" else 1
+        devices = trainer_devices + (e.rollout_workers if e.rollout == "separate" else 0)
+        flat_nfe = None  # tree rollouts (local engine): what flat rollouts of the same group size would cost
+        if cfg.sampling.tree is not None:
+            flat_nfe = float(
+                cfg.sampling.num_steps * self.engine.model.forwards_per_evaluation(SamplerSettings.of(s).scales)
+            )
+        self.metrics = StepMetrics(devices, trainer_devices, flat_nfe)
+        self.source = make_source(cfg, self.records, self.sampler, self.engine, self.rewards, run_prompts.pairs)
         device = resolve_device(cfg.model.device)
         self.profiler = StepProfiler(cfg.profile.steps, cfg.profile.memory, self.run_dir, device)
         self.step = 0
@@ -252,17 +250,9 @@ class Trainer:
         with timer("prepare"):
             targets, prepared = self.algorithm.prepare(batch.scored, batch.prompts.group_index)
         with timer("update"):
-            update_metrics = self.engine.update(targets, step)
-        metrics = {**batch.scored.metrics, **prepared, **update_metrics, **timer.metrics()}
-        if window is not None:
-            metrics["window/start"] = window.start
-        if self.cfg.sampling.tree is not None:
-            metrics.update(self._tree_saving(metrics["rollout/nfe_per_image"]))
-        # the step's throughput: generate (or load), reward, prepare and update; not dumps, validation, checkpoints
-        seconds = sum(timer.seconds.values())
-        metrics["images_per_second"] = len(batch.prompts) / seconds
-        flops, peak = metrics.pop("perf/flops_per_device", None), metrics.pop("perf/peak_flops_per_device", None)
-        metrics.update(perf_metrics(len(batch.prompts), seconds, self.devices, flops, peak, self.trainer_devices))
+            update = self.engine.update(targets, step)
+        metrics = self.metrics.row([batch.scored.metrics, prepared, update], timer, len(batch.prompts),
+                                   window.start if window is not None else None)  # fmt: skip
         every = self.cfg.log.rollout_every  # a rollout dump (rollouts/) every log.rollout_every steps
         if every > 0 and (step + 1) % every == 0 and batch.images is not None:
             with timer("dump"):
@@ -270,12 +260,6 @@ class Trainer:
                 self.dump_rollout(step, batch, leaf[:, -1] if leaf is not None and leaf.ndim == 2 else leaf)
             metrics["timing/dump"] = timer.seconds["dump"]
         return metrics
-
-    def _tree_saving(self, nfe_per_image: float) -> dict[str, float]:
-        """What flat rollouts of the same group size would cost (local engine), and the share a tree saves."""
-        s = self.cfg.sampling
-        flat = s.num_steps * self.engine.model.forwards_per_evaluation(SamplerSettings.of(s).scales)
-        return {"rollout/nfe_per_image_flat": float(flat), "rollout/nfe_saving": 1.0 - nfe_per_image / flat}
 
     def _interrupted(self) -> str:
         latest, done = self.checkpoints.latest(), f"{self.step} of {self.cfg.train.total_steps} steps done"

@@ -106,7 +106,7 @@ def test_flow_dppo_splits_its_mask_by_side_and_logs_ratio_extremes():
 
 
 def test_the_update_loop_reports_the_extremes_over_passes_not_their_mean():
-    from diffusion_rl.engine.worker import reduce_metrics
+    from diffusion_rl.metrics import reduce_metrics
 
     passes = [{"ratio_min": lo, "ratio_max": hi, "ratio_mean": hi} for lo, hi in ([1.0, 3.0], [0.5, 5.0], [2.0, 4.0])]
     out = reduce_metrics(passes)

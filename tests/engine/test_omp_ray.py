@@ -12,6 +12,7 @@ ray = pytest.importorskip("ray")
 
 from diffusion_rl.engine.ray import RayEngine  # noqa: E402
 from diffusion_rl.engine.reward_actors import make_reward_fn  # noqa: E402
+from diffusion_rl.trainer.setup import worker_spec  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -27,7 +28,7 @@ def test_ray_trainers_and_reward_actors_start_with_the_policy_the_driver_gives_t
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     cfg = make_config(*ray_overrides, "engine.num_workers=1", "rewards=[{name: jpeg_compressibility, actors: 1}]")
-    engine = RayEngine(cfg)
+    engine = RayEngine(cfg.engine, worker_spec(cfg))
     reward = make_reward_fn(cfg.rewards[0], cfg.engine)
     try:
         assert _environ(engine.trainers.actors[0]).get("GOMP_SPINCOUNT") == "12345"

@@ -8,6 +8,7 @@ import pytest
 
 from diffusion_rl.engine.ray import place_units
 from diffusion_rl.engine.ray_cluster import check_layout_fits
+from diffusion_rl.trainer.setup import worker_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,5 +99,5 @@ def test_the_ray_engine_checks_the_layout_before_starting_actors(monkeypatch):
         str(ROOT / "configs/quickstart.yaml"), ["engine.kind=ray", "engine.num_workers=2", "engine.rollout=separate"]
     )
     with pytest.raises(UserError, match="needs 3 CPU"):
-        ray_engine.RayEngine(cfg)
+        ray_engine.RayEngine(cfg.engine, worker_spec(cfg))
     assert not started

@@ -29,6 +29,7 @@ from diffusion_rl.engine.ray_cluster import WorkerDied  # noqa: E402
 from diffusion_rl.engine.reward_actors import ActorReward, RewardActorDied  # noqa: E402
 from diffusion_rl.engine.sharded_worker import WorkerError  # noqa: E402
 from diffusion_rl.sampling.window import default_window  # noqa: E402
+from diffusion_rl.trainer.setup import worker_spec  # noqa: E402
 from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
 from tests.helpers import random_pair_file  # noqa: E402
 
@@ -222,7 +223,8 @@ def _listening_off_loopback(pids: set[int]) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2) to list listening sockets")
 def test_a_local_cluster_and_its_workers_listen_on_loopback_only(make_config, ray_overrides):
-    engine = RayEngine(make_config(*ray_overrides, "engine.num_workers=2"))
+    cfg = make_config(*ray_overrides, "engine.num_workers=2")
+    engine = RayEngine(cfg.engine, worker_spec(cfg))
     try:
         ray_processes = subprocess.run(["pgrep", "-f", "ray|gcs_server|raylet"], capture_output=True, text=True)
         pids = {int(p) for p in ray_processes.stdout.split()} | set(engine.trainers.pids) | {os.getpid()}
@@ -244,7 +246,7 @@ def _batch(engine, cfg, step: int = 0):
 
 def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_written(make_config, tmp_path, ray_overrides):
     cfg = make_config(*ray_overrides, "engine.num_workers=2")
-    engine = RayEngine(cfg)
+    engine = RayEngine(cfg.engine, worker_spec(cfg))
     try:
         _batch(engine, cfg)
         with pytest.raises(WorkerError) as caught:  # no advantages: the update fails in every worker (a TypeError
@@ -264,7 +266,7 @@ def test_an_exception_in_a_worker_reaches_the_driver_and_no_checkpoint_is_writte
 
 def test_a_killed_worker_is_detected_within_a_bounded_time(make_config, ray_overrides):
     cfg = make_config(*ray_overrides, "engine.num_workers=2")
-    engine = RayEngine(cfg)
+    engine = RayEngine(cfg.engine, worker_spec(cfg))
     try:
         images = _batch(engine, cfg)
         assert images.shape[0] == 4 and images.dtype == torch.uint8

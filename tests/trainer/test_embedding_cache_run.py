@@ -59,7 +59,10 @@ def test_prepare_embeddings_writes_the_file_a_run_reads(train_argv, make_config,
 
 
 def test_the_run_texts_are_its_prompts_validation_prompts_and_negatives(make_config, tmp_path):
-    from diffusion_rl.engine.embeddings import run_texts
+    from diffusion_rl.trainer.setup import load_run_prompts
+
+    def run_texts(cfg):
+        return load_run_prompts(cfg).texts()
 
     train = tmp_path / "train.jsonl"
     train.write_text('{"prompt": "a cat", "negative_prompt": "blurry"}\n{"prompt": "a dog"}\n{"prompt": "a cat"}\n')
@@ -68,3 +71,14 @@ def test_the_run_texts_are_its_prompts_validation_prompts_and_negatives(make_con
     assert run_texts(make_config(f"data.train={train}", f"val.prompts={val}")) == ["a cat", "blurry", "a dog", "",
                                                                                   "a bird"]  # fmt: skip
     assert "a bird" not in run_texts(make_config(f"data.train={train}", "val.prompts=null"))
+
+
+def test_a_worker_caches_the_texts_its_spec_names_and_reads_no_dataset(make_config, tmp_path):
+    from diffusion_rl.engine.worker import PolicyWorker
+    from diffusion_rl.trainer.setup import worker_spec
+
+    # the trainer reads the prompts once and hands the worker their texts: the worker never opens data.train
+    cfg = make_config("model.embedding_cache=auto", f"data.train={tmp_path / 'absent.txt'}")
+    worker = PolicyWorker(worker_spec(cfg, ["a red square", ""]))
+    assert worker.model.embedding_cache.missing(["a red square", ""]) == []
+    assert worker.model.embedding_cache.missing(["a blue circle"]) == ["a blue circle"]

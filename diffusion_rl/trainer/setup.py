@@ -1,0 +1,67 @@
+"""What a run is set up from, read once by the trainer: its prompts (the training set or the pairs of an offline
+dataset, and the validation prompts when something scores them), the texts it encodes, and the narrow spec its
+workers are built from (`WorkerSpec`, engine/spec.py). `diffusion-rl prepare embeddings` reads the same texts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from diffusion_rl.algorithms.base import AlgorithmInputs
+from diffusion_rl.config import Config
+from diffusion_rl.data.pairs import PreferencePair, load_pairs
+from diffusion_rl.data.prompts import PromptRecord, load_prompts
+from diffusion_rl.engine.spec import WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+AUTO_FOLDER = "embedding_cache"  # model.embedding_cache=auto: <run.dir>/embedding_cache/
+
+
+@dataclass
+class RunPrompts:
+    records: list[PromptRecord]  # the training prompts (offline: each pair's prompt)
+    pairs: list[PreferencePair] | None  # an offline dataset's pairs (data.sample_source=offline), else None
+    val_records: list[PromptRecord]  # validation prompts; none when nothing scores them
+
+    def texts(self) -> list[str]:
+        """Every text the run encodes, each once: its prompts and validation prompts and their negative prompts (a
+        missing one is the empty text, as the sampler gives it)."""
+        records = self.records + self.val_records
+        return list(dict.fromkeys(text for r in records for text in (r.prompt, r.negative_prompt or "")))
+
+
+def load_run_prompts(cfg: Config) -> RunPrompts:
+    """The run's prompts, read once: data.train, or data.pairs offline; val.prompts when rewards score them (offline
+    DPO may run without a reward: then nothing scores validation samples, so there is no validation)."""
+    pairs = load_pairs(cfg.data.pairs) if cfg.data.sample_source == "offline" else None
+    if pairs is not None:
+        logger.info("loaded %d preference pairs from %s", len(pairs), cfg.data.pairs)
+        records = [PromptRecord(p.prompt, p.negative_prompt) for p in pairs]
+    else:
+        records = load_prompts(cfg.data.train)
+    val = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
+    return RunPrompts(records, pairs, val)
+
+
+def cache_location(cfg: Config) -> Path | None:
+    """Where the config's prompt-embedding cache lives (a folder, or a *.safetensors file); None when it has none."""
+    where = cfg.model.embedding_cache
+    if where is None:
+        return None
+    return Path(cfg.run.dir) / AUTO_FOLDER if where == "auto" else Path(where).expanduser()
+
+
+def worker_spec(cfg: Config, texts: list[str] | None = None) -> WorkerSpec:
+    """What the run's workers are built from: the model, sampler, optimizer and algorithm sections, and the run's
+    texts (`RunPrompts.texts`; read here when None) when the model has an embedding cache to fill."""
+    val_size = cfg.val.size(cfg.sampling) if cfg.val.prompts and (cfg.val.height or cfg.val.width) else None
+    e, log, cache = cfg.engine, cfg.log, cache_location(cfg)
+    if cache is not None and texts is None:
+        texts = load_run_prompts(cfg).texts()
+    return WorkerSpec(model=cfg.model, sampling=cfg.sampling, train=cfg.train, algorithm=AlgorithmInputs.of(cfg),
+                      seed=cfg.run.seed, texts=tuple(texts) if cache else (), embedding_cache=cache, val_size=val_size,
+                      val_guidance_low_noise=cfg.val.guidance_low_noise, rollout_dtype=e.rollout_dtype,
+                      staleness_bound=e.staleness_bound, weight_change=log.weight_change, flops=log.flops,
+                      peak_tflops=log.peak_tflops)  # fmt: skip
