@@ -41,4 +41,4 @@ def attach_embedding_cache(model, cfg) -> EmbeddingCache | None:
     location = cache_location(cfg)
     if location is None:
         return None
-    return use_embedding_cache(model, cfg.model.path, location, run_texts(cfg))
+    return use_embedding_cache(model, model.directory, location, run_texts(cfg))  # a Hub id: its snapshot
