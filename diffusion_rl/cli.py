@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 
     p = sub.add_parser("sample", help="sample a labelled image grid")
-    p.add_argument("--model", required=True, help="local diffusers model directory")
+    p.add_argument("--model", required=True, help="a diffusers model directory, or a Hub id owner/name")
     p.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
     p.add_argument("--negative-prompt", default="")
     p.add_argument("--n", type=int, default=1, help="images per prompt")

@@ -23,12 +23,12 @@ from diffusion_rl.data.prompts import condition_images_in, load_prompts
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import SnippetImage
 from diffusion_rl.models.export import LORA_FILES
+from diffusion_rl.models.hub import names_hub_repo
 from diffusion_rl.models.registry import family_named
 
 CARD_FILE = "README.md"
-# a Hub repository id (owner/name), and the folder huggingface_hub's cache keeps one's snapshots in
-_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
-_HUB_CACHE = re.compile(r"models--([\w.-]+?)--([\w.-]+)")
+# the folder huggingface_hub's cache keeps a Hub repository's snapshots in
+_HUB_CACHE = re.compile(r"models--([\w.-]+?)--([\w.-]+)(?:/snapshots/([0-9a-f]{40})\b)?")
 
 
 def hub_id(path: str | Path | None) -> str | None:
@@ -39,9 +39,15 @@ def hub_id(path: str | Path | None) -> str | None:
     cached = _HUB_CACHE.search(str(path))
     if cached:
         return f"{cached[1]}/{cached[2]}"
-    if _HUB_ID.fullmatch(str(path)) and not Path(path).exists():
+    if names_hub_repo(path) and not Path(path).exists():
         return str(path)
     return None
+
+
+def hub_commit(path: str | Path | None) -> str | None:
+    """The commit of a huggingface_hub cache snapshot path (…/models--owner--name/snapshots/<commit>); else None."""
+    cached = _HUB_CACHE.search(str(path or ""))
+    return cached[3] if cached else None
 
 
 def pipeline_call(model, cfg, sources: int | None = None) -> dict:
@@ -110,13 +116,15 @@ def model_card(model, cfg, *, out: Path, base: str, step: int, weights: str, mer
     family = family_named(model.family)
     pipeline = type(model.pipeline).__name__
     lora = model.policies.lora is not None and not merged
-    base_id = hub_id(getattr(model.pipeline.config, "_name_or_path", None)) or hub_id(cfg.model.path)
+    loaded_from = getattr(model.pipeline.config, "_name_or_path", None)
+    base_id = hub_id(loaded_from) or hub_id(cfg.model.path)
+    commit = hub_commit(loaded_from) if base_id else None  # the snippet loads the commit the run trained on
     front = {"base_model": base_id} if base_id else {}
     tags = ["diffusion-rl", "diffusers", family.task, *(["lora"] if lora else []), model.family]
     front |= {"library_name": "diffusers", "pipeline_tag": family.task, "tags": tags}
     header = "---\n" + yaml.safe_dump(front, sort_keys=False) + "---\n"
     return "\n".join([header, *_summary(model, cfg, family, pipeline, step, weights, merged, base_id or base),
-                      "", *_snippet(model, cfg, family, pipeline, out, base_id or base, lora)])  # fmt: skip
+                      "", *_snippet(model, cfg, family, pipeline, out, base_id or base, lora, commit)])  # fmt: skip
 
 
 def _summary(model, cfg, family, pipeline, step, weights, merged, base) -> list[str]:
@@ -143,7 +151,7 @@ def _summary(model, cfg, family, pipeline, step, weights, merged, base) -> list[
     return lines
 
 
-def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> list[str]:
+def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool, commit: str | None = None) -> list[str]:
     s, sources = validation_sampling(cfg), _condition_images(model, cfg)
     call = pipeline_call(model, cfg, sources)
     elsewhere = _reads_sources_elsewhere(model, cfg, sources, s["height"], s["width"])
@@ -164,7 +172,8 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool) -> 
     lines.append("")
     dtype = str(model.dtype)
     if lora:
-        lines.append(f"pipe = {pipeline}.from_pretrained({_py(base)}, torch_dtype={dtype})")
+        pinned = f", revision={_py(commit)}" if commit else ""
+        lines.append(f"pipe = {pipeline}.from_pretrained({_py(base)}{pinned}, torch_dtype={dtype})")
         lines.append(f"lora = {_py(str(out.resolve()))}  # this folder, or the Hub repository it was pushed to")
         for component, file in LORA_FILES.items():
             if (out / file).is_file():

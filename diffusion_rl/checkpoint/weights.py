@@ -105,8 +105,8 @@ def load_checkpoint_model(
 
     directory = resolve_checkpoint(checkpoint)
     overrides: dict = {"device": device, "create_tiny_if_missing": None}
-    if model_path is not None:
-        overrides["path"] = model_path
+    if model_path is not None:  # another base model: the run's model.revision was the run's model's
+        overrides |= {"path": model_path, "revision": None}
     if dtype is not None:
         overrides["dtype"] = dtype
     if max_sequence_length is not None:

@@ -41,7 +41,11 @@ def register(subparsers) -> None:
         description=__doc__.split("\n\n")[1],
     )
     up.add_argument("checkpoint", nargs="+", help="step_NNNNNN checkpoint directories")
-    up.add_argument("--model", default=None, help="base model directory (default: the run's model.path)")
+    up.add_argument(
+        "--model",
+        default=None,
+        help="the base model: a directory or a Hub id owner/name (default: the run's model.path)",
+    )
     up.set_defaults(fn=cmd_upgrade)
 
 
@@ -118,7 +122,8 @@ def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) ->
     if missing:
         raise UserError(f"{directory} is not a checkpoint of an earlier diffusion-rl format: no {', '.join(missing)}")
     saved = _upgraded_config(directory)
-    model = {"device": "cpu", "create_tiny_if_missing": None, **({"path": model_path} if model_path else {})}
+    given = {"path": model_path, "revision": None} if model_path else {}  # another base model: at main
+    model = {"device": "cpu", "create_tiny_if_missing": None, **given}
     cfg = dataclasses.replace(saved, model=dataclasses.replace(saved.model, **model), engine=copy.copy(saved.engine))
     cfg.engine.kind = "local"  # the saved config keeps its own engine
     worker = PolicyWorker(worker_spec(cfg))

@@ -15,7 +15,7 @@ def register(subparsers) -> None:
         "estimate of the device memory a training run holds for the given batch and resolution, and samples one "
         "image (timed; saved with --out).",
     )
-    p.add_argument("--model", required=True, help="local diffusers model directory")
+    p.add_argument("--model", required=True, help="a diffusers model directory, or a Hub id owner/name")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="weights dtype")
     p.add_argument("--device", default="auto")
     p.add_argument("--height", type=int, default=None, help="image height (default: the model's native size)")

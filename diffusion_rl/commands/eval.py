@@ -26,7 +26,7 @@ def register(subparsers) -> None:
         "reward, and writes metrics.json, samples.jsonl, compare.md, images and contact sheets to --out. "
         "Unset sampling settings come from the first checkpoint's training config (its validation settings).",
     )
-    p.add_argument("--model", required=True, help="local diffusers model directory (the base model)")
+    p.add_argument("--model", required=True, help="the base model: a diffusers model directory, or a Hub id owner/name")
     p.add_argument(
         "--checkpoint",
         action="append",

@@ -23,7 +23,11 @@ def register(subparsers) -> None:
         "validated (its steps, guidance, size and text length).",
     )
     p.add_argument("--checkpoint", required=True, help="a step_NNNNNN checkpoint directory, or a run directory")
-    p.add_argument("--model", default=None, help="base model directory (default: the run's model.path)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="the base model: a directory or a Hub id owner/name (default: the run's model.path)",
+    )
     p.add_argument("--merge", action="store_true", help="merge into the transformer and write a full diffusers model")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="weights dtype (default: the run's)")

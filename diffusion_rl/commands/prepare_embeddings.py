@@ -56,7 +56,7 @@ def prepare_embeddings(cfg, out: str | None = None):
     texts = load_run_prompts(cfg).texts()
     ensure_model(cfg)
     model = load_model(cfg.model)
-    cache = open_cache(model, cfg.model.path, location, writing=True)
+    cache = open_cache(model, model.directory, location, writing=True)
     added = cache.fill(texts, model.encode_texts)
     cache.save()
     logger.info("encoded %d of %d texts (the others were cached)", added, len(texts))

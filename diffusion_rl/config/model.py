@@ -7,6 +7,7 @@ from typing import Literal
 
 from diffusion_rl.errors import did_you_mean
 from diffusion_rl.models.attention import backend_names
+from diffusion_rl.models.hub import names_hub_repo
 from diffusion_rl.models.registry import load_families
 from diffusion_rl.settings import Range, check, opt
 
@@ -21,7 +22,16 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = opt("models/tiny", "Local diffusers-format model directory.")
+    path: str = opt(
+        "./models/tiny",
+        "A local diffusers-format model directory, or a Hugging Face Hub repository (owner/name) loaded through "
+        "huggingface_hub's cache as diffusers' from_pretrained loads one (a local folder of that name wins; the token, "
+        "HF_HUB_OFFLINE and the cache's place come from the environment: docs/models.md).",
+    )
+    revision: str | None = opt(
+        None,
+        "The Hub repository's revision when model.path names one: a commit hash (pins it), branch or tag; null = main.",
+    )
     family: str = opt("auto", f"Model family ({', '.join(load_families().names())}); auto reads model_index.json.")
     dtype: Literal["fp32", "bf16", "fp16"] = opt("fp32", "Weight dtype (SDE math is always fp32).")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
@@ -60,7 +70,8 @@ class ModelConfig:
     create_tiny_if_missing: str | None = opt(
         None,
         "Create the tiny model of this preset (base, small, …) at model.path when the directory does not exist; "
-        "of model.family (sd3 when auto).",
+        "of model.family (sd3 when auto). Never at a path that could name a Hub repository (owner/name): write "
+        "./models/tiny.",
     )
     compile: bool = opt(
         False,
@@ -86,6 +97,10 @@ class ModelConfig:
     )
 
     def __post_init__(self):
+        check(
+            self.revision is None or (self.revision.strip() == self.revision != ""),
+            f"model.revision {self.revision!r}: a commit hash, branch or tag without spaces, or null for main",
+        )
         check(
             not (self.compile and self.compile_blocks),
             "model.compile and model.compile_blocks are alternatives: compile_blocks already compiles sampling",
@@ -117,3 +132,9 @@ class ModelConfig:
     def tiny_family(self) -> str:
         """The family of the tiny model create_tiny_if_missing makes: model.family, or sd3 when auto."""
         return "sd3" if self.family == "auto" else self.family
+
+    @property
+    def tiny_to_create(self) -> str | None:
+        """The tiny preset to create at model.path when it is absent: create_tiny_if_missing, but none where model.path
+        could name a Hub repository (owner/name), so a random model never stands in for a Hub id."""
+        return None if names_hub_repo(self.path) else self.create_tiny_if_missing

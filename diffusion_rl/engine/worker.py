@@ -282,7 +282,7 @@ class PolicyWorker:
             torch.default_generator.manual_seed(seed_for(spec.seed, "model_init"))
             self.model: FlowModel = load_model(spec.model, text_encoders=spec.embedding_cache is None)
         if spec.embedding_cache is not None:  # the run's texts cached (in the model's dtype), encoders released
-            use_embedding_cache(self.model, spec.model.path, spec.embedding_cache, list(spec.texts))
+            use_embedding_cache(self.model, self.model.directory, spec.embedding_cache, list(spec.texts))
         self.algorithm = spec.algorithm.build() if self.trains else None
         self.rollout_policy = self.algorithm.rollout_policy if self.trains else DEFAULT  # the policy that samples
         if self.trains:

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from diffusion_rl.errors import UserError
+from diffusion_rl.models.hub import model_dir, names_hub_repo
 
 QWEN_TEMPLATE_TOKENS = 34  # Qwen-Image's prompt template, dropped from the embeddings the transformer reads
 CLIP_TOKENS = 77
@@ -166,15 +167,16 @@ def from_components(name: str, family: str, components: dict[str, dict], source:
                         experts, image)  # fmt: skip
 
 
-def from_model_dir(path: Path) -> Architecture:
-    """The architecture in a diffusers model directory (its model_index.json and components' config.json)."""
+def from_model_dir(path: Path, name: str | None = None) -> Architecture:
+    """The architecture in a diffusers model directory (its model_index.json and components' config.json), named
+    `name` (default: the directory's)."""
     from diffusion_rl.models.loader import detect_family
 
     family = detect_family(path)
     components = {}
     for sub in sorted(p for p in path.iterdir() if (p / "config.json").is_file()):
         components[sub.name] = json.loads((sub / "config.json").read_text())
-    return from_components(path.name, family, components, str(path))
+    return from_components(name or path.name, family, components, str(path))
 
 
 def from_tiny(family: str, preset: str) -> Architecture:
@@ -217,22 +219,29 @@ def from_shipped(name: str) -> Architecture:
 
 
 def architecture_for(model_cfg, arch: str | None = None) -> Architecture:
-    """The architecture a config trains: `arch` (a shipped name) when given; else the model directory when it exists;
-    else the tiny preset it would create; else the shipped architecture named like the directory."""
+    """The architecture a config trains: `arch` (a shipped name) when given; else the model directory when it exists
+    (a Hub id's snapshot when huggingface_hub's cache holds it: estimate downloads nothing); else the tiny preset it
+    would create; else the shipped architecture named like the directory."""
     known = shipped()
     if arch is not None:
         if arch not in known:
             raise UserError(f"--arch: no shipped architecture '{arch}'; shipped: {', '.join(sorted(known))}")
         return from_shipped(arch)
-    path = Path(model_cfg.path)
+    path, uncached = Path(model_cfg.path).expanduser(), None
+    if names_hub_repo(model_cfg.path) and not path.exists():  # a Hub id: its snapshot when cached (no download)
+        try:
+            snapshot = model_dir(model_cfg.path, model_cfg.revision, download=False)
+        except UserError as e:
+            uncached = e
+        else:
+            return from_model_dir(snapshot, model_cfg.path)
     if (path / "model_index.json").is_file():
         return from_model_dir(path)
-    if model_cfg.create_tiny_if_missing:
-        return from_tiny(model_cfg.tiny_family, model_cfg.create_tiny_if_missing)
+    if model_cfg.tiny_to_create:
+        return from_tiny(model_cfg.tiny_family, model_cfg.tiny_to_create)
     by_lower = {k.lower(): k for k in known}
     if path.name.lower() in by_lower:
         return from_shipped(by_lower[path.name.lower()])
-    raise UserError(
-        f"estimate: model.path '{path}' is not a model directory here and names no shipped architecture; pass "
-        f"--arch NAME (shipped: {', '.join(sorted(known))})"
-    )
+    why = uncached or f"model.path '{path}' is not a model directory here"
+    raise UserError(f"estimate: {why}; and it names no shipped architecture: pass --arch NAME (shipped: "
+                    f"{', '.join(sorted(known))})")  # fmt: skip

@@ -372,7 +372,7 @@ def evaluate(
             samples_file.flush()
             columns[target.name] = {
                 "name": target.name,
-                "checkpoint": _identity(target, str(Path(model_cfg.path).expanduser().resolve()), weights),
+                "checkpoint": _identity(target, str(model.directory.resolve()), weights),
                 "rewards": {n: reward_stats(scores[n], sources) for n in names},
                 "sheet": f"{target.name}/sheet.{'webp' if settings.frames > 1 else 'png'}",
                 "seconds": time.perf_counter() - start,

@@ -11,6 +11,7 @@ import copy
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -111,6 +112,9 @@ class FlowModel(ABC):
     guidance_embeds: bool = False  # guidance-distilled: the scale is an input embedding (one forward), not CFG
     condition_sizing: str = "output"  # model.condition_size: where condition images are fitted (`condition_size`)
     embedding_cache = None  # an EmbeddingCache (models/embedding_cache.py) once attached: the encoders are gone
+    directory: Path | None = (
+        None  # the diffusers folder load_model read (a Hub id's snapshot in the cache); None: built
+    )
     # two timestep experts (Wan 2.2 A14B, models/experts.py): the transformer timestep from which the high-noise one
     # denoises; None: one network
     expert_boundary: float | None = None

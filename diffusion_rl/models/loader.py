@@ -1,4 +1,5 @@
-"""Load a FlowModel from a local diffusers-format directory; the family comes from model_index.json."""
+"""Load a FlowModel from a diffusers-format directory (a local one, or a Hub repository's snapshot: models/hub.py); the
+family comes from model_index.json."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.attention import DEFAULT_BACKEND, set_attention_backend
 from diffusion_rl.models.base import FlowModel, freeze
+from diffusion_rl.models.hub import model_dir
 from diffusion_rl.models.load_errors import raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
 from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
@@ -86,7 +88,7 @@ def load_text_encoders(model: FlowModel, path: str | Path) -> None:
 def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     """Build the FlowModel for a `ModelConfig` (see diffusion_rl.config). `text_encoders=False`: without them (the
     prompt-embedding cache may need none; `load_text_encoders` adds them later)."""
-    path = Path(cfg.path).expanduser()
+    path = model_dir(cfg.path, getattr(cfg, "revision", None))  # a folder, or a Hub id's snapshot in the cache
     detected, pipeline_class = detect_pipeline(path)  # also fails early and clearly on a bad directory
     chosen = family_named(cfg.family) if cfg.family != "auto" else None
     if chosen is not None and chosen.name != detected and pipeline_class in chosen.loads_also:
@@ -114,7 +116,9 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     except Exception as e:  # a truncated file, a component without config.json: one line naming the file
         raise_if_damaged(path, e)
         raise
-    return model_of_pipeline(pipeline, family, cfg, device, dtype, str(path))
+    model = model_of_pipeline(pipeline, family, cfg, device, dtype, str(path))
+    model.directory = path
+    return model
 
 
 def model_of_pipeline(pipeline, family, cfg, device: torch.device, dtype: torch.dtype, source: str) -> FlowModel:

@@ -66,11 +66,16 @@ logger = logging.getLogger(__name__)
 
 def ensure_model(cfg: Config) -> None:
     """Create the tiny model (of model.family; sd3 when auto) at model.path when asked to and it is absent (a shipped
-    pretrained preset is copied out: models/tiny/shipped.py)."""
-    path, m = Path(cfg.model.path), cfg.model
-    if m.create_tiny_if_missing and not path.exists():
-        logger.info("creating the tiny %s model (%s preset) at %s", m.tiny_family, m.create_tiny_if_missing, path)
-        save_tiny(path, m.tiny_family, m.create_tiny_if_missing)
+    pretrained preset is copied out: models/tiny/shipped.py); never where model.path could name a Hub repository."""
+    path, m = Path(cfg.model.path).expanduser(), cfg.model
+    if path.exists() or not m.create_tiny_if_missing:
+        return
+    if m.tiny_to_create is None:
+        logger.warning("model.path '%s' names a Hub repository, loaded from the Hub: create_tiny_if_missing writes "
+                       "no tiny model at such a path (a local folder is written ./%s)", m.path, m.path)  # fmt: skip
+        return
+    logger.info("creating the tiny %s model (%s preset) at %s", m.tiny_family, m.tiny_to_create, path)
+    save_tiny(path, m.tiny_family, m.tiny_to_create)
 
 
 def build_rewards(cfg: Config, specs=None, where: str = "rewards") -> RewardCombiner:

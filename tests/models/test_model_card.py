@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from diffusion_rl.checkpoint.model_card import hub_id, pipeline_call
+from diffusion_rl.checkpoint.model_card import hub_commit, hub_id, pipeline_call
 from diffusion_rl.cli import main
 from diffusion_rl.models.registry import family_named
 from diffusion_rl.models.tiny import save_tiny
@@ -307,7 +307,9 @@ def test_the_card_names_the_runs_own_negative_prompts(tiny_model_dir, load, make
 
 def test_hub_id_only_for_hub_names_and_cache_snapshots(tmp_path):
     snapshot = "/root/.cache/huggingface/hub/models--black-forest-labs--FLUX.1-dev/snapshots/0ef5fff"
-    assert hub_id(snapshot) == "black-forest-labs/FLUX.1-dev"
+    assert hub_id(snapshot) == "black-forest-labs/FLUX.1-dev" and hub_commit(snapshot) is None  # not a commit
+    assert hub_commit(snapshot.replace("0ef5fff", "0ef5fff" + "a" * 33)) == "0ef5fff" + "a" * 33
+    assert hub_id("owner/not-here") == "owner/not-here" and hub_id("./owner/not-here") is None  # ./: never one
     assert hub_id("Qwen/Qwen-Image") == "Qwen/Qwen-Image"
     (tmp_path / "models" / "tiny").mkdir(parents=True)
     assert hub_id(tmp_path / "models" / "tiny") is None and hub_id("/data/flux") is None and hub_id(None) is None
