@@ -1,4 +1,4 @@
-"""The forward-process losses (DiffusionNFT, AWM, Diffusion-DPO) train the conditional velocity: guidance 1 where
+"""The forward-process losses (DiffusionNFT, AWM, Diffusion-DPO, DGPO) train the conditional velocity: guidance 1 where
 guidance is classifier-free (tiny SD3, tiny FLUX.1-schnell: 1 would otherwise mean a second, unconditional row),
 the sampled scale where the model embeds it (tiny FLUX.1-dev: guidance 1 there is another function than the one
 sampled) — for the trained policy and for every frozen one (old, EMA, reference) alike."""
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLED = 3.5
 
 
-@pytest.mark.parametrize("loss", ["nft", "awm", "dpo"])
+@pytest.mark.parametrize("loss", ["nft", "awm", "dpo", "dgpo"])
 @pytest.mark.parametrize(
     ("model_dir", "trained"), [("flux_model_dir", SAMPLED), ("tiny_model_dir", 1.0), ("flux_schnell_model_dir", 1.0)]
 )
