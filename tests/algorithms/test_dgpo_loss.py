@@ -149,3 +149,17 @@ def test_timestep_indices_are_distinct_and_cover_the_high_noise_end_uniformly():
     assert sorted(dgpo_timestep_indices(4, 1.0, 4, torch.Generator().manual_seed(0)).tolist()) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match=r"from 0\.\.2"):
         dgpo_timestep_indices(4, 0.6, 4, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize(
+    ("over", "reference", "frozen"),
+    [({}, True, 2), ({"clip": False}, True, 1), ({"reference_guidance": 4.5}, True, 3),
+     ({"ema_reference": True}, False, 1), ({"ema_reference": True, "kl_beta": 0.1}, True, 2)],
+)  # fmt: skip
+def test_what_estimate_counts(over, reference, frozen):
+    """Frozen forwards per trained call: the reference (two rows when guided) and `old` (clip or ema_reference)."""
+    from diffusion_rl.algorithms.preference.dgpo import Dgpo, DgpoSettings
+
+    settings = DgpoSettings(**over)
+    assert Dgpo.needs_reference(settings) is reference
+    assert Dgpo.frozen_calls(settings) == frozen
