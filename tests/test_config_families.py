@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.config import load
 from diffusion_rl.config_io.yaml_files import to_yaml
 from diffusion_rl.errors import UserError
@@ -55,7 +56,7 @@ def test_each_loss_has_its_own_defaults_and_only_its_section_is_kept(loss, expec
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["algorithm.loss=dpx"], r"'dpx' is not a registered loss \(did you mean 'dpo'\?\); known: awm, dpo"),
+        (["algorithm.loss=dpx"], r"'dpx' is not a registered loss \(did you mean 'dpo'\?\); known: awm, dgpo, dpo"),
         (["algorithm.family=direct_preference"], r"'algorithm.family' is gone: the family follows from algorithm.loss"),
         (["algorithm.clip_range=0.1"], r"'algorithm.clip_range' moved into the loss's own section"),
         (["algorithm.flow_grpo.clip_rang=0.1"], r"unknown config key 'algorithm.flow_grpo.clip_rang' \(did you mean"),
@@ -95,6 +96,16 @@ def test_each_loss_has_its_own_defaults_and_only_its_section_is_kept(loss, expec
         (["data.sample_source=offline", "data.pairs=p.jsonl"], r"offline trains algorithm.loss=dpo only"),
         (["algorithm.loss=dpo", "sampling.sde_type=ode", "rewards=[]"], r"at least one reward"),
         (["algorithm.loss=grpo_guard", "sampling.sde_type=cps"], r"grpo_guard is defined for sampling.sde_type=sde"),
+        (["algorithm.loss=dgpo"], r"dgpo trains on deterministic rollouts: set sampling.sde_type=ode, got sde"),
+        (
+            ["algorithm.loss=dgpo", "sampling.sde_type=ode", "sampling.num_steps=4"],
+            r"train_timesteps=4: dgpo draws that many distinct steps from 0\.\.2",
+        ),
+        (["algorithm.loss=dgpo", "sampling.sde_type=ode", "algorithm.dgpo.clip_kl=true"], r"set kl_beta > 0"),
+        (
+            ["algorithm.loss=dgpo", "sampling.sde_type=ode", "algorithm.dgpo.reference_guidance=0.5"],
+            r"'algorithm.dgpo.reference_guidance' must be in \[1, 100\], got 0.5",
+        ),
     ],
 )
 def test_mismatches_are_user_errors(overrides, message):
@@ -120,6 +131,6 @@ def test_the_hint_for_an_old_algorithm_key_names_a_section_that_has_it(key):
         load(QUICKSTART, [f"algorithm.{key}=1"])
     loss = re.search(rf"e\.g\. algorithm\.(\w+)\.{key}\)", str(error.value)).group(1)
     assert loss in losses_with_key(key) and f"a key of {' and '.join(losses_with_key(key))}" in str(error.value)
-    ode = ["sampling.sde_type=ode"] if loss in ("dpo", "nft", "awm") else []
+    ode = ["sampling.sde_type=ode"] if LOSSES.get(loss).family == "direct_preference" else []
     default = getattr(load(None, [f"algorithm.loss={loss}", *ode]).algorithm.settings, key)
     load(None, [f"algorithm.loss={loss}", *ode, f"algorithm.{loss}.{key}={default}"])

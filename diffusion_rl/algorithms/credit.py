@@ -57,6 +57,7 @@ class Targets:
     step_weights: torch.Tensor | None = None
     pair_id: torch.Tensor | None = None  # [B] long: the preference pair a row belongs to (−1: none)
     pair_role: torch.Tensor | None = None  # [B] long: 1 chosen, −1 rejected, 0 unpaired
+    group_index: torch.Tensor | None = None  # [B] long: each row's group, for an algorithm whose unit is a whole group
 
 
 @dataclass

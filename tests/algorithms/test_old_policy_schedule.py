@@ -1,6 +1,6 @@
 import pytest
 
-from diffusion_rl.algorithms.preference.awm import ema_decay_awm
+from diffusion_rl.algorithms.preference.base import ramped_decay
 from diffusion_rl.algorithms.preference.nft import old_decay
 
 STEPS = [0, 1, 74, 75, 76, 100, 200]
@@ -50,9 +50,9 @@ def test_unknown_kind_lists_the_known_ones():
         old_decay(-1, "copy")
 
 
-def test_awm_ema_decay():
+def test_ramped_decay_of_the_closely_following_ema_adapters():
     # min(0.3, 0.001 * step)
     expected = [0.0, 0.001, 0.074, 0.075, 0.076, 0.1, 0.2]
-    assert [ema_decay_awm(s) for s in STEPS] == pytest.approx(expected)
-    assert ema_decay_awm(300) == pytest.approx(0.3)
-    assert ema_decay_awm(5000) == 0.3
+    assert [ramped_decay(s) for s in STEPS] == pytest.approx(expected)
+    assert ramped_decay(300) == pytest.approx(0.3)
+    assert ramped_decay(5000) == 0.3

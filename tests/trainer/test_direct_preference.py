@@ -1,5 +1,5 @@
-"""The direct-preference family on the tiny model: which policy each prediction comes from, the NFT `old` and AWM
-`ema` adapter updates, exact resume, gradient accumulation, and runs where the reward moves the right way."""
+"""The direct-preference family on the tiny model: which policy each prediction comes from, the NFT `old`, AWM
+`ema` and DGPO `old` adapter updates, exact resume, gradient accumulation."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusion_rl.algorithms.preference.awm import ema_decay_awm
+from diffusion_rl.algorithms.preference.base import ramped_decay
 from diffusion_rl.data.sampler import make_step_prompts
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.trainer import Trainer
 from tests.helpers import random_pair_file
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = {mode: ROOT / f"configs/quickstart_{mode}.yaml" for mode in ("dpo", "nft", "awm", "dpo_offline")}
+CONFIGS = {mode: ROOT / f"configs/quickstart_{mode}.yaml" for mode in ("dpo", "nft", "awm", "dgpo", "dpo_offline")}
+DGPO_SHORT = "algorithm.dgpo.train_timesteps=3"  # 4 sampling steps: step indices 0..2
 
 
 def _velocities(trainer) -> dict[str, torch.Tensor]:
@@ -122,12 +123,36 @@ def test_awm_ema_adapter_follows_its_decay(make_trainer):
     rows = trainer.train()
     expected = dict(history[0]["default"])
     for k in (1, 2, 3):
-        d = ema_decay_awm(k)  # 0.001·k
+        d = ramped_decay(k)  # 0.001·k
         expected = {n: d * expected[n] + (1 - d) * history[k]["default"][n] for n in expected}
         for n in expected:
             torch.testing.assert_close(history[k]["ema"][n], expected[n])
     assert [r["awm/ema_decay"] for r in rows] == pytest.approx([0.001, 0.002, 0.003])
     assert rows[0]["awm/ema_gap"] == 0 and rows[1]["awm/ema_gap"] > 0
+
+
+def test_dgpo_old_policy_follows_its_decay_and_the_reference_stays(make_trainer):
+    trainer = make_trainer("train.total_steps=3", DGPO_SHORT, "algorithm.dgpo.kl_beta=0.1", config=CONFIGS["dgpo"])
+    assert set(_velocities(trainer)) == {"default", "old", "reference"}
+    v0 = _velocities(trainer)
+    history = _record_weights(trainer, ("default", "old"))
+    rows = trainer.train()
+    expected = dict(history[0]["default"])
+    for k in (1, 2, 3):
+        d = ramped_decay(k - 1)  # 0.001 × the optimizer steps before this update's: 0 at first (old ← θ)
+        expected = {n: d * expected[n] + (1 - d) * history[k]["default"][n] for n in expected}
+        for n in expected:
+            torch.testing.assert_close(history[k]["old"][n], expected[n])
+    assert [r["dgpo/old_decay"] for r in rows] == pytest.approx([0.0, 0.001, 0.002])
+    assert all(r["train/units"] == 2 for r in rows)  # the units are the step's 2 groups
+    assert torch.equal(_velocities(trainer)["reference"], v0["reference"])
+
+
+def test_dgpo_without_clip_or_kl_keeps_no_old_policy(make_trainer):
+    trainer = make_trainer("train.total_steps=1", DGPO_SHORT, "algorithm.dgpo.clip=false", config=CONFIGS["dgpo"])
+    assert set(_velocities(trainer)) == {"default", "reference"}
+    rows = trainer.train()
+    assert "dgpo/old_decay" not in rows[0] and rows[0]["dgpo/clip_fraction"] == 0
 
 
 def test_dpo_takes_no_step_when_every_group_ties(make_trainer, user_reward, weights):
@@ -147,6 +172,7 @@ def test_dpo_takes_no_step_when_every_group_ties(make_trainer, user_reward, weig
         ("dpo", ()),
         ("nft", ("algorithm.nft.old_decay=fixed", "algorithm.nft.old_decay_value=0.3")),
         ("awm", ("sampling.num_steps=8", "algorithm.awm.ema_beta=0.5", "algorithm.awm.kl_beta=0.1")),
+        ("dgpo", (DGPO_SHORT, "algorithm.dgpo.kl_beta=0.1")),
     ],
 )
 def test_gradient_accumulation_matches_one_big_micro_batch(make_trainer, weights, tmp_path, mode, options):
@@ -157,9 +183,12 @@ def test_gradient_accumulation_matches_one_big_micro_batch(make_trainer, weights
         trainer.train()
         return weights(trainer)
 
-    small, big = run(2), run(8)  # dpo: 1 pair vs 4 pairs per micro-batch; others 2 vs 4 (the whole batch)
+    small, big = run(2), run(8)  # dpo: 1 pair vs 4 pairs; dgpo: 1 group vs 2; others 2 rows vs 4 (the whole batch)
+    # dgpo trains every row of a chunk at one t: some timestep-embedding gradients are ~1e-8, about Adam's eps, where
+    # its first step lr·g/(|g| + eps) turns float rounding into ~1e-6 (measured 4e-6 on one element at lr 1e-3)
+    atol = 1e-5 if mode == "dgpo" else 1e-6
     for key in big:
-        torch.testing.assert_close(small[key], big[key], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(small[key], big[key], rtol=1e-4, atol=atol)
 
 
 def _comparable(row: dict) -> dict:
@@ -173,8 +202,9 @@ def _comparable(row: dict) -> dict:
         ("nft", ("algorithm.nft.old_decay=fixed", "algorithm.nft.old_decay_value=0.5")),
         ("awm", ("sampling.num_steps=8", "algorithm.awm.ema_beta=0.5", "train.num_minibatches=2")),
         ("dpo", ("sampling.sde_type=sde",)),
+        ("dgpo", (DGPO_SHORT, "train.num_minibatches=2", "train.ppo_epochs=2")),
     ],
-    ids=["nft-lora", "nft-full", "awm-ema-minibatches", "dpo-sde"],
+    ids=["nft-lora", "nft-full", "awm-ema-minibatches", "dpo-sde", "dgpo-minibatches-epochs"],
 )
 def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, mode, options):
     common = (*options, "train.save_every=2", "val.every=2", "train.warmup_steps=3")

@@ -52,6 +52,7 @@ from diffusion_rl.algorithms.preference.base import (
     forward_noise,
     metric_mean,
     noise_like,
+    ramped_decay,
     row_mean,
     weighted,
 )
@@ -62,8 +63,6 @@ from diffusion_rl.utils.seeding import make_generator
 WEIGHTINGS = ("uniform", "t", "ghuber")
 GHUBER_POWER = 0.25
 GHUBER_EPS = 1e-10  # keeps the power's gradient finite at mse = 0
-AWM_EMA_RATE = 0.001
-AWM_EMA_CAP = 0.3
 
 
 @dataclass
@@ -104,13 +103,6 @@ def _gap(v: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
     if other is None:
         return torch.zeros(v.shape[0], device=v.device)
     return row_mean((v.float() - other.detach().float()).pow(2))
-
-
-def ema_decay_awm(step: int) -> float:
-    """AWM's decay of the EMA adapter its ema_beta term pulls toward: min(0.3, 0.001 * step)."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    return min(AWM_EMA_CAP, AWM_EMA_RATE * step)
 
 
 def awm_timestep_indices(num_timesteps: int, train_steps: int, generator: torch.Generator) -> torch.Tensor:
@@ -267,7 +259,7 @@ class Awm(ForwardProcess):
     def end(self, step: int) -> dict[str, float]:
         if self.settings.ema_beta <= 0:
             return {}
-        decay = ema_decay_awm(step + 1)
+        decay = ramped_decay(step + 1)
         self.model.policies.ema_update("ema", "default", decay)
         return {"awm/ema_decay": decay}
 

@@ -62,6 +62,19 @@ def metric_mean(values_N: torch.Tensor, weights_N: torch.Tensor | None) -> torch
     return (values_N * w).sum() / w.sum().clamp_min(1)
 
 
+RAMP_RATE = 0.001
+RAMP_CAP = 0.3
+
+
+def ramped_decay(step: int) -> float:
+    """min(0.3, 0.001·step): the decay d of an EMA adapter that follows the policy closely (adapter ← d·adapter +
+    (1 − d)·θ; 0 at first, so the first update copies θ), as the reference code of AWM's `ema` and DGPO's `old`
+    ramps it."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return min(RAMP_CAP, RAMP_RATE * step)
+
+
 def noise_like(x0: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """ε [B, …] with row i drawn from generators[i] (on the CPU, so the draw is the same on every device)."""
     shape = tuple(x0.shape[1:])
