@@ -89,7 +89,7 @@ def render(r) -> str:
                             "fragmentation or a longer prompt can take it; leave more room (a memory saver, a "
                             "smaller micro-batch)")  # fmt: skip
     lines = [
-        f"config        {r.config} ({r.architecture}), {r.images_per_step} images per step on {r.gpus}× {r.gpu}",
+        f"config        {r.config} ({r.architecture}), {r.images_per_step} {r.samples} per step on {r.gpus}× {r.gpu}",
         f"FLOPs/step    {r.flops_per_step:.3g} (rollout {r.flops_rollout:.3g}, update {r.flops_update:.3g})",
         "memory per GPU (GiB)",
         *(f"  {k:<18} {v:8.2f}" for k, v in r.memory_gib.items()),
@@ -100,7 +100,7 @@ def render(r) -> str:
         *headroom,
         f"time per step {seconds(r.step_seconds)} at {r.efficiency:.0%} of peak and bandwidth: "
         + ", ".join(f"{k} {seconds(v)}" for k, v in r.phase_seconds.items()),
-        f"throughput    {r.images_per_second:.3g} images/s, {r.images_per_gpu_second:.3g} images/GPU/s",
+        f"throughput    {r.images_per_second:.3g} {r.samples}/s, {r.images_per_gpu_second:.3g} {r.samples}/GPU/s",
         f"train         {r.total_steps} steps: {r.gpu_hours:.3g} GPU-hours ({r.gpu_hours / r.gpus:.3g} h wall-clock)",
         *(f"assumes       {a}" for a in r.assumptions),
     ]

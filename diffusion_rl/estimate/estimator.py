@@ -63,6 +63,7 @@ class Estimate:
     architecture: str
     gpu: str
     gpus: int
+    samples: str  # what a sample is, for the reader: "images", or "videos" for a video family
     images_per_step: int
     # FLOPs of one step, all GPUs together
     flops_rollout: float
@@ -257,6 +258,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         architecture=arch.name,
         gpu=device.key,
         gpus=gpus,
+        samples="videos" if family.adapter.video else "images",
         images_per_step=images,
         flops_rollout=(text_flops + rollout_flops + decode_flops) * gpus,
         flops_update=update_flops * gpus,
