@@ -107,13 +107,16 @@ class RewardCombiner:
         prompts: list[str],
         metadata: list[dict[str, Any]],
         group_index: Sequence[int] | np.ndarray | None = None,
+        batch: str = "the batch",
     ) -> RewardResult:
         """Score and combine one batch. `group_index` [B] says which group each sample belongs to (for group
-        rewards); None groups the samples by identical prompt text."""
-        chunk = self.score(images, prompts, metadata)
-        return self.combine([chunk], metadata, images=images, prompts=prompts, group_index=group_index)
+        rewards); None groups the samples by identical prompt text. `batch` names it in warnings and errors (e.g.
+        the validation batch: a failure there is not the training data's)."""
+        chunk = self.score(images, prompts, metadata, batch)
+        return self.combine([chunk], metadata, images=images, prompts=prompts, group_index=group_index, batch=batch)
 
-    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> dict[str, Scored]:
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+              batch: str = "the batch") -> dict[str, Scored]:  # fmt: skip
         """The per-sample rewards' scores on one chunk of a batch (thread-safe: the trainer scores chunks in the
         background). Group rewards are left for `combine`, which sees whole groups."""
         batch_size = check_reward_inputs(images, prompts, metadata)
@@ -121,7 +124,7 @@ class RewardCombiner:
         for r in self.rewards:
             if not r.group:
                 scored[r.name] = score_with_retry(r.scorer_of(images), r.name, images, prompts, metadata, r.timeout_s)
-                _warn_failures(r.name, scored[r.name], batch_size)
+                _warn_failures(r.name, scored[r.name], batch_size, batch)
         return scored
 
     def combine(
@@ -132,6 +135,7 @@ class RewardCombiner:
         images: np.ndarray | None = None,
         prompts: list[str] | None = None,
         group_index: Sequence[int] | np.ndarray | None = None,
+        batch: str = "the batch",
     ) -> RewardResult:
         """The batch's weighted total, failures and metrics from the scores of its chunks, in order. Group rewards
         are scored here, on the whole batch: `images` and `prompts` are then required, `group_index` as in
@@ -139,16 +143,16 @@ class RewardCombiner:
         batch_size = len(metadata)
         scored = {r.name: _concat([chunk[r.name] for chunk in chunks]) for r in self.rewards if not r.group}
         if any(r.group for r in self.rewards):  # scored here, on the whole batch: a group is never split
-            scored.update(self._score_group_rewards(images, prompts, metadata, group_index))
+            scored.update(self._score_group_rewards(images, prompts, metadata, group_index, batch))
         scored = {r.name: scored[r.name] for r in self.rewards}  # the config's order, for metrics and messages
         total, failed = self._combine(scored, batch_size)
         if failed.all():
-            raise RewardFailure(_all_failed_message(scored, batch_size))
+            raise RewardFailure(_all_failed_message(scored, batch_size, batch))
         per_reward = {name: s.scores for name, s in scored.items()}
         metrics = _metrics(total, failed, per_reward, metadata)
         return RewardResult(total=total, per_reward=per_reward, failed=failed, metrics=metrics)
 
-    def _score_group_rewards(self, images, prompts, metadata, group_index) -> dict[str, Scored]:
+    def _score_group_rewards(self, images, prompts, metadata, group_index, batch) -> dict[str, Scored]:
         """The group rewards' scores, on the whole batch (`combine`)."""
         group_rewards = [r for r in self.rewards if r.group]
         if images is None or prompts is None:
@@ -158,7 +162,7 @@ class RewardCombiner:
         groups, scored = _group_index(prompts, group_index), {}
         for r in group_rewards:
             scored[r.name] = _score_groups(r, images, prompts, metadata, groups)
-            _warn_failures(r.name, scored[r.name], len(metadata))
+            _warn_failures(r.name, scored[r.name], len(metadata), batch)
         return scored
 
     def _combine(self, scored: dict[str, Scored], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -245,19 +249,20 @@ def _concat(parts: Sequence[Scored]) -> Scored:
     return Scored(np.concatenate([p.scores for p in parts]), batch_error=batch_error, sample_errors=errors)
 
 
-def _warn_failures(name: str, s: Scored, batch_size: int) -> None:
+def _warn_failures(name: str, s: Scored, batch_size: int, batch: str) -> None:
     n_failed = int(s.failed.sum())
     if s.batch_error is None and n_failed == 0:
         return
     if isinstance(s.batch_error, RewardTimeout):
-        logger.warning("reward '%s' failed all %d samples of the chunk: %s", name, batch_size, s.batch_error)
+        logger.warning("reward '%s' failed all %d samples of a chunk of %s: %s", name, batch_size, batch, s.batch_error)
         return
     parts = []
     if s.batch_error is not None:
         parts.append(f"raised on the whole batch ({describe(s.batch_error)}), retried sample by sample")
     if n_failed:
         n_raised = len(s.sample_errors)
-        parts.append(f"failed on {n_failed} of {batch_size} samples ({n_raised} raised, {n_failed - n_raised} NaN/inf)")
+        parts.append(f"failed on {n_failed} of {batch_size} samples of {batch} ({n_raised} raised, "
+                     f"{n_failed - n_raised} NaN/inf)")  # fmt: skip
         if s.sample_errors:
             parts.append(f"first error: {s.first_error()}")
     else:
@@ -265,14 +270,14 @@ def _warn_failures(name: str, s: Scored, batch_size: int) -> None:
     logger.warning("reward '%s' %s", name, "; ".join(parts))
 
 
-def _all_failed_message(scored: dict[str, Scored], batch_size: int) -> str:
+def _all_failed_message(scored: dict[str, Scored], batch_size: int, batch: str) -> str:
     lines = []
     for name, s in scored.items():
         n_failed = int(s.failed.sum())
         if n_failed:
             error = s.first_error() or "returned NaN/inf"
             lines.append(f"'{name}' failed on {n_failed}/{batch_size} ({error})")
-    return f"every sample of the batch failed its rewards: {'; '.join(lines)}"
+    return f"every sample of {batch} failed its rewards: {'; '.join(lines)}"
 
 
 def _metrics(

@@ -33,6 +33,7 @@ from diffusion_rl.config_io.secrets import redact_secrets, refuse_redacted
 from diffusion_rl.config_io.yaml_files import to_yaml
 from diffusion_rl.data.condition_images import (
     check_condition_images,
+    count_mismatch,
     fit_rows,
     with_condition_images,
 )
@@ -102,8 +103,12 @@ class Trainer:
         self.val_records = load_prompts(cfg.val.prompts) if cfg.val.prompts and (cfg.rewards or cfg.val.rewards) else []
         s = cfg.sampling  # an edit dataset's images all exist, fit the output size and decode: before any work
         decoded = set()  # each image decoded once, whether the training or the validation set (or both) holds it
-        check_condition_images(self.records, s.height, s.width, str(cfg.data.train), decoded)
-        check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts), decoded)
+        counts = (
+            check_condition_images(self.records, s.height, s.width, str(cfg.data.train), decoded),
+            check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts), decoded),
+        )
+        if self.val_records and (mismatch := count_mismatch(*counts, str(cfg.data.train), str(cfg.val.prompts))):
+            logger.warning(mismatch)  # once, before step 0
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
@@ -313,7 +318,8 @@ class Trainer:
                                            settings, images=condition if any(condition) else None).numpy()  # fmt: skip
         groups = np.arange(len(self.val_records)).repeat(val.n)  # a prompt's val.n samples: one group
         metadata = with_condition_images([r.reward_metadata() for r in records], condition, height, width)
-        result = self.val_rewards(images, [r.prompt for r in records], metadata, group_index=groups)
+        result = self.val_rewards(images, [r.prompt for r in records], metadata, group_index=groups,
+                                  batch=f"the validation batch (val.prompts: {val.prompts})")  # fmt: skip
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
         metrics.update(self.guard.on_validation(self.step, images))  # guard hook: drift from the first validation
         per_prompt = result.total.reshape(len(self.val_records), val.n)
