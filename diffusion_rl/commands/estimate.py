@@ -19,7 +19,7 @@ def register(subparsers) -> None:
         "See docs/estimate.md.",
     )
     p.add_argument("config", help="training config (YAML)")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, as for train")
+    p.add_argument("overrides", nargs="*", default=[], help="optional dotted key=value overrides, as for train")
     p.add_argument("--gpu", default="h100", help=f"device: {', '.join(DEVICES)}")
     p.add_argument("--gpus", type=int, default=None, help="devices (default: engine.num_workers for ray, else 1)")
     p.add_argument("--arch", default=None, help="a shipped architecture to use instead of the model directory")

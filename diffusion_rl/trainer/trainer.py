@@ -52,6 +52,7 @@ from diffusion_rl.rewards.build import build_combiner, console_rewards
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.tracking import make_trackers, plot_metrics, read_metrics
+from diffusion_rl.tracking.console import bar_shown
 from diffusion_rl.tracking.media import log_sheet, sample_sheet, save_sample
 from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
@@ -149,6 +150,7 @@ class Trainer:
             wandb=self._wandb_settings(),
             config=redact_secrets(cfg),
             console_rewards=console_rewards(cfg.rewards),  # a win rate's mean is always ½: show a readable one
+            console_early=not bar_shown(cfg.log.progress_bar),  # a log: early lines in place of the bar
         )
         # a resume keeps the rows up to its checkpoint; a start from scratch (-1) none of an earlier run's here
         self.trackers.resume_from(self.step if resume_from is not None else -1)
@@ -174,7 +176,7 @@ class Trainer:
             self.trackers.log_metrics(self.validate(), 0)
         self.start_state = self._plain_state()  # what a recovery with no checkpoint yet goes back to
         bar = tqdm(total=cfg.train.total_steps, initial=self.step, desc="train",
-                   disable=None if cfg.log.progress_bar else True, dynamic_ncols=True)  # fmt: skip
+                   disable=not bar_shown(cfg.log.progress_bar), dynamic_ncols=True)  # fmt: skip
         self.carried: dict[str, float] = {}  # the previous step's checkpoint time, logged with this step
         while self.step < cfg.train.total_steps:
             try:
