@@ -68,6 +68,9 @@ def block(cfg, arch: str, r) -> list[str]:
         f"{r.samples}/s); {r.total_steps:,}{_}steps (train.total_steps) take {_hours(r.gpu_hours / r.gpus, _)} on "
         f"{r.gpus}×{_}{GPU.upper()}: {r.gpu_hours:,.0f}{_}GPU-hours."
     )
+    if r.host_memory_gib_per_worker:  # what the memory savers keep on the CPU
+        text += (f" On the CPU: {r.host_memory_gib_per_worker:.1f}{_}GiB per worker, {r.host_memory_gib_per_node:.0f}"
+                 f"{_}GiB per node of {r.workers_per_node}{_}workers.")  # fmt: skip
     wrapped = textwrap.wrap(text, WIDTH - len(INDENT), break_on_hyphens=False)  # a figure keeps its unit: NBSP
     return [BLOCK, *(INDENT + line.replace(NBSP, " ") for line in wrapped)]
 
