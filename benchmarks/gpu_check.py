@@ -1,4 +1,4 @@
-"""The GPU check: one command that measures the real-size paths on one GPU in under 8 minutes.
+"""The GPU check: one command that measures the real-size paths on one GPU within its budget (--budget, 470 s).
 
     python benchmarks/gpu_check.py --out DIR [--dry-run] [--only sd35_lora,replay] [--budget 470]
 

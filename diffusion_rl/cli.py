@@ -250,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="RL-train a model from a YAML config")
     p.add_argument("config", help="YAML config file")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.total_steps=10")
+    p.add_argument("overrides", nargs="*", default=[],
+                   help="optional dotted key=value overrides, e.g. train.total_steps=10")  # fmt: skip
     p.set_defaults(fn=cmd_train)
 
     from diffusion_rl.models.registry import FAMILIES
@@ -294,11 +295,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-ema", action="store_true", help="with --checkpoint: the trained weights even if an EMA exists")
     p.set_defaults(fn=cmd_sample)
 
-    p = sub.add_parser("init-tiny", help="write a tiny random-weight model of a model family to a directory")
+    from diffusion_rl.models.tiny import tiny_presets
+
+    presets = "\n".join(f"  {family:<16} {', '.join(tiny_presets(family))}" for family in FAMILIES.names())
+    p = sub.add_parser("init-tiny", help="write a tiny random-weight model of a model family to a directory",
+                       epilog=f"presets of each family (--family, --preset):\n{presets}\nsd3's shapes is the "
+                       "pretrained ShapesWorld model shipped in the package.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--family", default="sd3", help=f"the model family ({', '.join(FAMILIES.names())})")
     p.add_argument("dir")
-    p.add_argument("--preset", default="base", help="the tiny model's size: base, small (each family's own list); "
-                   "sd3's shapes is the pretrained ShapesWorld model shipped in the package")  # fmt: skip
+    p.add_argument("--preset", default="base", help="the tiny model's size (the family's presets: below)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true")
     p.set_defaults(fn=cmd_init_tiny)
@@ -330,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["show", "reference"])
     p.add_argument("--markdown", action="store_true", help="reference: as Markdown tables (docs/config.md)")
     p.add_argument("config", nargs="?", default=None)
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("overrides", nargs="*", default=[], help="optional dotted key=value overrides")
     p.set_defaults(fn=cmd_config)
     return parser
 
@@ -378,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging(args.verbose)
-    if omp_decision is not None:  # one line when the machine's load made auto sleep; -v: every decision
-        omp.logger.log(logging.INFO if omp_decision.announce else logging.DEBUG, "%s", omp.describe(omp_decision))
+    if omp_decision is not None:  # -v: the decision and why; never a line before the command's own first one
+        omp.logger.debug("%s", omp.describe(omp_decision))
     try:
         args.fn(args)
     except UserError as e:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command, on the GPU machine, from the repository root (docs/gpu.md):
+# The GPU check in one command, on the GPU machine, from the repository root (benchmarks/gpu_check/MAINTAINERS.md):
 #
 #   bash scripts/gpu_check.sh            # writes gpu_check.json, gpu_check.md, gpu_check.log and packages.txt to $OUT
 #

@@ -7,8 +7,8 @@
 #
 #   bash scripts/prove_device_wheels.sh [OUT]      # OUT (default /tmp/device_wheels_proof): the dry run's record
 #
-# What it cannot prove here: the image's own versions (torch 2.11 there, 2.13 here: docs/gpu.md says how the torch
-# range was checked) and CPython 3.12 (the wheels are pure Python, the same files for 3.11 and 3.12).
+# What it cannot prove here: the image's own versions (torch 2.11 there, 2.13 here: benchmarks/gpu_check/MAINTAINERS.md
+# says how the torch range was checked) and CPython 3.12 (the wheels are pure Python, the same files for 3.11 and 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/device_wheels_proof}

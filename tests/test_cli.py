@@ -233,3 +233,24 @@ def test_sample_ode_solver_changes_the_ode_steps_only(tiny_model_dir, tmp_path):
             grids[solver] = np.asarray(image.convert("RGB")).astype(int)
     assert grids["euler"].shape == grids["ab2"].shape
     assert np.abs(grids["euler"] - grids["ab2"]).max() > 0  # 5 ODE steps: steps 1–3 are two-step ab2 steps
+
+
+@pytest.mark.parametrize("command", ["train", "estimate", "pretrain", "prepare embeddings"])
+def test_a_command_without_its_config_asks_for_the_config_only_overrides_are_optional(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(command.split())
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "the following arguments are required: config\n" in err
+    assert "[overrides ...]" in err
+
+
+def test_init_tiny_help_lists_each_familys_presets(capsys):
+    from diffusion_rl.models.registry import FAMILIES
+    from diffusion_rl.models.tiny import tiny_presets
+
+    with pytest.raises(SystemExit):
+        main(["init-tiny", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    for family in FAMILIES.names():
+        assert f"  {family:<16} {', '.join(tiny_presets(family))}" in lines
+    assert "  sd3              base, small, sd35, shapes" in lines

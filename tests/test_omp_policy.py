@@ -153,3 +153,15 @@ def test_the_cli_logs_the_policy_libgomp_then_reads():
     decided = re.search(r"idle OpenMP threads (sleep at once|spin a few ms)", log)
     assert decided is not None, log[-2000:]
     assert (decided.group(1) == "sleep at once") == (spincount == 0)
+
+
+def test_a_busy_machines_decision_is_no_line_before_the_commands_own():
+    """auto chose to sleep (the load forced here): without -v the console's first line is the command's."""
+    probe = ("import diffusion_rl.utils.omp as omp; omp.busy_cpus = lambda *a: (2.0, 2); "
+             f"from diffusion_rl.cli import main; main({[*SHOW]!r})")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in (*omp.USER_VARS, omp.SET_BY_US)} | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "OpenMP" not in done.stderr, done.stderr[-2000:]
+    verbose = subprocess.run([sys.executable, "-c", probe.replace("main([", "main(['-v', ")], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "idle OpenMP threads sleep at once" in verbose.stderr and "engine.omp_wait_policy=spin" in verbose.stderr

@@ -18,8 +18,9 @@ def markdown(record: dict) -> str:
     parts = record["parts"]
     device = (parts.get("device") or {}).get("result") or {}
     where = device.get("gpu") or "CPU (dry run)"
+    toy = " — CPU toy shapes, no measurement: its figures only show the check runs" if record["dry_run"] else ""
     lines = [
-        f"# GPU check: {where}",
+        f"# GPU check: {where}{toy}",
         "",
         f"{record['created']}; {'dry run on the CPU with tiny shapes' if record['dry_run'] else 'real-size models'}; "
         f"torch {device.get('packages', {}).get('torch', '?')}, CUDA {device.get('torch_cuda')}, driver "
@@ -163,6 +164,8 @@ def encoders_table(encoders: dict) -> list[str]:
             f"| {_f(est['encode_prompts_s'], '.3f')} | {_f(held.get('peak_above_before_gib'))} "
             f"| {_f(offloaded.get('peak_allocated_gib'))} |"
         )
-    note = ("Offloaded: the encoders on the CPU, moved to the device for the call and back (model.offload_frozen); "
-            "its seconds less the held ones are the copies `estimate` does not model.")
+    note = (
+        "Offloaded: the encoders on the CPU, moved to the device for the call and back (model.offload_frozen); "
+        "its seconds less the held ones are the copies `estimate` does not model."
+    )
     return [*lines, "", note]

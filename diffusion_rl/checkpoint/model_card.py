@@ -173,14 +173,14 @@ def _snippet(model, cfg, family, pipeline, out: Path, base: str, lora: bool, com
     dtype = str(model.dtype)
     if lora:
         pinned = f", revision={_py(commit)}" if commit else ""
-        lines.append(f"pipe = {pipeline}.from_pretrained({_py(base)}{pinned}, torch_dtype={dtype})")
+        lines.append(f"pipe = {pipeline}.from_pretrained({_py(base)}{pinned}, dtype={dtype})")
         lines.append(f"lora = {_py(str(out.resolve()))}  # this folder, or the Hub repository it was pushed to")
         for component, file in LORA_FILES.items():
             if (out / file).is_file():
                 extra = "" if component == "transformer" else ", load_into_transformer_2=True"
                 lines.append(f"pipe.load_lora_weights(lora, weight_name={_py(file)}{extra})")
     else:
-        lines.append(f"pipe = {pipeline}.from_pretrained({_py(str(out.resolve()))}, torch_dtype={dtype})")
+        lines.append(f"pipe = {pipeline}.from_pretrained({_py(str(out.resolve()))}, dtype={dtype})")
     lines.append('pipe.to("cuda" if torch.cuda.is_available() else "cpu")')
     lines.append("")
     args = [*([image] if image else []), '    prompt="a red fox in the snow",']

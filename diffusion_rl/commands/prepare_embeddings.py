@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--out", default=None, help="the cache file (*.safetensors) to write (default: model.embedding_cache, or auto)"
     )
-    p.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
+    p.add_argument("overrides", nargs="*", default=[], help="optional dotted key=value config overrides")
     p.set_defaults(fn=cmd_prepare_embeddings)
 
 

@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output directory (images/ and pairs.jsonl)")
     p.add_argument("--n", type=int, default=4, help="samples per prompt (≥ 2)")
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts of data.train")
-    p.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
+    p.add_argument("overrides", nargs="*", default=[], help="optional dotted key=value config overrides")
     p.set_defaults(fn=cmd_prepare_pairs)
 
 

@@ -17,7 +17,7 @@ def register(subparsers) -> None:
         "run.out. Resumes from the latest checkpoint in run.dir (run.resume=never starts over).",
     )
     p.add_argument("config", help="YAML pretraining config, e.g. configs/shapes_pretrain.yaml")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. flow.steps=100")
+    p.add_argument("overrides", nargs="*", default=[], help="optional dotted key=value overrides, e.g. flow.steps=100")
     p.set_defaults(fn=cmd_pretrain)
 
 

@@ -20,5 +20,5 @@ def register(subparsers) -> None:
 def cmd_report(args) -> None:
     from diffusion_rl.evaluation.report import write_report
 
-    path = write_report(args.run_dir, args.out)
-    logger.info("wrote %s and its plots", path)
+    path = write_report(args.run_dir, args.out)  # report.md, beside it report.html and the plots
+    logger.info("wrote %s (one page: open it in a browser), %s and its plots", path.with_name("report.html"), path)

@@ -182,3 +182,15 @@ def check_condition_images(
             raise
     decoded.update(distinct)
     return counts.pop() if counts else 0
+
+
+def count_mismatch(train: int, val: int, train_where: str, val_where: str) -> str | None:
+    """A warning when the validation rows carry another number of condition images than the training rows (counts
+    from `check_condition_images`), or None: validation then samples without the sources training edits, and a
+    reward that compares with them fails on the validation batch, which reads as if the training data had lost them."""
+    if train == val or not train:
+        return None
+    return (f"data.train ({train_where}) rows carry {train} condition image(s) each, val.prompts ({val_where}) rows "
+            f"{val}: validation samples {'without' if not val else 'with other'} sources, and a reward that "
+            "compares with them (source_preservation) fails on the validation batch; give val.prompts rows with the "
+            "same number of images")  # fmt: skip

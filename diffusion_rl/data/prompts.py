@@ -21,6 +21,7 @@ records.
 """
 
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
@@ -84,6 +85,15 @@ def load_prompts(path: str | Path) -> list[PromptRecord]:
     if not path.is_file():
         what = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise UserError(f"prompt file {path} {what}; check the path (relative paths start from {Path.cwd()})")
+    stat = path.stat()  # the file as it is now: a replaced or edited one (another inode, time or size) is read again
+    return list(_read_prompts(path, path.resolve(), stat.st_ino, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_prompts(path: Path, resolved: Path, inode: int, mtime_ns: int, size: int) -> tuple[PromptRecord, ...]:
+    """A prompt file read (and logged) once per process, however many parts of a command ask for it (the memory check
+    before training, the trainer, the embedding cache); its records are frozen."""
+    ext = path.suffix.lower()
     if ext == ".txt":
         records = _load_txt(path)
     elif ext == ".jsonl":
@@ -93,7 +103,7 @@ def load_prompts(path: str | Path) -> list[PromptRecord]:
     if not records:
         raise UserError(f"{path}: no prompts found; expected at least one non-blank line or row")
     logger.info("loaded %d prompts from %s", len(records), path)
-    return _cut_long_prompts(records, path)
+    return tuple(_cut_long_prompts(records, path))
 
 
 def _cut_long_prompts(records: list[PromptRecord], path: Path) -> list[PromptRecord]:

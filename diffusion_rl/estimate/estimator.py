@@ -54,6 +54,8 @@ EFFICIENCY_RANGE = Range(0, 1, lo_open=True)  # `estimate --efficiency`: a fract
 CONTEXT_GIB = 2.0  # CUDA context, fragmentation, workspaces (models/doctor.py: "typically 1–3 GB")
 GIB = 2**30
 TIGHT = 0.05  # a fit with less free device memory than this share of it is reported with a warning
+HOST_RAM_GIB = 1024.0  # `estimate --node-ram-gib`'s default: 8-GPU nodes carry 1-2 TB (a DGX H100 2 TB)
+GPUS_PER_NODE = 8  # `estimate --gpus-per-node`'s default: Ray places one worker per GPU
 CONDITION_SIZE = (384, 384)  # the size Qwen-Image-Edit's pipelines give the VL encoder's condition image (~384²)
 
 
@@ -63,6 +65,7 @@ class Estimate:
     architecture: str
     gpu: str
     gpus: int
+    samples: str  # what a sample is, for the reader: "images", or "videos" for a video family
     images_per_step: int
     # FLOPs of one step, all GPUs together
     flops_rollout: float
@@ -86,6 +89,13 @@ class Estimate:
     total_steps: int
     gpu_hours: float
     efficiency: float
+    # host memory (what the memory savers keep on the CPU), GiB: by part for one worker, and a node's workers
+    host_memory_gib: dict[str, float]
+    host_memory_gib_per_worker: float
+    workers_per_node: int
+    host_memory_gib_per_node: float
+    node_ram_gib: float
+    host_fits: bool
     assumptions: list[str]
 
     def as_dict(self) -> dict:
@@ -102,7 +112,8 @@ def lora_params(module: torch.nn.Module, targets: tuple[str, ...], rank: int) ->
 
 
 def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name: str = "", prompt_tokens: int = 64,
-             efficiency: float = EFFICIENCY) -> Estimate:  # fmt: skip
+             efficiency: float = EFFICIENCY, gpus_per_node: int = GPUS_PER_NODE,
+             node_ram_gib: float = HOST_RAM_GIB) -> Estimate:  # fmt: skip
     """Estimate one training step of `cfg` on `gpus` devices of `device` (see the module docstring). What the loss
     and the model family imply comes from their registrations: the loss's algorithm (trained and frozen calls, CFG,
     reference) and the family's adapter (transformer inputs, text tokens, condition images)."""
@@ -209,14 +220,11 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     resident = 0 if host else held / shard
     transformer_mem = held if gathered else resident + 2 * weights / cost.blocks
     gradients = trainable * master / (1 if gathered else shard) if full else trainable * 4 / shard
-    if host:
-        train_state = gradients
-    elif full:  # moments (and fp32 master weights under mixed precision) sharded; gradients gathered until the step
-        moments = 2 * trainable * master / shard
-        master_copy = trainable * master / shard if master != wbytes else 0
-        train_state = moments + master_copy + gradients
-    else:  # fp32 adapters: weights, gradients, two moments
-        train_state = 4 * trainable * 4 / shard
+    if full:  # moments (and fp32 master weights under mixed precision) sharded; gradients gathered until the step
+        optimizer_state = 2 * trainable * master / shard + (trainable * master / shard if master != wbytes else 0)
+    else:  # fp32 adapters: weights and two moments (and `gradients`)
+        optimizer_state = 3 * trainable * 4 / shard
+    train_state = gradients + (0 if host else optimizer_state)  # fsdp_cpu_offload: the state is on the host
     # model.offload_reference: the copy is on the device only for its forward, which runs before the trained one
     kl = algorithm.needs_reference(settings)
     reference = held / shard if (full and kl and not (m.offload_reference or host)) else 0
@@ -246,6 +254,20 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         "activations": checkpointed if m.gradient_checkpointing else activations,
         "context": CONTEXT_GIB * GIB,
     }
+    # host memory: what the savers take off the device stays in each worker's process on the CPU (model.offload_frozen:
+    # the frozen encoders and VAE, whole in every worker; model.offload_reference: the local engine's reference copy;
+    # engine.fsdp_cpu_offload: the worker's shards and optimizer state)
+    moved = 1 - frozen
+    host_parts = {
+        "text_encoders": moved * text_bytes,
+        "vae": moved * vae_params * wbytes,
+        **({"image_encoder": moved * image_bytes} if image else {}),
+        "reference_copy": held / shard if (full and kl and (m.offload_reference or host)) else 0,
+        "shards": held / shard if host else 0,
+        "optimizer_state": optimizer_state if host else 0,
+    }
+    host_worker = sum(host_parts.values()) / GIB
+    workers_per_node = min(gpus, gpus_per_node) if e.kind == "ray" else 1
     fixed = sum(v for k, v in memory.items() if k != "activations")
     peak_plain = (fixed + activations) / GIB
     peak_ckpt = (fixed + checkpointed) / GIB
@@ -257,6 +279,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         architecture=arch.name,
         gpu=device.key,
         gpus=gpus,
+        samples="videos" if family.adapter.video else "images",
         images_per_step=images,
         flops_rollout=(text_flops + rollout_flops + decode_flops) * gpus,
         flops_update=update_flops * gpus,
@@ -277,6 +300,12 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         total_steps=t.total_steps,
         gpu_hours=t.total_steps * step * gpus / 3600,
         efficiency=efficiency,
+        host_memory_gib={k: v / GIB for k, v in host_parts.items()},
+        host_memory_gib_per_worker=host_worker,
+        workers_per_node=workers_per_node,
+        host_memory_gib_per_node=host_worker * workers_per_node,
+        node_ram_gib=node_ram_gib,
+        host_fits=host_worker * workers_per_node <= node_ram_gib,
         assumptions=[
             f"text tokens per sample {text} (prompt tokens {prompt_tokens} where the family cuts padding)",
             f"condition images per sample {sources} (data.train's; an edit dataset not there yet: one)"

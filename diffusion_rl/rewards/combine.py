@@ -108,13 +108,16 @@ class RewardCombiner:
         prompts: list[str],
         metadata: list[dict[str, Any]],
         group_index: Sequence[int] | np.ndarray | None = None,
+        batch: str = "the batch",
     ) -> RewardResult:
         """Score and combine one batch. `group_index` [B] says which group each sample belongs to (for group
-        rewards); None groups the samples by identical prompt text."""
-        chunk = self.score(images, prompts, metadata)
-        return self.combine([chunk], metadata, images=images, prompts=prompts, group_index=group_index)
+        rewards); None groups the samples by identical prompt text. `batch` names it in warnings and errors (e.g.
+        the validation batch: a failure there is not the training data's)."""
+        chunk = self.score(images, prompts, metadata, batch)
+        return self.combine([chunk], metadata, images=images, prompts=prompts, group_index=group_index, batch=batch)
 
-    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> dict[str, Scored]:
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+              batch: str = "the batch") -> dict[str, Scored]:  # fmt: skip
         """The per-sample rewards' scores on one chunk of a batch (thread-safe: the trainer scores chunks in the
         background). Group rewards are left for `combine`, which sees whole groups."""
         batch_size = check_reward_inputs(images, prompts, metadata)
@@ -122,7 +125,7 @@ class RewardCombiner:
         for r in self.rewards:
             if not r.group:
                 scored[r.name] = score_with_retry(r.scorer_of(images), r.name, images, prompts, metadata, r.timeout_s)
-                warn_failures(r.name, scored[r.name], batch_size)
+                warn_failures(r.name, scored[r.name], batch_size, batch)
         return scored
 
     def combine(
@@ -133,6 +136,7 @@ class RewardCombiner:
         images: np.ndarray | None = None,
         prompts: list[str] | None = None,
         group_index: Sequence[int] | np.ndarray | None = None,
+        batch: str = "the batch",
     ) -> RewardResult:
         """The batch's weighted total, failures and metrics from the scores of its chunks, in order. Group rewards
         are scored here, on the whole batch: `images` and `prompts` are then required, `group_index` as in
@@ -140,16 +144,16 @@ class RewardCombiner:
         batch_size = len(metadata)
         scored = {r.name: _concat([chunk[r.name] for chunk in chunks]) for r in self.rewards if not r.group}
         if any(r.group for r in self.rewards):  # scored here, on the whole batch: a group is never split
-            scored.update(self._score_group_rewards(images, prompts, metadata, group_index))
+            scored.update(self._score_group_rewards(images, prompts, metadata, group_index, batch))
         scored = {r.name: scored[r.name] for r in self.rewards}  # the config's order, for metrics and messages
         total, failed = self._combine(scored, batch_size)
         if failed.all():
-            raise RewardFailure(all_failed_message(scored, batch_size))
+            raise RewardFailure(all_failed_message(scored, batch_size, batch))
         per_reward = {name: s.scores for name, s in scored.items()}
         metrics = reward_metrics(total, failed, per_reward, metadata)
         return RewardResult(total=total, per_reward=per_reward, failed=failed, metrics=metrics)
 
-    def _score_group_rewards(self, images, prompts, metadata, group_index) -> dict[str, Scored]:
+    def _score_group_rewards(self, images, prompts, metadata, group_index, batch) -> dict[str, Scored]:
         """The group rewards' scores, on the whole batch (`combine`)."""
         group_rewards = [r for r in self.rewards if r.group]
         if images is None or prompts is None:
@@ -159,7 +163,7 @@ class RewardCombiner:
         groups, scored = _group_index(prompts, group_index), {}
         for r in group_rewards:
             scored[r.name] = _score_groups(r, images, prompts, metadata, groups)
-            warn_failures(r.name, scored[r.name], len(metadata))
+            warn_failures(r.name, scored[r.name], len(metadata), batch)
         return scored
 
     def _combine(self, scored: dict[str, Scored], batch_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,19 +11,21 @@ from diffusion_rl.rewards.calls import RewardTimeout, Scored, describe
 logger = logging.getLogger(__name__)
 
 
-def warn_failures(name: str, s: Scored, batch_size: int) -> None:
+def warn_failures(name: str, s: Scored, batch_size: int, batch: str) -> None:
+    """`batch`: which batch, in words ("the batch", "the validation batch (val.prompts: …)")."""
     n_failed = int(s.failed.sum())
     if s.batch_error is None and n_failed == 0:
         return
     if isinstance(s.batch_error, RewardTimeout):
-        logger.warning("reward '%s' failed all %d samples of the chunk: %s", name, batch_size, s.batch_error)
+        logger.warning("reward '%s' failed all %d samples of a chunk of %s: %s", name, batch_size, batch, s.batch_error)
         return
     parts = []
     if s.batch_error is not None:
         parts.append(f"raised on the whole batch ({describe(s.batch_error)}), retried sample by sample")
     if n_failed:
         n_raised = len(s.sample_errors)
-        parts.append(f"failed on {n_failed} of {batch_size} samples ({n_raised} raised, {n_failed - n_raised} NaN/inf)")
+        parts.append(f"failed on {n_failed} of {batch_size} samples of {batch} ({n_raised} raised, "
+                     f"{n_failed - n_raised} NaN/inf)")  # fmt: skip
         if s.sample_errors:
             parts.append(f"first error: {s.first_error()}")
     else:
@@ -31,14 +33,14 @@ def warn_failures(name: str, s: Scored, batch_size: int) -> None:
     logger.warning("reward '%s' %s", name, "; ".join(parts))
 
 
-def all_failed_message(scored: dict[str, Scored], batch_size: int) -> str:
+def all_failed_message(scored: dict[str, Scored], batch_size: int, batch: str) -> str:
     lines = []
     for name, s in scored.items():
         n_failed = int(s.failed.sum())
         if n_failed:
             error = s.first_error() or "returned NaN/inf"
             lines.append(f"'{name}' failed on {n_failed}/{batch_size} ({error})")
-    return f"every sample of the batch failed its rewards: {'; '.join(lines)}"
+    return f"every sample of {batch} failed its rewards: {'; '.join(lines)}"
 
 
 def reward_metrics(

@@ -43,6 +43,7 @@ def make_trackers(
     total_steps: int | None = None,
     config: Mapping[str, Any] | None = None,
     console_rewards: Sequence[tuple[str, str]] | None = None,
+    console_early: bool = False,
 ) -> MultiTracker:
     """The run's trackers, all writing inside `run_dir`.
 
@@ -51,6 +52,7 @@ def make_trackers(
     console_every: log a console line every N steps (and at the first and the last, `total_steps`); 0 = none.
     config: the run's resolved config, recorded with the W&B run.
     console_rewards: (metric key, label) of the rewards the console line shows (default: the total, `reward/mean`).
+    console_early: also a console line at the 2nd, 4th, 8th, … step before the first periodic one (no progress bar).
     """
     if console_every < 0:
         raise UserError(f"console_every={console_every}: use N >= 1 to log every N steps, or 0 for no console line")
@@ -61,7 +63,9 @@ def make_trackers(
     if tensorboard:
         trackers.append(TensorBoardTracker(run_dir))
     if console_every > 0:
-        trackers.append(ConsoleTracker(every=console_every, total_steps=total_steps, rewards=console_rewards))
+        trackers.append(
+            ConsoleTracker(every=console_every, total_steps=total_steps, rewards=console_rewards, early=console_early)
+        )
     if wandb is not None:
         unknown = [key for key in wandb if key not in WANDB_KEYS]
         if unknown:

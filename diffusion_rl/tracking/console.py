@@ -1,4 +1,6 @@
-"""A one-line progress summary through the `logging` module: at the first step, every N steps, and at the last.
+"""A one-line progress summary through the `logging` module: at the first step, every N steps, and at the last; in a
+log without a progress bar (not a terminal) also at the 2nd, 4th, 8th, … step of the run before the first periodic
+line, so a run says how it goes (and when it ends) long before step N.
 
 Each line shows what a person can read off a run: the reward, the validation reward when there is one, the clip
 fraction and KL to the reference only when they are not zero (on-policy Flow-GRPO clips nothing, and the policy
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 
@@ -32,6 +35,12 @@ DEFAULT_FIELDS: tuple[tuple[str, str, str, bool], ...] = (
 )
 
 
+def bar_shown(enabled: bool) -> bool:
+    """Whether the trainer's progress bar is drawn (log.progress_bar, on a terminal); else the console's early lines
+    take its place."""
+    return enabled and sys.stderr.isatty()
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
@@ -41,8 +50,9 @@ def _duration(seconds: float) -> str:
 class ConsoleTracker:
     """Logs e.g. `step 20/100 | reward -0.0123 | val_reward -0.0119 | s/step 3.21 | eta 4m17s` at INFO.
 
-    A line at the first step a run logs, at every multiple of `every`, and at `total_steps`; the ETA is the mean
-    time per step so far (of this process) times the steps left.
+    A line at the first step a run logs, at every multiple of `every`, and at `total_steps`; with `early` (no progress
+    bar) also at the 2nd, 4th, 8th, … step since the first before `every`. The ETA is the mean time per step so far
+    (of this process) times the steps left.
     """
 
     def __init__(
@@ -51,11 +61,12 @@ class ConsoleTracker:
         total_steps: int | None = None,
         fields: Sequence[tuple[str, str, str, bool]] = DEFAULT_FIELDS,
         rewards: Sequence[tuple[str, str]] | None = None,
+        early: bool = False,
     ) -> None:
         """rewards: (metric key, label) to show in place of the reward total (rewards/build.py console_rewards)."""
         if every < 1:
             raise ValueError(f"ConsoleTracker(every={every}): log every N >= 1 steps (leave it out to disable)")
-        self.every, self.total_steps = every, total_steps
+        self.every, self.total_steps, self.early = every, total_steps, early
         if rewards is not None:
             shown = [(key, label, "{:.5g}", True) for key, label in rewards]
             fields = [f for field in fields for f in (shown if field == REWARD_FIELD else [field])]
@@ -69,7 +80,9 @@ class ConsoleTracker:
         first = self.first_step is None
         if first:
             self.first_step, self.start = step - 1, time.perf_counter() - float(metrics.get("timing/step", 0.0))
-        if not (first or step % self.every == 0 or step == self.total_steps):
+        done = step - self.first_step  # steps of this process: 1, 2, …
+        early = self.early and step < self.every and done & (done - 1) == 0  # a power of two
+        if not (first or early or step % self.every == 0 or step == self.total_steps):
             return
         parts = []
         for key, label, fmt, show_zero in self.fields:
@@ -80,7 +93,7 @@ class ConsoleTracker:
                 parts.append(f"{label} {fmt.format(value) if math.isfinite(value) else value}")
         where = f"{step}/{self.total_steps}" if self.total_steps else f"{step}"
         if self.total_steps and step < self.total_steps:
-            per_step = (time.perf_counter() - self.start) / (step - self.first_step)
+            per_step = (time.perf_counter() - self.start) / done
             parts.append(f"eta {_duration(per_step * (self.total_steps - step))}")
         logger.info("step %s | %s", where, " | ".join(parts))
 

@@ -33,6 +33,7 @@ from diffusion_rl.config_io.secrets import redact_secrets, refuse_redacted
 from diffusion_rl.config_io.yaml_files import to_yaml
 from diffusion_rl.data.condition_images import (
     check_condition_images,
+    count_mismatch,
     fit_rows,
     with_condition_images,
 )
@@ -49,6 +50,7 @@ from diffusion_rl.rewards.build import build_combiner, console_rewards
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.tracking import make_trackers, plot_metrics, read_metrics
+from diffusion_rl.tracking.console import bar_shown
 from diffusion_rl.tracking.media import log_sheet, sample_sheet, save_sample
 from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
@@ -99,8 +101,12 @@ class Trainer:
         self.sampler = PromptSampler(len(self.records), cfg.data.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         s = cfg.sampling  # an edit dataset's images all exist, fit the output size and decode: before any work
         decoded = set()  # each image decoded once, whether the training or the validation set (or both) holds it
-        check_condition_images(self.records, s.height, s.width, str(cfg.data.train), decoded)
-        check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts), decoded)
+        counts = (
+            check_condition_images(self.records, s.height, s.width, str(cfg.data.train), decoded),
+            check_condition_images(self.val_records, *cfg.val.size(s), str(cfg.val.prompts), decoded),
+        )
+        if self.val_records and (mismatch := count_mismatch(*counts, str(cfg.data.train), str(cfg.val.prompts))):
+            logger.warning(mismatch)  # once, before step 0
         self.rewards = build_rewards(cfg) if cfg.rewards else None
         # rewards that score validation: val.rewards, else the training rewards
         self.val_rewards = build_rewards(cfg, cfg.val.rewards, "val.rewards") if cfg.val.rewards else self.rewards
@@ -147,6 +153,7 @@ class Trainer:
             wandb=self._wandb_settings(),
             config=redact_secrets(cfg),
             console_rewards=console_rewards(cfg.rewards),  # a win rate's mean is always ½: show a readable one
+            console_early=not bar_shown(cfg.log.progress_bar),  # a log: early lines in place of the bar
         )
         # a resume keeps the rows up to its checkpoint; a start from scratch (-1) none of an earlier run's here
         self.trackers.resume_from(self.step if resume_from is not None else -1)
@@ -172,7 +179,7 @@ class Trainer:
             self.trackers.log_metrics(self.validate(), 0)
         self.start_state = self._plain_state()  # what a recovery with no checkpoint yet goes back to
         bar = tqdm(total=cfg.train.total_steps, initial=self.step, desc="train",
-                   disable=None if cfg.log.progress_bar else True, dynamic_ncols=True)  # fmt: skip
+                   disable=not bar_shown(cfg.log.progress_bar), dynamic_ncols=True)  # fmt: skip
         self.carried: dict[str, float] = {}  # the previous step's checkpoint time, logged with this step
         while self.step < cfg.train.total_steps:
             try:
@@ -302,7 +309,8 @@ class Trainer:
                                            settings, images=condition if any(condition) else None).numpy()  # fmt: skip
         groups = np.arange(len(self.val_records)).repeat(val.n)  # a prompt's val.n samples: one group
         metadata = with_condition_images([r.reward_metadata() for r in records], condition, height, width)
-        result = self.val_rewards(images, [r.prompt for r in records], metadata, group_index=groups)
+        result = self.val_rewards(images, [r.prompt for r in records], metadata, group_index=groups,
+                                  batch=f"the validation batch (val.prompts: {val.prompts})")  # fmt: skip
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
         metrics.update(self.guard.on_validation(self.step, images))  # guard hook: drift from the first validation
         per_prompt = result.total.reshape(len(self.val_records), val.n)

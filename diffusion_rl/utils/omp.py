@@ -39,7 +39,7 @@ class Decision:
     policy: str  # "passive" (threads sleep at once) or "spin" (OpenMP's default)
     reason: str
     env: dict[str, str] = field(default_factory=dict)  # what to set in the environment (nothing: leave it)
-    announce: bool = False  # auto chose to sleep: one INFO line says why and how to choose otherwise
+    announce: bool = False  # auto chose to sleep: the (-v) line says how to choose otherwise
 
 
 def user_setting(environ: Mapping[str, str]) -> dict[str, str]:

@@ -106,6 +106,7 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
         # and embeddings: a larger share at tiny sizes than the real ones' 1 %, tests/test_estimate_encoders.py)
         assert held["weights_gib"] == pytest.approx(runs["estimate"]["text_encoders_gib"], rel=0.1)
     summary = (tmp_path / "gpu_check.md").read_text()
+    assert summary.startswith("# GPU check: CPU (dry run) — CPU toy shapes, no measurement")  # in its title
     headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
                 "## model.attention_backend", "## FSDP2 worker", "## torch's cuDNN attention kernel off vs on",
                 "## CUDA's allocator: fixed blocks vs expandable", "## Text encoders at real size")  # fmt: skip
@@ -408,3 +409,22 @@ def test_a_two_expert_architecture_gets_both_transformers_at_its_size(gpu_check)
     pipeline = random_pipeline(arch, torch.device("cpu"), torch.float32, preset="a14b")
     assert len(pipeline.transformer.blocks) == len(pipeline.transformer_2.blocks) == 2
     assert pipeline.transformer is not pipeline.transformer_2 and pipeline.config.boundary_ratio == 0.875
+
+
+def test_the_users_gpu_page_holds_no_maintainers_notes_and_those_are_plain_shell_commands():
+    page = (ROOT / "docs/gpu.md").read_text(encoding="utf-8")
+    notes_only = (
+        "run(command",
+        "carry=",
+        "give_back",
+        "15 minutes",
+        ".device_wheels",
+        "next GPU session",
+        "~8 minutes",
+    )
+    for note in notes_only:
+        assert note not in page, f"docs/gpu.md speaks to users: {note!r} belongs in benchmarks/gpu_check/MAINTAINERS.md"
+    assert "python benchmarks/gpu_check.py --out" in page and "## What the check measures" in page
+    notes = (ROOT / "benchmarks/gpu_check/MAINTAINERS.md").read_text(encoding="utf-8")
+    assert "bash scripts/gpu_check.sh --only" in notes and "bash scripts/device_wheels.sh" in notes
+    assert "run(command" not in notes and "carry=" not in notes

@@ -341,3 +341,25 @@ def test_a_prompt_no_encoder_could_read_is_cut_with_a_warning(tmp_path, caplog):
     assert f"{path}: 1 prompt(s) longer than 65,536 characters (the first: prompt 2, 999,999 characters) cut" in (
         warning
     )
+
+
+def test_a_prompt_file_is_read_and_logged_once_per_process_until_it_changes(tmp_path, caplog):
+    """`train` asks for data.train in its memory check (an edit's images per row) and in the trainer: one line."""
+    import logging
+    import os
+
+    from diffusion_rl.data.prompts import condition_images_in
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "a cat"}\n{"prompt": "a dog"}\n')
+    with caplog.at_level(logging.INFO, logger="diffusion_rl.data.prompts"):
+        assert condition_images_in(path) == 0
+        first = load_prompts(path)
+        again = load_prompts(path)
+        assert [r.prompt for r in first] == [r.prompt for r in again] == ["a cat", "a dog"]
+        again.pop()  # each caller gets its own list
+        assert len(load_prompts(path)) == 2
+        assert [r.getMessage() for r in caplog.records].count(f"loaded 2 prompts from {path}") == 1
+        path.write_text('{"prompt": "a cow"}\n')  # changed: read again
+        os.utime(path, ns=(1, 1))  # even within the file system's time resolution: another size, another time
+        assert [r.prompt for r in load_prompts(path)] == ["a cow"]

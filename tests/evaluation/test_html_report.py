@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -73,10 +74,12 @@ def _png(data_uri: str) -> Image.Image:
 
 
 @pytest.fixture
-def reported_run(trained_run):
+def reported_run(trained_run, caplog):
     """A 2-step run validated at steps 0, 1, 2 with rollouts dumped every step, and its report."""
     run = trained_run("val.every=1", "val.before_train=true", "val.n=2", "log.rollout_every=1").run_dir
-    assert main(["report", str(run)]) == 0
+    with caplog.at_level(logging.INFO):
+        assert main(["report", str(run)]) == 0
+    assert f"wrote {run / 'report' / 'report.html'} (one page" in caplog.text  # the page a person opens, named
     return run
 
 

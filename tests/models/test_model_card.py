@@ -63,6 +63,7 @@ def test_lora_export_writes_a_card_whose_snippet_samples_with_the_runs_settings(
     text = (out / "README.md").read_text()
     assert "rank 4, alpha 8" in text and "at training step 1" in text and "`flow_grpo`" in text
     assert "`jpeg_compressibility` (weight 1)" in text
+    assert "from_pretrained(" in code and "torch_dtype" not in code  # diffusers' `dtype` (torch_dtype is deprecated)
 
     call, namespace = _run_snippet(code, FluxPipeline, monkeypatch, tmp_path)
     # FLUX.1-dev (guidance embedded): the scale is guidance_scale; the pipeline's default text length is 512

@@ -32,7 +32,7 @@ def test_a_reward_past_its_deadline_fails_the_chunk_naming_the_reward(release, c
         combiner(IMAGES, PROMPTS, METADATA)
     assert "'sleepy' failed on 3/3" in str(info.value)
     assert "did not return within timeout_s=0.2 s" in str(info.value)
-    assert any("reward 'sleepy' failed all 3 samples of the chunk" in r.getMessage() for r in caplog.records)
+    assert any("reward 'sleepy' failed all 3 samples of a chunk of the batch" in r.getMessage() for r in caplog.records)
 
 
 def test_a_timeout_is_not_retried_sample_by_sample(release):

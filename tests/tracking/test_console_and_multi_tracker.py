@@ -107,3 +107,28 @@ def test_make_trackers_builds_the_requested_trackers(tmp_path):
     only_jsonl.close()
     with pytest.raises(UserError, match="console_every"):
         make_trackers(tmp_path / "c", console_every=-1)
+
+
+def test_a_log_without_a_bar_hears_from_the_run_at_steps_2_4_8_before_the_first_periodic_line(caplog, monkeypatch):
+    clock = iter(float(t) for t in range(0, 100))  # made at 0; each logged step's end a second later
+    monkeypatch.setattr("diffusion_rl.tracking.console.time.perf_counter", lambda: next(clock))
+    quiet, early = ConsoleTracker(every=20, total_steps=40), ConsoleTracker(every=20, total_steps=40, early=True)
+    logged = {}
+    for name, tracker in (("quiet", quiet), ("early", early)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="diffusion_rl.tracking.console"):
+            for step in range(1, 41):
+                tracker.log_metrics({"timing/step": 1.0}, step=step)
+        logged[name] = [int(r.getMessage().split()[1].split("/")[0]) for r in caplog.records]
+    assert logged["quiet"] == [1, 20, 40]
+    assert logged["early"] == [1, 2, 4, 8, 16, 20, 40]  # powers of two below the first periodic line, then as before
+    assert "eta" in caplog.records[1].getMessage()  # progress with the time left from the first lines on
+
+
+def test_the_trainer_draws_a_bar_only_on_a_terminal_and_the_console_lines_take_its_place_in_a_log(monkeypatch):
+    from diffusion_rl.tracking.console import bar_shown
+
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+    assert not bar_shown(True)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    assert bar_shown(True) and not bar_shown(False)
