@@ -52,7 +52,7 @@ SETTINGS = {
 
 def run(overrides: list[str], steps: int) -> dict:
     """Mean step time over `steps` steps after a warm-up step, with the phase times of those steps."""
-    trainer = Trainer(load(str(ROOT / "configs/quickstart.yaml"), overrides))
+    trainer = Trainer(load(str(ROOT / "configs/quickstart_flow_grpo.yaml"), overrides))
     try:
         trainer.train_step(0)
         times, phases = [], {}

@@ -83,7 +83,7 @@ def main() -> None:
             "log.tensorboard=false",
             "log.progress_bar=false",
         ]
-        return make_trainer(load(ROOT / "configs/quickstart.yaml", overrides))
+        return make_trainer(load(ROOT / "configs/quickstart_flow_grpo.yaml", overrides))
 
     load_before = os.getloadavg()
     if args.warm_cache:  # fill the on-disk cache in a first compiled trainer, then start over with dynamo's state

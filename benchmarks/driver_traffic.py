@@ -54,12 +54,12 @@ def quickstart_shape(workdir: Path) -> dict:
     model = save_tiny(workdir / "model", "sd3", "base", seed=0)
     common = [f"model.path={model}", "val.every=0", "val.before_train=false", "log.progress_bar=false",
               "data.prompts_per_step=4", "data.group_size=4", "train.total_steps=2"]  # fmt: skip
-    local = Trainer(load(str(ROOT / "configs/quickstart.yaml"), [*common, f"run.dir={workdir / 'local'}"]))
+    local = Trainer(load(str(ROOT / "configs/quickstart_flow_grpo.yaml"), [*common, f"run.dir={workdir / 'local'}"]))
     local.source.collect(0, window_for_step(local.cfg.sampling, local.cfg.run.seed, 0), PhaseTimer())
     trajectory = payload_bytes(local.engine.kept.rows(0))  # the step's rows, kept for the update
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
-        cfg = load(str(ROOT / "configs/quickstart.yaml"),
+        cfg = load(str(ROOT / "configs/quickstart_flow_grpo.yaml"),
                    [*common, f"run.dir={workdir / 'ray'}", "engine.kind=ray", "engine.num_workers=2"])  # fmt: skip
         trainer = Trainer(cfg)
         try:

@@ -78,7 +78,7 @@ def main() -> None:
     arms = {"no cache": [], "cache": ["model.embedding_cache=auto"]}
     trainers, start_s, released = {}, {}, {}
     for arm, overrides in arms.items():
-        cfg = load(ROOT / "configs/quickstart.yaml", [f"model.path={work / 'model'}", f"run.dir={work / arm}",
+        cfg = load(ROOT / "configs/quickstart_flow_grpo.yaml", [f"model.path={work / 'model'}", f"run.dir={work / arm}",
                                                      f"model.max_sequence_length={args.length}",
                                                      f"train.total_steps={args.steps + args.warmup}", *SHARED,
                                                      *overrides])  # fmt: skip

@@ -69,7 +69,7 @@ def measured_quickstart_step(overrides: list[str]) -> float:
     from diffusion_rl.trainer import make_trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load(str(ROOT / "configs" / "quickstart.yaml"), [
+        cfg = load(str(ROOT / "configs" / "quickstart_flow_grpo.yaml"), [
             f"run.dir={tmp}/run", f"model.path={tmp}/tiny", "train.total_steps=2", "val.every=0",
             "val.before_train=false", "log.tensorboard=false", "log.progress_bar=false", "train.save_every=0",
             *overrides])  # fmt: skip
@@ -107,7 +107,7 @@ def main() -> None:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         flops, bandwidth = measure_cpu()
         cpu = DEVICES["cpu"].with_overrides(peak_tflops=flops / 1e12, bandwidth_gbs=bandwidth / 1e9)
-        quick = load(str(ROOT / "configs" / "quickstart.yaml"))
+        quick = load(str(ROOT / "configs" / "quickstart_flow_grpo.yaml"))
         measured = measured_quickstart_step([])
         arch_q = architecture_for(quick.model)
         for label, eff in (("roofline bound", 1.0), ("calibrated", EFFICIENCY)):

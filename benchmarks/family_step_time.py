@@ -32,7 +32,7 @@ from diffusion_rl.trainer import make_trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EDITS = ROOT / "configs/prompts/shapes_edits"
-FAMILIES = {  # family → overrides of configs/quickstart.yaml beyond the shared ones
+FAMILIES = {  # family → overrides of configs/quickstart_flow_grpo.yaml beyond the shared ones
     "sd3": [],
     "flux2": ["sampling.guidance=1"],  # FLUX.2-klein: step-distilled, CFG-free
     "flux2_dev": ["sampling.guidance=4"],  # FLUX.2-dev: the guidance embedding, one forward
@@ -64,7 +64,7 @@ def main() -> None:
         overrides = FAMILIES[family]
         tiny = TINY.get(family, (family, "base"))
         model_dir = save_tiny(work / f"model_{family}", *tiny, seed=0)
-        cfg = load(ROOT / "configs/quickstart.yaml", [f"model.path={model_dir}", f"run.dir={work / family}",
+        cfg = load(ROOT / "configs/quickstart_flow_grpo.yaml", [f"model.path={model_dir}", f"run.dir={work / family}",
                                                      f"train.total_steps={args.steps + args.warmup}", *SHARED,
                                                      *overrides])  # fmt: skip
         trainers[family] = make_trainer(cfg)

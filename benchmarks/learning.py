@@ -8,7 +8,7 @@ The ranking over seeds, at equal compute, is benchmarks/ranking.py; it builds on
 Each run, task `shapes` (default):
 1. The base model is the ShapesWorld model of `diffusion-rl pretrain configs/shapes_pretrain.yaml` at --model;
    when that directory holds no pretrained model, it is pretrained first (7.5 minutes on 2 idle cores).
-2. Each algorithm config (configs/quickstart.yaml is Flow-GRPO, every configs/quickstart_<name>.yaml another
+2. Each algorithm config (configs/quickstart_flow_grpo.yaml is Flow-GRPO, every configs/quickstart_<name>.yaml another
    algorithm; configs that need an offline dataset, and the editing and video ones, are skipped) trains the base
    model on the ShapesWorld training prompts with the `shapes_geneval` reward, keeping its own algorithm settings.
    Only the task is overridden: model, image size, text length, prompts, reward (plus --set overrides, applied to
@@ -89,8 +89,8 @@ def algorithm_title(config: Path) -> str:
 
 
 def algorithm_configs(only: list[str] | None) -> dict[str, Path]:
-    """name → config file: quickstart.yaml is flow_grpo; quickstart_<name>.yaml is <name>."""
-    found = {"flow_grpo": ROOT / "configs/quickstart.yaml"}
+    """name → config file: quickstart_flow_grpo.yaml is flow_grpo; quickstart_<name>.yaml is <name>."""
+    found = {"flow_grpo": ROOT / "configs/quickstart_flow_grpo.yaml"}
     for path in sorted((ROOT / "configs").glob("quickstart_*.yaml")):
         found[path.stem.removeprefix("quickstart_")] = path
     if only:

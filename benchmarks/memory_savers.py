@@ -90,7 +90,7 @@ def run_arm(model: Path, arm: str, steps: int, warmup: int, work: Path) -> dict:
 
     overrides = [f"model.path={model}", f"run.dir={work / arm}", f"train.total_steps={steps + warmup}", *STEP,
                  *ARMS[arm]]  # fmt: skip
-    trainer = make_trainer(load(ROOT / "configs/quickstart.yaml", overrides))
+    trainer = make_trainer(load(ROOT / "configs/quickstart_flow_grpo.yaml", overrides))
     built_mib = rss_mib()
     times = []
     for step in range(steps + warmup):

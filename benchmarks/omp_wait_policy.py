@@ -1,11 +1,11 @@
 """OpenMP's wait policy alone and side by side: what each costs, and what a spinning run does to one beside it (issue 26
 item 12; diffusion_rl/utils/omp.py decides the CLI's policy from these numbers).
 
-Alone: each round runs the quickstart (tiny SD3, configs/quickstart.yaml) in one fresh process per policy, in turn
-(each goes first once), through the library (not the CLI, which decides the policy itself); a process's step time is
-the median over its steps after the first of images / perf/images_per_s. Side by side: two quickstarts at once, one
-per policy of a pair; each takes one untimed step, waits for the other, then trains for --pair-seconds; a process's
-step time is the median over its steps that ran wholly while the other was training too. The pair "default +
+Alone: each round runs the quickstart (tiny SD3, configs/quickstart_flow_grpo.yaml) in one fresh process per policy,
+in turn (each goes first once), through the library (not the CLI, which decides the policy itself); a process's step
+time is the median over its steps after the first of images / perf/images_per_s. Side by side: two quickstarts at
+once, one per policy of a pair; each takes one untimed step, waits for the other, then trains for --pair-seconds; a
+process's step time is the median over its steps that ran wholly while the other was training too. The pair "default +
 passive" is a run started on a quiet machine (auto: OpenMP's default spinning) with a second one started later (auto
 sees the load: PASSIVE). Time it on a quiet machine (`cat /proc/loadavg`, below ~1.5) and say the load.
 
@@ -31,7 +31,8 @@ SETUP = """
 import json, os, statistics, sys, time
 from diffusion_rl.config import load
 from diffusion_rl.trainer import make_trainer
-cfg = load("configs/quickstart.yaml", [f"run.dir={sys.argv[1]}", f"train.total_steps={sys.argv[2]}", "val.every=0",
+cfg = load("configs/quickstart_flow_grpo.yaml", [f"run.dir={sys.argv[1]}", f"train.total_steps={sys.argv[2]}",
+                                                 "val.every=0",
                                        "train.save_every=0"])
 trainer = make_trainer(cfg)
 """

@@ -69,8 +69,8 @@ logger = logging.getLogger("ranking")
 # The compute budget of one run, in FLOPs counted by engine/flops.py: what Flow-GRPO spends in 3 minutes of training
 # time on the quiet machine. On that machine (2026-11-22, load 1.35 at the start; benchmarks/results/
 # learning_seed1.json) Flow-GRPO made 186 steps in 180.2 s of training time on this task (0.969 s/step; the seed-0
-# run beside other work made 155). Its counted FLOPs per step on the task (configs/quickstart.yaml with SHAPES: 2
-# prompts × 4, 10 SDE steps with CFG 4.5, 32 px; every step the same shapes, so the same count) are
+# run beside other work made 155). Its counted FLOPs per step on the task (configs/quickstart_flow_grpo.yaml with
+# SHAPES: 2 prompts × 4, 10 SDE steps with CFG 4.5, 32 px; every step the same shapes, so the same count) are
 # 106,983,550,976 (`python benchmarks/ranking.py --measure-step-flops`, 2026-11-26: the count depends on the
 # architecture and shapes only, not on the weights or the machine). Budget = 186 × that ≈ 1.99e13 FLOPs, exact in
 # float64, so Flow-GRPO stops after exactly 186 steps.

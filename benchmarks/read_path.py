@@ -1,7 +1,7 @@
 """The read path of one training step: which files and function lines a reader opens to follow it.
 
-Runs `Trainer.train_step` of configs/quickstart.yaml (local engine, the small tiny SD3 model at 32 px) once to warm
-up, then traces a second step with a profiler hook in every thread of the process and lists each function of
+Runs `Trainer.train_step` of configs/quickstart_flow_grpo.yaml (local engine, the small tiny SD3 model at 32 px) once
+to warm up, then traces a second step with a profiler hook in every thread of the process and lists each function of
 `diffusion_rl/` that ran, with its lines: from its first decorator to its last line, docstring included. A file's
 count is the union of its functions' lines (a nested function counts inside its parent).
 
@@ -84,7 +84,7 @@ def trace_step(overrides: list[str]) -> list[dict]:
 
     work = Path(tempfile.mkdtemp(prefix="read_path_"))
     model = save_tiny(work / "model", "sd3", "small", seed=0)
-    cfg = load(ROOT / "configs/quickstart.yaml", [
+    cfg = load(ROOT / "configs/quickstart_flow_grpo.yaml", [
         f"model.path={model}", f"run.dir={work}/run", "model.device=cpu", "train.save_every=0", "val.every=0",
         "val.before_train=false", "log.tensorboard=false", "log.progress_bar=false", "sampling.height=32",
         "sampling.width=32", *overrides])  # fmt: skip

@@ -33,7 +33,7 @@ VICTIMS = {
 
 
 def measure(overrides: list[str], pid_of) -> dict:
-    trainer = Trainer(load(str(ROOT / "configs/quickstart.yaml"), overrides))
+    trainer = Trainer(load(str(ROOT / "configs/quickstart_flow_grpo.yaml"), overrides))
     train_step, marks = trainer.train_step, {}
 
     def step(index: int):

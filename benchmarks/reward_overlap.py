@@ -77,7 +77,7 @@ def main() -> None:
         for name, overrides in rewards.items():
             times = {}
             for chunks in (1, args.chunks):
-                cfg = load(ROOT / "configs/quickstart.yaml", [
+                cfg = load(ROOT / "configs/quickstart_flow_grpo.yaml", [
                     f"run.dir={tmp}/run_{name}_{chunks}", f"model.path={model}", "data.prompts_per_step=4",
                     f"data.group_size={args.batch // 4}", f"sampling.score_chunks={chunks}", "val.prompts=null",
                     "log.tensorboard=false", *overrides,

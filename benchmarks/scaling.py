@@ -82,7 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = save_tiny(Path(tmp) / "tiny", "sd3", args.preset)
         for n in counts:
-            cfg = load(ROOT / "configs/quickstart.yaml", [
+            cfg = load(ROOT / "configs/quickstart_flow_grpo.yaml", [
                 f"run.dir={tmp}/run_{n}", f"model.path={model}", f"model.device={args.device}",
                 f"data.prompts_per_step={args.prompts}", f"data.group_size={args.group}",
                 f"train.micro_batch_size={args.prompts * args.group}", "val.prompts=null", "log.tensorboard=false",

@@ -80,7 +80,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or save_tiny(Path(tmp) / "tiny", "sd3", args.preset)
-        cfg = load(ROOT / "configs/quickstart.yaml", [
+        cfg = load(ROOT / "configs/quickstart_flow_grpo.yaml", [
             f"run.dir={tmp}/run", f"model.path={model_dir}", f"model.device={args.device}",
             f"model.dtype={args.dtype}", f"sampling.num_steps={args.steps}", f"sampling.guidance={args.guidance}",
             f"sampling.height={args.size}", f"sampling.width={args.size}", "data.prompts_per_step=1",
@@ -91,7 +91,7 @@ def main() -> None:
         results = run_benchmarks(worker, cfg, args)
         del worker
         if args.e2e_steps > 0:
-            e2e_cfg = load(ROOT / "configs/quickstart.yaml", [
+            e2e_cfg = load(ROOT / "configs/quickstart_flow_grpo.yaml", [
                 f"run.dir={tmp}/e2e", f"model.path={model_dir}", f"model.device={args.device}",
                 f"model.dtype={args.dtype}", f"sampling.num_steps={args.steps}", f"sampling.guidance={args.guidance}",
                 f"sampling.height={args.size}", f"sampling.width={args.size}", "val.prompts=null",

@@ -70,8 +70,10 @@ def cmd_train(args) -> None:
     rows = trainer.train()
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     vals = [r["val/reward/mean"] for r in rows if r.get("val/reward/mean") is not None]
-    if rewards:
-        logger.info("reward/mean: first %.5g, last %.5g", rewards[0], rewards[-1])
+    if rewards:  # one step's batch is a few prompts: its mean swings with them, so a tenth of the run each end
+        k = max(1, len(rewards) // 10)
+        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        logger.info("reward/mean: first %d step(s) %.5g, last %d %.5g", k, first, k, last)
     if len(vals) >= 2:
         logger.info("val/reward/mean: before %.5g, after %.5g", vals[0], vals[-1])
     logger.info("run directory: %s", cfg.run.dir)

@@ -100,7 +100,7 @@ def flux2_model_dir(tmp_path_factory):
 
 
 def fast_overrides(model_dir, run_dir) -> list[str]:
-    """Overrides of configs/quickstart.yaml that train the tiny model at `model_dir` fast, into `run_dir`."""
+    """Overrides of configs/quickstart_flow_grpo.yaml that train the tiny model at `model_dir` fast, into `run_dir`."""
     return [
         f"run.dir={run_dir}",
         f"model.path={model_dir}",
@@ -131,7 +131,7 @@ def fast_overrides(model_dir, run_dir) -> list[str]:
 def make_config(tiny_model_dir, tmp_path):
     """make_config(*overrides, config=quickstart) → a Config that trains the tiny model fast in tmp_path."""
 
-    def make(*overrides: str, config: str | Path = ROOT / "configs/quickstart.yaml"):
+    def make(*overrides: str, config: str | Path = ROOT / "configs/quickstart_flow_grpo.yaml"):
         return load(config, fast_overrides(tiny_model_dir, tmp_path / "run") + list(overrides))
 
     return make
@@ -142,7 +142,7 @@ def train_argv(tiny_model_dir, tmp_path):
     """train_argv(*overrides) → `diffusion-rl train` arguments that train the tiny model fast in tmp_path/run."""
 
     def argv(*overrides: str) -> list[str]:
-        quickstart = str(ROOT / "configs/quickstart.yaml")
+        quickstart = str(ROOT / "configs/quickstart_flow_grpo.yaml")
         return ["train", quickstart, *fast_overrides(tiny_model_dir, tmp_path / "run"), *overrides]
 
     return argv

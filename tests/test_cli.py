@@ -14,7 +14,7 @@ from diffusion_rl.cli import main
 from diffusion_rl.tracking import image_grid
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+QUICKSTART = str(ROOT / "configs/quickstart_flow_grpo.yaml")
 FAST_SAMPLE = ["--steps", "2", "--height", "32", "--width", "32", "--max-sequence-length", "16", "--device", "cpu"]
 
 

@@ -66,7 +66,7 @@ def test_eval_flags_out_of_their_config_keys_range_are_refused(flags, message, t
     ],
 )
 def test_estimate_flags_out_of_range_are_refused(flags, message, capsys):
-    assert main(["estimate", str(ROOT / "configs/quickstart.yaml"), *flags]) == 2
+    assert main(["estimate", str(ROOT / "configs/quickstart_flow_grpo.yaml"), *flags]) == 2
     assert message in one_error_line(capsys)
 
 

@@ -13,7 +13,7 @@ from diffusion_rl.config_io.yaml_files import to_yaml
 from diffusion_rl.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "configs/quickstart.yaml"
+QUICKSTART = ROOT / "configs/quickstart_flow_grpo.yaml"
 
 
 @pytest.mark.parametrize("mode", ["dpo", "dpo_offline", "nft", "awm"])

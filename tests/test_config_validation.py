@@ -10,7 +10,7 @@ from diffusion_rl.cli import main
 from diffusion_rl.config import load
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+QUICKSTART = str(ROOT / "configs/quickstart_flow_grpo.yaml")
 
 
 @pytest.mark.parametrize(
@@ -43,8 +43,8 @@ def test_boundary_values_load(overrides):
     load(QUICKSTART, overrides)
 
 
-GROUP_RELATIVE = ["quickstart.yaml", "quickstart_grpo_guard.yaml", "quickstart_flow_dppo.yaml", "quickstart_nft.yaml",
-                  "quickstart_awm.yaml", "quickstart_dpo.yaml"]  # fmt: skip
+GROUP_RELATIVE = ["quickstart_flow_grpo.yaml", "quickstart_grpo_guard.yaml", "quickstart_flow_dppo.yaml",
+                  "quickstart_nft.yaml", "quickstart_awm.yaml", "quickstart_dpo.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", GROUP_RELATIVE)

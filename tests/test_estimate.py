@@ -40,7 +40,7 @@ from diffusion_rl.models.families.sd3 import SD3Model
 from diffusion_rl.models.registry import FAMILIES, ModelFamily, register_family
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+QUICKSTART = str(ROOT / "configs/quickstart_flow_grpo.yaml")
 
 # a small SD3 transformer: 2 joint blocks (the last one context-pre-only), inner dim D = 4 heads × 16 = 64
 D, C, P, J, POOLED, LAYERS = 64, 4, 2, 32, 32, 2

@@ -17,7 +17,7 @@ from diffusion_rl.utils import omp
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
-SHOW = ["config", "show", str(ROOT / "configs/quickstart.yaml")]
+SHOW = ["config", "show", str(ROOT / "configs/quickstart_flow_grpo.yaml")]
 
 # requested, environment, busy CPUs (None: unknown), CPUs → policy, variables set, announced
 DECISIONS = [

@@ -1,8 +1,10 @@
 """The first 3 steps' logged numbers of every quickstart (configs/quickstart*.yaml on the local engine, and
-quickstart.yaml on a colocated Ray engine of 2 workers, quickstart_nft.yaml on one of 1) stay what they were when
-recorded in tests/fixtures/quickstart_numbers.json: a refactor of the engine or the sampler must not move them.
+quickstart_flow_grpo.yaml on a colocated Ray engine of 2 workers, quickstart_nft.yaml on one of 1) stay what they
+were when recorded in tests/fixtures/quickstart_numbers.json: a refactor of the engine or the sampler must not move
+them.
 
-Each run is shortened, not changed in kind: the small tiny models of tests/conftest.py, 32 px, 3 training steps,
+Each run is shortened, not changed in kind: the small tiny models of tests/conftest.py (quickstart.yaml: the shipped
+ShapesWorld model it trains), 32 px, 3 training steps,
 no validation or checkpoints; the sampler, window, tree, loss and rewards stay as each quickstart sets them.
 Compared: every numeric key of every metrics row except durations and speeds (`timing/`, `perf/`, `driver/`,
 `sync/`, `images_per_second`).
@@ -17,7 +19,8 @@ keeps one recording per machine fingerprint (torch version, AMX and AVX-512 flag
   branch or a missing metric, not a last-bit change; `--record` on that machine adds its fingerprint.
 
 Re-record (only when a change of numbers is intended, and say why in the commit):
-    python tests/test_quickstart_numbers.py --record
+    python tests/test_quickstart_numbers.py --record                          # every case
+    python tests/test_quickstart_numbers.py --record local:quickstart.yaml    # only these, into this machine's
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests/fixtures/quickstart_numbers.json"
 QUICKSTARTS = sorted(p.name for p in (ROOT / "configs").glob("quickstart*.yaml"))
-RAY_WORKERS = {"quickstart.yaml": 2, "quickstart_nft.yaml": 1}  # 2: the metrics reduced over workers
+RAY_WORKERS = {"quickstart_flow_grpo.yaml": 2, "quickstart_nft.yaml": 1}  # 2: the metrics reduced over workers
 CASES = [f"local:{name}" for name in QUICKSTARTS] + [f"ray:{name}" for name in RAY_WORKERS]
+SHIPPED_MODEL = "quickstart.yaml"  # trains the ShapesWorld model shipped in the package, not a small tiny model
 # the quickstarts not on sd3
 FAMILY = {"quickstart_edit.yaml": "flux_kontext", "quickstart_video.yaml": "wan", "quickstart_i2v.yaml": "wan_i2v"}
 STEPS = 3
@@ -93,7 +97,13 @@ def run_case(case: str, models: dict[str, Path], work: Path) -> list[dict[str, f
 
     kind, name = case.split(":")
     run_dir = work / case.replace(":", "_")
-    overrides = [*SHORT, f"run.dir={run_dir}", f"model.path={models[FAMILY.get(name, 'sd3')]}"]
+    if name == SHIPPED_MODEL:  # the shipped ShapesWorld model itself (32 px already), copied out as a user gets it
+        shapes = work / "shapes"
+        overrides = [*SHORT, f"run.dir={run_dir}", f"model.path={shapes}",
+                     f"data.train={shapes / 'shapes_prompts/train.jsonl'}",
+                     f"val.prompts={shapes / 'shapes_prompts/val.jsonl'}"]  # fmt: skip
+    else:
+        overrides = [*SHORT, f"run.dir={run_dir}", f"model.path={models[FAMILY.get(name, 'sd3')]}"]
     if name == "quickstart_dpo_offline.yaml":
         overrides.append(f"data.pairs={random_pair_file(work / 'pairs', 4)}")
     if kind == "ray":
@@ -165,31 +175,44 @@ def check(case: str, rows: list[dict[str, float]]) -> None:
                 assert row[key] == pytest.approx(value, nan_ok=True, **DIFFERENT_CPU), (case, step, key)
 
 
-def record() -> None:
-    """Run every case and store its numbers under this machine's fingerprint (replacing an older recording of it)."""
+def record(cases: list[str]) -> None:
+    """Run the cases (all when empty) and store their numbers under this machine's fingerprint: all of them replace
+    an older recording of it; named ones are added to it (a new quickstart, or one whose numbers changed on purpose)
+    and drop cases that no longer exist."""
     import tempfile
 
-    import ray
-
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        sys.exit(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+    data = read_fixture()
+    mine = next((r for r in data["recordings"] if r["fingerprint"] == fingerprint()), None)
+    if cases and mine is None:
+        sys.exit(f"no recording of {fingerprint()} to add cases to: record them all (--record)")
     torch.set_num_threads(THREADS)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         models = make_models(work / "models")
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+        needs_ray = any(case.startswith("ray:") for case in cases or CASES)
+        if needs_ray:
+            import ray
+
+            ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
         try:
-            result = {case: run_case(case, models, work) for case in CASES}
+            result = {case: run_case(case, models, work) for case in cases or CASES}
         finally:
-            ray.shutdown()
-    data = read_fixture()
+            if needs_ray:
+                ray.shutdown()
+    if cases:
+        result = {case: numbers for case, numbers in {**mine["numbers"], **result}.items() if case in CASES}
     data["recordings"] = [r for r in data["recordings"] if r["fingerprint"] != fingerprint()]
     data["recordings"].append({"fingerprint": fingerprint(), "numbers": result})
     FIXTURE.parent.mkdir(parents=True, exist_ok=True)
     FIXTURE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    print(f"recorded {len(result)} runs under {fingerprint()} in {FIXTURE}")
+    print(f"recorded {len(cases or CASES)} runs under {fingerprint()} in {FIXTURE}")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--record"]:
-        sys.exit("usage: python tests/test_quickstart_numbers.py --record")
+    if sys.argv[1:2] != ["--record"]:
+        sys.exit("usage: python tests/test_quickstart_numbers.py --record [CASE ...]  (e.g. local:quickstart.yaml)")
     sys.path.insert(0, str(ROOT))  # tests.helpers, as pytest imports it from the repository root
-    record()
+    record(sys.argv[2:])

@@ -179,7 +179,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     return result
 
 
-BASE_KEY = "base"  # a config file may start from another: `base: quickstart.yaml` (relative to the file)
+BASE_KEY = "base"  # a config file may start from another: `base: quickstart_flow_grpo.yaml` (relative to the file)
 
 
 def read_yaml_config(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -65,7 +65,7 @@ class ReportData:
 
     run_dir: Path
     rows: list[dict[str, Any]]
-    plots: dict[str, Path | None]  # reward, validation, guard, policy, timing
+    plots: dict[str, Path | None]  # reward, validation, before_after, guard, policy, timing
     best_val: tuple[int, float, str] | None = None  # step, value, checkpoint note
     omitted_policy: list[str] = field(default_factory=list)
     timing_total: float = 0.0
@@ -140,6 +140,12 @@ def _rewards(d: ReportData) -> str:
             "<h3>Validation reward</h3>"
             '<p class="note">Every validation is drawn as it was measured, without smoothing.</p>'
             + _img(d.plots["validation"], "validation reward")
+        )
+    if d.plots.get("before_after"):
+        parts.append(
+            "<h3>First and last validation</h3>"
+            '<p class="note">The same prompts and seeds: each prompt\'s first sample, captioned with the prompt\'s '
+            "mean reward over its samples.</p>" + _img(d.plots["before_after"], "first and last validation")
         )
     return _section("rewards", "Rewards", "".join(parts) or '<p class="note">No reward was logged.</p>')
 

@@ -5,6 +5,7 @@ samples/step_*/ (per-image validation files), rollouts/ and config.yaml. Writes 
     reward.png       training reward (and each reward's mean when there are several): each step, and a trailing
                      mean labelled as such
     validation.png   validation reward mean and best@n, each validation as measured (no smoothing)
+    before_after.png the first and the last validation's images of the first prompts, with their rewards
     guard.png        the guard's statistics with their baselines, allowed ranges and alerts
     policy.png       approx. KL to the rollout policy, KL to the reference, clip fraction, grad norm, loss; a
                      quantity that is 0 throughout (e.g. the clip fraction of an on-policy run) gets no panel
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from diffusion_rl.checkpoint.paths import CHECKPOINTS_DIR, step_dir_name
+from diffusion_rl.evaluation.before_after import plot_before_after
 from diffusion_rl.evaluation.html_report import ReportData, alert_summary, load_guard_files, write_html
 from diffusion_rl.evaluation.summary import markdown_table
 from diffusion_rl.guard.plots import plot_guard
@@ -137,6 +139,7 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     plots = {
         "reward": plot_metrics(rows, out / "reward.png", ["reward/mean", *(per_reward if len(per_reward) > 1 else [])]),
         "validation": plot_metrics(rows, out / "validation.png", ["val/reward/mean", "val/reward/best@n"]),
+        "before_after": plot_before_after(run_dir / "samples", out / "before_after.png"),
         "guard": plot_guard(rows, guard_summary, guard_alerts, out / "guard.png"),
         "policy": plot_metrics(rows, out / "policy.png", POLICY_KEYS, skip_all_zero=True),
         "timing": plot_timing(rows, out / "timing.png"),

@@ -127,11 +127,13 @@ def test_chain_entries_are_checked_like_the_first_criterion():
 def test_the_config_reads_a_chain_and_refuses_a_window_level_entry_in_bypass_mode():
     chain = "algorithm.rollout_correction.rs_chain=[{stat: k3, bound: 0.1, level: mean}]"
     first = ("algorithm.rollout_correction.rs_stat=k2", "algorithm.rollout_correction.rs_bound=0.5")
-    cfg = load(ROOT / "configs/quickstart.yaml", [*first, chain, "algorithm.rollout_correction.mode=decoupled"])
+    cfg = load(
+        ROOT / "configs/quickstart_flow_grpo.yaml", [*first, chain, "algorithm.rollout_correction.mode=decoupled"]
+    )
     (entry,) = cfg.algorithm.rollout_correction.rs_chain
     assert (entry.stat, entry.bound, entry.level) == ("k3", 0.1, "mean")
     with pytest.raises(UserError, match="rs_level=mean .criterion k3_mean."):
-        load(ROOT / "configs/quickstart.yaml", [*first, chain])
+        load(ROOT / "configs/quickstart_flow_grpo.yaml", [*first, chain])
 
 
 def test_offpolicy_diagnostics_match_a_plain_loop():

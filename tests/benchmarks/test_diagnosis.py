@@ -25,7 +25,7 @@ def test_a_run_keeps_every_steps_update_metrics(diagnosis, load_benchmark, shape
     info = load_benchmark("learning").ensure_base_model(shapes_model, threads=2)
     args = argparse.Namespace(seed=0, threads=2, steps=2, set=["sampling.num_steps=3", "data.group_size=2",
                                                                 "data.prompts_per_step=2"])  # fmt: skip
-    rows = diagnosis.run("flow_grpo", ROOT / "configs/quickstart.yaml", args, shapes_model, info, tmp_path)
+    rows = diagnosis.run("flow_grpo", ROOT / "configs/quickstart_flow_grpo.yaml", args, shapes_model, info, tmp_path)
     assert len(rows) == 2
     for row in rows:
         assert {"reward/mean", "grad_norm", "train/weight_change_rel", "clip_fraction", "approx_kl"} <= row.keys()

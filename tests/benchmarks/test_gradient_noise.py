@@ -67,11 +67,11 @@ def test_the_recorded_group_gradients_average_to_the_plain_update_gradient(noise
     info = learning.ensure_base_model(shapes_model, threads=2)
     small = ["sampling.num_steps=3", "val.n=1", "data.group_size=2", "data.prompts_per_step=2"]
     args = argparse.Namespace(seed=0, threads=2, set=small, groups=2, step=0, label="", work=str(tmp_path))
-    measured = noise.measure("flow_grpo", ROOT / "configs/quickstart.yaml", args, shapes_model, info)
+    measured = noise.measure("flow_grpo", ROOT / "configs/quickstart_flow_grpo.yaml", args, shapes_model, info)
     assert measured["groups"] == 2 and measured["parameters"] > 0
 
     # the same step through the plain update loop, the optimizer step replaced by a read of the gradient
-    cfg = learning.build_config(ROOT / "configs/quickstart.yaml", tmp_path / "plain",
+    cfg = learning.build_config(ROOT / "configs/quickstart_flow_grpo.yaml", tmp_path / "plain",
                                 argparse.Namespace(seed=0, threads=2, set=small), shapes_model, info)  # fmt: skip
     torch.manual_seed(0)
     trainer = make_trainer(cfg)

@@ -15,7 +15,7 @@ def learning(load_benchmark):
 
 def test_every_quickstart_config_is_an_algorithm(learning):
     found = learning.algorithm_configs(None)
-    assert found["flow_grpo"].name == "quickstart.yaml"
+    assert found["flow_grpo"].name == "quickstart_flow_grpo.yaml"
     assert {p.name for name, p in found.items() if name != "flow_grpo"} == {
         p.name for p in (ROOT / "configs").glob("quickstart_*.yaml")
     }
@@ -28,7 +28,9 @@ def test_a_budgeted_run_validates_at_start_and_end_and_plots(learning, shapes_mo
     args = argparse.Namespace(seed=0, threads=2, set=["data.prompts_per_step=1", "data.group_size=2",
                                                       "val.n=1", "val.num_steps=2", "sampling.num_steps=3"],
                               budget_minutes=0.02, steps=None, val_every_seconds=100.0)  # fmt: skip
-    result = learning.run_algorithm("flow_grpo", ROOT / "configs/quickstart.yaml", tmp_path, args, shapes_model, info)
+    result = learning.run_algorithm(
+        "flow_grpo", ROOT / "configs/quickstart_flow_grpo.yaml", tmp_path, args, shapes_model, info
+    )
     assert result["steps"] >= 1 and result["train_seconds"] >= 1.2
     assert [c["step"] for c in result["curve"]] == [0, result["steps"]]
     assert all(0 <= c["val_reward"] <= 1 for c in result["curve"])

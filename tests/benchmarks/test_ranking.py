@@ -129,7 +129,7 @@ def test_parse_lrs_and_the_rate_is_chosen_on_training_reward_never_validation(ra
 
 
 def run(name, lr, seed, selection, curve):
-    config = "configs/quickstart.yaml" if name == "flow_grpo" else f"configs/quickstart_{name}.yaml"
+    config = "configs/quickstart_flow_grpo.yaml" if name == "flow_grpo" else f"configs/quickstart_{name}.yaml"
     return {"algorithm": name, "config": config, "lr": lr, "seed": seed, "selection_reward": selection,
             "curve": [{"fraction": f, "val_reward": v} for f, v in curve], "val_reward_end": curve[-1][1]}  # fmt: skip
 

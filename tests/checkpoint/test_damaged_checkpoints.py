@@ -29,7 +29,13 @@ class _Payload:
 
 def _train(model_dir: Path, run: Path, *overrides: str) -> list[str]:
     lora = ["model.lora.enabled=true", "train.save_every=1"]
-    return ["train", str(ROOT / "configs/quickstart.yaml"), *fast_overrides(model_dir, run), *lora, *overrides]
+    return [
+        "train",
+        str(ROOT / "configs/quickstart_flow_grpo.yaml"),
+        *fast_overrides(model_dir, run),
+        *lora,
+        *overrides,
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,8 @@ def test_the_ray_engine_checks_the_layout_before_starting_actors(monkeypatch):
     monkeypatch.setattr(ray_cluster, "import_ray", lambda local=False: FakeRay)
     monkeypatch.setattr(ray_engine.RayEngine, "_start_trainers", lambda self: started.append(1))
     cfg = load(
-        str(ROOT / "configs/quickstart.yaml"), ["engine.kind=ray", "engine.num_workers=2", "engine.rollout=separate"]
+        str(ROOT / "configs/quickstart_flow_grpo.yaml"),
+        ["engine.kind=ray", "engine.num_workers=2", "engine.rollout=separate"],
     )
     with pytest.raises(UserError, match="needs 3 CPU"):
         ray_engine.RayEngine(cfg.engine, worker_spec(cfg))

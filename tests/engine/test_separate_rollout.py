@@ -23,7 +23,7 @@ SEPARATE = ("engine.rollout=separate", "engine.rollout_workers=1", "engine.cpus_
 # (trained on final latents: no window). One thread, 2 chunks of 2 rows: see EQUAL in conftest.py.
 NFT = ("train.lr=1e-4", "engine.num_threads=1", "sampling.score_chunks=2", "model.lora.enabled=true")
 RUNS = {
-    "flow_grpo-full-object_store": ("quickstart.yaml", ()),
+    "flow_grpo-full-object_store": ("quickstart_flow_grpo.yaml", ()),
     "nft-lora-broadcast": ("quickstart_nft.yaml", (*NFT, "engine.weight_sync=broadcast")),
 }
 

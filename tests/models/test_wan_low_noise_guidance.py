@@ -16,7 +16,7 @@ from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+QUICKSTART = str(ROOT / "configs/quickstart_flow_grpo.yaml")
 PROMPTS, NEGATIVE = ["a red ball bouncing", "a cat"], ["blurry", ""]
 
 

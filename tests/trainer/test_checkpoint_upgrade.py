@@ -52,6 +52,6 @@ def test_a_checkpoint_of_the_earlier_code_upgrades_and_resumes(tmp_path, tiny_mo
                  f"data.train={ROOT / 'configs/prompts/quickstart.txt'}", "model.lora.enabled=true",
                  "model.lora.rank=2", "model.lora.alpha=4", "sampling.num_steps=4", "train.total_steps=2",
                  "val.every=0", "val.before_train=false", "log.tensorboard=false", "log.flops=false"]  # fmt: skip
-    trainer = make_trainer(load(str(ROOT / "configs/quickstart.yaml"), overrides))
+    trainer = make_trainer(load(str(ROOT / "configs/quickstart_flow_grpo.yaml"), overrides))
     rows = trainer.train()
     assert [r["step"] for r in rows if "reward/mean" in r] == [2]  # step 1 came from the old checkpoint

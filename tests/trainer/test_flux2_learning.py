@@ -26,7 +26,7 @@ from diffusion_rl.models.tiny import save_tiny
 from .conftest import ONE_MICRO_BATCH
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = {"flow_grpo": "quickstart.yaml", "nft": "quickstart_nft.yaml"}
+CONFIGS = {"flow_grpo": "quickstart_flow_grpo.yaml", "nft": "quickstart_nft.yaml"}
 
 
 @pytest.fixture(scope="module")

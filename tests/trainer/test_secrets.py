@@ -105,7 +105,7 @@ def test_a_secret_is_in_no_file_the_run_writes_nor_in_its_wandb_run_or_console(
     if given_as == "override":
         argv += [f"rewards.0.name={reward['name']}", *(f"rewards.0.kwargs.{k}={v}" for k, v in SECRETS.items())]
     else:
-        config = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+        config = yaml.safe_load((ROOT / "configs/quickstart_flow_grpo.yaml").read_text())
         config["rewards"] = [reward]
         argv[1] = str(tmp_path / "with_key.yaml")
         Path(argv[1]).write_text(yaml.safe_dump(config))

@@ -101,7 +101,7 @@ def test_sliding_window_position_follows_the_schedule_in_the_logs(make_trainer):
 @pytest.mark.parametrize("loss", ["grpo_guard", "flow_dppo"])
 def test_sde_only_losses_reject_other_step_types(loss):
     with pytest.raises(Exception, match="sde_type=sde"):
-        load(ROOT / "configs/quickstart.yaml", [f"algorithm.loss={loss}", "sampling.sde_type=cps"])
+        load(ROOT / "configs/quickstart_flow_grpo.yaml", [f"algorithm.loss={loss}", "sampling.sde_type=cps"])
 
 
 @pytest.mark.parametrize("solver", ["ab2", "dpm2"])

@@ -17,7 +17,7 @@ EDITS = ROOT / "configs/prompts/shapes_edits"
 
 # each algorithm from its quickstart config; windows rescaled to the 4 sampling steps of the fast test config
 ALGORITHMS = {
-    "flow_grpo": ("quickstart.yaml", []),
+    "flow_grpo": ("quickstart_flow_grpo.yaml", []),
     "flow_grpo_fast": ("quickstart_fast.yaml", ["sampling.window.size=2", "sampling.window.hi=3"]),
     "mixgrpo": ("quickstart_mixgrpo.yaml", ["sampling.window.size=1", "sampling.window.iters_per_window=1"]),
     "dance_grpo": ("quickstart_dance_grpo.yaml", []),

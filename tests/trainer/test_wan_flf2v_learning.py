@@ -50,7 +50,7 @@ def test_wan_flf2v_learns_to_end_at_its_last_frame_over_three_seeds(make_trainer
     def train(seed, reward):
         return make_trainer(*REDUCED, *data, f"rewards.0.name={reward}", *rewards[reward], ONE_MICRO_BATCH,
                             f"run.seed={seed}", f"run.dir={mkdtemp(dir=tmp_path)}", f"model.path={wan_flf2v_model_dir}",
-                            config=ROOT / "configs/quickstart.yaml").train()  # fmt: skip
+                            config=ROOT / "configs/quickstart_flow_grpo.yaml").train()  # fmt: skip
 
     signals = reversal_signals(train, (0, 1, 2), tuple(rewards))
     assert sum(signals) / 3 > 0.004, f"drift-free gains of the last frame's preservation per seed {signals}"

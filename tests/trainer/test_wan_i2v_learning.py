@@ -20,7 +20,7 @@ from .conftest import ONE_MICRO_BATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 EDITS = ROOT / "configs/prompts/shapes_edits"
-CONFIGS = {"flow_grpo": "quickstart.yaml", "nft": "quickstart_nft.yaml"}
+CONFIGS = {"flow_grpo": "quickstart_flow_grpo.yaml", "nft": "quickstart_nft.yaml"}
 REDUCED = ("model.family=wan_i2v", "sampling.num_frames=5", "sampling.guidance=4.5", "data.prompts_per_step=2",
            "data.group_size=4", "train.total_steps=5", "train.lr=1e-2", "val.before_train=true", "val.every=1000",
            "val.n=2", f"data.train={EDITS / 'train.jsonl'}", f"val.prompts={EDITS / 'val.jsonl'}",

@@ -39,7 +39,7 @@ MODES = {  # mode → (config, overrides, the family the checkpoint loads as)
     "text_to_video": ("quickstart_video.yaml", ("train.total_steps=12", "val.n=4",
                                                 f"data.train={PROMPTS / 'video.txt'}",
                                                 f"val.prompts={PROMPTS / 'video_val.txt'}"), "wan"),
-    "image_to_video": ("quickstart.yaml", ("model.family=wan_i2v", "train.total_steps=8", "val.n=2",
+    "image_to_video": ("quickstart_flow_grpo.yaml", ("model.family=wan_i2v", "train.total_steps=8", "val.n=2",
                                            "rewards.0.name=source_preservation", "rewards.0.frames=last",
                                            f"data.train={SHAPES / 'train.jsonl'}",
                                            f"val.prompts={SHAPES / 'val.jsonl'}"), "wan_i2v"),

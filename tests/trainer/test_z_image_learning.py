@@ -24,7 +24,7 @@ from tempfile import mkdtemp
 from .conftest import JPEG_SIZE, ONE_MICRO_BATCH, reversal_signals
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = {"flow_grpo": ROOT / "configs/quickstart.yaml", "nft": ROOT / "configs/quickstart_nft.yaml"}
+CONFIGS = {"flow_grpo": ROOT / "configs/quickstart_flow_grpo.yaml", "nft": ROOT / "configs/quickstart_nft.yaml"}
 
 
 def _train(make_trainer, learns, model_dir, run_dir, algorithm: str, seed: int, *overrides: str) -> list[dict]:
