@@ -89,10 +89,9 @@ def algorithm_title(config: Path) -> str:
 
 
 def algorithm_configs(only: list[str] | None) -> dict[str, Path]:
-    """name → config file: quickstart_flow_grpo.yaml is flow_grpo; quickstart_<name>.yaml is <name>."""
-    found = {"flow_grpo": ROOT / "configs/quickstart_flow_grpo.yaml"}
-    for path in sorted((ROOT / "configs").glob("quickstart_*.yaml")):
-        found[path.stem.removeprefix("quickstart_")] = path
+    """name → config file: configs/quickstart_<name>.yaml is <name> (quickstart_flow_grpo.yaml: flow_grpo, the
+    reference; quickstart.yaml, the README's AWM run on this very task, is not one of them)."""
+    found = {p.stem.removeprefix("quickstart_"): p for p in sorted((ROOT / "configs").glob("quickstart_*.yaml"))}
     if only:
         unknown = sorted(set(only) - set(found))
         if unknown:
