@@ -121,7 +121,13 @@ class WeightSender:
 
 class WeightReceiver:
     """A rollout actor's side (mixed into its PolicyWorker that does not train): the pushed weights go into its
-    `default` policy, in its own dtype, as the version (training steps taken) the driver names."""
+    `default` policy, in its own dtype, as the version (training steps taken) the driver names.
+
+    A push is received at once but applied when the actor starts sampling a step (`apply_pushed_weights`, called by
+    `generate` on a step's first chunk): a push that lands between two score chunks of a step sampled ahead would
+    otherwise give that step's rows two versions."""
+
+    pushed: tuple[dict[str, torch.Tensor], int] | None = None
 
     def load_weights(self, refs: list, version: int) -> None:
         """The rollout policy's weights from the object store (`refs`: one reference, in a list so Ray passes it
@@ -145,6 +151,13 @@ class WeightReceiver:
         self._take(self.channel.receive(self.layout), version)
 
     def _take(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        self.pushed = (tensors, version)
+
+    def apply_pushed_weights(self) -> None:
+        """Load the newest pushed weights, if any came since the last load."""
+        if self.pushed is None:
+            return
+        (tensors, version), self.pushed = self.pushed, None
         self.model.policies.load_state_dict_of(DEFAULT, tensors)
         self.version = version
         logger.info("weights of version %d loaded", version)

@@ -118,6 +118,10 @@ class KeptRollouts:
                 self._by_step = {s: parts for s, parts in self._by_step.items() if s >= step}
             self._by_step.setdefault(step, []).append(traj)
 
+    def holds(self, step: int) -> bool:
+        with self._lock:
+            return bool(self._by_step.get(step))
+
     def rows(self, step: int, positions: Sequence[int] | None = None) -> Trajectory:
         """The step's kept rows (all, or those at `positions`, in that order)."""
         with self._lock:
@@ -331,8 +335,11 @@ class PolicyWorker:
         trajectory for `update`, return their images (uint8 [n, H, W, 3], a video family's [n, F, H, W, 3]; CPU)
         and which are finite. A sharded worker joins the weights' all-gather even with no rows."""
         rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
-        if not self.trains and self.version is None:
-            raise RuntimeError("no weights were pushed to this rollout actor yet")
+        if not self.trains:
+            if not self.kept.holds(step):  # a step's first chunk: pushed weights apply here, never mid-step
+                self.apply_pushed_weights()
+            if self.version is None:
+                raise RuntimeError("no weights were pushed to this rollout actor yet")
         s = self.spec.sampling
         with self.parallel.gathered(self.rollout_policy):
             if not rows:
