@@ -23,8 +23,8 @@ from diffusion_rl.data.prompts import condition_images_in, load_prompts
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import SnippetImage
 from diffusion_rl.models.export import LORA_FILES
-from diffusion_rl.models.hub import names_hub_repo
 from diffusion_rl.models.registry import family_named
+from diffusion_rl.utils.hub_ids import names_hub_repo
 
 CARD_FILE = "README.md"
 # the folder huggingface_hub's cache keeps a Hub repository's snapshots in

@@ -7,9 +7,9 @@ from typing import Literal
 
 from diffusion_rl.errors import did_you_mean
 from diffusion_rl.models.attention import backend_names
-from diffusion_rl.models.hub import names_hub_repo
 from diffusion_rl.models.registry import load_families
 from diffusion_rl.settings import Range, check, opt
+from diffusion_rl.utils.hub_ids import names_hub_repo
 
 
 @dataclass

@@ -14,7 +14,8 @@ from importlib import resources
 from pathlib import Path
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.models.hub import model_dir, names_hub_repo
+from diffusion_rl.models.hub import model_dir
+from diffusion_rl.utils.hub_ids import names_hub_repo
 
 QWEN_TEMPLATE_TOKENS = 34  # Qwen-Image's prompt template, dropped from the embeddings the transformer reads
 CLIP_TOKENS = 77

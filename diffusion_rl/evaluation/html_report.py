@@ -144,7 +144,7 @@ def _rewards(d: ReportData) -> str:
     if d.plots.get("before_after"):
         parts.append(
             "<h3>First and last validation</h3>"
-            '<p class="note">The same prompts and seeds: each prompt\'s first sample, captioned with the prompt\'s '
+            "<p class=\"note\">The same prompts and seeds: each prompt's first sample, captioned with the prompt's "
             "mean reward over its samples.</p>" + _img(d.plots["before_after"], "first and last validation")
         )
     return _section("rewards", "Rewards", "".join(parts) or '<p class="note">No reward was logged.</p>')

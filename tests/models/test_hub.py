@@ -23,10 +23,11 @@ from diffusion_rl.config import load
 from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.errors import UserError
 from diffusion_rl.estimate.architectures import architecture_for, from_model_dir
-from diffusion_rl.models.hub import model_dir, names_hub_repo
+from diffusion_rl.models.hub import model_dir
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.trainer.trainer import ensure_model
+from diffusion_rl.utils.hub_ids import names_hub_repo
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")
