@@ -157,13 +157,18 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
 
 def _in_range(f: dataclasses.Field, value: Any, path: str) -> Any:
     """``value`` when it lies in the field's range (metadata ``within``: any object with ``in`` and ``str``, e.g.
-    settings.Range); a ConfigError naming the key (a mapping's entry by its own key) and the range otherwise."""
+    settings.Range, or one with ``names`` too, settings.OneOf); a ConfigError naming the key (a mapping's entry by
+    its own key) and the range otherwise."""
     within = f.metadata.get("within")
     if within is None or value is None:
         return value
     for key, v in value.items() if isinstance(value, Mapping) else [("", value)]:
         if v is not None and v not in within:
             where = join_key(path, key) if key else path
+            names = getattr(within, "names", None)  # a set of names (settings.OneOf): said as a Literal's are
+            if names is not None:
+                hint = did_you_mean(v, names) if isinstance(v, str) else ""
+                raise ConfigError(f"config key '{where}' must be {within}; got {show(v)}{hint}", where)
             raise ConfigError(f"config key '{where}' must be in {within}, got {v!r}", where)
     return value
 
