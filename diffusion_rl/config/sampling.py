@@ -197,9 +197,9 @@ def check_tree(cfg: Config) -> None:
         "whole by one worker); set engine.kind=local or sampling.tree=null",
     )
     check(
-        cfg.algorithm.spec.family == "policy_gradient" and cfg.data.sample_source == "online",
+        cfg.algorithm.family in ("policy_gradient", None) and cfg.data.sample_source == "online",
         f"sampling.tree trains policy-gradient losses (depth-wise advantages on per-step log-probs); "
-        f"algorithm.loss={cfg.algorithm.loss} is {cfg.algorithm.spec.family}",
+        f"algorithm.loss={cfg.algorithm.loss} is {cfg.algorithm.family}",
     )
     check(
         cfg.algorithm.advantage.combine == "sum_rewards",
