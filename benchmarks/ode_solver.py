@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from diffusion_rl.config.model import LoraConfig, ModelConfig  # noqa: E402
 from diffusion_rl.models.loader import load_model  # noqa: E402
 from diffusion_rl.models.tiny import save_tiny  # noqa: E402
-from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver  # noqa: E402
+from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES, OdeSolver  # noqa: E402
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, rollout  # noqa: E402
 from diffusion_rl.sampling.window import SdeWindow  # noqa: E402
 
@@ -71,7 +71,7 @@ def main() -> None:
     ref_latents, ref_images = sample(args.reference_steps, "ab2")
     rows = []
     for steps in [*args.steps, args.reference_steps]:
-        for solver in ODE_SOLVERS:
+        for solver in ODE_SOLVER_NAMES:
             if steps == args.reference_steps and solver == "ab2":
                 continue
             latents, images = sample(steps, solver)

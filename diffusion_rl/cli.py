@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_train)
 
     from diffusion_rl.models.registry import FAMILIES
-    from diffusion_rl.sampling.ode import ODE_SOLVERS
+    from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES
     from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 
     p = sub.add_parser("sample", help="sample a labelled image grid")
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sde-type", default="ode", choices=STEP_TYPE_NAMES)
     p.add_argument("--noise-level", type=float, default=0.7)
-    p.add_argument("--ode-solver", default="euler", choices=list(ODE_SOLVERS), help="solver of the ODE steps")
+    p.add_argument("--ode-solver", default="euler", choices=ODE_SOLVER_NAMES, help="solver of the ODE steps")
     p.add_argument(
         "--max-sequence-length",
         type=int,

@@ -2,7 +2,8 @@
 
 A plugin (a loss, a preference algorithm, a reward, a model family) is one module that registers itself when
 imported. A registry names the packages its plugins live in and imports every module of them (`load_plugins`) the
-first time it is looked up, so adding a plugin is adding its file: no list of modules is kept by hand. A name
+first time it is looked up, so adding a plugin is adding its file: no list of modules is kept by hand. A registry
+may sit in a layer below its plugins (sampler_parts.py): the config checks a name without importing them. A name
 registers once; looking up an unknown name lists the known ones.
 """
 
@@ -17,9 +18,10 @@ T = TypeVar("T")
 
 
 def load_plugins(package: str) -> None:
-    """Import every module of `package` (a dotted name; a subpackage is imported as one module, its __init__)."""
+    """Import every module of `package` (a dotted name; a subpackage is imported as one module, its __init__); a
+    plain module is imported itself."""
     root = importlib.import_module(package)
-    for module in pkgutil.iter_modules(root.__path__):
+    for module in pkgutil.iter_modules(getattr(root, "__path__", ())):
         importlib.import_module(f"{package}.{module.name}")
 
 

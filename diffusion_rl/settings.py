@@ -45,6 +45,25 @@ class Range:
         return f"{'(' if self.lo_open else '['}{_number(self.lo)}, {_number(self.hi)}]"
 
 
+class OneOf:
+    """The names a registry holds (`registry.names()`, looked up when a value is checked): `opt(within=OneOf(R))` on
+    a str field refuses any other name at load in one line listing them, and the reference lists them, so a plugin's
+    name is spelled only where it registers (sampler_parts.py's registries)."""
+
+    def __init__(self, registry: Any):
+        self.registry = registry
+
+    @property
+    def names(self) -> list[str]:
+        return self.registry.names()
+
+    def __contains__(self, value: Any) -> bool:
+        return not isinstance(value, str) or value in self.names  # not a name: the type check's business
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(repr(n) for n in self.names)
+
+
 def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:g}"
 

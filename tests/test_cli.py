@@ -12,6 +12,7 @@ from PIL import Image
 
 from diffusion_rl.cli import main
 from diffusion_rl.tracking import image_grid
+from tests.helpers import check_generated
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/quickstart_flow_grpo.yaml")
@@ -105,11 +106,26 @@ def test_config_reference_lists_every_key(capsys):
 
 
 def test_docs_config_md_is_the_current_markdown_reference(capsys):
+    """Regenerated here when stale (a new loss's section with it), refused stale in CI (tests/helpers.py)."""
     assert main(["config", "reference", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert "| `train.lr` | float in (0, 1000000] |" in out and "### `model.lora`" in out
-    documented = (Path(__file__).resolve().parents[1] / "docs/config.md").read_text()
-    assert documented == out, "docs/config.md is stale: diffusion-rl config reference --markdown > docs/config.md"
+    check_generated(ROOT / "docs/config.md", out, "diffusion-rl config reference --markdown > docs/config.md")
+
+
+def test_a_stale_generated_file_is_rewritten_outside_ci_and_refused_in_it(tmp_path, monkeypatch):
+    path = tmp_path / "config.md"
+    path.write_text("old\n")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(AssertionError, match="config.md is stale: run the tests outside CI, or regen, and commit"):
+        check_generated(path, "new\n", "regen")
+    assert path.read_text() == "old\n"  # CI checks; it never hides a stale commit by fixing its own copy
+    monkeypatch.delenv("CI")
+    with pytest.warns(UserWarning, match="was stale and is regenerated: commit it"):
+        check_generated(path, "new\n", "regen")
+    assert path.read_text() == "new\n"
+    monkeypatch.setenv("CI", "true")
+    check_generated(path, "new\n", "regen")  # current: passes in CI too
 
 
 def test_init_tiny_refuses_a_non_empty_dir_without_force(tmp_path, capsys):

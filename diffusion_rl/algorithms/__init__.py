@@ -14,6 +14,7 @@ from diffusion_rl.algorithms.base import (
     LossSpec,
     TrainBatch,
     UpdatePosition,
+    loss_spec,
     make_algorithm,
     register_loss,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "Targets",
     "TrainBatch",
     "UpdatePosition",
+    "loss_spec",
     "make_algorithm",
     "register_loss",
 ]

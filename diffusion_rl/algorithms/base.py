@@ -24,9 +24,11 @@ import torch
 from tensordict import tensorclass
 
 from diffusion_rl.algorithms.credit import FlatCredit, Targets
+from diffusion_rl.errors import UserError
 from diffusion_rl.registry import Registry
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Trajectory
+from diffusion_rl.user_code import is_user_function_spec, load_user_code
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -207,6 +209,22 @@ def register_loss(name: str, *, settings: type, algorithm: type[Algorithm], sde_
     return add
 
 
+def loss_spec(name: str) -> LossSpec:
+    """The loss `name` names: a registered one, or a user's own, "package.module:fn" or "path/to/file.py:fn", whose
+    function is registered with `register_loss` (importing its module registers it). Only the user's own config
+    names one: a checkpoint's config is loaded refusing user code (user_code.py)."""
+    if not is_user_function_spec(name):
+        return LOSSES.get(name)
+    fn = load_user_code(name, "loss")
+    for _, spec in LOSSES.items():
+        if spec.fn is fn:
+            return spec
+    raise UserError(
+        f"user loss '{name}': '{name.rpartition(':')[2]}' is not a loss; decorate it with @register_loss(NAME, "
+        f"settings=..., algorithm=...) from diffusion_rl.algorithms (docs/policy_gradient.md)"
+    )
+
+
 @dataclass(frozen=True)
 class AlgorithmInputs:
     """What an `Algorithm` is built from: its config section and the few numbers it needs from the others (the run
@@ -232,7 +250,7 @@ class AlgorithmInputs:
 
     def build(self) -> Algorithm:
         """The algorithm of `section.loss`, not attached to a model yet."""
-        spec = LOSSES.get(self.section.loss)
+        spec = self.section.spec
         return spec.algorithm(self.section, spec, seed=self.seed, sampler=self.sampler,
                               reward_weights=self.reward_weights, micro_batch_size=self.micro_batch_size,
                               num_minibatches=self.num_minibatches, ppo_epochs=self.ppo_epochs,

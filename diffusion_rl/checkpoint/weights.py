@@ -18,6 +18,7 @@ from diffusion_rl.checkpoint.manifest import verify_checkpoint
 from diffusion_rl.checkpoint.paths import resolve_checkpoint
 from diffusion_rl.checkpoint.state import CONFIG_FILE, check_format, load_tensors, saved_keys
 from diffusion_rl.errors import UserError
+from diffusion_rl.user_code import refusing_user_code
 from diffusion_rl.utils.digest import weights_digest
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ def checkpoint_config(checkpoint_dir: str | Path):
     path = Path(checkpoint_dir) / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"checkpoint {checkpoint_dir} has no {CONFIG_FILE}; was it written by `diffusion-rl train`?")
-    return load(str(path))
+    with refusing_user_code(f"the {CONFIG_FILE} of checkpoint {checkpoint_dir}"):
+        return load(str(path))  # a user loss it names stays a name: sample, eval and export never import it
 
 
 def validation_sampling(cfg) -> dict:

@@ -94,10 +94,12 @@ def _upgraded_config(directory: Path):
     from diffusion_rl.config import Config
     from diffusion_rl.config_io.convert import from_dict
     from diffusion_rl.config_io.yaml_files import read_yaml_config
+    from diffusion_rl.user_code import refusing_user_code
 
     data, changes = migrate_config(read_yaml_config(directory / CONFIG_FILE))
     try:
-        cfg = from_dict(Config, data)
+        with refusing_user_code(f"the {CONFIG_FILE} of checkpoint {directory}"):  # it chooses no code to run
+            cfg = from_dict(Config, data)
     except UserError as e:
         raise UserError(f"{directory / CONFIG_FILE}: {e}") from None
     for change in changes:

@@ -16,7 +16,7 @@ FALLBACK = {"steps": 20, "guidance": 4.5, "guidance_low_noise": None, "height": 
 
 
 def register(subparsers) -> None:
-    from diffusion_rl.sampling.ode import ODE_SOLVERS  # the registries' names: no list kept here
+    from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES  # the registries' names: no list kept here
     from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 
     p = subparsers.add_parser(
@@ -65,7 +65,7 @@ def register(subparsers) -> None:
     p.add_argument("--sde-type", default="ode", choices=STEP_TYPE_NAMES)
     p.add_argument("--noise-level", type=float, default=0.7)
     p.add_argument(
-        "--ode-solver", default=None, choices=ODE_SOLVERS,
+        "--ode-solver", default=None, choices=ODE_SOLVER_NAMES,
         help="solver of the ODE steps (default: the run's validation solver, else euler)",
     )  # fmt: skip
     p.add_argument("--batch-size", type=int, default=8, help="images per forward pass and reward call")

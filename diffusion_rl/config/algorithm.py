@@ -4,14 +4,16 @@ correction; and the checks of the selected loss and family on the rest of the co
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from diffusion_rl.algorithms import LOSSES
+from diffusion_rl.algorithms import LOSSES, loss_spec
 from diffusion_rl.config.rollout_correction import RolloutCorrectionConfig
 from diffusion_rl.config_io.convert import SECTIONS
-from diffusion_rl.errors import did_you_mean
+from diffusion_rl.errors import UserError, did_you_mean
 from diffusion_rl.settings import MAX_GROUP, Range, check, opt
+from diffusion_rl.user_code import is_user_function_spec, user_code_refused
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -37,8 +39,18 @@ def losses_with_key(key: str) -> list[str]:
     return [name for name, spec in LOSSES.items() if key in {f.name for f in dataclasses.fields(spec.settings)}]
 
 
-def _loss_sections() -> dict[str, type]:
-    """Every registered loss's settings dataclass, by loss name: the sections algorithm.<loss>."""
+def _loss_sections(data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every registered loss's settings dataclass, by loss name: the sections algorithm.<loss>. When the section's
+    `data` names a user loss (algorithm.loss: file.py:fn), its module is imported first, which registers it; where
+    user code is refused (a checkpoint's config, user_code.py), the sections the data holds beyond the registered
+    ones are kept as written, unchecked."""
+    loss = data.get("loss") if isinstance(data, Mapping) else None
+    if isinstance(loss, str) and is_user_function_spec(loss):
+        if user_code_refused():
+            known = {f.name for f in dataclasses.fields(AlgorithmConfig)} | set(LOSSES.names())
+            return {**_loss_sections(), **{k: dict[str, Any] for k, v in data.items()
+                                          if k not in known and isinstance(v, Mapping)}}  # fmt: skip
+        loss_spec(loss)
     return {name: spec.settings for name, spec in LOSSES.items()}
 
 
@@ -53,7 +65,8 @@ class AlgorithmConfig:
     loss: str = opt(
         "flow_grpo",
         "The algorithm, by its registered loss (policy gradient on per-step SDE log-probs, or direct preference on "
-        "final latents); every registered loss has its settings section algorithm.<loss>.",
+        "final latents), or your own registered in your file, module:fn or file.py:fn (docs/policy_gradient.md); "
+        "every loss has its settings section algorithm.<the name it registers>.",
     )
     timestep_fraction: float = opt(
         1.0, "Policy gradient: fraction of the window's steps trained per sample.", within=Range(0, 1, lo_open=True)
@@ -89,29 +102,50 @@ class AlgorithmConfig:
             f"algorithm.{owners[0]}.{key}); `diffusion-rl checkpoint upgrade DIR` converts a checkpoint's config.yaml"
         )
 
+    # False for a user loss named by a checkpoint's config: kept by name, its section as written, never imported
+    loaded: bool = field(default=True, init=False, repr=False, compare=False)
+
     def __post_init__(self):
-        check(
-            self.loss in LOSSES,
-            f"algorithm.loss '{self.loss}' is not a registered loss{did_you_mean(self.loss, LOSSES.names())}; "
-            f"known: {', '.join(LOSSES.names())}",
-        )
+        if is_user_function_spec(self.loss):
+            if user_code_refused():
+                self.loaded = False
+                return
+        else:
+            check(
+                self.loss in LOSSES,
+                f"algorithm.loss '{self.loss}' is not a registered loss{did_you_mean(self.loss, LOSSES.names())}; "
+                f"known: {', '.join(LOSSES.names())}; or name your own, module:fn or file.py:fn",
+            )
+        spec = loss_spec(self.loss)
         # only the selected loss's section is kept (at its defaults when the config has none): the others were
         # checked, but a run never reads them, and a written config.yaml should not suggest it does
-        self.losses = {self.loss: self.losses.get(self.loss) or LOSSES.get(self.loss).settings()}
+        self.losses = {spec.name: self.losses.get(spec.name) or spec.settings()}
 
     @property
     def settings(self):
-        """The selected loss's settings (its section algorithm.<loss>)."""
-        return self.losses[self.loss]
+        """The selected loss's settings (its section algorithm.<loss>, by the name it registers under)."""
+        return self.losses[self.spec.name]
 
     @property
     def spec(self):
         """The selected loss's registration: its function, settings class, algorithm and constraints."""
-        return LOSSES.get(self.loss)
+        if not self.loaded:
+            raise UserError(
+                f"algorithm.loss '{self.loss}' is a user loss named by a checkpoint's config, which is not imported: "
+                f"a checkpoint cannot choose code to run; train with your own config to use it"
+            )
+        return loss_spec(self.loss)
+
+    @property
+    def family(self) -> str | None:
+        """The selected loss's family; None for a checkpoint's user loss, which is not imported."""
+        return self.spec.family if self.loaded else None
 
 
 def check_algorithm(cfg: Config) -> None:
     """The selected loss's own constraints, its family's, and its settings' on the sampling and data sections."""
+    if not cfg.algorithm.loaded:
+        return  # a checkpoint's user loss: its run checked it
     alg, spec = cfg.algorithm, cfg.algorithm.spec
     check(
         not spec.sde_only or cfg.sampling.sde_type == "sde",

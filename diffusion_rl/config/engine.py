@@ -162,7 +162,7 @@ def check_engine(cfg: Config) -> None:
         "engine.rollout=colocated",
     )
     rc = cfg.algorithm.rollout_correction
-    if e.staleness_bound > 0 and cfg.algorithm.spec.family == "policy_gradient" and rc.mode == "bypass":
+    if e.staleness_bound > 0 and cfg.algorithm.family == "policy_gradient" and rc.mode == "bypass":
         # rows sampled by older weights: the PPO anchor is the current weights, the IS weight corrects the rest
         logger.info(
             "engine.max_staleness=%d, sync_every=%d: rows may be up to %d updates stale; "

@@ -7,7 +7,19 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_FRAMES, MAX_GROUP, MAX_PIXELS, MAX_STEPS, Range, check, opt
+from diffusion_rl.sampler_parts import ODE_SOLVERS, STEP_TYPES
+from diffusion_rl.settings import (
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_FRAMES,
+    MAX_GROUP,
+    MAX_PIXELS,
+    MAX_STEPS,
+    OneOf,
+    Range,
+    check,
+    opt,
+)
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -87,15 +99,18 @@ class SamplingConfig:
         "Frames of each sample: 1 for images; a video family (wan) takes 4k + 1, e.g. 9, 33 or 81.",
         within=Range(1, MAX_FRAMES),
     )
-    sde_type: Literal["sde", "cps", "dance_sde", "ode"] = opt(
-        "sde", "Stochastic step inside the window; ode: deterministic sampling (direct_preference family only)."
+    sde_type: str = opt(
+        "sde",
+        "Stochastic step inside the window; ode: deterministic sampling (direct_preference family only).",
+        within=OneOf(STEP_TYPES),
     )
     noise_level: float = opt(0.7, "SDE noise level a (η for dance_sde).", within=Range(0, 10))
-    ode_solver: Literal["euler", "dpm2", "ab2"] = opt(
+    ode_solver: str = opt(
         "euler",
         "Solver of the ODE steps outside the SDE window, one model call per step either way: euler (1st order); "
         "dpm2: DPM-Solver++(2M), as MixGRPO-Flash; ab2: 2-step Adams–Bashforth on the velocity (2nd order on "
         "σ-uniform schedules). SDE steps and log-probs are unchanged.",
+        within=OneOf(ODE_SOLVERS),
     )
     window: WindowConfig = opt(WindowConfig, "Which steps are stochastic (and trained).", factory=True)
     share_initial_noise: bool = opt(False, "Same initial noise for every sample of a prompt's group.")
@@ -182,9 +197,9 @@ def check_tree(cfg: Config) -> None:
         "whole by one worker); set engine.kind=local or sampling.tree=null",
     )
     check(
-        cfg.algorithm.spec.family == "policy_gradient" and cfg.data.sample_source == "online",
+        cfg.algorithm.family in ("policy_gradient", None) and cfg.data.sample_source == "online",
         f"sampling.tree trains policy-gradient losses (depth-wise advantages on per-step log-probs); "
-        f"algorithm.loss={cfg.algorithm.loss} is {cfg.algorithm.spec.family}",
+        f"algorithm.loss={cfg.algorithm.loss} is {cfg.algorithm.family}",
     )
     check(
         cfg.algorithm.advantage.combine == "sum_rewards",

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from diffusion_rl.config.data import RewardSpec
-from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, Range, check, opt
+from diffusion_rl.sampler_parts import ODE_SOLVERS
+from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, OneOf, Range, check, opt
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -78,8 +79,8 @@ class ValConfig:
     width: int | None = opt(
         None, "Width of validation samples in pixels (null = sampling.width).", within=Range(1, MAX_PIXELS)
     )
-    ode_solver: Literal["euler", "dpm2", "ab2"] | None = opt(
-        None, "ODE solver of validation samples (null = sampling.ode_solver)."
+    ode_solver: str | None = opt(
+        None, "ODE solver of validation samples (null = sampling.ode_solver).", within=OneOf(ODE_SOLVERS)
     )
     guidance: float | None = opt(None, "CFG for validation (null = sampling.guidance).", within=Range(1, 100))
     guidance_low_noise: float | None = opt(

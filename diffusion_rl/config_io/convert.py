@@ -105,14 +105,15 @@ def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
     return {name: ft for name, ft in _all_fields(cls).items() if SECTIONS not in ft[0].metadata}
 
 
-def _sections_field(cls: type) -> tuple[str, dict[str, type]] | None:
-    """A dataclass may hold one field `name: dict[str, Any]` with metadata {"sections": fn, "help": text}: fn()
-    gives the sections registered now ({key: dataclass}, e.g. each loss's settings). In YAML they sit directly in
-    the parent section (`algorithm.nft.nft_beta`), not under `name`; the field holds the given ones, built. The
-    help text describes each section, with `{key}` standing for its key."""
+def _sections_field(cls: type, data: Mapping[str, Any] | None = None) -> tuple[str, dict[str, type]] | None:
+    """A dataclass may hold one field `name: dict[str, Any]` with metadata {"sections": fn, "help": text}: fn(data)
+    gives the sections registered now ({key: type}, e.g. each loss's settings dataclass), `data` being the section's
+    plain data when one is built (None otherwise), which may register more (a user loss its config names). In YAML
+    they sit directly in the parent section (`algorithm.nft.nft_beta`), not under `name`; the field holds the given
+    ones, built. The help text describes each section, with `{key}` standing for its key."""
     for name, (f, _) in _all_fields(cls).items():
         if SECTIONS in f.metadata:
-            return name, f.metadata[SECTIONS]()
+            return name, f.metadata[SECTIONS](data)
     return None
 
 
@@ -129,7 +130,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
     if not isinstance(data, Mapping):
         raise _type_error(cls, data, path)
     fields = _fields(cls)
-    extra = _sections_field(cls)
+    extra = _sections_field(cls, data)
     registered = extra[1] if extra else {}
     for key in data:
         if key not in fields and key not in registered:
@@ -137,7 +138,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
     kwargs = {}
     if extra:
         kwargs[extra[0]] = {
-            key: from_dict(registered[key], value, join_key(path, key))
+            key: _convert(registered[key], value, join_key(path, key))
             for key, value in data.items()
             if key in registered
         }
@@ -157,13 +158,18 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
 
 def _in_range(f: dataclasses.Field, value: Any, path: str) -> Any:
     """``value`` when it lies in the field's range (metadata ``within``: any object with ``in`` and ``str``, e.g.
-    settings.Range); a ConfigError naming the key (a mapping's entry by its own key) and the range otherwise."""
+    settings.Range, or one with ``names`` too, settings.OneOf); a ConfigError naming the key (a mapping's entry by
+    its own key) and the range otherwise."""
     within = f.metadata.get("within")
     if within is None or value is None:
         return value
     for key, v in value.items() if isinstance(value, Mapping) else [("", value)]:
         if v is not None and v not in within:
             where = join_key(path, key) if key else path
+            names = getattr(within, "names", None)  # a set of names (settings.OneOf): said as a Literal's are
+            if names is not None:
+                hint = did_you_mean(v, names) if isinstance(v, str) else ""
+                raise ConfigError(f"config key '{where}' must be {within}; got {show(v)}{hint}", where)
             raise ConfigError(f"config key '{where}' must be in {within}, got {v!r}", where)
     return value
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from typing import Union
 
 import yaml
 
@@ -58,9 +61,15 @@ def describe_markdown(cls: type, title: str) -> str:
 
 
 def _type_text(f: dataclasses.Field, tp) -> str:
-    """The field's type, with its allowed range when it has one ('int in [1, 8192]')."""
+    """The field's type, with its allowed range when it has one ('int in [1, 8192]'); a str field that takes the
+    names of a registry lists them as a Literal's ("one of 'ab2', 'dpm2', 'euler' | null")."""
     within = f.metadata.get("within")
-    return type_name(tp) if within is None else f"{type_name(tp)} in {within}"
+    if within is None:
+        return type_name(tp)
+    if getattr(within, "names", None) is not None:
+        options = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
+        return " | ".join(str(within) if a is str else type_name(a) for a in options)
+    return f"{type_name(tp)} in {within}"
 
 
 def _default_text(f: dataclasses.Field) -> str:

@@ -48,7 +48,7 @@ from diffusion_rl.evaluation.targets import Target
 from diffusion_rl.models.image_size import require_size
 from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.rewards import RewardCombiner, RewardFailure, WeightedReward, make_reward
-from diffusion_rl.sampling.ode import ODE_SOLVERS
+from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 from diffusion_rl.sampling.window import default_window
@@ -104,8 +104,8 @@ class EvalSettings:
             raise UserError(f"--steps must be ≥ 2 for SDE sampling, got {self.num_steps}")
         if self.sde_type not in STEP_TYPE_NAMES:
             raise UserError(f"--sde-type {self.sde_type!r} is unknown; known: {', '.join(STEP_TYPE_NAMES)}")
-        if self.ode_solver not in ODE_SOLVERS:
-            raise UserError(f"--ode-solver {self.ode_solver!r} is unknown; known: {', '.join(ODE_SOLVERS)}")
+        if self.ode_solver not in ODE_SOLVER_NAMES:
+            raise UserError(f"--ode-solver {self.ode_solver!r} is unknown; known: {', '.join(ODE_SOLVER_NAMES)}")
         if self.sheet_prompts < 1:
             raise UserError(f"--sheet-prompts must be ≥ 1, got {self.sheet_prompts}")
 

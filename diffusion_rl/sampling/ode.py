@@ -48,17 +48,46 @@ ODE steps that follow an ODE step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from diffusion_rl.sampler_parts import ODE_SOLVERS
 from diffusion_rl.sampling.sde import ode_step
 
-ODE_SOLVERS: tuple[str, ...] = ("euler", "dpm2", "ab2")
+
+@dataclass(frozen=True)
+class Multistep:
+    """A second-order solver: the quantity it extrapolates (fp32) and the weight of (this step's − the previous
+    step's) added to the Euler step, from (σ_prev, σ, σ_next); a weight of None takes the first-order step."""
+
+    quantity: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    weight: Callable[[float, float, float], float | None]
 
 
 def _lambda(sigma: float) -> float:
     """λ = log((1 − σ)/σ), the log signal-to-noise half-ratio; finite for 0 < σ < 1."""
     return math.log1p(-sigma) - math.log(sigma)
+
+
+def _dpm2_weight(sigma_prev: float, sigma: float, sigma_next: float) -> float | None:
+    if sigma_next <= 0 or sigma_prev >= 1:  # λ infinite: first order (see the module docstring)
+        return None
+    h = _lambda(sigma_next) - _lambda(sigma)
+    h_prev = _lambda(sigma) - _lambda(sigma_prev)
+    return (1 - sigma_next / sigma) * h / (2 * h_prev)
+
+
+def _ab2_weight(sigma_prev: float, sigma: float, sigma_next: float) -> float:
+    h, h_prev = sigma_next - sigma, sigma - sigma_prev
+    return h * h / (2 * h_prev)
+
+
+ODE_SOLVERS.register("euler")(None)  # first order: no history
+ODE_SOLVERS.register("dpm2")(Multistep(lambda x, v, sigma: x.float() - sigma * v.float(), _dpm2_weight))  # x0̂
+ODE_SOLVERS.register("ab2")(Multistep(lambda x, v, sigma: v.float(), _ab2_weight))  # the velocity
+ODE_SOLVER_NAMES: tuple[str, ...] = tuple(ODE_SOLVERS.names())
 
 
 class OdeSolver:
@@ -67,8 +96,9 @@ class OdeSolver:
 
     def __init__(self, name: str):
         if name not in ODE_SOLVERS:
-            raise ValueError(f"unknown ODE solver '{name}'; known: {', '.join(ODE_SOLVERS)}")
+            raise ValueError(f"unknown ODE solver '{name}'; known: {', '.join(ODE_SOLVER_NAMES)}")
         self.name = name
+        self._multistep: Multistep | None = ODE_SOLVERS.get(name)
         self._prev: tuple[torch.Tensor, float] | None = None  # (x0̂ for dpm2, v for ab2; fp32) and its σ
 
     def reset(self) -> None:
@@ -78,19 +108,12 @@ class OdeSolver:
     def step(self, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float) -> torch.Tensor:
         """x at σ_next (fp32) from x at σ and the velocity v there."""
         x_next = ode_step(x, v, sigma, sigma_next, 0.0).prev_sample  # the first-order (Euler) step
-        if self.name == "euler":
+        if self._multistep is None:
             return x_next
-        # the quantity the solver extrapolates: the data prediction x0̂ (dpm2) or the velocity (ab2)
-        current = x.float() - sigma * v.float() if self.name == "dpm2" else v.float()
+        current = self._multistep.quantity(x, v, sigma)
         prev, self._prev = self._prev, (current, sigma)
         if prev is None:
             return x_next
         previous, sigma_prev = prev
-        if self.name == "ab2":
-            h, h_prev = sigma_next - sigma, sigma - sigma_prev
-            return x_next + (h * h / (2 * h_prev)) * (current - previous)
-        if sigma_next <= 0 or sigma_prev >= 1:  # λ infinite: first order (see the module docstring)
-            return x_next
-        h = _lambda(sigma_next) - _lambda(sigma)
-        h_prev = _lambda(sigma) - _lambda(sigma_prev)
-        return x_next + ((1 - sigma_next / sigma) * h / (2 * h_prev)) * (current - previous)
+        weight = self._multistep.weight(sigma_prev, sigma, sigma_next)
+        return x_next if weight is None else x_next + weight * (current - previous)

@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.models.guidance import Guidance
-from diffusion_rl.sampling.ode import ODE_SOLVERS, OdeSolver
+from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES, OdeSolver
 from diffusion_rl.sampling.sde import Generators, StepOutput, check_sigmas, get_step
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.tree import TreeNodes, TreeSpec
@@ -57,8 +57,8 @@ class SamplerSettings:
     guidance_low_noise: float | None = None  # two timestep experts: the low-noise one's scale (None: `guidance`)
 
     def __post_init__(self):
-        if self.ode_solver not in ODE_SOLVERS:
-            raise ValueError(f"unknown ODE solver '{self.ode_solver}'; known: {', '.join(ODE_SOLVERS)}")
+        if self.ode_solver not in ODE_SOLVER_NAMES:
+            raise ValueError(f"unknown ODE solver '{self.ode_solver}'; known: {', '.join(ODE_SOLVER_NAMES)}")
         if self.latents_dtype not in DTYPES:
             raise ValueError(f"unknown latents dtype '{self.latents_dtype}'; known: {', '.join(DTYPES)}")
 

@@ -2,7 +2,7 @@
 
 The model predicts a velocity v at noise level sigma (x_sigma = (1 - sigma)·x0 + sigma·noise, so v ≈ noise - x0);
 a step moves x from `sigma` down to `sigma_next`. RL on such a model needs steps that draw noise and report the
-Gaussian log-density of what they drew. Step types, registered by name in `STEP_TYPES`:
+Gaussian log-density of what they drew. Step types, registered by name in `STEP_TYPES` (sampler_parts.py):
 
 - `ode`: the plain Euler step of the flow ODE. No noise, log-prob 0.
 - `sde`: the reverse-time SDE with the same marginals as the ODE, discretised with Euler–Maruyama, as in
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.registry import Registry
+from diffusion_rl.sampler_parts import STEP_TYPES
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
@@ -60,9 +60,6 @@ class StepFn(Protocol):
 
 class UnknownStepTypeError(UserError, ValueError):
     """An unknown step type name: a user config error that is also a ValueError for callers that catch those."""
-
-
-STEP_TYPES: Registry[StepFn] = Registry("step type")
 
 
 def get_step(name: str) -> StepFn:

@@ -224,3 +224,28 @@ def test_a_checkpoint_cannot_choose_reward_code_to_run(nested, trained_run, tiny
     assert (tmp_path / "ran").exists()
     if not nested:
         assert main([*argv, "--force", "--reward", f"{evil}:fn"]) == 0  # or names it on the command line
+
+
+def test_a_checkpoint_cannot_choose_loss_code_to_run(trained_run, tiny_model_dir, tmp_path):
+    """A user loss (algorithm.loss: file.py:fn) named only by a checkpoint's config.yaml stays a name: eval, sample
+    and export read the checkpoint without importing it, and the config refuses to hand out the loss."""
+    import yaml
+
+    from diffusion_rl.checkpoint.weights import checkpoint_config
+    from diffusion_rl.errors import UserError
+
+    run = trained_run().run_dir
+    ckpt = run / "checkpoints" / "step_000002"
+    evil = tmp_path / "evil.py"
+    evil.write_text(EVIL)
+    config = yaml.safe_load((ckpt / "config.yaml").read_text())
+    config["algorithm"] = {"loss": f"{evil}:fn", "evil_loss": {"scale": 2}}
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(config))
+    write_manifest(ckpt)
+
+    cfg = checkpoint_config(ckpt)
+    assert cfg.algorithm.loss == f"{evil}:fn" and cfg.algorithm.losses == {"evil_loss": {"scale": 2}}
+    with pytest.raises(UserError, match="a checkpoint cannot choose code to run"):
+        _ = cfg.algorithm.spec
+    assert main(eval_argv(tiny_model_dir, tmp_path / "eval", ckpt, n=1)) == 0
+    assert not (tmp_path / "ran").exists()  # nothing of the file ran

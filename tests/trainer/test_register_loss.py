@@ -1,9 +1,13 @@
 """Adding a loss is one file: its settings, its function, one registration. Here, a toy policy-gradient loss —
-the plain REINFORCE-with-ratio term −A·ratio, scaled — trained for two steps from the config alone."""
+the plain REINFORCE-with-ratio term −A·ratio, scaled — trained for two steps from the config alone; and the same
+loss in a user's own file, named by `algorithm.loss: file.py:fn` or `module:fn` as a reward is."""
 
 from __future__ import annotations
 
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,3 +63,87 @@ def test_its_keys_are_documented_and_checked_like_every_other(toy, make_config):
 def test_a_name_registers_once():
     with pytest.raises(ValueError, match="loss 'flow_grpo' is already registered"):
         register_loss("flow_grpo", settings=ToySettings, algorithm=PolicyGradient)(toy_loss)
+
+
+USER_LOSS = """
+import pathlib
+from dataclasses import dataclass
+
+import torch
+
+from diffusion_rl.algorithms import LossOutput, register_loss
+from diffusion_rl.algorithms.policy_gradient import PolicyGradient, PolicyLossSettings
+from diffusion_rl.settings import opt
+
+pathlib.Path(__file__).with_name("imported").write_text("yes")
+
+
+@dataclass
+class MineSettings(PolicyLossSettings):
+    scale: float = opt(1.0, "Multiplies the loss.")
+
+
+@register_loss("{name}", settings=MineSettings, algorithm=PolicyGradient)
+def mine(inp, cfg):
+    ratio_B = torch.exp(inp.log_prob - inp.old_log_prob)
+    return LossOutput((-inp.advantages * ratio_B * cfg.scale).mean(), {{"mine/ratio_mean": ratio_B.detach().mean()}})
+
+
+def plain(inp, cfg):
+    return None
+"""
+
+
+@pytest.fixture
+def user_loss(tmp_path):
+    """user_loss(name) → the folder of a file my_loss_<name>.py registering loss `name` when imported."""
+    made = []
+
+    def write(name: str):
+        (tmp_path / f"my_loss_{name}.py").write_text(textwrap.dedent(USER_LOSS.format(name=name)))
+        made.append(name)
+        return tmp_path
+
+    yield write
+    for name in made:
+        if name in LOSSES:
+            LOSSES.remove(name)
+
+
+def test_a_loss_in_the_users_own_file_trains_from_the_config(user_loss, make_trainer):
+    folder = user_loss("mine_file")
+    trainer = make_trainer(f"algorithm.loss={folder}/my_loss_mine_file.py:mine", "algorithm.mine_file.scale=2.0",
+                           "train.total_steps=1")  # fmt: skip
+    assert trainer.cfg.algorithm.settings.scale == 2.0 and trainer.cfg.algorithm.spec.name == "mine_file"
+    rows = trainer.train()
+    assert rows[0]["mine/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # its own metric: its function ran
+    # the run's config.yaml keeps the name as the user wrote it
+    assert f"loss: {folder}/my_loss_mine_file.py:mine" in Path(trainer.cfg.run.dir, "config.yaml").read_text()
+
+
+def test_a_loss_in_a_users_module_is_named_module_colon_fn(user_loss, make_config, monkeypatch):
+    monkeypatch.syspath_prepend(str(user_loss("mine_module")))
+    cfg = make_config("algorithm.loss=my_loss_mine_module:mine", "algorithm.mine_module.scale=3")
+    assert cfg.algorithm.settings.scale == 3.0 and cfg.algorithm.spec.fn is sys.modules["my_loss_mine_module"].mine
+    with pytest.raises(
+        UserError, match=r"key 'algorithm.mine_module.scal' .*did you mean 'algorithm.mine_module.scale'"
+    ):
+        make_config("algorithm.loss=my_loss_mine_module:mine", "algorithm.mine_module.scal=3")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("{d}/absent.py:mine", "user loss file '{d}/absent.py' does not exist"),
+        ("{d}/my_loss_bad.py:mien", "user loss '{d}/my_loss_bad.py:mien': '{d}/my_loss_bad.py' has no attribute 'mien' "
+                                    "(did you mean 'mine'?)"),
+        ("{d}/my_loss_bad.py:plain", "user loss '{d}/my_loss_bad.py:plain': 'plain' is not a loss; decorate it with "
+                                     "@register_loss"),
+        ("no_such_module_xyz:mine", "user loss module 'no_such_module_xyz' not found"),
+    ],
+)  # fmt: skip
+def test_a_bad_user_loss_is_one_line_naming_it(user_loss, make_config, spec, message):
+    folder = user_loss("bad")
+    with pytest.raises(UserError) as e:
+        make_config(f"algorithm.loss={spec.format(d=folder)}")
+    assert message.format(d=folder) in str(e.value) and "\n" not in str(e.value)
