@@ -56,7 +56,10 @@ def test_each_loss_has_its_own_defaults_and_only_its_section_is_kept(loss, expec
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["algorithm.loss=dpx"], r"'dpx' is not a registered loss \(did you mean 'dpo'\?\); known: awm, dgpo, dpo"),
+        (
+            ["algorithm.loss=dpx"],
+            r"'dpx' is not a registered loss \(did you mean 'dpo'\?\); known: awm, crd, dgpo, dpo",
+        ),
         (["algorithm.family=direct_preference"], r"'algorithm.family' is gone: the family follows from algorithm.loss"),
         (["algorithm.clip_range=0.1"], r"'algorithm.clip_range' moved into the loss's own section"),
         (["algorithm.flow_grpo.clip_rang=0.1"], r"unknown config key 'algorithm.flow_grpo.clip_rang' \(did you mean"),
@@ -106,6 +109,8 @@ def test_each_loss_has_its_own_defaults_and_only_its_section_is_kept(loss, expec
             ["algorithm.loss=dgpo", "sampling.sde_type=ode", "algorithm.dgpo.reference_guidance=0.5"],
             r"'algorithm.dgpo.reference_guidance' must be in \[1, 100\], got 0.5",
         ),
+        (["algorithm.loss=crd"], r"crd trains on deterministic rollouts: set sampling.sde_type=ode, got sde"),
+        (["algorithm.loss=crd", "sampling.sde_type=ode", "algorithm.crd.kl_beta=1e-5"], r"set kl_beta ≥ 0.0001"),
     ],
 )
 def test_mismatches_are_user_errors(overrides, message):

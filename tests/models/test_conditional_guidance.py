@@ -61,6 +61,6 @@ def test_dgpo_reference_guidance_runs_the_reference_guided(load, tiny_model_dir)
     model.velocity = spy
     x_t = torch.randn((2, *model.latent_shape(32, 32)), generator=torch.Generator().manual_seed(0))
     cond = model.encode_prompts(["a red cube", "a blue ball"])
-    algorithm._reference_velocity(x_t, torch.tensor([0.3, 0.7]), cond)
+    algorithm.reference_velocity(x_t, torch.tensor([0.3, 0.7]), cond, algorithm.settings.reference_guidance)
     algorithm.velocity_of("old", x_t, torch.tensor([0.3, 0.7]), cond)
     assert seen == [4.5, 1.0]

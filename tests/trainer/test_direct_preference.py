@@ -15,8 +15,11 @@ from diffusion_rl.trainer.trainer import Trainer
 from tests.helpers import random_pair_file
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = {mode: ROOT / f"configs/quickstart_{mode}.yaml" for mode in ("dpo", "nft", "awm", "dgpo", "dpo_offline")}
+CONFIGS = {
+    mode: ROOT / f"configs/quickstart_{mode}.yaml" for mode in ("dpo", "nft", "awm", "dgpo", "crd", "dpo_offline")
+}
 DGPO_SHORT = "algorithm.dgpo.train_timesteps=3"  # 4 sampling steps: step indices 0..2
+CRD_SHORT = "algorithm.crd.train_timesteps=2"
 
 
 def _velocities(trainer) -> dict[str, torch.Tensor]:
@@ -155,6 +158,34 @@ def test_dgpo_without_clip_or_kl_keeps_no_old_policy(make_trainer):
     assert "dgpo/old_decay" not in rows[0] and rows[0]["dgpo/clip_fraction"] == 0
 
 
+def test_crd_old_and_sampling_policies_follow_their_schedules(make_trainer):
+    schedules = ("algorithm.crd.old_decay_start=0.25", "algorithm.crd.old_decay_slope=0.25",
+                 "algorithm.crd.sampling_delay=2", "algorithm.crd.sampling_decay_slope=0.5")  # fmt: skip
+    trainer = make_trainer("train.total_steps=3", CRD_SHORT, *schedules, config=CONFIGS["crd"])
+    assert set(_velocities(trainer)) == {"default", "old", "sampling", "reference"}
+    assert trainer.engine.rollout_policy == "sampling"  # the `sampling` copy samples every rollout
+    history = _record_weights(trainer, ("default", "old", "sampling"))
+    rows = trainer.train()
+    old, sampling = dict(history[0]["default"]), dict(history[0]["default"])
+    for k, (d_old, d_sampling) in enumerate([(0.5, 0.0), (0.75, 0.0), (0.999, 0.5)], start=1):
+        theta = history[k]["default"]
+        old = {n: d_old * old[n] + (1 - d_old) * theta[n] for n in old}
+        sampling = {n: d_sampling * sampling[n] + (1 - d_sampling) * theta[n] for n in sampling}
+        for n in old:
+            torch.testing.assert_close(history[k]["old"][n], old[n])
+            torch.testing.assert_close(history[k]["sampling"][n], sampling[n])
+    assert [r["crd/old_decay"] for r in rows] == pytest.approx([0.5, 0.75, 0.999])  # capped at old_decay_max
+    assert [r["crd/sampling_decay"] for r in rows] == pytest.approx([0.0, 0.0, 0.5])
+
+
+def test_crd_with_the_reference_as_baseline_keeps_no_old_policy(make_trainer):
+    options = ("train.total_steps=1", CRD_SHORT, "algorithm.crd.old_reference=false", "algorithm.crd.kl_beta=0")
+    trainer = make_trainer(*options, config=CONFIGS["crd"])
+    assert set(_velocities(trainer)) == {"default", "sampling", "reference"}
+    rows = trainer.train()
+    assert "crd/old_decay" not in rows[0] and rows[0]["kl_ref"] == 0
+
+
 def test_dpo_takes_no_step_when_every_group_ties(make_trainer, user_reward, weights):
     constant = user_reward("return np.full(len(images), 0.5, dtype=np.float32)")
     trainer = make_trainer(f"rewards.0.name={constant}", "train.total_steps=1", config=CONFIGS["dpo"])
@@ -173,6 +204,7 @@ def test_dpo_takes_no_step_when_every_group_ties(make_trainer, user_reward, weig
         ("nft", ("algorithm.nft.old_decay=fixed", "algorithm.nft.old_decay_value=0.3")),
         ("awm", ("sampling.num_steps=8", "algorithm.awm.ema_beta=0.5", "algorithm.awm.kl_beta=0.1")),
         ("dgpo", (DGPO_SHORT, "algorithm.dgpo.kl_beta=0.1")),
+        ("crd", (CRD_SHORT,)),
     ],
 )
 def test_gradient_accumulation_matches_one_big_micro_batch(make_trainer, weights, tmp_path, mode, options):
@@ -184,9 +216,9 @@ def test_gradient_accumulation_matches_one_big_micro_batch(make_trainer, weights
         return weights(trainer)
 
     small, big = run(2), run(8)  # dpo: 1 pair vs 4 pairs; dgpo: 1 group vs 2; others 2 rows vs 4 (the whole batch)
-    # dgpo trains every row of a chunk at one t: some timestep-embedding gradients are ~1e-8, about Adam's eps, where
-    # its first step lr·g/(|g| + eps) turns float rounding into ~1e-6 (measured 4e-6 on one element at lr 1e-3)
-    atol = 1e-5 if mode == "dgpo" else 1e-6
+    # dgpo and crd train every row of a chunk at one t: some timestep-embedding gradients are ~1e-8, about Adam's eps,
+    # where its first step lr·g/(|g| + eps) turns float rounding into ~1e-6 (measured 4e-6 and 3e-6 on one element)
+    atol = 1e-5 if mode in ("dgpo", "crd") else 1e-6
     for key in big:
         torch.testing.assert_close(small[key], big[key], rtol=1e-4, atol=atol)
 
@@ -203,8 +235,9 @@ def _comparable(row: dict) -> dict:
         ("awm", ("sampling.num_steps=8", "algorithm.awm.ema_beta=0.5", "train.num_minibatches=2")),
         ("dpo", ("sampling.sde_type=sde",)),
         ("dgpo", (DGPO_SHORT, "train.num_minibatches=2", "train.ppo_epochs=2")),
+        ("crd", (CRD_SHORT, "algorithm.crd.sampling_delay=1", "algorithm.crd.sampling_decay_slope=0.5")),
     ],
-    ids=["nft-lora", "nft-full", "awm-ema-minibatches", "dpo-sde", "dgpo-minibatches-epochs"],
+    ids=["nft-lora", "nft-full", "awm-ema-minibatches", "dpo-sde", "dgpo-minibatches-epochs", "crd-lagging-sampler"],
 )
 def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, mode, options):
     common = (*options, "train.save_every=2", "val.every=2", "train.warmup_steps=3")
@@ -222,8 +255,8 @@ def test_resumed_run_equals_a_straight_run(make_trainer, tmp_path, mode, options
     assert ran == [2, 3]
     assert [_comparable(r) for r in resumed_rows] == [_comparable(r) for r in straight_rows]
     a, b = straight.engine.model.policies, resumed.engine.model.policies
-    assert _named(a) == _named(b) and len(_named(a)) == (1 if mode == "dpo" else 2)
-    for name in _named(a):  # the trained policy and the `old` / `ema` adapter
+    assert _named(a) == _named(b) and len(_named(a)) == {"dpo": 1, "crd": 3}.get(mode, 2)
+    for name in _named(a):  # the trained policy and the `old` / `ema` / `sampling` adapters
         wa, wb = a.state_dict_of(name), b.state_dict_of(name)
         assert all(torch.equal(wa[k], wb[k]) for k in wa), name
 

@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # DPO at β = 2000 (the config default): at lr 1e-2 and 32 px it learns where the quickstart's 100 (tuned at 64 px,
 # lr 1e-3) does not reliably
 DPO_OFFLINE = ("algorithm.dpo.dpo_beta=2000",)
+CRD = ("sampling.num_steps=8", ONE_MICRO_BATCH)
+CRD_CONFIG = ROOT / "configs/quickstart_crd.yaml"
 MODES = {
     "nft": (ONE_MICRO_BATCH,),
     "awm": ("sampling.num_steps=8", ONE_MICRO_BATCH),
@@ -95,6 +97,20 @@ def test_dgpo_follows_the_reward_against_the_drift(make_trainer, learns, user_re
     (signal,) = reversal_signals(train, (seed,), ("jpeg_compressibility", user_reward(JPEG_SIZE)))
     # one byte of JPEG is 2e-6 of reward: ask for more than a few bytes after the drift
     assert signal > 1e-5, f"dgpo seed {seed}: drift-free gain {signal:.3g}"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_crd_follows_the_reward_against_the_drift(make_trainer, learns, user_reward, tmp_path, seed):
+    """CRD raises JPEG compressibility, and JPEG size when rewarded for it: the mean of the two runs' gains (the
+    drift cancelled) is positive on every seed."""
+
+    def train(seed: int, reward: str) -> list[dict]:
+        return make_trainer(*learns, f"run.seed={seed}", *CRD, f"rewards.0.name={reward}",
+                            f"run.dir={mkdtemp(dir=tmp_path)}", config=CRD_CONFIG).train()  # fmt: skip
+
+    (signal,) = reversal_signals(train, (seed,), ("jpeg_compressibility", user_reward(JPEG_SIZE)))
+    # one byte of JPEG is 2e-6 of reward: ask for more than a few bytes after the drift
+    assert signal > 1e-5, f"crd seed {seed}: drift-free gain {signal:.3g}"
 
 
 def test_offline_dpo_on_prepared_pairs_improves_the_validation_reward(make_config, make_trainer, learns, tmp_path):

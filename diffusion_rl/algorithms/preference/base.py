@@ -1,4 +1,4 @@
-"""What the direct-preference / forward-process algorithms (Diffusion-DPO, DiffusionNFT, AWM) share.
+"""What the direct-preference / forward-process algorithms (Diffusion-DPO, DiffusionNFT, AWM, DGPO, CRD) share.
 
 These train on the final clean latents x0 of rollouts, re-noised by the forward process
 x_t = (1 - t) * x0 + t * eps with fresh eps, instead of on the sampler's per-step log-probs, so their rollouts
@@ -13,9 +13,11 @@ a sample's draws never depend on the batch it is in, and a resumed run draws the
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, tensorclass
 
-from diffusion_rl.algorithms.base import Algorithm, loss_names
+from diffusion_rl.algorithms.base import Algorithm, TrainBatch, loss_names
+from diffusion_rl.algorithms.credit import Targets
+from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import check
 
 
@@ -42,6 +44,17 @@ def check_same_shape(like: torch.Tensor, like_name: str, **tensors: torch.Tensor
     for name, value in tensors.items():
         if value is not None and value.shape != like.shape:
             raise ValueError(f"{name} {tuple(value.shape)} must have {like_name}'s shape {tuple(like.shape)}")
+
+
+def check_groups(v: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor | None, **like_v) -> None:
+    """A group unit's inputs: v [U, G, ...], advantages [U, G], weights [U] or None, and `like_v` shaped as v."""
+    if v.ndim < 3:
+        raise ValueError(f"v must be [U, G, ...] with at least 3 dims; got {tuple(v.shape)}")
+    check_same_shape(v, "v", **like_v)
+    if tuple(advantages.shape) != tuple(v.shape[:2]):
+        raise ValueError(f"advantages must be [U, G] = {tuple(v.shape[:2])}; got {tuple(advantages.shape)}")
+    if weights is not None and tuple(weights.shape) != (v.shape[0],):
+        raise ValueError(f"weights must be [U] = ({v.shape[0]},); got {tuple(weights.shape)}")
 
 
 def detached(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -128,3 +141,69 @@ class ForwardProcess(Algorithm):
                 return self.velocity(x_t, t_B, cond)
         with self.model.using(policy):
             return self.velocity(x_t, t_B, cond)
+
+    @torch.no_grad()
+    def reference_velocity(self, x_t: torch.Tensor, t_B: torch.Tensor, cond: TensorDict, guidance: float | None):
+        """The frozen reference's velocity: conditional as the policy's (guidance None), or at that CFG scale."""
+        if guidance is None:
+            return self.velocity_of("reference", x_t, t_B, cond)
+        with self.model.reference():
+            return self.model.velocity(x_t, t_B, cond, guidance)
+
+
+@tensorclass
+class GroupUnits:
+    """The update's units when a unit is a prompt's whole group: its G rows side by side."""
+
+    traj: Trajectory  # [U, G]
+    advantages: torch.Tensor  # [U, G]
+    weight: torch.Tensor  # [U] 1, or 0 for a group that only pads this worker's share
+
+
+class GroupProcess(ForwardProcess):
+    """A forward-process algorithm whose unit is a prompt's whole group (DGPO, CRD), on ODE rollouts: a micro-batch
+    holds ⌊train.micro_batch_size / G⌋ groups (at least one) and every worker trains whole groups."""
+
+    group_rows = 1  # G, the rows of a unit: set by `begin` from the batch (every group of a step has the same size)
+
+    @classmethod
+    def check_config(cls, algorithm, sampling, sample_source) -> None:
+        super().check_config(algorithm, sampling, sample_source)
+        check(
+            sampling.sde_type == "ode",
+            f"algorithm.loss={algorithm.loss} trains on deterministic rollouts: set sampling.sde_type=ode, got "
+            f"{sampling.sde_type}",
+        )
+
+    def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
+        """The credit's advantages, and each row's group: the update's unit (`unit_rows`)."""
+        targets, metrics = self.credit.targets(scored, group_index)
+        targets.group_index = group_index.long()
+        return targets, metrics
+
+    def unit_rows(self, targets: Targets) -> list[list[int]]:
+        """Each group's rows, groups in order of first appearance."""
+        rows: dict[int, list[int]] = {}
+        for row, group in enumerate(targets.group_index.tolist()):
+            rows.setdefault(group, []).append(row)
+        return list(rows.values())
+
+    def begin(self, batch: TrainBatch, step: int) -> tuple[GroupUnits, dict[str, float]]:
+        traj = batch.traj
+        groups = traj.ids.group_index
+        order = torch.argsort(groups, stable=True)  # each group's rows together, in row order
+        _, sizes = torch.unique_consecutive(groups[order], return_counts=True)
+        if len(sizes) and bool((sizes != sizes[0]).any()):
+            raise ValueError(
+                f"{self.section.loss} trains whole groups of one size; this worker holds groups of {sizes.tolist()}"
+            )
+        U = len(sizes)
+        G = int(sizes[0]) if U else 1
+        self.group_rows = G
+        units = GroupUnits(traj=traj[order].reshape(U, G), advantages=batch.targets.advantages[order].view(U, G),
+                           weight=torch.ones(U, device=traj.device), batch_size=[U])  # fmt: skip
+        return units, {}
+
+    @property
+    def micro_size(self) -> int:
+        return max(1, self.micro_batch_size // self.group_rows)  # groups per micro-batch

@@ -36,19 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDict, tensorclass
 
-from diffusion_rl.algorithms.base import (
-    LossOutput,
-    LossSettings,
-    TrainBatch,
-    UpdatePosition,
-    register_loss,
-)
-from diffusion_rl.algorithms.credit import Targets
+from diffusion_rl.algorithms.base import LossOutput, LossSettings, UpdatePosition, register_loss
 from diffusion_rl.algorithms.preference.base import (
-    ForwardProcess,
-    check_same_shape,
+    GroupProcess,
+    GroupUnits,
+    check_groups,
     detached,
     forward_noise,
     metric_mean,
@@ -56,7 +49,6 @@ from diffusion_rl.algorithms.preference.base import (
     ramped_decay,
     weighted,
 )
-from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.settings import MAX_STEPS, Range, check, opt
 from diffusion_rl.utils.seeding import make_generator
 
@@ -75,15 +67,7 @@ class DgpoInput:
     weights: torch.Tensor | None = None  # [U] per group (0: a group that only pads a worker's share); None: all 1
 
     def __post_init__(self):
-        if self.v.ndim < 3:
-            raise ValueError(f"v must be [U, G, ...] with at least 3 dims; got {tuple(self.v.shape)}")
-        check_same_shape(self.v, "v", target=self.target, v_ref=self.v_ref, v_old=self.v_old)
-        if tuple(self.advantages.shape) != tuple(self.v.shape[:2]):
-            raise ValueError(
-                f"advantages must be [U, G] = {tuple(self.v.shape[:2])}; got {tuple(self.advantages.shape)}"
-            )
-        if self.weights is not None and tuple(self.weights.shape) != (self.v.shape[0],):
-            raise ValueError(f"weights must be [U] = ({self.v.shape[0]},); got {tuple(self.weights.shape)}")
+        check_groups(self.v, self.advantages, self.weights, target=self.target, v_ref=self.v_ref, v_old=self.v_old)
 
 
 def group_errors(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -150,26 +134,7 @@ def keeps_old(settings) -> bool:
     return settings.clip or settings.clip_kl or settings.ema_reference
 
 
-@tensorclass
-class DgpoUnits:
-    """The update's units: one per group, its G rows side by side."""
-
-    traj: Trajectory  # [U, G]
-    advantages: torch.Tensor  # [U, G]
-    weight: torch.Tensor  # [U] 1, or 0 for a group that only pads this worker's share
-
-
-class Dgpo(ForwardProcess):
-    group_rows = 1  # G, the rows of a unit: set by `begin` from the batch (every group of a step has the same size)
-
-    @classmethod
-    def check_config(cls, algorithm, sampling, sample_source) -> None:
-        super().check_config(algorithm, sampling, sample_source)
-        check(
-            sampling.sde_type == "ode",
-            f"algorithm.loss=dgpo trains on deterministic rollouts: set sampling.sde_type=ode, got {sampling.sde_type}",
-        )
-
+class Dgpo(GroupProcess):
     @classmethod
     def needs_reference(cls, settings) -> bool:
         return not settings.ema_reference or settings.kl_beta > 0
@@ -188,41 +153,10 @@ class Dgpo(ForwardProcess):
         if keeps_old(self.settings):
             model.policies.add(OLD)
 
-    def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
-        """The credit's advantages, and each row's group: the update's unit (`unit_rows`)."""
-        targets, metrics = self.credit.targets(scored, group_index)
-        targets.group_index = group_index.long()
-        return targets, metrics
-
-    def unit_rows(self, targets: Targets) -> list[list[int]]:
-        """Each group's rows, groups in order of first appearance."""
-        rows: dict[int, list[int]] = {}
-        for row, group in enumerate(targets.group_index.tolist()):
-            rows.setdefault(group, []).append(row)
-        return list(rows.values())
-
-    def begin(self, batch: TrainBatch, step: int) -> tuple[DgpoUnits, dict[str, float]]:
-        traj = batch.traj
-        groups = traj.ids.group_index
-        order = torch.argsort(groups, stable=True)  # each group's rows together, in row order
-        _, sizes = torch.unique_consecutive(groups[order], return_counts=True)
-        if len(sizes) and bool((sizes != sizes[0]).any()):
-            raise ValueError(f"dgpo trains whole groups of one size; this worker holds groups of {sizes.tolist()}")
-        U = len(sizes)
-        G = int(sizes[0]) if U else 1
-        self.group_rows = G
-        units = DgpoUnits(traj=traj[order].reshape(U, G), advantages=batch.targets.advantages[order].view(U, G),
-                          weight=torch.ones(U, device=traj.device), batch_size=[U])  # fmt: skip
-        return units, {}
-
-    @property
-    def micro_size(self) -> int:
-        return max(1, self.micro_batch_size // self.group_rows)  # groups per micro-batch
-
-    def chunks(self, units: DgpoUnits) -> int:
+    def chunks(self, units: GroupUnits) -> int:
         return self.settings.train_timesteps
 
-    def loss(self, units: DgpoUnits, k: int, at: UpdatePosition) -> LossOutput:
+    def loss(self, units: GroupUnits, k: int, at: UpdatePosition) -> LossOutput:
         s = self.settings
         U, G = units.advantages.shape
         traj = units.traj.reshape(U * G)
@@ -237,7 +171,7 @@ class Dgpo(ForwardProcess):
         x_t = forward_noise(x0, eps, t_N)
         cond = traj.cond
         # the frozen forwards first: the reference's then never coincides with the trained forward's activations
-        v_ref = self._reference_velocity(x_t, t_N, cond) if self.needs_reference(s) else None
+        v_ref = self.reference_velocity(x_t, t_N, cond, s.reference_guidance) if self.needs_reference(s) else None
         v_old = self.velocity_of(OLD, x_t, t_N, cond) if keeps_old(s) else None
         v = self.velocity(x_t, t_N, cond)
         shape = (U, G, *x0.shape[1:])
@@ -250,15 +184,6 @@ class Dgpo(ForwardProcess):
             weights=units.weight,
         )
         return self.loss_fn(inp, s)
-
-    @torch.no_grad()
-    def _reference_velocity(self, x_t: torch.Tensor, t_N: torch.Tensor, cond: TensorDict) -> torch.Tensor:
-        """The frozen reference's velocity: conditional as the policy's, or at reference_guidance (CFG)."""
-        guidance = self.settings.reference_guidance
-        if guidance is None:
-            return self.velocity_of("reference", x_t, t_N, cond)
-        with self.model.reference():
-            return self.model.velocity(x_t, t_N, cond, guidance)
 
     def end(self, step: int) -> dict[str, float]:
         if not keeps_old(self.settings):
