@@ -1,11 +1,23 @@
 """Loading a benchmark script (benchmarks/ is no package) as a module; a tiny pretrained ShapesWorld model."""
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def restore_logging_levels():
+    """A benchmark's setup_logging quiets the package's loggers for its own run; later tests in this process must
+    not inherit that (a test reading an INFO line would see nothing)."""
+    names = ("", "diffusion_rl", "diffusers", "transformers")
+    levels = {name: logging.getLogger(name).level for name in names}
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -77,7 +77,7 @@ def _png(data_uri: str) -> Image.Image:
 def reported_run(trained_run, caplog):
     """A 2-step run validated at steps 0, 1, 2 with rollouts dumped every step, and its report."""
     run = trained_run("val.every=1", "val.before_train=true", "val.n=2", "log.rollout_every=1").run_dir
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="diffusion_rl"):
         assert main(["report", str(run)]) == 0
     assert f"wrote {run / 'report' / 'report.html'} (one page" in caplog.text  # the page a person opens, named
     return run
