@@ -25,6 +25,11 @@ class TrainingDiverged(RunStopped):
     """Too many consecutive updates had a non-finite loss or gradient norm."""
 
 
+class WeightsUnchanged(RunStopped):
+    """An optimizer step with a gradient and a learning rate, or a rollout actor's load of pushed weights, left every
+    weight exactly as it was (engine/fingerprint.py): the update or the sync does not reach the model."""
+
+
 class GuardStopped(RunStopped):
     """The reward-hacking guard ended the run (guard.action stop or rollback); the message says how to go on."""
 

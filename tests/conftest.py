@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The fixtures that start a local Ray cluster (every one: tests/test_xdist_groups.py finds them): their tests run in
 # one xdist worker, one after another (`--dist loadgroup`), so two clusters never share the 2 cores and the engine
 # tests' shared cluster stays shared.
-RAY_CLUSTER_FIXTURES = ("ray_session", "ray_for_module", "two_nodes")
+RAY_CLUSTER_FIXTURES = ("ray_session", "ray_for_module", "two_nodes", "ray_with_broken_weight_loads")
 
 
 def pytest_collection_modifyitems(config, items):

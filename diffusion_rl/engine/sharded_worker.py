@@ -31,7 +31,7 @@ from diffusion_rl.engine.parallel import Fsdp2Sharded
 from diffusion_rl.engine.spec import WorkerSpec
 from diffusion_rl.engine.weight_sync import BroadcastChannel, WeightReceiver, WeightSender
 from diffusion_rl.engine.worker import PolicyWorker, UpdatePlan
-from diffusion_rl.errors import TrainingDiverged, UserError
+from diffusion_rl.errors import TrainingDiverged, UserError, WeightsUnchanged
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +54,14 @@ class WorkerError(RuntimeError):
         return f"{self.where} raised {self.kind}: {self.message}\n--- traceback on that worker ---\n{trace}"
 
     def for_driver(self, note: str = "") -> Exception:
-        """The exception the driver raises (`note` appended to its message): a UserError or TrainingDiverged keeps
-        its type (the CLI prints a user error as one line); anything else is a WorkerError with the traceback."""
+        """The exception the driver raises (`note` appended to its message): a UserError keeps its type, as does a
+        run's own stop (TrainingDiverged, WeightsUnchanged: the CLI prints both as one line); anything else is a
+        WorkerError with the traceback."""
         if self.kind == UserError.__name__:
             return UserError(f"{self.where}: {self.message}{note}")
-        if self.kind == TrainingDiverged.__name__:
-            return TrainingDiverged(f"{self.where}: {self.message}{note}")
+        for stop in (TrainingDiverged, WeightsUnchanged):  # a run's own stop: one line, its last good checkpoint
+            if self.kind == stop.__name__:
+                return stop(f"{self.where}: {self.message}{note}")
         return WorkerError(self.rank, self.host, self.pid, self.kind, self.message + note, self.worker_traceback,
                            self.role)  # fmt: skip
 

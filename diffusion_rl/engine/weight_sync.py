@@ -24,6 +24,8 @@ from datetime import timedelta
 
 import torch
 
+from diffusion_rl.engine.fingerprint import fingerprint
+from diffusion_rl.errors import WeightsUnchanged
 from diffusion_rl.models.policies import DEFAULT
 
 logger = logging.getLogger(__name__)
@@ -154,10 +156,19 @@ class WeightReceiver:
         self.pushed = (tensors, version)
 
     def apply_pushed_weights(self) -> None:
-        """Load the newest pushed weights, if any came since the last load."""
+        """Load the newest pushed weights, if any came since the last load. Pushed weights that differ from the
+        sampling policy's (in its dtypes) must change it: a load that leaves it as it was stops the run
+        (WeightsUnchanged), as a LoRA sync that loads into nothing would otherwise sample the base model for ever."""
         if self.pushed is None:
             return
         (tensors, version), self.pushed = self.pushed, None
+        live = self.model.policies.tensors_of(DEFAULT)
+        before = fingerprint(live.values())
         self.model.policies.load_state_dict_of(DEFAULT, tensors)
+        if fingerprint(live.values()) == before != fingerprint(tensors[n].to(t.dtype) for n, t in live.items()):
+            raise WeightsUnchanged(
+                f"the weights of version {version} did not reach this rollout actor's sampling policy: it is "
+                "exactly as before the load, though the pushed weights differ from it"
+            )
         self.version = version
         logger.info("weights of version %d loaded", version)

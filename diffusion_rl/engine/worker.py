@@ -35,10 +35,11 @@ from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.ema import EmaWeights
+from diffusion_rl.engine.fingerprint import fingerprint
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
 from diffusion_rl.engine.parallel import SingleDevice
 from diffusion_rl.engine.spec import WorkerSpec
-from diffusion_rl.errors import TrainingDiverged, UserError
+from diffusion_rl.errors import TrainingDiverged, UserError, WeightsUnchanged
 from diffusion_rl.metrics import MAX, declare_metrics, reduce_metrics
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.embedding_cache import use_embedding_cache
@@ -146,9 +147,11 @@ class OptimizerStepper:
     """AdamW over the trained parameters with a linear warm-up, gradient clipping and an optional EMA.
 
     `parallel` (engine/parallel.py) computes the gradient norm over all shards, so every worker clips and skips
-    alike. A step whose gradient norm is not finite is skipped (gradients dropped); `train.max_consecutive_skips`
-    of them in a row raise TrainingDiverged. With `weight_change` each step also measures |Δθ| / |θ| (over all
-    shards), from a copy of the weights taken before it.
+    alike. A step with a gradient (norm > 0) and a learning rate that leaves every weight as it was stops the run
+    (WeightsUnchanged; engine/fingerprint.py compares the weights before and after). A step whose gradient norm is
+    not finite is skipped (gradients dropped); `train.max_consecutive_skips` of them in a row raise TrainingDiverged.
+    With `weight_change` each step also measures |Δθ| / |θ| (over all shards), from a copy of the weights taken
+    before it.
     """
 
     def __init__(self, params: list[torch.nn.Parameter], train, parallel, weight_change: str = "off"):
@@ -182,7 +185,16 @@ class OptimizerStepper:
             self._skip(grad_norm)
             return grad_norm
         before = [p.detach().clone() for p in self.params] if self.measure_change else None
+        lr = self.scheduler.get_last_lr()[0]
+        moves = grad_norm > 0 and lr > 0  # then AdamW must change some weight
+        print_before = fingerprint(self.params, self.parallel.sum) if moves else None
         self.optimizer.step()
+        if print_before is not None and fingerprint(self.params, self.parallel.sum) == print_before:
+            raise WeightsUnchanged(
+                f"optimizer step {self.steps + 1} left every trained weight exactly as it was (gradient norm "
+                f"{grad_norm:.3g}, lr {lr:.3g}): the update does not reach the weights — an lr below the weights' "
+                "precision (model.dtype), or parameters the optimizer does not hold"
+            )
         if before is not None:
             self.changes.append(self._relative_change(before))
         self.scheduler.step()

@@ -168,7 +168,9 @@ class PolicySet:
         else:
             self._copies[name] = _frozen_copy(self.trained)
 
-    def _named_tensors(self, name: str) -> dict[str, torch.Tensor]:
+    def tensors_of(self, name: str) -> dict[str, torch.Tensor]:
+        """Policy `name`'s live tensors by name (LoRA: its adapters, names without the adapter tag; else the
+        module's parameters)."""
         if self.lora is not None:
             key = f".{name}."
             return {n.replace(key, "."): p for n, p in self.trained.named_parameters() if key in n and "lora_" in n}
@@ -182,7 +184,7 @@ class PolicySet:
     @torch.no_grad()
     def ema_update(self, target: str, source: str = DEFAULT, decay: float = 0.0) -> None:
         """target ← decay·target + (1 − decay)·source."""
-        dst, src = self._named_tensors(target), self._named_tensors(source)
+        dst, src = self.tensors_of(target), self.tensors_of(source)
         for n, p in dst.items():
             p.lerp_(src[n].to(p.dtype), 1.0 - decay)
 
@@ -196,14 +198,14 @@ class PolicySet:
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained policy's weights (LoRA tensors, or the whole transformer), names without adapter tags."""
-        return {n: p.detach().clone() for n, p in self._named_tensors(DEFAULT).items()}
+        return {n: p.detach().clone() for n, p in self.tensors_of(DEFAULT).items()}
 
     def state_dict_of(self, name: str) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self._named_tensors(name).items()}
+        return {n: p.detach().clone() for n, p in self.tensors_of(name).items()}
 
     @torch.no_grad()
     def load_state_dict_of(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        dst = self._named_tensors(name)
+        dst = self.tensors_of(name)
         missing = sorted(set(dst) - set(tensors))
         unexpected = sorted(set(tensors) - set(dst))
         if missing or unexpected:
