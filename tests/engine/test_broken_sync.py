@@ -4,6 +4,7 @@ Ray worker process) must not sample the base model for the rest of the run, as v
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,10 @@ def ray_with_broken_weight_loads():
     assert LOCAL_CLUSTER_ENV  # tests/conftest.py set it: loopback only
     ray.shutdown()  # the shared cluster (tests/engine/conftest.py): its workers must not get the hook
     # 7 CPUs, not the shared cluster's 8: the next module's ray_session sees another cluster and starts its own
-    ray.init(num_cpus=7, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"worker_process_setup_hook": _break_weight_loads})  # fmt: skip
+    # the hook travels by reference (tests.engine.test_broken_sync): the workers find `tests` at the repository root
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    hook = {"worker_process_setup_hook": _break_weight_loads, "env_vars": {"PYTHONPATH": path}}
+    ray.init(num_cpus=7, include_dashboard=False, logging_level="WARNING", runtime_env=hook)
     yield
     ray.shutdown()
 
