@@ -156,8 +156,8 @@ def test_qwen_image_2512_config_is_qwen_images_recipe_on_the_new_weights():
 
     from diffusion_rl.config import load
 
-    same = ["model.path=models/Qwen-Image", "run.dir=runs/qwen_image_ocr_lora"]
-    assert load(str(ROOT / "configs/qwen_image_2512_ocr_lora.yaml")).model.path == "models/Qwen-Image-2512"
+    same = ["model.path=./models/Qwen-Image", "run.dir=runs/qwen_image_ocr_lora"]
+    assert load(str(ROOT / "configs/qwen_image_2512_ocr_lora.yaml")).model.path == "./models/Qwen-Image-2512"
     assert asdict(load(str(ROOT / "configs/qwen_image_2512_ocr_lora.yaml"), same)) == asdict(
         load(str(ROOT / "configs/qwen_image_ocr_lora.yaml"))
     )
