@@ -45,6 +45,7 @@ from diffusion_rl.errors import RunInterrupted, RunStopped, UserError
 from diffusion_rl.guard import RunGuard, repeat_key
 from diffusion_rl.models.loader import resolve_device
 from diffusion_rl.models.tiny import save_tiny
+from diffusion_rl.models.tiny.shipped import shipped_dir
 from diffusion_rl.rewards import RewardCombiner
 from diffusion_rl.rewards.build import build_combiner, console_rewards
 from diffusion_rl.sampling.rollout import SamplerSettings
@@ -76,7 +77,12 @@ def ensure_model(cfg: Config) -> None:
         logger.warning("model.path '%s' names a Hub repository, loaded from the Hub: create_tiny_if_missing writes "
                        "no tiny model at such a path (a local folder is written ./%s)", m.path, m.path)  # fmt: skip
         return
-    logger.info("creating the tiny %s model (%s preset) at %s", m.tiny_family, m.tiny_to_create, path)
+    if shipped_dir(m.tiny_family, m.tiny_to_create) is not None:
+        logger.info("copying the pretrained %s model shipped in the package (%s preset) to %s", m.tiny_family,
+                    m.tiny_to_create, path)  # fmt: skip
+    else:
+        logger.info("creating the tiny %s model (%s preset, random weights) at %s", m.tiny_family, m.tiny_to_create,
+                    path)  # fmt: skip
     save_tiny(path, m.tiny_family, m.tiny_to_create)
 
 
