@@ -18,6 +18,18 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLED = 3.5
 
 
+def guidance_seen(model) -> list:
+    """The guidance scale of every velocity call `model` makes from now on, in order."""
+    seen, velocity = [], model.velocity
+
+    def spy(latents, sigma, cond, guidance):
+        seen.append(guidance)
+        return velocity(latents, sigma, cond, guidance)
+
+    model.velocity = spy
+    return seen
+
+
 @pytest.mark.parametrize("loss", ["nft", "awm", "dpo", "dgpo"])
 @pytest.mark.parametrize(
     ("model_dir", "trained"), [("flux_model_dir", SAMPLED), ("tiny_model_dir", 1.0), ("flux_schnell_model_dir", 1.0)]
@@ -27,13 +39,7 @@ def test_forward_process_velocities_run_at_the_conditional_guidance(load, reques
     algorithm = make_algorithm(config)
     model = load(request.getfixturevalue(model_dir), lora=True)
     algorithm.attach(model)
-    seen, velocity = [], model.velocity
-
-    def spy(latents, sigma, cond, guidance):
-        seen.append(guidance)
-        return velocity(latents, sigma, cond, guidance)
-
-    model.velocity = spy
+    seen = guidance_seen(model)
     x_t = torch.randn((2, *model.latent_shape(32, 32)), generator=torch.Generator().manual_seed(0))
     t_B = torch.tensor([0.3, 0.7])
     cond = model.encode_prompts(["a red cube", "a blue ball"], ["blurry", "blurry"])
@@ -52,13 +58,7 @@ def test_dgpo_reference_guidance_runs_the_reference_guided(load, tiny_model_dir)
     algorithm = make_algorithm(load_config(ROOT / "configs/quickstart_dgpo.yaml", overrides))
     model = load(tiny_model_dir, lora=True)
     algorithm.attach(model)
-    seen, velocity = [], model.velocity
-
-    def spy(latents, sigma, cond, guidance):
-        seen.append(guidance)
-        return velocity(latents, sigma, cond, guidance)
-
-    model.velocity = spy
+    seen = guidance_seen(model)
     x_t = torch.randn((2, *model.latent_shape(32, 32)), generator=torch.Generator().manual_seed(0))
     cond = model.encode_prompts(["a red cube", "a blue ball"])
     algorithm.reference_velocity(x_t, torch.tensor([0.3, 0.7]), cond, algorithm.settings.reference_guidance)
