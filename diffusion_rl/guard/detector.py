@@ -67,12 +67,12 @@ class Detector:
     def baseline_span(self, stat: str) -> int | None:
         """How many first steps the baseline is a mean over: at least baseline_steps, covering at least min_prompts
         prompts (None while there are not enough yet, and for val_drift)."""
-        points = self.history.get(stat, [])
         if stat == "val_drift":
             return None
-        prompts = np.cumsum([p for _, _, p in points])
-        for n in range(self.cfg.baseline_steps, len(points) + 1):
-            if prompts[n - 1] >= self.cfg.min_prompts:
+        prompts = 0
+        for n, (_, _, p) in enumerate(self.history.get(stat, []), start=1):  # stops at the span: O(span), not O(run)
+            prompts += p
+            if n >= self.cfg.baseline_steps and prompts >= self.cfg.min_prompts:
                 return n
         return None
 
