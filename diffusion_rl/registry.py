@@ -3,8 +3,9 @@
 A plugin (a loss, a preference algorithm, a reward, a model family) is one module that registers itself when
 imported. A registry names the packages its plugins live in and imports every module of them (`load_plugins`) the
 first time it is looked up, so adding a plugin is adding its file: no list of modules is kept by hand. A registry
-may sit in a layer below its plugins (sampler_parts.py): the config checks a name without importing them. A name
-registers once; looking up an unknown name lists the known ones.
+may sit in a layer below its plugins (config/plugins.py: losses, model families, step types, ODE solvers), so that
+the config checks a name with no import of their layers. A name registers once; looking up an unknown name lists
+the known ones.
 """
 
 import importlib

@@ -46,16 +46,18 @@ class Range:
 
 
 class OneOf:
-    """The names a registry holds (`registry.names()`, looked up when a value is checked): `opt(within=OneOf(R))` on
-    a str field refuses any other name at load in one line listing them, and the reference lists them, so a plugin's
-    name is spelled only where it registers (sampler_parts.py's registries)."""
+    """The names a registry holds (`registry.names()`, looked up when a value is checked), after the fixed names
+    `also` (e.g. "auto"): `opt(within=OneOf(R))` on a str field refuses any other name at load in one line listing
+    them, and the reference lists them, so a plugin's name is spelled only where it registers (config/plugins.py's
+    registries)."""
 
-    def __init__(self, registry: Any):
+    def __init__(self, registry: Any, also: tuple[str, ...] = ()):
         self.registry = registry
+        self.also = also
 
     @property
     def names(self) -> list[str]:
-        return self.registry.names()
+        return [*self.also, *self.registry.names()]
 
     def __contains__(self, value: Any) -> bool:
         return not isinstance(value, str) or value in self.names  # not a name: the type check's business

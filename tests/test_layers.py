@@ -1,5 +1,8 @@
-"""The package's dependency arrows point one way (docs/architecture.md): checked on every import statement of every
-module, lazy ones inside functions included; imports under `if TYPE_CHECKING:` are type hints, not dependencies."""
+"""The package's dependency arrows point one way (docs/architecture.md), and no module reaches itself through imports.
+
+Every import statement counts: lazy ones inside functions and those under `if TYPE_CHECKING:` too (a lazy import
+hides a circle, it does not remove it; a type hint that points up is a dependency a reader follows).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "diffusion_rl"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "diffusion_rl"
+BENCHMARKS = ROOT / "benchmarks"  # its scripts put benchmarks/ on sys.path and import each other by plain names
 
 # layer → the layers it must never import
 FORBIDDEN = {
@@ -20,27 +25,45 @@ FORBIDDEN = {
     "rewards": ("engine", "trainer", "algorithms", "models", "evaluation"),
     "checkpoint": ("engine", "trainer", "evaluation", "algorithms"),
 }
+# config/ is the ground: what it may import besides itself, the leaves below every layer
+GROUND = (
+    "diffusion_rl.errors",
+    "diffusion_rl.registry",
+    "diffusion_rl.user_code",
+    "diffusion_rl.utils",
+    "diffusion_rl.settings",
+    "diffusion_rl.config_io",
+)
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every diffusion_rl import in `path`, except those under `if TYPE_CHECKING:`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            typing_only.update(id(n) for child in node.body for n in ast.walk(child))
+def _module_name(path: Path, search_root: Path) -> str:
+    parts = path.relative_to(search_root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, search_root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import statement in `path` (a module found from `search_root`, a sys.path
+    entry), relative imports resolved; `from a import b` gives a.b, which is the module a.b or a name in a."""
+    module = _module_name(path, search_root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            names = [f"{base}.{a.name}" if base else a.name for a in node.names]  # a.name may be a module of base
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         else:
             continue
-        found += [(node.lineno, n) for n in names if n.startswith("diffusion_rl.")]
+        found += [(node.lineno, n) for n in names if n]
     return found
+
+
+def _package_imports(path: Path) -> list[tuple[int, str]]:
+    return [(line, n) for line, n in _imports(path) if n.startswith("diffusion_rl.")]
 
 
 def _layer(module: str) -> str:
@@ -51,32 +74,19 @@ def _layer(module: str) -> str:
 def test_a_layer_never_imports_the_layers_above_it(layer):
     problems = []
     for path in sorted((PACKAGE / layer).rglob("*.py")):
-        for line, module in _imports(path):
+        for line, module in _package_imports(path):
             if _layer(module) in FORBIDDEN[layer]:
                 problems.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
     assert not problems, "\n".join(problems)
 
 
-# config/ is the ground (docs/architecture.md): it imports none of the layers above it. What it still reaches, to
-# be found through the registries at validation instead (issue 43 item 8): the loss registry, the model families
-# and attention backends, the guard's section. Nothing may be added to this list.
-CONFIG_STILL_REACHES = {
-    ("config/algorithm.py", "diffusion_rl.algorithms"),
-    ("config/model.py", "diffusion_rl.models.attention"),
-    ("config/model.py", "diffusion_rl.models.registry"),
-    ("config/__init__.py", "diffusion_rl.guard.config"),
-}
-
-
 def test_config_imports_no_layer_above_it():
-    above = ("algorithms", "models", "guard", "engine", "trainer", "evaluation", "rewards", "sampling", "data",
-             "checkpoint", "commands", "estimate", "pretrain", "tracking")  # fmt: skip
-    found = set()
-    for path in sorted((PACKAGE / "config").rglob("*.py")):
-        for _, module in _imports(path):
-            if _layer(module) in above:
-                found.add((str(path.relative_to(PACKAGE)), _module_of(module)))
-    assert found <= CONFIG_STILL_REACHES, sorted(found - CONFIG_STILL_REACHES)
+    """config/ is the ground: it imports itself and the leaves only. A name a plugin registers is checked against
+    config/plugins.py's registries, into which the plugins register from their own layers."""
+    found = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+             for path in sorted((PACKAGE / "config").rglob("*.py")) for line, module in _package_imports(path)
+             if not module.startswith(("diffusion_rl.config.", *GROUND))]  # fmt: skip
+    assert not found, "\n".join(found)
 
 
 def test_the_engine_reads_no_dataset():
@@ -84,12 +94,12 @@ def test_the_engine_reads_no_dataset():
     readers = {"diffusion_rl.data.prompts", "diffusion_rl.data.pairs"}
     found = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
              for path in sorted((PACKAGE / "engine").rglob("*.py"))
-             for line, module in _imports(path) if _module_of(module) in readers]  # fmt: skip
+             for line, module in _package_imports(path) if _module_of(module) in readers]  # fmt: skip
     assert not found, "\n".join(found)
 
 
 def test_checkpoint_paths_is_a_leaf():
-    imported = {m for _, m in _imports(PACKAGE / "checkpoint" / "paths.py")}
+    imported = {m for _, m in _package_imports(PACKAGE / "checkpoint" / "paths.py")}
     assert imported <= {"diffusion_rl.errors", "diffusion_rl.errors.UserError"}, imported
 
 
@@ -106,7 +116,7 @@ def test_no_file_in_the_package_is_over_600_lines():
 def test_config_io_is_a_leaf():
     """The loader works for any dataclass tree (the run config, pretraining's, a loss's settings): it imports only
     itself and diffusion_rl.errors, so loading a config never pulls in the sections' dependencies."""
-    imported = {m for path in (PACKAGE / "config_io").rglob("*.py") for _, m in _imports(path)}
+    imported = {m for path in (PACKAGE / "config_io").rglob("*.py") for _, m in _package_imports(path)}
     assert all(m.startswith(("diffusion_rl.config_io.", "diffusion_rl.errors")) for m in imported), imported
 
 
@@ -120,25 +130,37 @@ def _module_of(name: str) -> str | None:
     return None
 
 
-def test_no_import_circle_between_modules():
-    """No module reaches itself through imports, function-level ones included (a lazy import hides a circle, it does
-    not remove it); `if TYPE_CHECKING:` imports are hints, not dependencies."""
-    graph: dict[str, set[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        targets = {_module_of(name) for _, name in _imports(path)}
-        graph[module] = {t for t in targets if t is not None and t != module}
-    # Tarjan's strongly connected components: a component of more than one module is a circle
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
+def import_circles(sources: list[tuple[Path, Path]]) -> list[list[str]]:
+    """The import circles among the modules of `sources` ((folder, the sys.path entry it is imported from) pairs):
+    each strongly connected component of more than one module, by file. An imported name is the longest prefix of it
+    that is a module (a package's __init__.py before a same-named file), looked up from the importing file's own
+    sys.path entry, then the others'."""
+    files = {path: root for folder, root in sources for path in sorted(folder.rglob("*.py"))}
+
+    def find(name: str, roots: list[Path]) -> Path | None:
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            for root in roots:
+                base = root.joinpath(*parts[:end])
+                for candidate in (base / "__init__.py", base.with_suffix(".py")):
+                    if candidate in files:
+                        return candidate
+        return None
+
+    graph: dict[Path, set[Path]] = {}
+    for path, root in files.items():
+        roots = [root, *(r for r in dict.fromkeys(files.values()) if r != root)]
+        graph[path] = {t for _, n in _imports(path, root) if (t := find(n, roots)) not in (None, path)}
+    # Tarjan's strongly connected components
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
     circles: list[list[str]] = []
 
-    def visit(node: str) -> None:
+    def visit(node: Path) -> None:
         index[node] = low[node] = len(index)
         stack.append(node)
-        for target in graph.get(node, ()):
+        for target in sorted(graph[node]):
             if target not in index:
                 visit(target)
                 low[node] = min(low[node], low[target])
@@ -152,9 +174,42 @@ def test_no_import_circle_between_modules():
                 if member == node:
                     break
             if len(component) > 1:
-                circles.append(sorted(component))
+                circles.append(sorted(str(m.relative_to(files[m])) for m in component))
 
     for node in sorted(graph):
         if node not in index:
             visit(node)
+    return sorted(circles)
+
+
+def test_no_import_circle_in_the_package_or_the_benchmarks():
+    circles = import_circles([(PACKAGE, ROOT), (BENCHMARKS, BENCHMARKS)])
     assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_circles_through_type_hints_lazy_and_relative_imports(tmp_path):
+    """A synthetic package with one circle of each hidden kind, and an import chain that is no circle."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/hinted.py": "from pkg.hinting import X\n",
+        "pkg/hinting.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.hinted import Y\n",
+        "pkg/lazy.py": "def f():\n    import pkg.eager\n",
+        "pkg/eager.py": "from pkg import lazy\n",
+        "pkg/sub/__init__.py": "from .one import A\n",
+        "pkg/sub/one.py": "from . import two\n",
+        "pkg/sub/two.py": "from ..sub.one import A\n",
+        "pkg/chain.py": "import pkg.leaf\nfrom pkg.hinted import X\n",
+        "pkg/leaf.py": "import os\n",
+        "scripts/run.py": "import helper\nimport pkg.chain\n",  # a script beside its helper, on its own sys.path
+        "scripts/helper.py": "def main():\n    import run\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    circles = import_circles([(tmp_path / "pkg", tmp_path), (tmp_path / "scripts", tmp_path / "scripts")])
+    assert circles == [
+        ["helper.py", "run.py"],
+        ["pkg/eager.py", "pkg/lazy.py"],
+        ["pkg/hinted.py", "pkg/hinting.py"],
+        ["pkg/sub/one.py", "pkg/sub/two.py"],
+    ]

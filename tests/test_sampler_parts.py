@@ -1,4 +1,4 @@
-"""Step types and ODE solvers are named once, where they register (sampler_parts.py's registries): the config, its
+"""Step types and ODE solvers are named once, where they register (config/plugins.py's registries): the config, its
 reference and the command line take their names from there, so a new part is accepted with no list to edit."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from diffusion_rl.config import Config, load
+from diffusion_rl.config.plugins import ODE_SOLVERS, STEP_TYPES
 from diffusion_rl.config_io.reference import describe, describe_markdown
 from diffusion_rl.errors import UserError
-from diffusion_rl.sampler_parts import ODE_SOLVERS, STEP_TYPES
 from diffusion_rl.sampling.ode import Multistep, OdeSolver
 
 

@@ -2,26 +2,23 @@
 `Algorithm` that runs it.
 
 The built-in losses are one file each (losses/ for the policy-gradient ones, preference/ for Diffusion-DPO,
-DiffusionNFT and AWM), registered when LOSSES is first looked up. See algorithms/base.py for what an algorithm
-supplies.
+DiffusionNFT and AWM), registered into LOSSES (config/plugins.py) when it is first looked up. See algorithms/base.py
+for what an algorithm supplies.
 """
 
 from diffusion_rl.algorithms.base import (
-    LOSSES,
     Algorithm,
     LossOutput,
     LossSettings,
     LossSpec,
     TrainBatch,
     UpdatePosition,
-    loss_spec,
     make_algorithm,
     register_loss,
 )
 from diffusion_rl.algorithms.credit import Targets
 
 __all__ = [
-    "LOSSES",
     "Algorithm",
     "LossOutput",
     "LossSettings",
@@ -29,7 +26,6 @@ __all__ = [
     "Targets",
     "TrainBatch",
     "UpdatePosition",
-    "loss_spec",
     "make_algorithm",
     "register_loss",
 ]

@@ -1,4 +1,5 @@
-"""What an algorithm is made of, and the registry that selects one by `algorithm.loss`.
+"""What an algorithm is made of, and how a loss registers into the registry that `algorithm.loss` selects from
+(`LOSSES`, config/plugins.py).
 
 A loss is registered once, in its own file, with `register_loss`: its name, its settings (a dataclass next to it,
 read from the config's `algorithm.<name>` section), the `Algorithm` class that runs it, and its constraints. The
@@ -24,11 +25,9 @@ import torch
 from tensordict import tensorclass
 
 from diffusion_rl.algorithms.credit import FlatCredit, Targets
-from diffusion_rl.errors import UserError
-from diffusion_rl.registry import Registry
+from diffusion_rl.config.plugins import LOSSES
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.user_code import is_user_function_spec, load_user_code
 
 if TYPE_CHECKING:
     from diffusion_rl.config import Config
@@ -192,11 +191,6 @@ def loss_names(**facts) -> str:
     return ", ".join(n for n, spec in LOSSES.items() if all(getattr(spec.algorithm, k) == v for k, v in facts.items()))
 
 
-LOSSES: Registry[LossSpec] = Registry(
-    "loss", plugins=("diffusion_rl.algorithms.losses", "diffusion_rl.algorithms.preference")
-)
-
-
 def register_loss(name: str, *, settings: type, algorithm: type[Algorithm], sde_only: bool = False):
     """Decorator: register `fn(input, settings) -> LossOutput` as loss `name` (see LossSpec)."""
     if not (isinstance(settings, type) and issubclass(settings, LossSettings)):
@@ -207,22 +201,6 @@ def register_loss(name: str, *, settings: type, algorithm: type[Algorithm], sde_
         return fn
 
     return add
-
-
-def loss_spec(name: str) -> LossSpec:
-    """The loss `name` names: a registered one, or a user's own, "package.module:fn" or "path/to/file.py:fn", whose
-    function is registered with `register_loss` (importing its module registers it). Only the user's own config
-    names one: a checkpoint's config is loaded refusing user code (user_code.py)."""
-    if not is_user_function_spec(name):
-        return LOSSES.get(name)
-    fn = load_user_code(name, "loss")
-    for _, spec in LOSSES.items():
-        if spec.fn is fn:
-            return spec
-    raise UserError(
-        f"user loss '{name}': '{name.rpartition(':')[2]}' is not a loss; decorate it with @register_loss(NAME, "
-        f"settings=..., algorithm=...) from diffusion_rl.algorithms (docs/policy_gradient.md)"
-    )
 
 
 @dataclass(frozen=True)

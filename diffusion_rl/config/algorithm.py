@@ -6,17 +6,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from diffusion_rl.algorithms import LOSSES, loss_spec
+from diffusion_rl.config.plugins import LOSSES, loss_spec
 from diffusion_rl.config.rollout_correction import RolloutCorrectionConfig
 from diffusion_rl.config_io.convert import SECTIONS
 from diffusion_rl.errors import UserError, did_you_mean
 from diffusion_rl.settings import MAX_GROUP, Range, check, opt
 from diffusion_rl.user_code import is_user_function_spec, user_code_refused
-
-if TYPE_CHECKING:
-    from diffusion_rl.config import Config
 
 
 @dataclass
@@ -140,21 +137,6 @@ class AlgorithmConfig:
     def family(self) -> str | None:
         """The selected loss's family; None for a checkpoint's user loss, which is not imported."""
         return self.spec.family if self.loaded else None
-
-
-def check_algorithm(cfg: Config) -> None:
-    """The selected loss's own constraints, its family's, and its settings' on the sampling and data sections."""
-    if not cfg.algorithm.loaded:
-        return  # a checkpoint's user loss: its run checked it
-    alg, spec = cfg.algorithm, cfg.algorithm.spec
-    check(
-        not spec.sde_only or cfg.sampling.sde_type == "sde",
-        f"algorithm.loss={spec.name} is defined for sampling.sde_type=sde, got {cfg.sampling.sde_type}",
-    )
-    spec.algorithm.check_config(alg, cfg.sampling, cfg.data.sample_source)
-    alg.settings.check_config(alg, cfg.sampling)
-    if cfg.data.sample_source == "offline":
-        check(bool(cfg.data.pairs), "data.sample_source=offline needs data.pairs (a .jsonl or .parquet pair file)")
 
 
 def check_rollout_correction(alg: AlgorithmConfig) -> None:

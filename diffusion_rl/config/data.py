@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from diffusion_rl.settings import MAX_BATCH, MAX_GROUP, MAX_SECONDS, Range, check, opt
-
-if TYPE_CHECKING:
-    from diffusion_rl.config import Config
 
 
 @dataclass
@@ -75,53 +71,3 @@ class RewardSpec:
     def metric_name(self) -> str:
         """The reward's name in metrics (reward/<metric_name>/mean) and logs: its label, else its name."""
         return self.label if self.label is not None else self.name
-
-
-def check_batch(cfg: Config) -> None:
-    """Groups that can be compared, and a batch that splits into the mini-batches."""
-    data = cfg.data
-    # every loss is group-relative (advantages normalised within a prompt's group; online dpo pairs two of its
-    # samples): a group of one gives every sample advantage 0 and the run learns nothing
-    check(
-        data.group_size >= 2 or data.sample_source == "offline",
-        f"data.group_size=1: algorithm.loss={cfg.algorithm.loss} compares the samples of each prompt's group "
-        "(group-normalised advantages; online dpo: pairs within the group), so every advantage would be 0 and "
-        "nothing is learned; set data.group_size to 2 or more",
-    )
-    batch = data.prompts_per_step * data.group_size
-    minibatches = cfg.train.num_minibatches
-    check(
-        batch % minibatches == 0,
-        f"the batch (data.prompts_per_step × data.group_size = {batch}) must split evenly into "
-        f"train.num_minibatches = {minibatches}",
-    )
-
-
-def check_rewards(cfg: Config) -> None:
-    """A reward to train on (offline DPO needs none); each weight is finite and ≥ 0; each reward's metric name
-    (label, else name) is unique (also val.rewards)."""
-    check(
-        len(cfg.rewards) > 0 or cfg.data.sample_source == "offline",
-        "rewards: at least one reward is needed (only offline DPO trains without one)",
-    )
-    lists = [("rewards", cfg.rewards)]
-    if cfg.val.rewards is not None:
-        check(bool(cfg.val.rewards), "val.rewards is an empty list; give at least one reward, or null")
-        lists.append(("val.rewards", cfg.val.rewards))
-    for where, specs in lists:
-        for i, spec in enumerate(specs):
-            check(
-                math.isfinite(spec.weight) and spec.weight >= 0,
-                f"{where}.{i}.weight must be a finite number ≥ 0, got {spec.weight}; to minimise a score, use a "
-                "reward that negates it",
-            )
-        first_of: dict[str, int] = {}
-        for i, spec in enumerate(specs):
-            key = spec.metric_name
-            if key in first_of:
-                raise ValueError(
-                    f"{where}.{first_of[key]} and {where}.{i} are both '{key}' in metrics and logs (the label, "
-                    f"else the name, must be unique): give one of them its own label, e.g. "
-                    f"{where}.{i}.label={key}_2"
-                )
-            first_of[key] = i

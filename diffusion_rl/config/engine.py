@@ -3,16 +3,10 @@ to the batch."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from diffusion_rl.settings import MAX_COUNT, MAX_SECONDS, Range, check, opt
-
-if TYPE_CHECKING:
-    from diffusion_rl.config import Config
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,38 +138,3 @@ class EngineConfig:
     def staleness_bound(self) -> int:
         """The most updates a training row's sampling weights can be behind the trained ones (0: always on-policy)."""
         return self.max_staleness + self.sync_every - 1 if self.rollout == "separate" else 0
-
-
-def check_engine(cfg: Config) -> None:
-    """engine.kind=ray splits the batch into equal contiguous shards whose mini-batches make up the global ones."""
-    e, batch, minibatches = cfg.engine, cfg.batch_size, cfg.train.num_minibatches
-    if e.kind != "ray":
-        return
-    check(
-        not cfg.model.offload_reference,
-        "model.offload_reference moves the local engine's reference copy; under engine.kind=ray that copy is "
-        "FSDP2-sharded: use engine.fsdp_cpu_offload=true to keep its shards (and the trained ones) on the CPU",
-    )
-    check(
-        e.rollout == "colocated" or cfg.data.sample_source == "online",
-        "engine.rollout=separate samples online rollouts; offline pairs (data.sample_source=offline) train with "
-        "engine.rollout=colocated",
-    )
-    rc = cfg.algorithm.rollout_correction
-    if e.staleness_bound > 0 and cfg.algorithm.family == "policy_gradient" and rc.mode == "bypass":
-        # rows sampled by older weights: the PPO anchor is the current weights, the IS weight corrects the rest
-        logger.info(
-            "engine.max_staleness=%d, sync_every=%d: rows may be up to %d updates stale; "
-            "algorithm.rollout_correction.mode set to decoupled",
-            e.max_staleness,
-            e.sync_every,
-            e.staleness_bound,
-        )
-        rc.mode = "decoupled"
-    check(
-        batch % e.num_workers == 0 and (batch // e.num_workers) % minibatches == 0,
-        f"engine.num_workers={e.num_workers}: each worker trains on batch / num_workers rows, which must be a "
-        f"whole number divisible by train.num_minibatches={minibatches} (batch = data.prompts_per_step × "
-        f"data.group_size = {batch}, offline: 2 × data.prompts_per_step); pick num_workers dividing "
-        f"{batch // minibatches}",
-    )

@@ -5,11 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from diffusion_rl.config.plugins import FAMILIES
 from diffusion_rl.errors import did_you_mean
-from diffusion_rl.models.attention import backend_names
-from diffusion_rl.models.registry import load_families
-from diffusion_rl.settings import Range, check, opt
+from diffusion_rl.settings import OneOf, Range, check, opt
 from diffusion_rl.utils.hub_ids import names_hub_repo
+
+DEFAULT_BACKEND = "sdpa"  # the transformer's attention as diffusers builds it (models/attention.py)
+
+
+def backend_names() -> list[str]:
+    """Every name `model.attention_backend` takes: sdpa, then diffusers' backends that need no download."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return [DEFAULT_BACKEND, *(b.value for b in AttentionBackendName if not b.value.endswith("_hub"))]
 
 
 @dataclass
@@ -32,7 +40,7 @@ class ModelConfig:
         None,
         "The Hub repository's revision when model.path names one: a commit hash (pins it), branch or tag; null = main.",
     )
-    family: str = opt("auto", f"Model family ({', '.join(load_families().names())}); auto reads model_index.json.")
+    family: str = opt("auto", "Model family; auto reads model_index.json.", within=OneOf(FAMILIES, also=("auto",)))
     dtype: Literal["fp32", "bf16", "fp16"] = opt("fp32", "Weight dtype (SDE math is always fp32).")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     lora: LoraConfig = opt(LoraConfig, "LoRA settings.", factory=True)
@@ -120,12 +128,6 @@ class ModelConfig:
             self.attention_backend in backends,
             f"model.attention_backend '{self.attention_backend}' is not an attention backend"
             f"{did_you_mean(self.attention_backend, backends)}; known: {', '.join(backends)}",
-        )
-        names = load_families().names()
-        check(
-            self.family == "auto" or self.family in names,
-            f"model.family '{self.family}' is not a model family{did_you_mean(self.family, names)}; known: auto, "
-            + ", ".join(names),
         )
 
     @property

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from diffusion_rl.sampler_parts import ODE_SOLVERS, STEP_TYPES
+from diffusion_rl.config.plugins import ODE_SOLVERS, STEP_TYPES
 from diffusion_rl.settings import (
     MAX_BATCH,
     MAX_COUNT,
@@ -20,9 +20,6 @@ from diffusion_rl.settings import (
     check,
     opt,
 )
-
-if TYPE_CHECKING:
-    from diffusion_rl.config import Config
 
 
 @dataclass
@@ -176,43 +173,4 @@ def check_window(s: SamplingConfig) -> None:
             1 <= w.size <= s.num_steps - 2,
             f"sampling.window: a sliding window stays inside [0, num_steps − 2): need 1 ≤ size ≤ "
             f"{s.num_steps - 2}, got size={w.size}",
-        )
-
-
-def check_tree(cfg: Config) -> None:
-    """Tree rollouts: a group is one tree's leaves, sampled whole by one local policy-gradient worker."""
-    tree = cfg.sampling.tree
-    if tree is None:
-        return
-    leaves = math.prod([tree.branching] * len(tree.branch_at) if isinstance(tree.branching, int)
-                       else tree.branching)  # fmt: skip
-    check(
-        cfg.data.group_size == leaves,
-        f"sampling.tree: a group is one tree's leaves, the product of sampling.tree.branching = {leaves}; set "
-        f"data.group_size={leaves} (got {cfg.data.group_size})",
-    )
-    check(
-        cfg.engine.kind == "local",
-        "sampling.tree runs on engine.kind=local only (Ray workers split a step's rows, and a tree must be sampled "
-        "whole by one worker); set engine.kind=local or sampling.tree=null",
-    )
-    check(
-        cfg.algorithm.family in ("policy_gradient", None) and cfg.data.sample_source == "online",
-        f"sampling.tree trains policy-gradient losses (depth-wise advantages on per-step log-probs); "
-        f"algorithm.loss={cfg.algorithm.loss} is {cfg.algorithm.family}",
-    )
-    check(
-        cfg.algorithm.advantage.combine == "sum_rewards",
-        "sampling.tree normalises the weighted reward sum at each depth; algorithm.advantage.combine="
-        "sum_advantages is not implemented for trees (use sum_rewards)",
-    )
-    check(
-        cfg.data.prompts_per_step % cfg.sampling.score_chunks == 0,
-        f"sampling.tree samples whole trees: sampling.score_chunks={cfg.sampling.score_chunks} must divide "
-        f"data.prompts_per_step={cfg.data.prompts_per_step}",
-    )
-    if cfg.sampling.window.kind == "all":  # the other kinds move: each step's window is checked when it is drawn
-        check(
-            cfg.sampling.sde_type != "ode",
-            "sampling.tree needs SDE steps to split at; sampling.sde_type=ode has none",
         )

@@ -6,11 +6,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diffusion_rl.config.data import RewardSpec
-from diffusion_rl.sampler_parts import ODE_SOLVERS
-from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, OneOf, Range, check, opt
+from diffusion_rl.config.plugins import ODE_SOLVERS
+from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, OneOf, Range, opt
 
 if TYPE_CHECKING:
-    from diffusion_rl.config import Config
     from diffusion_rl.config.sampling import SamplingConfig
 
 
@@ -102,10 +101,3 @@ class ValConfig:
         """(guidance, low-noise expert's guidance) of validation samples: val's own, else the rollouts'."""
         low_noise = self.guidance_low_noise if self.guidance_low_noise is not None else sampling.guidance_low_noise
         return (self.guidance if self.guidance is not None else sampling.guidance), low_noise
-
-
-def check_val(cfg: Config) -> None:
-    check(
-        not cfg.run.val_only or bool(cfg.val.prompts),
-        "run.val_only=true validates and exits, but val.prompts is null: set val.prompts to a prompt file",
-    )

@@ -4,22 +4,19 @@ A policy that games its reward (JPEG size by blacking out images, an aesthetic s
 preference model by collapsing every sample of a prompt onto one picture) shows it in simple image statistics long
 before anyone looks at the samples. The guard logs them as `guard/<stat>` (stats.py), compares each with its value
 at the start of the run (detector.py), warns naming the statistic, the step, the value and the baseline, and, when
-asked, stops the run or rolls it back to the last checkpoint whose images were in range (runner.py).
+asked, stops the run or rolls it back to the last checkpoint whose images were in range (runner.py). Its settings, the
+`guard:` section, are config/guard.py.
 """
 
-from diffusion_rl.guard.config import GuardConfig
 from diffusion_rl.guard.detector import Alert, Detector
 from diffusion_rl.guard.runner import ALERTS_FILE, GUARD_DIR, SUMMARY_FILE, RunGuard, repeat_key
-from diffusion_rl.guard.stats import ALL_STATS, ROLLOUT_STATS, rollout_stats
+from diffusion_rl.guard.stats import rollout_stats
 
 __all__ = [
     "ALERTS_FILE",
-    "ALL_STATS",
     "Alert",
     "Detector",
     "GUARD_DIR",
-    "GuardConfig",
-    "ROLLOUT_STATS",
     "RunGuard",
     "SUMMARY_FILE",
     "repeat_key",

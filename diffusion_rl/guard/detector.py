@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from diffusion_rl.guard.config import GuardConfig
+from diffusion_rl.config.guard import GuardConfig
 
 # changes smaller than these are noise whatever the baseline (a fraction near 0 would make any change "relative")
 NOISE_FLOOR = {

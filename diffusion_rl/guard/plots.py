@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from diffusion_rl.guard.stats import ALL_STATS
+from diffusion_rl.config.guard import ALL_STATS
 from diffusion_rl.tracking.plots import metric_series
 from diffusion_rl.utils.files import naming
 

@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from diffusion_rl.config.guard import ROLLOUT_STATS, GuardConfig
 from diffusion_rl.errors import UserError
-from diffusion_rl.guard.config import GuardConfig
 from diffusion_rl.guard.detector import NOISE_FLOOR, Alert, Detector
-from diffusion_rl.guard.stats import ROLLOUT_STATS, rollout_stats, shrink, val_drift
+from diffusion_rl.guard.stats import rollout_stats, shrink, val_drift
 from diffusion_rl.utils.files import naming
 
 logger = logging.getLogger(__name__)

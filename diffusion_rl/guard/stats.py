@@ -29,15 +29,12 @@ import io
 import numpy as np
 from PIL import Image
 
+from diffusion_rl.config.guard import ROLLOUT_STATS  # the statistics' names, declared with the section
+
 DARK_LUMA = 16.0  # of 255
 SATURATED_LEVEL = 250  # of 255
 EDGE_THRESHOLD = 0.05  # gradient magnitude on luma in [0, 1]
 JPEG_QUALITY = 95
-IMAGE_STATS = ("brightness", "dark_fraction", "saturated_fraction", "colorfulness", "edge_density", "jpeg_kb")
-BATCH_STATS = ("group_diversity",)
-ROLLOUT_STATS = IMAGE_STATS + BATCH_STATS
-VALIDATION_STATS = ("val_drift",)
-ALL_STATS = ROLLOUT_STATS + VALIDATION_STATS
 
 
 def luma(images_BHW3: np.ndarray) -> np.ndarray:

@@ -21,20 +21,13 @@ import logging
 import torch
 from torch import nn
 
+from diffusion_rl.config.model import DEFAULT_BACKEND, backend_names
 from diffusion_rl.errors import UserError
 
-DEFAULT_BACKEND = "sdpa"
 CUDNN_FINDING = ("on an H200 (torch 2.11, CUDA 13) torch's cuDNN attention kernel failed FLUX.1-dev's LoRA backward "
                  "(an illegal memory access at 6 images, non-finite gradients at 2) and was at most 4 % faster on the "
                  "other families (docs/gpu.md)")  # fmt: skip
 logger = logging.getLogger(__name__)
-
-
-def backend_names() -> list[str]:
-    """Every name `model.attention_backend` takes: sdpa, then diffusers' backends that need no download."""
-    from diffusers.models.attention_dispatch import AttentionBackendName
-
-    return [DEFAULT_BACKEND, *(b.value for b in AttentionBackendName if not b.value.endswith("_hub"))]
 
 
 def installed_backends() -> list[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffusion_rl.config.plugins import FAMILIES
 from diffusion_rl.errors import UserError
 from diffusion_rl.registry import Registry
 
@@ -36,9 +37,6 @@ class ModelFamily:
     variants: tuple[str, ...] = ()
     # what it makes, as the Hugging Face Hub's pipeline_tag names it (a model card's front matter)
     task: str = "text-to-image"
-
-
-FAMILIES: Registry[ModelFamily] = Registry("model family", plugins=("diffusion_rl.models.families",))
 
 
 def register_family(family: ModelFamily) -> None:

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.sampler_parts import ODE_SOLVERS
+from diffusion_rl.config.plugins import ODE_SOLVERS
 from diffusion_rl.sampling.sde import ode_step
 
 

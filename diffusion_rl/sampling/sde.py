@@ -2,7 +2,7 @@
 
 The model predicts a velocity v at noise level sigma (x_sigma = (1 - sigma)·x0 + sigma·noise, so v ≈ noise - x0);
 a step moves x from `sigma` down to `sigma_next`. RL on such a model needs steps that draw noise and report the
-Gaussian log-density of what they drew. Step types, registered by name in `STEP_TYPES` (sampler_parts.py):
+Gaussian log-density of what they drew. Step types, registered by name in `STEP_TYPES` (config/plugins.py):
 
 - `ode`: the plain Euler step of the flow ODE. No noise, log-prob 0.
 - `sde`: the reverse-time SDE with the same marginals as the ODE, discretised with Euler–Maruyama, as in
@@ -29,8 +29,8 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from diffusion_rl.config.plugins import STEP_TYPES
 from diffusion_rl.errors import UserError
-from diffusion_rl.sampler_parts import STEP_TYPES
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diffusion_rl.config.guard import GuardConfig
 from diffusion_rl.errors import UserError
-from diffusion_rl.guard import Detector, GuardConfig, RunGuard
+from diffusion_rl.guard import Detector, RunGuard
 
 
 def _feed(detector, series, stat="brightness", start=1):

@@ -1,12 +1,18 @@
-"""The `guard:` config section (the reward-hacking guard; see diffusion_rl/guard/__init__.py)."""
+"""The `guard:` config section (the reward-hacking guard; see diffusion_rl/guard/__init__.py) and the names of the
+statistics it may watch (guard/stats.py computes each)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.guard.stats import ALL_STATS, ROLLOUT_STATS
 from diffusion_rl.settings import MAX_COUNT, MAX_PIXELS, Range, opt
+
+IMAGE_STATS = ("brightness", "dark_fraction", "saturated_fraction", "colorfulness", "edge_density", "jpeg_kb")
+BATCH_STATS = ("group_diversity",)
+ROLLOUT_STATS = IMAGE_STATS + BATCH_STATS
+VALIDATION_STATS = ("val_drift",)
+ALL_STATS = ROLLOUT_STATS + VALIDATION_STATS
 
 RATIO = Range(0, 1e6, lo_open=True)  # a multiple of a baseline or a std: > 0, far above any useful bound
 
