@@ -8,7 +8,7 @@ count is the union of its functions' lines (a nested function counts inside its 
 Each file's lines are counted twice: every line of its functions, and the code among them (no docstring, comment or
 blank line). Counted: the step's own layers. Left out, as a reader takes them by their name and contract without opening
 them (listed with --all): the model (models/), the reward functions (rewards/ but the combiner), data and config
-plumbing (data/, config/, registry.py, settings.py, utils/), the run guard (guard/), the phase timer and FLOP
+plumbing (data/, config/, registry.py, utils/), the run guard (guard/), the phase timer and FLOP
 tally (trainer/timing.py, engine/flops.py), the single-device no-ops (engine/parallel.py), and the sampler's
 helpers named by the loop (sampling/window.py, sampling/ode.py, sampling/trajectory.py).
 
@@ -33,7 +33,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "diffusion_rl"
-LEFT_OUT = ("models/", "data/", "config/", "registry.py", "settings.py", "utils/", "guard/", "trainer/timing.py",
+LEFT_OUT = ("models/", "data/", "config/", "registry.py", "utils/", "guard/", "trainer/timing.py",
             "engine/flops.py", "engine/parallel.py", "sampling/window.py", "sampling/ode.py",
             "sampling/trajectory.py")  # fmt: skip
 REWARDS_KEPT = ("rewards/combine.py",)

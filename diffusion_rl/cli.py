@@ -18,7 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # quiet the torchvision notices of image processors
 
-from diffusion_rl.config_io.secrets import redact_text  # noqa: E402  (config_io imports no torch)
+from diffusion_rl.config.secrets import redact_text  # noqa: E402  (config/ imports no torch)
 from diffusion_rl.errors import GuardStopped, RunStopped, UserError  # noqa: E402
 from diffusion_rl.utils import cuda_alloc, omp  # noqa: E402  (stdlib only: imported before torch)
 
@@ -48,7 +48,7 @@ def _setup_logging(verbose: bool) -> None:
     import diffusers
     import transformers
 
-    from diffusion_rl.config_io.secrets import RedactingFilter
+    from diffusion_rl.config.secrets import RedactingFilter
 
     for handler in logging.getLogger().handlers:  # a URL's credentials never reach the console or a log file
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
@@ -133,6 +133,7 @@ SAMPLE_DEFAULTS = {"steps": 20, "guidance": 4.5, "guidance_low_noise": None, "he
 
 
 def cmd_sample(args) -> None:
+    from diffusion_rl.config.fields import check_flag
     from diffusion_rl.config.model import ModelConfig
     from diffusion_rl.data.condition_images import fit_rows
     from diffusion_rl.evaluation.evaluate import EvalSettings
@@ -140,7 +141,6 @@ def cmd_sample(args) -> None:
     from diffusion_rl.models.loader import load_model
     from diffusion_rl.sampling.rollout import sample_images
     from diffusion_rl.sampling.window import default_window
-    from diffusion_rl.settings import check_flag
     from diffusion_rl.tracking.media import sample_sheet, save_sample
     from diffusion_rl.utils.seeding import seed_for
 
@@ -233,9 +233,9 @@ def cmd_prepare_shapes_edits(args) -> None:
 
 def cmd_config(args) -> None:
     from diffusion_rl.config import Config, load
-    from diffusion_rl.config_io.reference import describe, describe_markdown
-    from diffusion_rl.config_io.secrets import redact_secrets
-    from diffusion_rl.config_io.yaml_files import to_yaml
+    from diffusion_rl.config.loading import to_yaml
+    from diffusion_rl.config.reference import describe, describe_markdown
+    from diffusion_rl.config.secrets import redact_secrets
 
     if args.action == "show":  # secrets (an inline api_key) show as ***redacted***, as in a run's config.yaml
         print(to_yaml(redact_secrets(load(args.config, args.overrides))), end="")
@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="optional dotted key=value overrides, e.g. train.total_steps=10")  # fmt: skip
     p.set_defaults(fn=cmd_train)
 
-    from diffusion_rl.models.registry import FAMILIES
+    from diffusion_rl.config.plugins import FAMILIES
     from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES
     from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 
@@ -344,10 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def requested_engine(argv: list[str]) -> dict:
-    """The engine section as the command line asks for it, read once before torch loads (config_io imports no torch):
+    """The engine section as the command line asks for it, read once before torch loads (config/ imports no torch):
     the first config file it names (with its base files) under its `engine.<key>=` overrides; {} when neither says. A
     bad file or value counts as unsaid here: the command itself refuses it in one line."""
-    from diffusion_rl.config_io.yaml_files import apply_overrides, read_yaml_config
+    from diffusion_rl.config.loading import apply_overrides, read_yaml_config
 
     overrides = [a for a in argv if a.startswith("engine.") and "=" in a]
     files = [a for a in argv if a.endswith((".yaml", ".yml")) and os.path.isfile(a)]

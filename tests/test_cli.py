@@ -261,7 +261,7 @@ def test_a_command_without_its_config_asks_for_the_config_only_overrides_are_opt
 
 
 def test_init_tiny_help_lists_each_familys_presets(capsys):
-    from diffusion_rl.models.registry import FAMILIES
+    from diffusion_rl.config.plugins import FAMILIES
     from diffusion_rl.models.tiny import tiny_presets
 
     with pytest.raises(SystemExit):

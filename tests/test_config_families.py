@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.config import load
-from diffusion_rl.config_io.yaml_files import to_yaml
+from diffusion_rl.config.loading import to_yaml
+from diffusion_rl.config.plugins import LOSSES
 from diffusion_rl.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

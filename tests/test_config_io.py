@@ -1,6 +1,6 @@
-"""Strict YAML + command-line config loading into dataclasses (diffusion_rl.config_io)."""
+"""Strict YAML + command-line config loading into dataclasses (diffusion_rl.config.loading, config.convert)."""
 
-from __future__ import annotations  # the schema's annotations are strings: config_io must resolve them
+from __future__ import annotations  # the schema's annotations are strings: the loader must resolve them
 
 import dataclasses
 from dataclasses import dataclass, field
@@ -9,9 +9,9 @@ from typing import Any, Literal
 import pytest
 import yaml
 
-from diffusion_rl.config_io.convert import from_dict, to_dict
-from diffusion_rl.config_io.reference import describe, field_help
-from diffusion_rl.config_io.yaml_files import apply_overrides, load_config, to_yaml
+from diffusion_rl.config.convert import from_dict, to_dict
+from diffusion_rl.config.loading import apply_overrides, load_config, to_yaml
+from diffusion_rl.config.reference import describe, field_help
 from diffusion_rl.errors import UserError
 
 
@@ -105,7 +105,7 @@ def test_empty_file_and_no_file_give_defaults(tmp_path):
 
 
 def test_exponent_floats_parse_as_floats_in_yaml_and_overrides(tmp_path):
-    # PyYAML's YAML 1.1 rules read 1e-4 as a string; config_io must not.
+    # PyYAML's YAML 1.1 rules read 1e-4 as a string; the loader must not.
     cfg = load_config(Sample, _write(tmp_path, "model: m\ntrain: {lr: 1e-4}\nextra: 3e-4\n"))
     assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
     assert cfg.extra == 3e-4  # an Any field gets a float too, not the string '3e-4'
@@ -329,7 +329,7 @@ def test_init_false_fields_are_not_config_keys():
 
 
 def test_a_config_file_extends_its_base_file(tmp_path):
-    from diffusion_rl.config_io.yaml_files import read_yaml_config
+    from diffusion_rl.config.loading import read_yaml_config
 
     (tmp_path / "base.yaml").write_text("a: 1\nsection:\n  x: 1\n  y: 2\nitems: [1, 2]\n")
     (tmp_path / "sub").mkdir()
@@ -338,7 +338,7 @@ def test_a_config_file_extends_its_base_file(tmp_path):
 
 
 def test_a_cycle_of_base_files_is_an_error(tmp_path):
-    from diffusion_rl.config_io.yaml_files import read_yaml_config
+    from diffusion_rl.config.loading import read_yaml_config
 
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
@@ -350,7 +350,7 @@ def test_a_cycle_of_base_files_is_an_error(tmp_path):
 
 
 def test_redact_secrets_replaces_secret_named_values_at_any_depth():
-    from diffusion_rl.config_io.secrets import REDACTED, redact_secrets, without_redacted
+    from diffusion_rl.config.secrets import REDACTED, redact_secrets, without_redacted
 
     kwargs = {
         "api_key": "sk-1",
@@ -395,26 +395,26 @@ HARMLESS_KEYS = ["max_tokens", "text_tokens", "tokenizer", "tokenizer_path", "pa
 
 @pytest.mark.parametrize("key", SECRET_KEYS)
 def test_a_key_named_for_a_secret_is_redacted(key):
-    from diffusion_rl.config_io.secrets import REDACTED, redact_secrets
+    from diffusion_rl.config.secrets import REDACTED, redact_secrets
 
     assert redact_secrets({"kwargs": {key: "s3cr3t", "n": 1}}) == {"kwargs": {key: REDACTED, "n": 1}}
 
 
 @pytest.mark.parametrize("key", HARMLESS_KEYS)
 def test_a_key_that_only_contains_a_secret_word_is_kept(key):
-    from diffusion_rl.config_io.secrets import redact_secrets
+    from diffusion_rl.config.secrets import redact_secrets
 
     assert redact_secrets({"kwargs": {key: "value"}}) == {"kwargs": {key: "value"}}
 
 
 def test_a_flag_under_a_secret_looking_name_is_kept():
-    from diffusion_rl.config_io.secrets import redact_secrets
+    from diffusion_rl.config.secrets import redact_secrets
 
     assert redact_secrets({"private": True, "token": None}) == {"private": True, "token": None}
 
 
 def test_the_credentials_in_a_url_are_redacted_anywhere_and_count_as_redacted():
-    from diffusion_rl.config_io.secrets import REDACTED, redact_secrets, redact_text, without_redacted
+    from diffusion_rl.config.secrets import REDACTED, redact_secrets, redact_text, without_redacted
 
     kwargs = {"url": "http://user:SECRET@host:8000/v1", "mirrors": ["https://tok@h.example"], "mail": "a@b.c",
               "plain": "http://host/x@y"}  # fmt: skip
@@ -427,7 +427,7 @@ def test_the_credentials_in_a_url_are_redacted_anywhere_and_count_as_redacted():
 
 def test_a_redacted_config_loads_back(tmp_path):
     from diffusion_rl.config import Config
-    from diffusion_rl.config_io.secrets import REDACTED, redact_secrets
+    from diffusion_rl.config.secrets import REDACTED, redact_secrets
 
     cfg = load_config(Config, None, ["rewards=[{name: vlm, kwargs: {base_url: 'http://x', api_key: sk-1}}]"])
     path = tmp_path / "config.yaml"

@@ -148,12 +148,12 @@ def test_guard_loss_and_rollout_correction_settings_outside_their_range_are_one_
 
 def test_every_size_count_and_rate_of_the_config_has_a_range():
     """Each int or float key of the whole config tree (every section, each registered loss's algorithm.<loss>, the
-    guard, rollout correction, list entries) carries `within` (settings.Range), except seeds and the reward weights
+    guard, rollout correction, list entries) carries `within` (fields.Range), except seeds and the reward weights
     (any finite number ≥ 0, checked with their own hint in config/data.py)."""
     import typing
 
     from diffusion_rl.config import Config
-    from diffusion_rl.config_io.convert import walk
+    from diffusion_rl.config.convert import walk
 
     unbounded = {"run.seed", "val.seed", "rewards.*.weight"}
     missing = []
@@ -167,7 +167,7 @@ def test_every_size_count_and_rate_of_the_config_has_a_range():
 
 def test_the_reference_shows_each_range():
     from diffusion_rl.config import Config
-    from diffusion_rl.config_io.reference import describe
+    from diffusion_rl.config.reference import describe
 
     assert "sampling.height: int in [1, 8192] = 64" in describe(Config)
     assert "train.lr: float in (0, 1000000] = 0.001" in describe(Config)

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES, register_loss
+from diffusion_rl.algorithms.base import register_loss
 from diffusion_rl.algorithms.policy_gradient import (
     PolicyGradient,
     PolicyLossSettings,
@@ -24,6 +24,7 @@ from diffusion_rl.algorithms.policy_gradient import (
 )
 from diffusion_rl.cli import main
 from diffusion_rl.config import load
+from diffusion_rl.config.plugins import FAMILIES, LOSSES
 from diffusion_rl.estimate.architectures import Architecture, Encoder, architecture_for, from_shipped, shipped
 from diffusion_rl.estimate.counting import (
     DecodeCost,
@@ -37,7 +38,7 @@ from diffusion_rl.estimate.devices import DEVICES, device_of_name, peak_flops_of
 from diffusion_rl.estimate.estimator import estimate, lora_params
 from diffusion_rl.models.doctor import count_saved_tensors
 from diffusion_rl.models.families.sd3 import SD3Model
-from diffusion_rl.models.registry import FAMILIES, ModelFamily, register_family
+from diffusion_rl.models.registry import ModelFamily, register_family
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/quickstart_flow_grpo.yaml")

@@ -7,6 +7,8 @@ hides a circle, it does not remove it; a type hint that points up is a dependenc
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,14 +28,7 @@ FORBIDDEN = {
     "checkpoint": ("engine", "trainer", "evaluation", "algorithms"),
 }
 # config/ is the ground: what it may import besides itself, the leaves below every layer
-GROUND = (
-    "diffusion_rl.errors",
-    "diffusion_rl.registry",
-    "diffusion_rl.user_code",
-    "diffusion_rl.utils",
-    "diffusion_rl.settings",
-    "diffusion_rl.config_io",
-)
+GROUND = ("diffusion_rl.errors", "diffusion_rl.registry", "diffusion_rl.user_code", "diffusion_rl.utils")
 
 
 def _module_name(path: Path, search_root: Path) -> str:
@@ -89,6 +84,14 @@ def test_config_imports_no_layer_above_it():
     assert not found, "\n".join(found)
 
 
+def test_importing_the_config_loads_no_layer_above_it():
+    """Not at import either (a registry imports its plugins on its first look-up, when a config is checked)."""
+    allowed = ("diffusion_rl.config", *GROUND)
+    code = "import sys, diffusion_rl.config; print(' '.join(m for m in sys.modules if m.startswith('diffusion_rl.')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert [m for m in loaded.split() if not m.startswith(allowed)] == []
+
+
 def test_the_engine_reads_no_dataset():
     """Workers get the run's texts in their spec (engine/spec.py): the trainer reads the prompts, once."""
     readers = {"diffusion_rl.data.prompts", "diffusion_rl.data.pairs"}
@@ -113,11 +116,15 @@ def test_no_file_in_the_package_is_over_600_lines():
     assert not long, "over 600 lines:\n" + "\n".join(long)
 
 
-def test_config_io_is_a_leaf():
-    """The loader works for any dataclass tree (the run config, pretraining's, a loss's settings): it imports only
-    itself and diffusion_rl.errors, so loading a config never pulls in the sections' dependencies."""
-    imported = {m for path in (PACKAGE / "config_io").rglob("*.py") for _, m in _package_imports(path)}
-    assert all(m.startswith(("diffusion_rl.config_io.", "diffusion_rl.errors")) for m in imported), imported
+def test_the_config_loader_imports_nothing_of_the_tree():
+    """The loader works for any dataclass tree (the run config, pretraining's, a loss's settings): its modules import
+    only each other and diffusion_rl.errors, so loading a tree never reaches the run's sections or the plugins."""
+    loader = ("fields", "loading", "convert", "reference", "secrets")
+    allowed = ("diffusion_rl.errors", *(f"diffusion_rl.config.{name}." for name in loader))
+    found = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+             for path in (PACKAGE / "config" / f"{name}.py" for name in loader)
+             for line, module in _package_imports(path) if not module.startswith(allowed)]  # fmt: skip
+    assert not found, "\n".join(found)
 
 
 def _module_of(name: str) -> str | None:

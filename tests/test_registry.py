@@ -44,8 +44,7 @@ def test_a_registry_finds_its_plugins_on_first_look_up(things):
 
 
 def test_the_built_in_registries_hold_every_plugin_file():
-    from diffusion_rl.algorithms.base import LOSSES
-    from diffusion_rl.models.registry import FAMILIES
+    from diffusion_rl.config.plugins import FAMILIES, LOSSES
     from diffusion_rl.rewards.base import REWARDS
 
     losses = {"flow_grpo", "grpo_guard", "flow_dppo", "tempflow_grpo", "flash_grpo", "dpo", "nft", "awm"}

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from diffusion_rl.config import Config
-from diffusion_rl.config_io.yaml_files import (
+from diffusion_rl.config.loading import (
     ALIAS_BUDGET,
     MAX_CONFIG_BYTES,
     apply_overrides,

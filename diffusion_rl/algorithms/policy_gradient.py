@@ -40,10 +40,10 @@ from diffusion_rl.algorithms.base import (
 )
 from diffusion_rl.algorithms.credit import make_credit
 from diffusion_rl.algorithms.rollout_correction import make_correction
+from diffusion_rl.config.fields import Range, check, opt
 from diffusion_rl.metrics import MAX, MIN, declare_metrics
 from diffusion_rl.sampling.rollout import recompute_step
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.settings import Range, check, opt
 from diffusion_rl.utils.seeding import make_generator
 
 

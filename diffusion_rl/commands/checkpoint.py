@@ -92,8 +92,8 @@ def migrate_config(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def _upgraded_config(directory: Path):
     """The checkpoint's config.yaml, migrated and built (a UserError naming the file when it does not load)."""
     from diffusion_rl.config import Config
-    from diffusion_rl.config_io.convert import from_dict
-    from diffusion_rl.config_io.yaml_files import read_yaml_config
+    from diffusion_rl.config.convert import from_dict
+    from diffusion_rl.config.loading import read_yaml_config
     from diffusion_rl.user_code import refusing_user_code
 
     data, changes = migrate_config(read_yaml_config(directory / CONFIG_FILE))
@@ -109,8 +109,8 @@ def _upgraded_config(directory: Path):
 
 def upgrade(directory: str | os.PathLike[str], model_path: str | None = None) -> Path:
     """Rewrite the checkpoint `directory` (a step_NNNNNN folder) in the current format, in place."""
-    from diffusion_rl.config_io.secrets import redact_secrets
-    from diffusion_rl.config_io.yaml_files import to_yaml
+    from diffusion_rl.config.loading import to_yaml
+    from diffusion_rl.config.secrets import redact_secrets
     from diffusion_rl.engine.worker import PolicyWorker
     from diffusion_rl.trainer.setup import worker_spec
 

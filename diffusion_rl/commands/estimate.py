@@ -48,11 +48,11 @@ def register(subparsers) -> None:
 
 def cmd_estimate(args) -> None:
     from diffusion_rl.config import EngineConfig, LogConfig, ModelConfig, load
+    from diffusion_rl.config.fields import check_flag
     from diffusion_rl.errors import UserError
     from diffusion_rl.estimate.architectures import architecture_for
     from diffusion_rl.estimate.devices import device_named
     from diffusion_rl.estimate.estimator import EFFICIENCY, EFFICIENCY_RANGE, estimate
-    from diffusion_rl.settings import check_flag
 
     ranged = (  # (flag, the config key whose range it is checked against, its section)
         ("--gpus", "engine.num_workers", EngineConfig),

@@ -99,7 +99,7 @@ def _refuse_untrusted_code(args: argparse.Namespace, first_config, checkpoint) -
 
 
 def _reward_choices(args: argparse.Namespace, first_config, checkpoint=None) -> list:
-    from diffusion_rl.config_io.secrets import without_redacted
+    from diffusion_rl.config.secrets import without_redacted
     from diffusion_rl.evaluation import RewardChoice
 
     if args.reward:
@@ -137,10 +137,10 @@ def _reward_choices(args: argparse.Namespace, first_config, checkpoint=None) -> 
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from diffusion_rl.checkpoint.weights import checkpoint_config
+    from diffusion_rl.config.fields import check_flag
     from diffusion_rl.config.model import LoraConfig, ModelConfig
     from diffusion_rl.data.prompts import load_prompts
     from diffusion_rl.evaluation import EvalSettings, evaluate, resolve_targets
-    from diffusion_rl.settings import check_flag
 
     targets = resolve_targets(args.checkpoint)
     first_checkpoint = next((t.checkpoint for t in targets if not t.is_base), None)

@@ -1,13 +1,22 @@
-"""The configuration: one typed dataclass tree, loaded from YAML plus dotted `key=value` overrides.
+"""The configuration, in one package: the typed dataclass tree of a run, and the loader for any such tree.
 
-One module per section group (model, sampling, data, algorithm, train, log, engine, guard); each holds its sections
-and their own checks. `Config` holds them all and, once the tree is built, runs the checks that span sections (below
-it, here). Every field has a default, a one-line help text and, for sizes, counts and rates, a range the loader
-checks (config_io/convert.py); `__post_init__` rejects impossible combinations with a message that says what to
-change. A name that a plugin registers (a loss, a model family, a step type, an ODE solver) is checked against its
-registry in config/plugins.py, which sits here at the ground: config/ imports no layer above it.
-`diffusion-rl config show CONFIG` prints the resolved tree and `docs/config.md` is generated from it
-(`diffusion-rl config reference`).
+The tree, one module per section group, each section with its own checks:
+    algorithm.py (+ rollout_correction.py)  data.py  engine.py  guard.py  log.py  model.py  sampling.py  train.py
+`Config` (here) holds them all and, once the tree is built, runs the checks that span sections (below it). A name
+that a plugin registers (a loss, a model family, a step type, an ODE solver) is checked against its registry in
+plugins.py, into which the plugins register from their own layers: config/ is the ground and imports no layer above
+it (tests/test_layers.py).
+
+What every settings dataclass is made of, and the loader (it works for any tree of them: the run's, pretraining's, a
+loss's settings, and imports nothing of the tree):
+    fields.py     `opt` (a field with its help text and range), `Range`, `OneOf`, the size limits, `check`
+    loading.py    YAML files (with their bases) and dotted `key=value` overrides → a tree (`load_config`)
+    convert.py    plain data ↔ dataclasses, every key, type and range checked (`from_dict`, `to_dict`)
+    reference.py  the reference of every key (`diffusion-rl config reference`, docs/config.md)
+    secrets.py    secret values hidden in what a run writes
+
+`__post_init__` rejects impossible combinations with a message that says what to change. `diffusion-rl config show
+CONFIG` prints the resolved tree.
 """
 
 from __future__ import annotations
@@ -19,13 +28,13 @@ from dataclasses import dataclass
 from diffusion_rl.config.algorithm import AlgorithmConfig, check_rollout_correction
 from diffusion_rl.config.data import DataConfig, RewardSpec
 from diffusion_rl.config.engine import EngineConfig
+from diffusion_rl.config.fields import check, opt
 from diffusion_rl.config.guard import GuardConfig
+from diffusion_rl.config.loading import load_config
 from diffusion_rl.config.log import LogConfig, ProfileConfig
 from diffusion_rl.config.model import ModelConfig
 from diffusion_rl.config.sampling import SamplingConfig, check_window
 from diffusion_rl.config.train import RunConfig, TrainConfig, ValConfig
-from diffusion_rl.config_io.yaml_files import load_config
-from diffusion_rl.settings import check, opt
 
 logger = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from diffusion_rl.config.convert import SECTIONS
+from diffusion_rl.config.fields import MAX_GROUP, Range, check, opt
 from diffusion_rl.config.plugins import LOSSES, loss_spec
 from diffusion_rl.config.rollout_correction import RolloutCorrectionConfig
-from diffusion_rl.config_io.convert import SECTIONS
 from diffusion_rl.errors import UserError, did_you_mean
-from diffusion_rl.settings import MAX_GROUP, Range, check, opt
 from diffusion_rl.user_code import is_user_function_spec, user_code_refused
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from diffusion_rl.settings import MAX_BATCH, MAX_GROUP, MAX_SECONDS, Range, check, opt
+from diffusion_rl.config.fields import MAX_BATCH, MAX_GROUP, MAX_SECONDS, Range, check, opt
 
 
 @dataclass

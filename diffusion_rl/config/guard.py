@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.settings import MAX_COUNT, MAX_PIXELS, Range, opt
+from diffusion_rl.config.fields import MAX_COUNT, MAX_PIXELS, Range, opt
 
 IMAGE_STATS = ("brightness", "dark_fraction", "saturated_fraction", "colorfulness", "edge_density", "jpeg_kb")
 BATCH_STATS = ("group_diversity",)

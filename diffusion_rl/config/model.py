@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from diffusion_rl.config.fields import OneOf, Range, check, opt
 from diffusion_rl.config.plugins import FAMILIES
 from diffusion_rl.errors import did_you_mean
-from diffusion_rl.settings import OneOf, Range, check, opt
 from diffusion_rl.utils.hub_ids import names_hub_repo
 
 DEFAULT_BACKEND = "sdpa"  # the transformer's attention as diffusers builds it (models/attention.py)

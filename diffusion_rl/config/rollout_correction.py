@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.settings import Range, opt
+from diffusion_rl.config.fields import Range, opt
 
 _OPTIONS = {
     "mode": ("bypass", "decoupled"),

@@ -7,8 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.config.plugins import ODE_SOLVERS, STEP_TYPES
-from diffusion_rl.settings import (
+from diffusion_rl.config.fields import (
     MAX_BATCH,
     MAX_COUNT,
     MAX_FRAMES,
@@ -20,6 +19,7 @@ from diffusion_rl.settings import (
     check,
     opt,
 )
+from diffusion_rl.config.plugins import ODE_SOLVERS, STEP_TYPES
 
 
 @dataclass

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diffusion_rl.config.data import RewardSpec
+from diffusion_rl.config.fields import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, OneOf, Range, opt
 from diffusion_rl.config.plugins import ODE_SOLVERS
-from diffusion_rl.settings import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, OneOf, Range, opt
 
 if TYPE_CHECKING:
     from diffusion_rl.config.sampling import SamplingConfig

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from diffusion_rl.config.fields import Range
 from diffusion_rl.data.prompts import condition_images_in
 from diffusion_rl.errors import UserError
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture, image_sizes_of
@@ -42,7 +43,6 @@ from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.registry import family_named
 from diffusion_rl.sampling.rollout import DECODE_ROWS
 from diffusion_rl.sampling.tree import TreeSpec
-from diffusion_rl.settings import Range
 from diffusion_rl.utils.dtypes import DTYPES
 
 # Fitted on the GPU check of 2026-11-26 on one NVIDIA H200 (benchmarks/results/gpu_check_h200.json, `merged`): the

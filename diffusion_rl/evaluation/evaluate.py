@@ -37,9 +37,10 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.weights import checkpoint_config, load_trained_weights
+from diffusion_rl.config.fields import check_flag
 from diffusion_rl.config.sampling import SamplingConfig
+from diffusion_rl.config.secrets import redact_secrets
 from diffusion_rl.config.train import TrainConfig, ValConfig
-from diffusion_rl.config_io.secrets import redact_secrets
 from diffusion_rl.data.condition_images import METADATA_KEY, fit_rows
 from diffusion_rl.data.prompts import PromptRecord
 from diffusion_rl.errors import UserError
@@ -52,7 +53,6 @@ from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
 from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 from diffusion_rl.sampling.window import default_window
-from diffusion_rl.settings import check_flag
 from diffusion_rl.tracking.media import sample_sheet, save_sample
 from diffusion_rl.utils.digest import file_sha256
 from diffusion_rl.utils.files import naming
@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 OUTPUT_FILES = ("metrics.json", "samples.jsonl", "compare.md", "compare.png", "compare.webp")
 
 
-# EvalSettings' fields, their flags and the config keys whose ranges (settings.Range) they are checked against
+# EvalSettings' fields, their flags and the config keys whose ranges (fields.Range) they are checked against
 FLAG_KEYS = (
     ("n", "--n", "val.n", ValConfig),
     ("num_steps", "--steps", "val.num_steps", ValConfig),

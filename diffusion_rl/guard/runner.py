@@ -60,7 +60,7 @@ GO_ON = (
 def repeat_key(cfg) -> str | None:
     """A digest of what a run's steps depend on: the config but for run.resume, run.val_only, train.total_steps and
     log (None for a validation-only run, which trains nothing)."""
-    from diffusion_rl.config_io.secrets import redact_secrets
+    from diffusion_rl.config.secrets import redact_secrets
 
     if cfg.run.val_only:
         return None

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.config_io.yaml_files import load_config
-from diffusion_rl.settings import check, opt
+from diffusion_rl.config.fields import check, opt
+from diffusion_rl.config.loading import load_config
 
 
 @dataclass

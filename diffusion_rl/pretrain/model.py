@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from diffusion_rl.checkpoint.store import rename_into_place
-from diffusion_rl.config_io.convert import to_dict
+from diffusion_rl.config.convert import to_dict
 from diffusion_rl.data.shapes import write_prompt_files
 from diffusion_rl.models.tiny.parts import build_seeded
 from diffusion_rl.models.tiny.sd3 import PRESETS, build

@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 from diffusion_rl.checkpoint.manifest import verify_checkpoint
 from diffusion_rl.checkpoint.paths import step_dir_name, step_of
 from diffusion_rl.checkpoint.store import CheckpointManager
-from diffusion_rl.config_io.secrets import redact_secrets
-from diffusion_rl.config_io.yaml_files import to_yaml
+from diffusion_rl.config.loading import to_yaml
+from diffusion_rl.config.secrets import redact_secrets
 from diffusion_rl.data.shapes import ShapesWorld, spread_subset
 from diffusion_rl.engine.ema import EmaWeights
 from diffusion_rl.errors import UserError

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.config_io.secrets import redact_secrets
+from diffusion_rl.config.secrets import redact_secrets
 from diffusion_rl.errors import UserError
 from diffusion_rl.tracking.base import check_image, to_scalar
 from diffusion_rl.tracking.video import check_video, save_video
@@ -93,8 +93,8 @@ def redact_overrides(args: Sequence[str]) -> list[str]:
     config.yaml hides them."""
     import yaml
 
-    from diffusion_rl.config_io.secrets import REDACTED, is_secret_key, redact_text
-    from diffusion_rl.config_io.yaml_files import load_yaml_text
+    from diffusion_rl.config.loading import load_yaml_text
+    from diffusion_rl.config.secrets import REDACTED, is_secret_key, redact_text
 
     out = []
     for arg in args:

@@ -29,8 +29,8 @@ from diffusion_rl.checkpoint.paths import step_dir_name, step_of
 from diffusion_rl.checkpoint.state import CONFIG_FILE, read_state, write_state
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config import Config
-from diffusion_rl.config_io.secrets import redact_secrets, refuse_redacted
-from diffusion_rl.config_io.yaml_files import to_yaml
+from diffusion_rl.config.loading import to_yaml
+from diffusion_rl.config.secrets import redact_secrets, refuse_redacted
 from diffusion_rl.data.condition_images import (
     check_condition_images,
     count_mismatch,

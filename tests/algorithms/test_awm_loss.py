@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.preference.awm import AwmInput, awm_log_p, awm_timestep_indices
+from diffusion_rl.config.plugins import LOSSES
 
 CLIP = 0.2
 # row 0: mse = (1 + 0)/2 = 0.5 at t = 0.25; row 1: mse = (1 + 4)/2 = 2.5 at t = 0.8

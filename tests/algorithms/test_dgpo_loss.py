@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.preference.dgpo import DgpoInput, dgpo_timestep_indices
+from diffusion_rl.config.plugins import LOSSES
 
 # U = 2 groups of G = 3 rows, D = 2 elements a row
 V = [[[0.5, -0.2], [0.1, 0.4], [-0.3, 0.9]], [[1.0, 0.0], [0.2, -0.6], [0.7, 0.3]]]

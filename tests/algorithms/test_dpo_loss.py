@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.preference.dpo import DpoInput, dpo_timesteps
+from diffusion_rl.config.plugins import LOSSES
 
 BETA = 2.0
 # Two pairs of 2-element "latents". Per-sample error = mean of squared (v - u):

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.losses.flash_grpo import step_coefficients
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
+from diffusion_rl.config.plugins import LOSSES
 from diffusion_rl.sampling.window import window_for_step
 
 NOISE = 0.7

@@ -4,9 +4,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.losses.flow_dppo import FlowDppoSettings
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
+from diffusion_rl.config.plugins import LOSSES
 
 THRESHOLD = 1e-3
 STD = [1.0, 0.5, 2.0]

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
+from diffusion_rl.config.plugins import LOSSES
 
 CLIP = 0.2
 # Sample 0: ratio e^0.1 inside the clip range. Sample 1: ratio e^0.5 above it with A > 0 (clipped at 1.2).

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
+from diffusion_rl.config.plugins import LOSSES
 
 CLIP = 0.05
 SQRT_DT = [0.5, 0.5, 0.5]

@@ -3,8 +3,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.preference.nft import NftInput, nft_timestep_indices, reward_probability
+from diffusion_rl.config.plugins import LOSSES
 
 BETA, CLIP, KL = 0.5, 2.0, 0.1
 # sample 0: A = -c (r = 0); sample 1: A = 0 (r = 1/2)

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.preference.nft import NftInput, NftSettings, reward_probability
 from diffusion_rl.config import load
+from diffusion_rl.config.plugins import LOSSES
 from diffusion_rl.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
+from diffusion_rl.config.plugins import LOSSES
 
 # five samples; clip range 0.1: ratio e^0.2 = 1.22 and e^0.15 = 1.16 clip above, e^-0.3 = 0.74 below
 LOG_RATIOS = [0.2, -0.05, -0.3, 0.15, 0.0]

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.losses.tempflow_grpo import noise_aware_weight
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
+from diffusion_rl.config.plugins import LOSSES
 
 CLIP = 0.05
 # Flow-GRPO's std at sigma 0.8 and 0.4 (noise level 0.7): 0.7·√(σ/(1 − σ)); √dt of steps of 0.2 and 0.1.

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.preference.base import forward_noise, row_mean
 from diffusion_rl.algorithms.preference.dpo import DpoInput
+from diffusion_rl.config.plugins import LOSSES
 
 
 def video(rows):

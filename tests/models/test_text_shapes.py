@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from diffusion_rl.config.model import ModelConfig
+from diffusion_rl.config.plugins import FAMILIES
 from diffusion_rl.estimate.architectures import from_tiny
 from diffusion_rl.models.loader import model_of_pipeline
-from diffusion_rl.models.registry import FAMILIES, family_named
+from diffusion_rl.models.registry import family_named
 from diffusion_rl.models.tiny import build_tiny
 
 TEXTS = ["a red cube", "", "a very long prompt " * 12]  # the last one is longer than max_sequence_length tokens

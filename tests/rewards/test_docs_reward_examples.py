@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from diffusion_rl.config.convert import from_dict
 from diffusion_rl.config.data import RewardSpec
-from diffusion_rl.config_io.convert import from_dict
 from diffusion_rl.rewards import REWARDS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

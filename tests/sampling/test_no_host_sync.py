@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
+from diffusion_rl.config.plugins import LOSSES
 from diffusion_rl.sampling.sde import STEP_TYPE_NAMES, check_sigmas, get_step
 
 HOST_READS = {"item", "tolist", "nonzero", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"}

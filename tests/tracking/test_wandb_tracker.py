@@ -42,7 +42,7 @@ def test_make_trackers_rejects_unknown_wandb_option_with_a_suggestion(tmp_path):
 
 
 def test_the_command_line_handed_to_wandb_hides_secret_overrides():
-    from diffusion_rl.config_io.secrets import REDACTED
+    from diffusion_rl.config.secrets import REDACTED
     from diffusion_rl.tracking.wandb import redact_overrides
 
     args = ["configs/q.yaml", "rewards.0.kwargs.api_key=sk-1", "rewards.0.kwargs={api_key: sk-2, max_tokens: 7}",

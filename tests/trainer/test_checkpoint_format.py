@@ -13,7 +13,7 @@ from diffusion_rl.checkpoint.manifest import write_manifest
 from diffusion_rl.checkpoint.state import SafeReader, check_format, read_saved_tensors, read_state
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.cli import main
-from diffusion_rl.config_io.yaml_files import to_yaml
+from diffusion_rl.config.loading import to_yaml
 from diffusion_rl.errors import UserError
 from diffusion_rl.utils.digest import weights_digest
 from diffusion_rl.utils.rng import capture_rng_state

@@ -15,7 +15,7 @@ from diffusion_rl.checkpoint.weights import checkpoint_config
 from diffusion_rl.cli import main
 from diffusion_rl.commands.checkpoint import migrate_config
 from diffusion_rl.config import load
-from diffusion_rl.config_io.yaml_files import read_yaml_config
+from diffusion_rl.config.loading import read_yaml_config
 from diffusion_rl.trainer import make_trainer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v0" / "step_000001"

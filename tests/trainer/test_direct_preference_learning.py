@@ -29,7 +29,7 @@ from tempfile import mkdtemp
 import pytest
 
 from diffusion_rl.cli import main
-from diffusion_rl.config_io.yaml_files import to_yaml
+from diffusion_rl.config.loading import to_yaml
 
 from .conftest import JPEG_SIZE, ONE_MICRO_BATCH, reversal_signals
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusion_rl.algorithms import LOSSES, LossOutput, register_loss
+from diffusion_rl.algorithms import LossOutput, register_loss
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient, PolicyLossInput, PolicyLossSettings
 from diffusion_rl.config import Config
-from diffusion_rl.config_io.reference import field_help
+from diffusion_rl.config.fields import opt
+from diffusion_rl.config.plugins import LOSSES
+from diffusion_rl.config.reference import field_help
 from diffusion_rl.errors import UserError
-from diffusion_rl.settings import opt
 
 
 @dataclass
@@ -73,7 +74,7 @@ import torch
 
 from diffusion_rl.algorithms import LossOutput, register_loss
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient, PolicyLossSettings
-from diffusion_rl.settings import opt
+from diffusion_rl.config.fields import opt
 
 pathlib.Path(__file__).with_name("imported").write_text("yes")
 

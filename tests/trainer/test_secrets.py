@@ -13,7 +13,7 @@ import pytest
 import diffusion_rl.trainer.trainer as trainer_module
 from diffusion_rl.cli import main
 from diffusion_rl.config import load
-from diffusion_rl.config_io.secrets import REDACTED
+from diffusion_rl.config.secrets import REDACTED
 from diffusion_rl.errors import UserError
 from diffusion_rl.trainer import make_trainer as trainer_for
 

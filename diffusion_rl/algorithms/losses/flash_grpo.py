@@ -38,8 +38,8 @@ import torch
 from diffusion_rl.algorithms.base import register_loss
 from diffusion_rl.algorithms.losses.flow_grpo import flow_grpo_loss
 from diffusion_rl.algorithms.policy_gradient import ClippedLossSettings, PolicyGradient, gather_columns
+from diffusion_rl.config.fields import Range, check, opt
 from diffusion_rl.sampling.sde import get_step
-from diffusion_rl.settings import Range, check, opt
 
 
 @dataclass

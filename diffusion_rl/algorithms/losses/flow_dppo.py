@@ -38,8 +38,8 @@ from diffusion_rl.algorithms.policy_gradient import (
     ratio_metrics,
     require_exact_anchor_means,
 )
+from diffusion_rl.config.fields import Range, opt
 from diffusion_rl.metrics import MAX, declare_metrics
-from diffusion_rl.settings import Range, opt
 
 declare_metrics({"dppo/kl_max": MAX})
 

@@ -40,7 +40,7 @@ from diffusion_rl.algorithms.policy_gradient import (
     ratio_metrics,
     require_exact_anchor_means,
 )
-from diffusion_rl.settings import Range, check, opt
+from diffusion_rl.config.fields import Range, check, opt
 
 
 @dataclass

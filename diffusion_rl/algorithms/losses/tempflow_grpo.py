@@ -42,7 +42,7 @@ from diffusion_rl.algorithms.policy_gradient import (
     policy_loss_output,
     ratio_metrics,
 )
-from diffusion_rl.settings import Range, check, opt
+from diffusion_rl.config.fields import Range, check, opt
 
 
 @dataclass

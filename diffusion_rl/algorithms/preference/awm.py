@@ -56,8 +56,8 @@ from diffusion_rl.algorithms.preference.base import (
     row_mean,
     weighted,
 )
+from diffusion_rl.config.fields import MAX_STEPS, Range, check, opt
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.settings import MAX_STEPS, Range, check, opt
 from diffusion_rl.utils.seeding import make_generator
 
 WEIGHTINGS = ("uniform", "t", "ghuber")

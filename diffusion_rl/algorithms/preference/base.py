@@ -17,8 +17,8 @@ from tensordict import TensorDict, tensorclass
 
 from diffusion_rl.algorithms.base import Algorithm, TrainBatch, loss_names
 from diffusion_rl.algorithms.credit import Targets
+from diffusion_rl.config.fields import check
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.settings import check
 
 
 def row_mean(x: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,7 @@ from diffusion_rl.algorithms.preference.base import (
     noise_like,
     weighted,
 )
-from diffusion_rl.settings import MAX_COUNT, MAX_STEPS, Range, check, opt
+from diffusion_rl.config.fields import MAX_COUNT, MAX_STEPS, Range, check, opt
 from diffusion_rl.utils.seeding import make_generator
 
 OLD = "old"  # the implicit reward's baseline (old_reference)

@@ -49,7 +49,7 @@ from diffusion_rl.algorithms.preference.base import (
     ramped_decay,
     weighted,
 )
-from diffusion_rl.settings import MAX_STEPS, Range, check, opt
+from diffusion_rl.config.fields import MAX_STEPS, Range, check, opt
 from diffusion_rl.utils.seeding import make_generator
 
 OLD = "old"  # the EMA policy the clip compares with (and, with ema_reference, the preference's reference)

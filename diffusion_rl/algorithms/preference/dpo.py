@@ -42,8 +42,8 @@ from diffusion_rl.algorithms.preference.base import (
     row_mean,
     weighted,
 )
+from diffusion_rl.config.fields import Range, opt
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.settings import Range, opt
 from diffusion_rl.utils.seeding import make_generator
 
 TRAIN_SCHEDULE_STEPS = 1000  # the training schedule DPO's logit-normal t indexes (SD3-style: 1000 timesteps)

@@ -57,8 +57,8 @@ from diffusion_rl.algorithms.preference.base import (
     row_mean,
     weighted,
 )
+from diffusion_rl.config.fields import MAX_COUNT, Range, check, opt
 from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.settings import MAX_COUNT, Range, check, opt
 from diffusion_rl.utils.seeding import make_generator
 
 MIN_WEIGHT = 1e-5  # DiffusionNFT's floor of the adaptive normaliser (the default of `weight_floor`)

@@ -1,7 +1,7 @@
 """Type conversion: plain data (parsed YAML, overrides) → a tree of dataclasses, every key and value checked.
 
 Works for any tree of dataclasses. Unknown keys, wrong types, values outside a ``Literal`` and numbers outside a
-field's range (``settings.opt(..., within=Range(...))``) are errors (``ConfigError``, a ``UserError``) that name the
+field's range (``fields.opt(..., within=Range(...))``) are errors (``ConfigError``, a ``UserError``) that name the
 full dotted key, never silently ignored. The only conversions are int -> float and numeric string -> float for
 float fields. ``to_dict`` turns a tree back into plain data.
 """
@@ -20,7 +20,7 @@ from diffusion_rl.errors import UserError, did_you_mean
 
 T = TypeVar("T")
 
-# what YAML 1.2 reads as a number (config_io/yaml_files.py resolves scalars with these; floats also parse here)
+# what YAML 1.2 reads as a number (config/loading.py resolves scalars with these; floats also parse here)
 FLOAT_RE = re.compile(
     r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
     |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
@@ -158,7 +158,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
 
 def _in_range(f: dataclasses.Field, value: Any, path: str) -> Any:
     """``value`` when it lies in the field's range (metadata ``within``: any object with ``in`` and ``str``, e.g.
-    settings.Range, or one with ``names`` too, settings.OneOf); a ConfigError naming the key (a mapping's entry by
+    fields.Range, or one with ``names`` too, fields.OneOf); a ConfigError naming the key (a mapping's entry by
     its own key) and the range otherwise."""
     within = f.metadata.get("within")
     if within is None or value is None:
@@ -166,7 +166,7 @@ def _in_range(f: dataclasses.Field, value: Any, path: str) -> Any:
     for key, v in value.items() if isinstance(value, Mapping) else [("", value)]:
         if v is not None and v not in within:
             where = join_key(path, key) if key else path
-            names = getattr(within, "names", None)  # a set of names (settings.OneOf): said as a Literal's are
+            names = getattr(within, "names", None)  # a set of names (fields.OneOf): said as a Literal's are
             if names is not None:
                 hint = did_you_mean(v, names) if isinstance(v, str) else ""
                 raise ConfigError(f"config key '{where}' must be {within}; got {show(v)}{hint}", where)
@@ -245,7 +245,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return {
             _convert(key_tp, k, join_key(path, k)): _convert(value_tp, v, join_key(path, k)) for k, v in value.items()
         }
-    raise TypeError(f"config field '{path}' has a type config_io does not support: {tp!r}")
+    raise TypeError(f"config field '{path}' has a type the config loader does not support: {tp!r}")
 
 
 def _number_from_str(text: str) -> float | None:

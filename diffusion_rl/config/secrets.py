@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from diffusion_rl.config_io.convert import join_key, to_dict
+from diffusion_rl.config.convert import join_key, to_dict
 from diffusion_rl.errors import UserError
 
 REDACTED = "***redacted***"

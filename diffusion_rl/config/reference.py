@@ -9,7 +9,7 @@ from typing import Union
 
 import yaml
 
-from diffusion_rl.config_io.convert import to_dict, type_name, walk
+from diffusion_rl.config.convert import to_dict, type_name, walk
 
 
 def field_help(cls: type) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Step types and ODE solvers are named once, where they register (config/plugins.py's registries): the config, its
+"""Plugins' names are checked against config/plugins.py's registries, which the plugins register into from their own
+layers. Step types and ODE solvers are named once, where they register: the config, its
 reference and the command line take their names from there, so a new part is accepted with no list to edit."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from diffusion_rl.config import Config, load
-from diffusion_rl.config.plugins import ODE_SOLVERS, STEP_TYPES
-from diffusion_rl.config_io.reference import describe, describe_markdown
+from diffusion_rl.config.plugins import FAMILIES, ODE_SOLVERS, STEP_TYPES
+from diffusion_rl.config.reference import describe, describe_markdown
 from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.ode import Multistep, OdeSolver
 
@@ -57,3 +58,18 @@ def test_an_unknown_name_is_one_line_listing_the_registered_ones(override, names
 def test_the_registries_are_what_the_sampler_registers():
     assert STEP_TYPES.names() == ["cps", "dance_sde", "ode", "sde"]
     assert ODE_SOLVERS.names() == ["ab2", "dpm2", "euler"]
+
+
+def test_a_model_family_is_checked_against_the_registry_with_auto_beside_it():
+    FAMILIES.register("toy_family")(object())  # the config reads only the name
+    try:
+        assert load(None, ["model.family=toy_family"]).model.family == "toy_family"
+        assert load(None, ["model.family=auto"]).model.family == "auto"
+        assert "model.family: one of 'auto', 'flux', " in describe(Config)
+        with pytest.raises(UserError) as e:
+            load(None, ["model.family=sd4"])
+    finally:
+        FAMILIES.remove("toy_family")
+    message = str(e.value)
+    assert "config key 'model.family' must be one of 'auto', 'flux', " in message
+    assert "'toy_family'" in message and "got str 'sd4' (did you mean 'sd3'?)" in message and "\n" not in message

@@ -1,7 +1,8 @@
 """What every settings dataclass is made of: fields with a one-line help text, and checks that name the key.
 
-A leaf module: the config tree (diffusion_rl/config/) and the settings that live next to the code they configure (a
-loss's settings next to the loss) both build on it, so neither has to import the other.
+The run's config tree (the section modules beside this one) and the settings that live next to the code they
+configure (a loss's settings next to the loss, pretraining's) both build on it; it imports nothing of ours but
+errors.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ MAX_SECONDS = 10_000_000  # timeouts (~16 weeks)
 @dataclass(frozen=True)
 class Range:
     """The numbers a size, count or rate may take: lo ≤ x ≤ hi (lo < x with `lo_open`), always finite. The loader
-    refuses any other value in one line naming the key and this range (config_io/convert.py); the reference shows it."""
+    refuses any other value in one line naming the key and this range (config/convert.py); the reference shows it."""
 
     lo: float
     hi: float

@@ -3,7 +3,7 @@
 YAML is read with YAML 1.2 scalar rules rather than PyYAML's 1.1 defaults, because the 1.1 rules bite
 configs: ``1e-4`` would be a string, ``yes``/``no``/``on``/``off`` booleans, ``010`` octal, ``1:30`` an int
 and ``2024-01-01`` a date. Here those are a float and strings (``true``/``false`` are the booleans). Building and
-checking the tree is config_io/convert.py's.
+checking the tree is config/convert.py's.
 
 What is read is bounded: a config file is at most ``MAX_CONFIG_BYTES``, and aliases (``*name``) may repeat what their
 anchor names by at most ``ALIAS_BUDGET`` entries in all (merge keys and a few reuses; a YAML bomb, nine aliases of
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from diffusion_rl.config_io.convert import FLOAT_RE, INT_RE, ConfigError, T, from_dict, show, to_dict
+from diffusion_rl.config.convert import FLOAT_RE, INT_RE, ConfigError, T, from_dict, show, to_dict
 from diffusion_rl.errors import UserError
 
 # ---------------------------------------------------------------------------------------------------------------
