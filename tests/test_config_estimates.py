@@ -53,3 +53,21 @@ def test_a_stale_figure_is_found_and_rewritten_and_a_video_config_counts_videos(
     block = video[video.index(config_estimates.BLOCK) :]
     assert "videos/s" in block and "of 128 videos" in block and "images" not in block
     assert " h on 8× H100" in block and "GPU-hours" in block  # the whole run's wall-clock on the GPUs it names
+
+
+def test_choosing_an_algorithm_quotes_the_estimate_tables_figures():
+    """docs/choosing_an_algorithm.md's cost table repeats, per ready config, docs/estimate.md's GPUs, seconds per
+    step, whole run and GPU-hours: the same figures, so a rewritten estimate shows up here as a failure."""
+    estimated = {}
+    doc = (ROOT / "docs/estimate.md").read_text(encoding="utf-8").split("\n")
+    for row in doc[doc.index(config_estimates.TABLE_START) + 3 : doc.index(config_estimates.TABLE_END)]:
+        name, gpus, _, step, run, _, hours, _ = (cell.strip() for cell in row.strip("|").split("|"))
+        estimated[name] = (gpus, step.removesuffix(" s"), run, hours)
+    text = (ROOT / "docs/choosing_an_algorithm.md").read_text(encoding="utf-8")
+    table = text[text.index("| ready config |") :].split("\n\n")[0].split("\n")[2:]
+    quoted = {}
+    for row in table:
+        config, _, gpus, step, run, hours = (cell.strip() for cell in row.strip("|").split("|"))
+        quoted[config.split(" ")[0]] = (gpus, step, run, hours)
+    assert {"sd35_dgpo_lora", "qwen_image_dgpo_lora", "sd35_crd_lora", "sd35_flash_grpo_lora"} <= quoted.keys()
+    assert {name: estimated[name] for name in quoted} == quoted

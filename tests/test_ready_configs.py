@@ -14,7 +14,8 @@ READY = ["sd35_ocr_lora.yaml", "sd35_pickscore_fast.yaml", "flux_pickscore_lora.
          "flux_kontext_counting_lora.yaml", "flux2_klein_pickscore_lora.yaml",
          "z_image_turbo_pickscore_lora.yaml", "wan21_i2v_lora.yaml", "qwen_image_2512_ocr_lora.yaml",
          "flux1_schnell_pickscore_lora.yaml", "flux2_dev_pickscore_lora.yaml", "wan22_i2v_a14b_lora.yaml",
-         "wan22_t2v_a14b_ocr_lora.yaml", "wan21_flf2v_lora.yaml"]  # fmt: skip
+         "wan22_t2v_a14b_ocr_lora.yaml", "wan21_flf2v_lora.yaml", "sd35_dgpo_lora.yaml", "qwen_image_dgpo_lora.yaml",
+         "sd35_crd_lora.yaml", "sd35_flash_grpo_lora.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", READY)
@@ -90,6 +91,36 @@ def test_video_and_edit_configs_keep_their_recipes_numbers():
     names = ("wan22_t2v_a14b_ocr_lora", "wan22_i2v_a14b_lora")
     pairs = [load(str(ROOT / f"configs/{name}.yaml")).sampling for name in names]
     assert [(s.guidance, s.guidance_low_noise) for s in pairs] == [(4.0, 3.0), (3.5, None)]
+
+
+def test_dgpo_crd_and_flash_grpo_configs_keep_their_authors_numbers():
+    from diffusion_rl.config import load
+
+    for name in ("sd35_dgpo_lora", "qwen_image_dgpo_lora"):  # DGPO's general_ocr_sd3_4gpu (config/dgpo.py)
+        cfg = load(str(ROOT / f"configs/{name}.yaml"))
+        s, d = cfg.sampling, cfg.algorithm.settings
+        assert (cfg.algorithm.loss, s.sde_type, s.ode_solver, s.num_steps, s.height) == ("dgpo", "ode", "dpm2", 10, 512)
+        assert (cfg.data.prompts_per_step, cfg.data.group_size, cfg.train.num_minibatches) == (8, 16, 1)
+        assert (d.dpo_beta, d.kl_beta, d.clip, d.clip_range, d.reference_guidance) == (100.0, 0.02, True, 0.01, None)
+        assert (d.train_timesteps, d.timestep_fraction, d.shared_noise, d.ema_reference) == (4, 0.6, True, False)
+        assert (cfg.train.lr, cfg.algorithm.advantage.global_std, cfg.train.ema.decay) == (3e-4, True, 0.9)
+        assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.engine.num_workers) == (64, 128, 4)
+    assert load(str(ROOT / "configs/sd35_dgpo_lora.yaml")).sampling.guidance == 4.5  # rollouts with CFG
+    crd = load(str(ROOT / "configs/sd35_crd_lora.yaml"))  # Flow-Factory's examples/crd/lora/sd3_5/default.yaml
+    c = crd.algorithm.settings
+    assert (crd.sampling.sde_type, crd.sampling.guidance, crd.val.guidance, crd.val.num_steps) == ("ode", 1.0, 1.0, 40)
+    assert (crd.data.prompts_per_step, crd.data.group_size, crd.train.num_minibatches) == (48, 24, 2)
+    assert (c.train_timesteps, c.timestep_range, c.kl_beta, c.reference_guidance, c.crd_beta) == (20, 0.99, 0.1, 4.5, 1)
+    assert (c.old_decay_start, c.old_decay_slope, c.sampling_delay, c.sampling_decay_slope) == (0.25, 0.005, 75, 0.0075)
+    assert (crd.model.lora.rank, crd.model.lora.alpha, crd.train.lr, crd.engine.num_workers) == (32, 64, 3e-4, 8)
+    flash = load(str(ROOT / "configs/sd35_flash_grpo_lora.yaml"))  # Flash-GRPO's wan2_1_flash (config/dgx.py)
+    f, w = flash.algorithm.settings, flash.sampling.window
+    assert (flash.algorithm.loss, w.kind, w.size, w.lo, w.hi, flash.sampling.num_steps) == (
+        "flash_grpo", "random", 1, 0, 5, 10
+    )  # fmt: skip
+    assert (f.clip_range, f.kl_beta, f.rectify, flash.train.lr, flash.algorithm.advantage.global_std) == (
+        1e-3, 0.0, True, 1e-4, True
+    )  # fmt: skip
 
 
 def test_readme_flow_grpo_fast_example_is_the_presets_window():

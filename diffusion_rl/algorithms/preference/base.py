@@ -12,13 +12,16 @@ a sample's draws never depend on the batch it is in, and a resumed run draws the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from tensordict import TensorDict, tensorclass
 
-from diffusion_rl.algorithms.base import Algorithm, TrainBatch, loss_names
+from diffusion_rl.algorithms.base import Algorithm, TrainBatch, UpdatePosition, loss_names
 from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.config.fields import check
 from diffusion_rl.sampling.trajectory import Trajectory
+from diffusion_rl.utils.seeding import make_generator
 
 
 def row_mean(x: torch.Tensor) -> torch.Tensor:
@@ -151,6 +154,21 @@ class ForwardProcess(Algorithm):
             return self.model.velocity(x_t, t_B, cond, guidance)
 
 
+@dataclass
+class NoisedGroups:
+    """A micro-batch of U groups of G rows, its final latents re-noised at one σ: the rows flat for the forwards,
+    the targets grouped for the loss."""
+
+    x_t: torch.Tensor  # [U·G, ...] fp32
+    t: torch.Tensor  # [U·G] the σ of every row
+    cond: TensorDict  # [U·G]
+    target: torch.Tensor  # [U, G, ...] u = ε − x0
+
+    def grouped(self, v: torch.Tensor | None) -> torch.Tensor | None:
+        """A velocity of the flat rows, [U·G, ...] → [U, G, ...] (None stays None)."""
+        return None if v is None else v.view(self.target.shape)
+
+
 @tensorclass
 class GroupUnits:
     """The update's units when a unit is a prompt's whole group: its G rows side by side."""
@@ -207,3 +225,18 @@ class GroupProcess(ForwardProcess):
     @property
     def micro_size(self) -> int:
         return max(1, self.micro_batch_size // self.group_rows)  # groups per micro-batch
+
+    def noised(
+        self, units: GroupUnits, index: int, at: UpdatePosition, k: int, tag: tuple, per: str = "sample"
+    ) -> NoisedGroups:
+        """The units' final latents at step index `index` of the schedule: x_t = (1 − σ)·x0 + σ·ε, ε of a row from
+        make_generator(run seed, step, *tag, i, k), i its sample's index (per="group": its group's, one ε per
+        group), so a row's draw never depends on the micro-batch it is in."""
+        U, G = units.advantages.shape
+        traj = units.traj.reshape(U * G)
+        t_N = self.sigmas[index].expand(U * G).to(traj.device)
+        x0 = traj.final_latents.float()
+        keys = traj.ids.group_index if per == "group" else traj.ids.sample_index
+        eps = noise_like(x0, [make_generator(self.seed, at.step, *tag, int(i), k) for i in keys])
+        x_t = forward_noise(x0, eps, t_N)
+        return NoisedGroups(x_t=x_t, t=t_N, cond=traj.cond, target=(eps - x0).view(U, G, *x0.shape[1:]))

@@ -46,9 +46,7 @@ from diffusion_rl.algorithms.preference.base import (
     GroupUnits,
     check_groups,
     detached,
-    forward_noise,
     metric_mean,
-    noise_like,
     weighted,
 )
 from diffusion_rl.config.fields import MAX_COUNT, MAX_STEPS, Range, check, opt
@@ -176,35 +174,19 @@ class Crd(GroupProcess):
 
     def loss(self, units: GroupUnits, k: int, at: UpdatePosition) -> LossOutput:
         s = self.settings
-        U, G = units.advantages.shape
-        traj = units.traj.reshape(U * G)
         generator = make_generator(self.seed, at.step, "crd_t", at.epoch)
         sigmas = self.sigmas[: self.sampler.num_steps]
         index = crd_timestep_indices(sigmas, s.timestep_range, s.timesteps(self.sampler.num_steps), generator)[k]
-        t_N = self.sigmas[index].expand(U * G).to(traj.device)
-        x0 = traj.final_latents.float()
-        generators = [
-            make_generator(self.seed, at.step, "crd_noise", at.epoch, int(i), k) for i in traj.ids.sample_index
-        ]
-        eps = noise_like(x0, generators)
-        x_t = forward_noise(x0, eps, t_N)
-        cond = traj.cond
+        n = self.noised(units, int(index), at, k, ("crd_noise", at.epoch))
         # the frozen forwards first: theirs then never coincide with the trained forward's activations
-        v_ref = self.reference_velocity(x_t, t_N, cond, s.reference_guidance) if s.kl_beta > 0 else None
+        v_ref = self.reference_velocity(n.x_t, n.t, n.cond, s.reference_guidance) if s.kl_beta > 0 else None
         if v_ref is not None and not s.old_reference and s.reference_guidance is None:
             v_base = v_ref
         else:
-            v_base = self.velocity_of(implicit_baseline(s), x_t, t_N, cond)
-        v = self.velocity(x_t, t_N, cond)
-        shape = (U, G, *x0.shape[1:])
-        inp = CrdInput(
-            v=v.view(shape),
-            target=(eps - x0).view(shape),
-            advantages=units.advantages,
-            v_base=v_base.view(shape),
-            v_ref=None if v_ref is None else v_ref.view(shape),
-            weights=units.weight,
-        )
+            v_base = self.velocity_of(implicit_baseline(s), n.x_t, n.t, n.cond)
+        v = self.velocity(n.x_t, n.t, n.cond)
+        inp = CrdInput(v=n.grouped(v), target=n.target, advantages=units.advantages, v_base=n.grouped(v_base),
+                       v_ref=n.grouped(v_ref), weights=units.weight)  # fmt: skip
         return self.loss_fn(inp, s)
 
     def end(self, step: int) -> dict[str, float]:

@@ -43,9 +43,7 @@ from diffusion_rl.algorithms.preference.base import (
     GroupUnits,
     check_groups,
     detached,
-    forward_noise,
     metric_mean,
-    noise_like,
     ramped_decay,
     weighted,
 )
@@ -158,31 +156,16 @@ class Dgpo(GroupProcess):
 
     def loss(self, units: GroupUnits, k: int, at: UpdatePosition) -> LossOutput:
         s = self.settings
-        U, G = units.advantages.shape
-        traj = units.traj.reshape(U * G)
         generator = make_generator(self.seed, at.step, "dgpo_t", at.epoch)
         index = dgpo_timestep_indices(self.sampler.num_steps, s.timestep_fraction, s.train_timesteps, generator)[k]
-        t_N = self.sigmas[index].expand(U * G).to(traj.device)
-        x0 = traj.final_latents.float()
-        kind, keys = ("group", traj.ids.group_index) if s.shared_noise else ("sample", traj.ids.sample_index)
-        eps = noise_like(
-            x0, [make_generator(self.seed, at.step, "dgpo_noise", kind, at.epoch, int(i), k) for i in keys]
-        )
-        x_t = forward_noise(x0, eps, t_N)
-        cond = traj.cond
+        per = "group" if s.shared_noise else "sample"
+        n = self.noised(units, int(index), at, k, ("dgpo_noise", per, at.epoch), per=per)
         # the frozen forwards first: the reference's then never coincides with the trained forward's activations
-        v_ref = self.reference_velocity(x_t, t_N, cond, s.reference_guidance) if self.needs_reference(s) else None
-        v_old = self.velocity_of(OLD, x_t, t_N, cond) if keeps_old(s) else None
-        v = self.velocity(x_t, t_N, cond)
-        shape = (U, G, *x0.shape[1:])
-        inp = DgpoInput(
-            v=v.view(shape),
-            target=(eps - x0).view(shape),
-            advantages=units.advantages,
-            v_ref=None if v_ref is None else v_ref.view(shape),
-            v_old=None if v_old is None else v_old.view(shape),
-            weights=units.weight,
-        )
+        v_ref = self.reference_velocity(n.x_t, n.t, n.cond, s.reference_guidance) if self.needs_reference(s) else None
+        v_old = self.velocity_of(OLD, n.x_t, n.t, n.cond) if keeps_old(s) else None
+        v = self.velocity(n.x_t, n.t, n.cond)
+        inp = DgpoInput(v=n.grouped(v), target=n.target, advantages=units.advantages, v_ref=n.grouped(v_ref),
+                        v_old=n.grouped(v_old), weights=units.weight)  # fmt: skip
         return self.loss_fn(inp, s)
 
     def end(self, step: int) -> dict[str, float]:
