@@ -104,6 +104,7 @@ def test_an_image_encoder_is_held_beside_the_text_encoders_and_offloaded_with_th
                          DEVICES["h100"], 8)  # fmt: skip
     assert offloaded.memory_gib["image_encoder"] == 0
     assert held.peak_memory_gib_per_gpu - offloaded.peak_memory_gib_per_gpu == pytest.approx(
-        sum(held.memory_gib[k] for k in ("text_encoders", "vae", "image_encoder")))
+        sum(held.memory_gib[k] for k in ("text_encoders", "vae", "image_encoder"))
+    )
     t2v = load(str(configs / "wan21_t2v_1_3b_ocr_lora.yaml"))
     assert "image_encoder" not in estimate(t2v, architecture_for(t2v.model), DEVICES["h100"], 8).memory_gib

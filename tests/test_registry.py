@@ -47,7 +47,7 @@ def test_the_built_in_registries_hold_every_plugin_file():
     from diffusion_rl.config.plugins import FAMILIES, LOSSES
     from diffusion_rl.rewards.base import REWARDS
 
-    losses = {"flow_grpo", "grpo_guard", "flow_dppo", "tempflow_grpo", "flash_grpo", "dpo", "nft", "awm"}
+    losses = {"flow_grpo", "grpo_guard", "flow_dppo", "tempflow_grpo", "flash_grpo", "gardo", "dpo", "nft", "awm"}
     assert losses <= set(LOSSES.names())
     assert {"sd3", "flux", "flux_kontext", "qwen_image", "qwen_image_edit", "wan"} <= set(FAMILIES.names())
     assert {"jpeg_compressibility", "hpsv2", "imagereward", "geneval", "remote"} <= set(REWARDS.names())

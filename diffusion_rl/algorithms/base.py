@@ -68,6 +68,9 @@ class LossSettings:
     def check_config(self, algorithm: AlgorithmConfig, sampling: SamplingConfig) -> None:
         """Refuse settings of the algorithm and sampling sections that this loss cannot work with (ValueError)."""
 
+    def check_run(self, cfg: Config) -> None:
+        """Refuse other sections of the run this loss cannot work with (what it reads of the guard, the rewards)."""
+
 
 def minibatch_rows(units: int, minibatches: int, m: int) -> torch.Tensor:
     """[≤ U / M] the units of mini-batch m: m, m + M, m + 2M, … (interleaved, so every mini-batch mixes groups)."""
@@ -166,6 +169,20 @@ class Algorithm(ABC):
     def end(self, step: int) -> dict[str, float]:
         """After the update of training step `step` (0-based): `step + 1` steps are complete."""
         return {}
+
+    @staticmethod
+    def sum_over_workers(value: float) -> float:
+        """`value` summed over the workers that train (a collective there: every worker calls it alike); set by the
+        engine (engine/parallel.py `sum`); one process: the value."""
+        return value
+
+    # -- checkpoint (each side keeps its own: the driver's `prepare`, the worker's update) ------------------------
+    def state_dict(self) -> dict:
+        """What the algorithm carries from step to step beside the model's policies ({}: nothing)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027  (an optional hook: most algorithms keep nothing)
+        """Restore `state_dict()` (a checkpoint from before the algorithm kept state: {})."""
 
 
 @dataclass(frozen=True)

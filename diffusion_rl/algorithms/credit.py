@@ -58,6 +58,7 @@ class Targets:
     pair_id: torch.Tensor | None = None  # [B] long: the preference pair a row belongs to (−1: none)
     pair_role: torch.Tensor | None = None  # [B] long: 1 chosen, −1 rejected, 0 unpaired
     group_index: torch.Tensor | None = None  # [B] long: each row's group, for an algorithm whose unit is a whole group
+    kl_weights: torch.Tensor | None = None  # [B] fp32: each row's weight of the KL term (GARDO's gate); None: 1
 
 
 @dataclass

@@ -61,6 +61,7 @@ class PolicyLossInput:
     std: torch.Tensor  # [B] the step's std_dev_t, WITHOUT sqrt(dt)
     sqrt_dt: torch.Tensor  # [B] sqrt(|dt|) of the step: the noise std is std * sqrt_dt
     weights: torch.Tensor | None = None  # [B] rollout-correction weights (detached), multiply the per-sample loss
+    kl_weights: torch.Tensor | None = None  # [B] weights of a loss's KL term alone (GARDO's gate); None: the loss's own
 
 
 @dataclass
@@ -102,15 +103,15 @@ def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
     noise variance is std_dev_t^2 * dt), as Flow-GRPO does: kl_i is the per-element Gaussian KL between the two
     step distributions times dt (= sigma - sigma_next), so Flow-GRPO's kl_beta values carry over. For `cps` and
     `dance_sde` std already is the step's noise std, and kl_i is the per-element KL itself (for `cps`, whose
-    log-prob has no Gaussian scale, the KL of the Gaussians with that std).
+    log-prob has no Gaussian scale, the KL of the Gaussians with that std). With inp.kl_weights, kl_i times them.
     """
     if kl_beta <= 0:
         return torch.zeros_like(inp.log_prob, dtype=torch.float32)
     if inp.ref_mean is None:
         raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
     # fp32: the mean difference is small next to the means; bf16 would round most of it away
-    sq_diff_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1)
-    return sq_diff_B / (2 * inp.std.float() ** 2)
+    kl_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1) / (2 * inp.std.float() ** 2)
+    return kl_B if inp.kl_weights is None else kl_B * inp.kl_weights.detach().float()
 
 
 def clipped_surrogate(adv_B: torch.Tensor, ratio_B: torch.Tensor, clip_range: float) -> torch.Tensor:
@@ -245,11 +246,9 @@ class PolicyGradient(Algorithm):
         return units.columns.shape[1]  # K trained steps, one backward pass each
 
     def loss(self, units: PolicyGradientUnits, k: int, at: UpdatePosition) -> LossOutput:
-        ref_mean = None
-        if self.kl_beta > 0:  # before the trained forward, so its activations are not held meanwhile (the device
-            # peak, which model.offload_reference's copy, on the device for this forward only, then stays out of)
-            with torch.no_grad(), self.model.reference():
-                ref_mean = self._recompute(units.traj, units.columns[:, k]).mean
+        # the reference's first, so the trained forward's activations are not held meanwhile (the device peak, which
+        # model.offload_reference's copy, on the device for this forward only, then stays out of)
+        ref_mean = self._reference_mean(units, k) if self.kl_beta > 0 else None
         step = self._recompute(units.traj, units.columns[:, k])
         weights = units.weight * units.correction[:, k] * units.step_weight[:, k]
         kept, rejection = self.correction.reject(step.log_prob, units.old_log_probs[:, k : k + 1])
@@ -268,6 +267,11 @@ class PolicyGradient(Algorithm):
         return LossOutput(out.loss, metrics)
 
     # -- helpers ------------------------------------------------------------------------------------------------
+    def _reference_mean(self, units: PolicyGradientUnits, k: int) -> torch.Tensor:
+        """The reference policy's step means [B, …] at the units' k-th trained step, no grad (the KL's)."""
+        with torch.no_grad(), self.model.reference():
+            return self._recompute(units.traj, units.columns[:, k]).mean
+
     def _recompute(self, traj: Trajectory, cols_B: torch.Tensor):
         """The recorded step x_j → x_{j+1} (σ_j → σ_{j+1}) of window column cols_B[b] of each row b, under the active
         policy (sampling/rollout.py `recompute_step`)."""

@@ -113,6 +113,7 @@ def check_algorithm(cfg: Config) -> None:
     )
     spec.algorithm.check_config(alg, cfg.sampling, cfg.data.sample_source)
     alg.settings.check_config(alg, cfg.sampling)
+    alg.settings.check_run(cfg)
     if cfg.data.sample_source == "offline":
         check(bool(cfg.data.pairs), "data.sample_source=offline needs data.pairs (a .jsonl or .parquet pair file)")
 

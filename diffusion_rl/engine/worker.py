@@ -314,6 +314,8 @@ class PolicyWorker:
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
         self.parallel = parallel if parallel is not None else SingleDevice()
         self.parallel.prepare(self.model)
+        if self.trains:
+            self.algorithm.sum_over_workers = self.parallel.sum
         self.optimizer: OptimizerStepper | None = None
         if self.trains:
             params = self.model.trainable_parameters()
@@ -524,7 +526,7 @@ class PolicyWorker:
             whole = self.parallel.full_tensors(lora, keep=rank0)
             if rank0:
                 write_lora_adapter(self.model, directory / checkpoint_state.ADAPTER_DIR, whole)
-        return self.optimizer.counters_state()
+        return {**self.optimizer.counters_state(), "algorithm": self.algorithm.state_dict()}
 
     def load(self, directory: Path, state: dict) -> None:
         """Load directory/dcp into this worker's (possibly differently sharded) model and optimizer, and `state`."""
@@ -542,6 +544,7 @@ class PolicyWorker:
         if "ema" in tensors:
             self.optimizer.ema.load_shadow(list(tensors["ema"].values()))
         self.optimizer.load_counters_state(state)
+        self.algorithm.load_state_dict(state.get("algorithm") or {})
         apply_train_hyperparameters(
             self.optimizer.optimizer, self.optimizer.scheduler, self.spec.train, self.parallel.rank == 0
         )

@@ -40,7 +40,7 @@ import torch
 from diffusion_rl.config.guard import ROLLOUT_STATS, GuardConfig
 from diffusion_rl.errors import UserError
 from diffusion_rl.guard.detector import NOISE_FLOOR, Alert, Detector
-from diffusion_rl.guard.stats import rollout_stats, shrink, val_drift
+from diffusion_rl.guard.stats import RolloutStats, measure_rollout, shrink, val_drift
 from diffusion_rl.utils.files import naming
 
 logger = logging.getLogger(__name__)
@@ -99,15 +99,31 @@ class RunGuard:
         self._files_ready = False
 
     # -- measuring -------------------------------------------------------------------------------------------
-    def on_rollout(self, step: int, images_BHW3: np.ndarray, group_index: Any) -> dict[str, float]:
-        """Metrics `guard/<stat>` of the rollout logged at `step` (sampled by the policy after step − 1 updates)."""
+    def on_rollout(self, step: int, images_BHW3: np.ndarray, group_index: Any, scored: Any = None) -> dict[str, float]:
+        """Metrics `guard/<stat>` of the rollout logged at `step` (sampled by the policy after step − 1 updates).
+        `scored` (the step's RewardResult): given the rows' statistics as `image_stats` (with each row's `drift`),
+        for an algorithm that reads them: the statistics are computed once, here."""
         if not self.cfg.enabled:
             return {}
         self._prepare_files()
         names = tuple(s for s in self.cfg.watched if s in ROLLOUT_STATS)
         groups = np.asarray(group_index)
-        values = rollout_stats(still_of(images_BHW3), groups, names, self.cfg.max_side)
-        return self._record(step, values, policy=step - 1, prompts=len(np.unique(groups)))
+        measured = measure_rollout(still_of(images_BHW3), groups, names, self.cfg.max_side)
+        if scored is not None:
+            measured.drift = self.drift(measured)
+            scored.image_stats = measured
+        return self._record(step, measured.batch_values(), policy=step - 1, prompts=len(np.unique(groups)))
+
+    def drift(self, measured: RolloutStats) -> np.ndarray:
+        """float64 [B]: each row's mean over the per-image statistics s of |x_s − b_s| / (|b_s| + f_s), with b_s
+        the statistic's baseline (before it is known: this batch's mean) and f_s its noise floor: how far the row's
+        images are from the run's start, in the units the relative rule uses."""
+        terms = []
+        for stat, values in measured.values.items():
+            baseline = self.detector.baseline(stat)
+            baseline = float(values.mean()) if baseline is None else baseline
+            terms.append(np.abs(values - baseline) / (abs(baseline) + NOISE_FLOOR[stat]))
+        return np.mean(terms, axis=0) if terms else np.zeros(len(measured.group_index))
 
     def on_validation(self, step: int, images_BHW3: np.ndarray) -> dict[str, float]:
         """Metrics of the validation at `step`: val_drift from the first validation's images (its reference)."""

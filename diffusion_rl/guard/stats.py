@@ -25,6 +25,7 @@ shrunk (box filter, aspect kept) so the cost stays bounded at high resolution; a
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -87,16 +88,42 @@ def mean_abs_difference(a_HW3: np.ndarray, b_HW3: np.ndarray) -> float:
     return float(np.abs(a_HW3.astype(np.float64) - b_HW3.astype(np.float64)).mean() / 255)
 
 
-def group_diversity(images_BHW3: np.ndarray, group_index: np.ndarray) -> float | None:
-    """Mean over groups (≥ 2 samples) of their mean pairwise mean(|x_i − x_j|) / 255; None without such a group."""
+def pairwise_differences(images_BHW3: np.ndarray, group_index: np.ndarray) -> dict[int, np.ndarray]:
+    """Per group of ≥ 2 samples, its rows' mean(|x_i − x_j|) / 255 [n, n] (0 on the diagonal), keyed by the group's
+    first row: computed once per pair, read by `group_diversity` and by each row's nearest neighbour (`nearest`)."""
     groups = np.asarray(group_index).reshape(-1)
-    per_group = []
+    out = {}
     for g in np.unique(groups):
         rows = np.flatnonzero(groups == g)
-        pairs = [(i, j) for k, i in enumerate(rows) for j in rows[k + 1 :]]
-        if pairs:
-            per_group.append(np.mean([mean_abs_difference(images_BHW3[i], images_BHW3[j]) for i, j in pairs]))
+        if len(rows) < 2:
+            continue
+        table = np.zeros((len(rows), len(rows)))
+        for a in range(len(rows)):
+            for b in range(a + 1, len(rows)):
+                table[a, b] = table[b, a] = mean_abs_difference(images_BHW3[rows[a]], images_BHW3[rows[b]])
+        out[int(rows[0])] = table
+    return out
+
+
+def group_diversity(images_BHW3: np.ndarray, group_index: np.ndarray) -> float | None:
+    """Mean over groups (≥ 2 samples) of their mean pairwise mean(|x_i − x_j|) / 255; None without such a group."""
+    return diversity_of(pairwise_differences(images_BHW3, group_index))
+
+
+def diversity_of(tables: dict[int, np.ndarray]) -> float | None:
+    """`group_diversity` from the groups' `pairwise_differences`."""
+    per_group = [np.mean(t[np.triu_indices(len(t), 1)]) for t in tables.values()]  # the pairs i < j, in order
     return float(np.mean(per_group)) if per_group else None
+
+
+def nearest(group_index: np.ndarray, tables: dict[int, np.ndarray]) -> np.ndarray:
+    """float64 [B]: each row's mean(|x_i − x_j|) / 255 to the closest other row of its group (NaN: alone)."""
+    groups = np.asarray(group_index).reshape(-1)
+    out = np.full(len(groups), np.nan)
+    for first, table in tables.items():
+        rows = np.flatnonzero(groups == groups[first])
+        out[rows] = (table + np.diag(np.full(len(rows), np.inf))).min(axis=1)
+    return out
 
 
 def val_drift(images_BHW3: np.ndarray, reference_BHW3: np.ndarray) -> float:
@@ -129,14 +156,44 @@ _IMAGE_FUNCTIONS = {
 }
 
 
+@dataclass
+class RolloutStats:
+    """One rollout's image statistics, row by row: each named statistic's values [B] and, when group_diversity is
+    watched, the groups' pairwise differences. The guard logs their batch values; an algorithm may read the rows
+    (GARDO's diversity and gate: docs/policy_gradient.md) from the step's scores (`RewardResult.image_stats`)."""
+
+    values: dict[str, np.ndarray]  # image statistic → float64 [B]
+    group_index: np.ndarray  # [B]
+    tables: dict[int, np.ndarray] | None = None  # `pairwise_differences`; None when group_diversity is not watched
+    drift: np.ndarray | None = None  # float64 [B]: each row's distance from the baselines (guard/runner.py `drift`)
+
+    def batch_values(self) -> dict[str, float]:
+        """The batch value of each statistic: the mean over rows; group_diversity as `group_diversity` says."""
+        out = {name: float(v.mean()) for name, v in self.values.items()}
+        if self.tables is not None:
+            diversity = diversity_of(self.tables)
+            if diversity is not None:
+                out["group_diversity"] = diversity
+        return out
+
+    def nearest(self) -> np.ndarray | None:
+        """float64 [B]: each row's difference to its group's closest other row (NaN: alone); None unless the
+        pairwise differences were computed."""
+        return None if self.tables is None else nearest(self.group_index, self.tables)
+
+
+def measure_rollout(
+    images_BHW3: np.ndarray, group_index: np.ndarray, names: tuple[str, ...] = ROLLOUT_STATS, max_side: int = 256
+) -> RolloutStats:
+    """The named rollout statistics of every row (images shrunk to `max_side` first), each computed once."""
+    images, groups = shrink(images_BHW3, max_side), np.asarray(group_index).reshape(-1)
+    values = {name: _IMAGE_FUNCTIONS[name](images) for name in names if name in _IMAGE_FUNCTIONS}
+    tables = pairwise_differences(images, groups) if "group_diversity" in names else None
+    return RolloutStats({k: np.asarray(v, dtype=np.float64) for k, v in values.items()}, groups, tables)
+
+
 def rollout_stats(
     images_BHW3: np.ndarray, group_index: np.ndarray, names: tuple[str, ...] = ROLLOUT_STATS, max_side: int = 256
 ) -> dict[str, float]:
     """The batch values of the named rollout statistics (a statistic that cannot be computed is left out)."""
-    images = shrink(images_BHW3, max_side)
-    out = {name: float(_IMAGE_FUNCTIONS[name](images).mean()) for name in names if name in _IMAGE_FUNCTIONS}
-    if "group_diversity" in names:
-        diversity = group_diversity(images, group_index)
-        if diversity is not None:
-            out["group_diversity"] = diversity
-    return out
+    return measure_rollout(images_BHW3, group_index, names, max_side).batch_values()

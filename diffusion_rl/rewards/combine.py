@@ -81,6 +81,7 @@ class RewardResult:
     per_reward: dict[str, np.ndarray]  # name -> float32 [B] unweighted scores, NaN where that reward failed
     failed: np.ndarray  # bool [B]
     metrics: dict[str, float] = field(default_factory=dict)
+    image_stats: Any = None  # the rows' image statistics (guard/stats.py RolloutStats), set by the guard when watching
 
 
 class RewardCombiner:

@@ -264,7 +264,7 @@ class Trainer:
         if batch.images is not None:  # image statistics no reward optimises (diffusion_rl/guard), with the rewards'
             with timer("guard"):
                 groups = batch.prompts.group_index.numpy()
-                batch.scored.metrics.update(self.guard.on_rollout(step + 1, batch.images, groups))
+                batch.scored.metrics.update(self.guard.on_rollout(step + 1, batch.images, groups, batch.scored))
         with timer("prepare"):
             targets, prepared = self.algorithm.prepare(batch.scored, batch.prompts.group_index)
         with timer("update"):
@@ -393,12 +393,13 @@ class Trainer:
     def _plain_state(self) -> dict:
         """The trainer's own state beside the engine's: step, data order, RNG, guard (a checkpoint's state.pt)."""
         return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": capture_rng_state(),
-                "guard": self.guard.state_dict()}  # fmt: skip
+                "guard": self.guard.state_dict(), "algorithm": self.algorithm.state_dict()}  # fmt: skip
 
     def _load_plain_state(self, state: dict) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.step = state["step"]
         self.guard.load_state_dict(state.get("guard"), state["step"])
+        self.algorithm.load_state_dict(state.get("algorithm") or {})
         restore_rng_state(state["rng"])
 
     def load_checkpoint(self, path: Path) -> None:

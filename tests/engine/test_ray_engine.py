@@ -326,3 +326,16 @@ def user_reward_file(tmp_path) -> str:
         "def mean_pixel(images, prompts, metadata):\n    return images.reshape(len(images), -1).mean(axis=1)\n"
     )
     return f"{path}:mean_pixel"
+
+
+def test_gardo_takes_the_same_first_step_and_resets_alike_on_two_workers(
+    local_and_two_workers, rows_close, equal_overrides
+):
+    """GARDO's gate is the driver's; its reset is decided on each worker from the gated KL summed over the workers
+    (a collective in `end`), here also by the period (reset_every 1: after the second update). The first step is
+    the same on both engines; later steps' images differ in the last bits (the weights' float noise), which the
+    gate's ranks over a batch of 4 can amplify into another gate, so later rows are not compared."""
+    options = (*equal_overrides, "train.total_steps=2", "algorithm.gardo.reset_every=1")
+    _, local_rows, ray_rows, _ = local_and_two_workers(*options, config=ROOT / "configs/quickstart_gardo.yaml")
+    assert [r["gardo/reset"] for r in ray_rows] == [r["gardo/reset"] for r in local_rows] == [0.0, 1.0]
+    rows_close(local_rows[0], ray_rows[0], rel=1e-4, abs=1e-7)
