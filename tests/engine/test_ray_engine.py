@@ -130,8 +130,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the direct-preference losses train on final latents: no window, one thread, 2 chunks of 2 rows as the workers
 EQUAL_PREFERENCE = ("train.lr=1e-4", "engine.num_threads=1", "sampling.score_chunks=2", "train.total_steps=3")
 LOSS_OPTIONS = {"dpo": ("algorithm.dpo.dpo_beta=2000",), "nft": (), "awm": ("algorithm.awm.train_timesteps=2",),
-                "dgpo": ("algorithm.dgpo.train_timesteps=2",), "crd": ("algorithm.crd.train_timesteps=2",),
-                "tdm_r1": ()}  # fmt: skip
+                "dgpo": ("algorithm.dgpo.train_timesteps=2",), "crd": ("algorithm.crd.train_timesteps=2",)}  # fmt: skip
 
 
 @pytest.mark.parametrize("loss", sorted(LOSS_OPTIONS))
