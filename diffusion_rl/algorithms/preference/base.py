@@ -1,4 +1,5 @@
-"""What the direct-preference / forward-process algorithms (Diffusion-DPO, DiffusionNFT, AWM, DGPO, CRD) share.
+"""What the direct-preference / forward-process algorithms (Diffusion-DPO, DiffusionNFT, AWM, DGPO, CRD, TDM-R1)
+share.
 
 These train on the final clean latents x0 of rollouts, re-noised by the forward process
 x_t = (1 - t) * x0 + t * eps with fresh eps, instead of on the sampler's per-step log-probs, so their rollouts
@@ -187,6 +188,11 @@ class GroupProcess(ForwardProcess):
     @classmethod
     def check_config(cls, algorithm, sampling, sample_source) -> None:
         super().check_config(algorithm, sampling, sample_source)
+        cls.check_rollout(algorithm, sampling)
+
+    @classmethod
+    def check_rollout(cls, algorithm, sampling) -> None:
+        """The rollouts it trains on: plain ODE samples (their final latents)."""
         check(
             sampling.sde_type == "ode",
             f"algorithm.loss={algorithm.loss} trains on deterministic rollouts: set sampling.sde_type=ode, got "
