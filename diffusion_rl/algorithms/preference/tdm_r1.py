@@ -48,7 +48,7 @@ from diffusion_rl.algorithms.preference.base import (
     metric_mean,
     weighted,
 )
-from diffusion_rl.settings import Range, check, opt
+from diffusion_rl.config.fields import Range, check, opt
 
 
 @dataclass
