@@ -72,6 +72,7 @@ def test_a_negative_save_every_is_refused():
         ("sampling.height=-64", "sampling.height", "[1, 8192]"),  # was a traceback from the family's size check
         ("sampling.width=65536", "sampling.width", "[1, 8192]"),  # was a 4 GiB allocation traceback
         ("sampling.num_steps=1000000000", "sampling.num_steps", "[2, 1000]"),  # was a NumPy MemoryError
+        ("sampling.noise_level=-0.1", "sampling.noise_level", "[0, 10]"),  # checked here only, not by each step
         ("data.group_size=100000", "data.group_size", "[1, 1024]"),  # ran for minutes
         ("train.lr=.inf", "train.lr", "(0, 1000000]"),  # was accepted: the run exited 0 with no checkpoint
         ("train.lr=.nan", "train.lr", "(0, 1000000]"),

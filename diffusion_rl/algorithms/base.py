@@ -11,7 +11,7 @@ supplies only
   units: samples, or pairs, with what they train on), `loss` (one micro-batch chunk), `end` (after the update).
 
 Algorithms import neither models nor the engine: they get the model (a `FlowModel`) in `attach`. The default
-`prepare` is the algorithm's credit (algorithms/credit.py): group-relative advantages (algorithms/advantages.py).
+`prepare` is the algorithm's credit (algorithms/credit.py): group-relative advantages.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from tensordict import tensorclass
 
-from diffusion_rl.algorithms.credit import FlatCredit, Targets
+from diffusion_rl.algorithms.credit import FlatCredit, SummedCredit, Targets
 from diffusion_rl.config.plugins import LOSSES
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Trajectory
@@ -117,7 +117,8 @@ class Algorithm(ABC):
         self.ppo_epochs = ppo_epochs
         self.tree_prune = tree_prune
         self.loss_fn = spec.fn
-        self.credit = FlatCredit(section.advantage, self.reward_weights)  # how scores become targets
+        summed = section.advantage.combine == "sum_advantages"  # how scores become targets:
+        self.credit = (SummedCredit if summed else FlatCredit)(section.advantage, self.reward_weights)
         self.model = None
 
     @classmethod  # noqa: B027  (an optional hook: most families accept any config)
@@ -128,7 +129,7 @@ class Algorithm(ABC):
     # -- driver side ------------------------------------------------------------------------------------------
     def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
         """Targets from the step's scores (`RewardResult`: total [B], per_reward, failed): the credit's
-        (algorithms/credit.py; by default group-relative advantages, which every algorithm but DPO trains on)."""
+        (algorithms/credit.py: group-relative advantages, which every algorithm but DPO trains on)."""
         return self.credit.targets(scored, group_index)
 
     # -- worker side ------------------------------------------------------------------------------------------
@@ -141,12 +142,8 @@ class Algorithm(ABC):
 
     @abstractmethod
     def begin(self, batch: TrainBatch, step: int) -> tuple[Any, dict[str, float]]:
-        """The update's units (a tensorclass of U rows: samples or pairs) and metrics, before any optimizer step."""
-
-    def count(self, units) -> int:
-        """How many of `units` carry weight (every units tensorclass has `weight` [U], 1 or 0): the loss of each
-        chunk is scaled by the global count."""
-        return int(units.weight.sum())
+        """The update's units (a tensorclass of U rows: samples or pairs, with `weight` [U] 1 or 0: the update scales
+        each chunk's loss by how many carry weight) and metrics, before any optimizer step."""
 
     def unit_rows(self, targets: Targets) -> list[list[int]]:
         """The rows each unit of the update trains on (driver side: where rows must be for the update); default:

@@ -1,50 +1,44 @@
-"""Credit: how a policy-gradient update turns a step's scores into the advantage of each trained step.
+"""Credit: how a step's scores become the advantage of each row (`Targets`), on the driver, and of each trained step,
+on the worker. `FlatCredit` is every algorithm's (`Algorithm.prepare`): one group-relative advantage per row, the same
+on each of its trained steps (Flow-GRPO and its relatives; TempFlow-GRPO's per-step credit is flat too: its branching
+is the sampler's shared initial noise with a one-step window). `SummedCredit` is MixGRPO's (`algorithm.advantage.
+combine: sum_advantages`); tree rollouts take `TreeCredit` (algorithms/tree_credit.py) instead. Each is chosen when
+the algorithm is built, so the plain step walks past neither.
 
-A collaborator chosen once, when the algorithm is built (`make_credit`), so the plain step walks past no tree:
+Group-relative advantages (Flow-GRPO's), pure tensor functions:
 
-- `FlatCredit`: one group-relative advantage per row (algorithms/base.py `group_advantages`), the same on each of
-  the row's trained steps. Flow-GRPO and its relatives; TempFlow-GRPO's per-step credit is flat too (its branching is
-  the sampler's shared initial noise with a one-step window).
-- `TreeCredit`: tree rollouts (sampling/tree.py), per depth of the row's path, with the weight of each step.
+Samples that share a group id (the images of one prompt) form a group. For a sample i of group g:
 
-Both have `targets(scored, group_index)` on the driver (→ `Targets`, O(B) numbers) and `per_step(targets, traj,
-columns)` on the worker (→ advantages and step weights [B, K] of the trained window columns).
+    A_i = (r_i - mean_g) / (std + eps)        std: of all valid rewards of the batch (global_std=True, as in
+                                               Flow-GRPO's default) or of group g's own valid rewards
+    A_i = r_i - mean_g                         when normalize_by_std=False
 
-Tree credit, after BranchGRPO (arXiv 2509.06040, §3) and TreeGRPO (arXiv 2512.08153). For one prompt's tree with leaf
-rewards r_l:
+- The std is taken over ONE value per sample, with `std_ddof`. verl-omni repeats each reward once per trained
+  timestep before taking the std, which makes the advantages depend on how many steps are trained; we use one
+  value per sample, as flow_grpo does (its np.std is ddof 0).
+- A failed sample (reward NaN or inf) is left out of its group's mean and of the std, and gets A = 0.
+- A group with a single valid sample gives A = 0 (no comparison is possible); so does a group whose std is
+  undefined (fewer than std_ddof + 1 valid samples), and a group whose valid rewards are all equal.
+- Advantages are not clipped here; the loss clamps them (adv_clip_max).
+- Several rewards (MixGRPO's `sum_advantages`): A = sum_k weight_k · A_k, each A_k as above from reward k alone; a
+  sample failed on reward k takes A_k = 0 and still its other rewards' advantages.
 
-    V(node)       = mean of r_l over the valid leaves under the node            (reward fusion; NaN = failed leaf)
-    A_d(node)     = (V(node) − mean_g V) / (std V + eps)   over the nodes of depth d: mean within the prompt's tree,
-                    std as algorithm.advantage says (global_std: over every depth-d node of the batch, else within
-                    the tree) — `compute_group_advantages` on one value per node, so every option of
-                    algorithm.advantage means what it means for flat rows
-    A_0           = 0                                      (the root has no sibling to compare with)
-
-At the leaves (d = D) this is flat Flow-GRPO's advantage of the leaf reward. A sampler step j on a row's path leads
-into the node of depth d(j) = #{i: k_i ≤ j} (k_i the branching steps), and trains with that node's A_d: the split
-step into a child and every step after it until the next split. Row b's targets are therefore per depth:
-advantages [B, D + 1] and step weights [B, D + 1]; the update picks column d(j) for each trained step j.
-
-Step weights: a depth-d step is shared by the N / n_d leaf rows under its node (n_d = b_1 · … · b_d nodes of depth d
-per tree, N leaves): each row weights it n_d / N, so every distinct transition counts once (the duplicates compute
-the same log-prob, ratio and advantage). The root's prefix steps get weight 0 (advantage 0: nothing to learn; a
-window that starts at k_1 does not compute them at all). Pruning (BranchGRPO's, which leaves sampling unchanged and
-drops gradient work): `depths` keeps the listed depths' weights and zeroes the others; `leaves: n` keeps the leaf
-depth's steps of the ⌈n/2⌉ highest- and ⌊n/2⌋ lowest-reward valid leaves of each tree and zeroes the rest.
+The options are any object with `global_std`, `std_ddof`, `eps` and `normalize_by_std`: the config's
+algorithm.advantage (which checks their ranges when it loads), or a `GroupNorm`. Everything is vectorised over the
+batch with index_add / scatter_reduce on dense group indices.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from tensordict import tensorclass
 
-from diffusion_rl.algorithms.advantages import GroupNorm, _batch_stats, compute_group_advantages, group_advantages
-from diffusion_rl.sampling.trajectory import Trajectory
-from diffusion_rl.sampling.tree import TreeSpec, leaf_positions
+_STAT_KEYS = ("mean", "std", "min", "max", "abs_mean")
 
 
 @tensorclass
@@ -61,114 +55,182 @@ class Targets:
     kl_weights: torch.Tensor | None = None  # [B] fp32: each row's weight of the KL term (GARDO's gate); None: 1
 
 
+@dataclass(frozen=True)
+class GroupNorm:
+    """The advantage options as a plain value (Flow-GRPO's by default), for callers without a config."""
+
+    global_std: bool = True
+    std_ddof: int = 0
+    eps: float = 1e-4
+    normalize_by_std: bool = True
+
+
 @dataclass
-class DepthTargets:
-    advantages: torch.Tensor  # float32 [B, D + 1]: A of the node of each depth on the row's path (column 0: root)
-    step_weights: torch.Tensor  # float32 [B, D + 1]: the weight of the row's steps of each depth
+class AdvantageResult:
+    advantages: torch.Tensor  # float32 [B], on the rewards' device
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def tree_credit(
-    rewards: torch.Tensor,
+@dataclass
+class _Groups:
+    """One reward's advantages and the per-group facts the metrics need."""
+
+    advantages_B: torch.Tensor  # float64 [B]
+    has_valid_G: torch.Tensor  # bool [G]: at least one valid sample
+    constant_G: torch.Tensor  # bool [G]: at least one valid sample, all valid rewards equal
+    singleton_G: torch.Tensor  # bool [G]: exactly one valid sample
+
+
+def group_advantages(
+    per_reward: Mapping[str, torch.Tensor],
+    weights: Mapping[str, float],
     group_ids: torch.Tensor,
-    tree: TreeSpec,
-    norm: GroupNorm | None = None,
-    *,
-    depths: list[int] | None = None,
-    leaves: int | None = None,
-) -> DepthTargets:
-    """Targets of a step's rows: rewards [B] (NaN = failed), group_ids [B] in row order (row b is sample b), `norm`
-    the options of algorithm.advantage (default: Flow-GRPO's)."""
-    B, N, D = rewards.shape[0], tree.leaves, tree.depth
-    _, group_B, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    if bool((counts != N).any()):
-        raise ValueError(f"tree credit: every group must hold one tree's {N} leaves; got groups of {counts.tolist()}")
-    leaf_B = leaf_positions(torch.arange(B), group_ids.cpu()).to(rewards.device)
-    group_B = group_B.to(rewards.device)
-    r_B = rewards.detach().double()
-    valid_B = torch.isfinite(r_B)
-    advantages = torch.zeros(B, D + 1, dtype=torch.float64, device=rewards.device)
-    weights = torch.zeros(B, D + 1, dtype=torch.float32, device=rewards.device)
+    norm=GroupNorm(),
+    itemize: bool = False,
+) -> AdvantageResult:
+    """A = sum_k weights[k] · A_k, each A_k the group-relative advantage of per_reward[k] [B] (NaN = failed) grouped
+    by group_ids [B] (any integers, e.g. prompt indices); one reward: its own advantages.
+
+    Metrics: advantage/{mean,std,min,max,abs_mean} of the sum over the batch (failed samples' zeros included: what the
+    loss sees); advantage/{zero_std,singleton}_group_fraction over the groups with a valid sample, counting the
+    groups in which no reward gives a signal (all constant / all at most one valid sample); `itemize`: the same
+    per reward, under advantage/<name>/."""
+    if set(per_reward) != set(weights) or not per_reward:
+        raise ValueError(f"per_reward {sorted(per_reward)} and weights {sorted(weights)} must name the same rewards")
+    first = next(iter(per_reward.values()))
+    group_B, num_groups = _dense_groups(first, group_ids)
+    total_B = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
+    no_signal_G = torch.ones(num_groups, dtype=torch.bool, device=first.device)
+    all_singleton_G = torch.ones_like(no_signal_G)
+    any_valid_G = torch.zeros_like(no_signal_G)
     metrics: dict[str, float] = {}
-    for d in range(1, D + 1):
-        n_d = tree.nodes_at(d)
-        node_B = group_B * n_d + leaf_B // (N // n_d)  # the row's depth-d node, numbered across the batch
-        num_nodes = int(counts.numel()) * n_d
-        zeros = torch.zeros(num_nodes, dtype=torch.float64, device=rewards.device)
-        total = zeros.index_add(0, node_B, torch.where(valid_B, r_B, 0.0))
-        count = zeros.index_add(0, node_B, valid_B.double())
-        value = torch.where(count > 0, total / count.clamp_min(1), math.nan)  # reward fusion
-        node_group = torch.arange(num_nodes, device=rewards.device) // n_d
-        result = compute_group_advantages(value, node_group, norm or GroupNorm())
-        advantages[:, d] = result.advantages.double()[node_B]
-        weights[:, d] = n_d / N
-        metrics[f"advantage/depth_{d}/abs_mean"] = float(advantages[:, d].abs().mean())
-        if d == D:
-            metrics.update({k: v for k, v in result.metrics.items() if "group_fraction" in k})
-    if depths is not None:
-        for d in range(1, D + 1):
-            if d not in depths:
-                weights[:, d] = 0.0
-    if leaves is not None:
-        weights[:, D] *= _extreme_leaves(r_B, group_B, leaves).float()
-    metrics.update(_batch_stats("advantage", advantages[:, D]))
-    metrics["tree/trained_leaf_fraction"] = float((weights[:, D] > 0).float().mean())
-    return DepthTargets(advantages=advantages.float(), step_weights=weights, metrics=metrics)
+    for name, rewards in per_reward.items():
+        groups = _group_advantages(rewards, group_B, num_groups, norm)
+        total_B += weights[name] * groups.advantages_B
+        # A group gives a signal for reward k unless it has no valid sample, one, or only equal rewards.
+        no_signal_G &= groups.constant_G | ~groups.has_valid_G
+        all_singleton_G &= groups.singleton_G | ~groups.has_valid_G
+        any_valid_G |= groups.has_valid_G
+        if itemize:
+            metrics.update(_batch_stats(f"advantage/{name}", groups.advantages_B))
+            metrics.update(_group_fractions(f"advantage/{name}", groups.has_valid_G, groups.constant_G,
+                                            groups.singleton_G))  # fmt: skip
+    metrics.update(_batch_stats("advantage", total_B))
+    metrics.update(_group_fractions("advantage", any_valid_G, no_signal_G & any_valid_G, all_singleton_G & any_valid_G))
+    return AdvantageResult(advantages=total_B.float(), metrics=metrics)
 
 
-def _extreme_leaves(r_B: torch.Tensor, group_B: torch.Tensor, keep: int) -> torch.Tensor:
-    """bool [B]: per group, the ⌈keep/2⌉ highest and ⌊keep/2⌋ lowest valid rewards (ties: the earlier row)."""
-    kept = torch.zeros_like(r_B, dtype=torch.bool)
-    for g in group_B.unique():
-        rows = torch.nonzero((group_B == g) & torch.isfinite(r_B)).flatten()
-        order = rows[torch.argsort(r_B[rows], stable=True)]  # ascending reward
-        high, low = (keep + 1) // 2, keep // 2
-        kept[order[max(0, len(order) - high) :]] = True
-        kept[order[: min(low, max(0, len(order) - high))]] = True
-    return kept
+def compute_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm=GroupNorm()) -> AdvantageResult:
+    """One reward's group-relative advantages: rewards [B] (NaN = failed) grouped by group_ids [B]; the metrics of
+    `group_advantages` of it alone."""
+    group_B, num_groups = _dense_groups(rewards, group_ids)
+    groups = _group_advantages(rewards, group_B, num_groups, norm)
+    metrics = _batch_stats("advantage", groups.advantages_B)
+    metrics.update(_group_fractions("advantage", groups.has_valid_G, groups.constant_G, groups.singleton_G))
+    return AdvantageResult(advantages=groups.advantages_B.float(), metrics=metrics)
+
+
+def _dense_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """group_ids mapped onto 0..G-1 (long [B]) and G, after checking the shapes and dtypes."""
+    if rewards.ndim != 1 or not rewards.is_floating_point():
+        raise ValueError(f"rewards must be a 1-D float tensor [B]; got {rewards.dtype} {tuple(rewards.shape)}")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(f"group_ids {tuple(group_ids.shape)} must have the rewards' shape {tuple(rewards.shape)}")
+    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(f"group_ids must be an integer tensor; got {group_ids.dtype}")
+    if rewards.numel() == 0:
+        raise ValueError("cannot compute advantages of an empty batch")
+    unique_G, group_B = torch.unique(group_ids.to(rewards.device), return_inverse=True)
+    return group_B, unique_G.numel()
+
+
+def _group_advantages(
+    rewards_B: torch.Tensor,
+    group_B: torch.Tensor,
+    num_groups: int,
+    norm: GroupNorm,
+) -> _Groups:
+    # fp64: reward spreads can be ~1e-5 of their magnitude (JPEG sizes), below fp32's resolution of the mean
+    r_B = rewards_B.detach().to(torch.float64)
+    valid_B = torch.isfinite(r_B)
+    r0_B = torch.where(valid_B, r_B, 0.0)
+    zeros_G = torch.zeros(num_groups, dtype=torch.float64, device=r_B.device)
+
+    count_G = zeros_G.index_add(0, group_B, valid_B.double())
+    mean_G = zeros_G.index_add(0, group_B, r0_B) / count_G.clamp_min(1)
+    max_G = torch.full_like(zeros_G, -math.inf).scatter_reduce(0, group_B, r_B.masked_fill(~valid_B, -math.inf), "amax")
+    min_G = torch.full_like(zeros_G, math.inf).scatter_reduce(0, group_B, r_B.masked_fill(~valid_B, math.inf), "amin")
+    has_valid_G = count_G >= 1
+    constant_G = has_valid_G & (max_G == min_G)
+
+    dev_B = torch.where(valid_B, r0_B - mean_G[group_B], 0.0)
+    # Exactly 0 in a constant group: the mean of equal floats can differ from them in the last bit.
+    dev_B = torch.where(constant_G[group_B], 0.0, dev_B)
+
+    std_defined_B = torch.ones_like(valid_B)
+    std_ddof = norm.std_ddof
+    if norm.normalize_by_std:
+        if norm.global_std:
+            n_valid = valid_B.sum().double()
+            mean_all = r0_B.sum() / n_valid.clamp_min(1)
+            sq_dev = torch.where(valid_B, (r0_B - mean_all) ** 2, 0.0).sum()
+            dof = n_valid - std_ddof
+            std_B = torch.sqrt(sq_dev / dof.clamp_min(1)).expand_as(r_B)
+            std_defined_B = (dof > 0).expand_as(valid_B)
+        else:
+            sq_dev_G = zeros_G.index_add(0, group_B, dev_B**2)
+            dof_G = count_G - std_ddof
+            std_B = torch.sqrt(sq_dev_G / dof_G.clamp_min(1))[group_B]
+            std_defined_B = (dof_G > 0)[group_B]
+        denom_B = std_B + norm.eps
+        # denom is 0 only with eps=0 and std=0, where dev is 0 too (constant group or batch): advantage 0
+        adv_B = dev_B / torch.where(denom_B > 0, denom_B, 1.0)
+    else:
+        adv_B = dev_B
+
+    keep_B = valid_B & (count_G[group_B] >= 2) & std_defined_B
+    return _Groups(
+        advantages_B=torch.where(keep_B, adv_B, 0.0),
+        has_valid_G=has_valid_G,
+        constant_G=constant_G,
+        singleton_G=count_G == 1,
+    )
+
+
+def _batch_stats(prefix: str, adv_B: torch.Tensor) -> dict[str, float]:
+    values = torch.stack([adv_B.mean(), adv_B.std(correction=0), adv_B.min(), adv_B.max(), adv_B.abs().mean()])
+    return {f"{prefix}/{key}": v for key, v in zip(_STAT_KEYS, values.tolist())}
+
+
+def _group_fractions(
+    prefix: str, has_valid_G: torch.Tensor, constant_G: torch.Tensor, singleton_G: torch.Tensor
+) -> dict[str, float]:
+    n = has_valid_G.sum().clamp_min(1).double()
+    return {f"{prefix}/zero_std_group_fraction": ((constant_G & has_valid_G).sum() / n).item(),
+            f"{prefix}/singleton_group_fraction": ((singleton_G & has_valid_G).sum() / n).item()}  # fmt: skip
 
 
 class FlatCredit:
-    """One group-relative advantage per row, on each of its trained steps (weight 1)."""
+    """The advantages of the step's weighted reward total, one per row, on each of its trained steps (weight 1)."""
 
     def __init__(self, advantage, reward_weights: dict[str, float]):
-        self.advantage, self.reward_weights = advantage, reward_weights
+        self.advantage, self.reward_weights = advantage, reward_weights  # the config's algorithm.advantage
 
     def targets(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
-        """`sum_rewards`: the advantages of the weighted total; `sum_advantages` (MixGRPO's): each reward's within
-        its groups, summed with the rewards' weights, a failed sample NaN in every reward (advantage 0)."""
-        itemize = self.advantage.combine == "sum_advantages"
-        if itemize:
-            per_reward = {k: torch.from_numpy(np.where(scored.failed, np.nan, s)) for k, s in scored.per_reward.items()}
-            weights = self.reward_weights
-        else:
-            per_reward, weights = {"reward": torch.from_numpy(scored.total)}, {"reward": 1.0}
-        result = group_advantages(per_reward, weights, group_index, self.advantage, itemize)
+        result = compute_group_advantages(torch.from_numpy(scored.total), group_index, self.advantage)
         return Targets(advantages=result.advantages, batch_size=[len(group_index)]), result.metrics
 
-    def per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
+    def per_step(self, targets: Targets, traj, columns_BK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, K] advantages and step weights of the trained window columns `columns_BK` of the rollout `traj`."""
         adv_B = targets.advantages
         return adv_B[:, None].expand(-1, columns_BK.shape[1]), torch.ones(columns_BK.shape, device=adv_B.device)
 
 
-class TreeCredit:
-    """Per-depth advantages and step weights of tree rollouts (`tree_credit`), each trained step taking its depth's."""
-
-    def __init__(self, tree: TreeSpec, prune, advantage):
-        self.tree, self.prune, self.advantage = tree, prune, advantage
+class SummedCredit(FlatCredit):
+    """MixGRPO's `sum_advantages`: each reward's advantages within its groups, summed with the rewards' weights; a
+    failed sample is NaN in every reward (advantage 0)."""
 
     def targets(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
-        credit = tree_credit(torch.from_numpy(scored.total), group_index, self.tree, self.advantage,
-                             depths=self.prune.depths, leaves=self.prune.leaves)  # fmt: skip
-        targets = Targets(advantages=credit.advantages, step_weights=credit.step_weights,
-                          batch_size=[len(group_index)])  # fmt: skip
-        return targets, credit.metrics
-
-    def per_step(self, targets: Targets, traj: Trajectory, columns_BK: torch.Tensor):
-        depth_BK = self.tree.depth_of_step(traj.step_index.gather(1, columns_BK))
-        return targets.advantages.gather(1, depth_BK), targets.step_weights.gather(1, depth_BK)
-
-
-def make_credit(tree: TreeSpec | None, prune, advantage, reward_weights: dict[str, float]):
-    """Tree credit for tree rollouts (`sampling.tree`), flat credit otherwise."""
-    return FlatCredit(advantage, reward_weights) if tree is None else TreeCredit(tree, prune, advantage)
+        per_reward = {k: torch.from_numpy(np.where(scored.failed, np.nan, s)) for k, s in scored.per_reward.items()}
+        result = group_advantages(per_reward, self.reward_weights, group_index, self.advantage, itemize=True)
+        return Targets(advantages=result.advantages, batch_size=[len(group_index)]), result.metrics

@@ -8,9 +8,9 @@ optimizer step sees the mean over (kept samples × trained steps) of its mini-ba
 
 Advantages are per trained step ([B, K] in the units): a flat row's one advantage on each of its steps; with tree
 rollouts (`sampling.tree`) the advantage of the node each step leads into, times the step's weight (its share among
-the rows that hold the same transition, 0 where pruned). Both come from the algorithm's credit (algorithms/credit.py),
-and the PPO anchor from its rollout correction: collaborators chosen when the algorithm is built, so the plain step
-walks past neither's options.
+the rows that hold the same transition, 0 where pruned). Both come from the algorithm's credit (algorithms/credit.py,
+algorithms/tree_credit.py), and the PPO anchor from its rollout correction, when it has one: collaborators chosen
+when the algorithm is built, so the plain step walks past neither's options.
 
 Rollout correction (algorithm.rollout_correction): `decoupled` recomputes the old log-probs and means with the
 weights before the update and weights each entry by π_old / π_rollout (algorithms/rollout_correction.py);
@@ -38,8 +38,8 @@ from diffusion_rl.algorithms.base import (
     UpdatePosition,
     loss_names,
 )
-from diffusion_rl.algorithms.credit import make_credit
-from diffusion_rl.algorithms.rollout_correction import make_correction
+from diffusion_rl.algorithms.rollout_correction import Anchor, make_correction
+from diffusion_rl.algorithms.tree_credit import TreeCredit
 from diffusion_rl.config.fields import Range, check, opt
 from diffusion_rl.metrics import MAX, MIN, declare_metrics
 from diffusion_rl.sampling.rollout import recompute_step
@@ -223,8 +223,9 @@ class PolicyGradient(Algorithm):
 
     def __init__(self, section, spec, **context):
         super().__init__(section, spec, **context)
-        self.credit = make_credit(self.sampler.tree, self.tree_prune, section.advantage, self.reward_weights)
-        self.correction = make_correction(section.rollout_correction)
+        if self.sampler.tree is not None:  # tree rollouts: per-depth credit in place of flat
+            self.credit = TreeCredit(self.sampler.tree, self.tree_prune, section.advantage)
+        self.correction = make_correction(section.rollout_correction)  # None: the rollout is the anchor
         self.kl_beta = self.settings.kl_beta
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[PolicyGradientUnits, dict[str, float]]:
@@ -234,8 +235,10 @@ class PolicyGradient(Algorithm):
         ).to(traj.device)
         advantages, step_weight = self.credit.per_step(batch.targets, traj, columns)
         weight = (advantages != 0).any(1).float() if alg.drop_zero_advantage else torch.ones_like(advantages[:, 0])
-        anchor = self.correction.anchor(gather_columns(traj.log_probs, columns), gather_columns(traj.means, columns),
-                                        lambda: self._old_policy(traj, columns))  # fmt: skip
+        log_probs, means = gather_columns(traj.log_probs, columns), gather_columns(traj.means, columns).float()
+        anchor = Anchor(log_probs, means, torch.ones_like(log_probs), {})  # the rollout's
+        if self.correction is not None:
+            anchor = self.correction.anchor(anchor, lambda: self._old_policy(traj, columns))
         sqrt_dt = (gather_columns(traj.sigmas, columns) - gather_columns(traj.sigmas_next, columns)).sqrt()
         units = PolicyGradientUnits(traj=traj, advantages=advantages, weight=weight, columns=columns,
                                     step_weight=step_weight, old_log_probs=anchor.log_probs, old_means=anchor.means,
@@ -250,10 +253,9 @@ class PolicyGradient(Algorithm):
         # model.offload_reference's copy, on the device for this forward only, then stays out of)
         ref_mean = self._reference_mean(units, k) if self.kl_beta > 0 else None
         step = self._recompute(units.traj, units.columns[:, k])
-        weights = units.weight * units.correction[:, k] * units.step_weight[:, k]
-        kept, rejection = self.correction.reject(step.log_prob, units.old_log_probs[:, k : k + 1])
-        if kept is not None:
-            weights = weights * kept
+        weights, rejection = units.weight * units.correction[:, k] * units.step_weight[:, k], {}
+        if self.correction is not None:
+            weights, rejection = self.correction.reject(step.log_prob, units.old_log_probs[:, k : k + 1], weights)
         sqrt_dt = units.sqrt_dt[:, k].contiguous()  # a strided view would sum (grpo_guard's mean) in another order
         inp = PolicyLossInput(log_prob=step.log_prob, old_log_prob=units.old_log_probs[:, k], mean=step.mean,
                               old_mean=units.old_means[:, k], ref_mean=ref_mean, advantages=units.advantages[:, k],

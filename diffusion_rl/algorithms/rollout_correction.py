@@ -30,8 +30,8 @@ Criteria chain: rs_stat/rs_bound/rs_level is the first criterion, each entry of 
 another; an entry is kept only when it passes every criterion. The loss weight is (normalised) IS weight × keep.
 
 Which of these a run uses is one collaborator chosen when the algorithm is built (`make_correction`): the PPO anchor
-and its weights (`anchor`, before the update) and the per-step rejection (`reject`, inside the loss); the plain path,
-bypass without rejection, is `RolloutAnchor`, whose weights are all 1 and which rejects nothing.
+and its weights (`anchor`, before the update) and the per-step rejection (`reject`, inside the loss). The plain path,
+bypass without rejection, has none: the rollout's log-probs and means are the anchor, every weight 1.
 
 Off-policy diagnostics, from l = logp_old - logp_rollout [B, W] (unclamped where finite; exponentials of the
 clamped l, and of the clamped row sum for the sequence form):
@@ -182,49 +182,51 @@ class Anchor:
     metrics: dict[str, float]
 
 
-class RolloutAnchor:
-    """Bypass without rejection (the default): the rollout's log-probs and means are the anchor, every weight 1."""
+class Correction:
+    """A rollout correction: the update's anchor (`anchor`, before the update) and its per-step rejection (`reject`,
+    inside the loss). This base keeps the rollout's anchor and rejects nothing; each mode overrides one of them."""
 
     def __init__(self, cfg: RolloutCorrectionConfig):
         self.cfg = cfg
 
-    def anchor(
-        self, rollout_log_probs_BK: torch.Tensor, rollout_means_BK: torch.Tensor, old_policy: Callable
-    ) -> Anchor:
-        """`old_policy()`: the (log-probs, means) [B, K] recomputed with the weights before the update (decoupled)."""
-        return Anchor(rollout_log_probs_BK, rollout_means_BK.float(), torch.ones_like(rollout_log_probs_BK), {})
+    def anchor(self, rollout: Anchor, old_policy: Callable) -> Anchor:
+        """The anchor of the update, given the rollout's (`rollout`: every weight 1) and `old_policy()`, the
+        (log-probs, means) [B, K] recomputed with the weights before the update."""
+        return rollout
 
-    def reject(self, log_prob_B: torch.Tensor, anchor_B1: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
-        """[B] 1 for a kept entry, 0 for a rejected one of the trained step (None: none rejected), from the current
-        policy's log-probs against the anchor's [B, 1]; and the metrics of those entries (declared ROWS below)."""
-        return None, {}
+    def reject(
+        self, log_prob_B: torch.Tensor, anchor_B1: torch.Tensor, weights_B: torch.Tensor
+    ) -> tuple[torch.Tensor, dict]:
+        """`weights_B` with 0 for each rejected entry of the trained step, from the current policy's log-probs
+        against the anchor's [B, 1]; and the metrics of those entries (declared ROWS above)."""
+        return weights_B, {}
 
 
-class BypassRejection(RolloutAnchor):
+class BypassRejection(Correction):
     """Bypass with rejection (rs_level step): the rollout is the anchor; each trained step's entries whose current
     log-prob is too far from the rollout's are left out of the loss."""
 
-    def reject(self, log_prob_B: torch.Tensor, anchor_B1: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+    def reject(
+        self, log_prob_B: torch.Tensor, anchor_B1: torch.Tensor, weights_B: torch.Tensor
+    ) -> tuple[torch.Tensor, dict]:
         corrected = correction_weights(log_prob_B.detach()[:, None], anchor_B1, self.cfg)
         metrics = {k: v for k, v in corrected.metrics.items() if rule_of(k) == ROWS}  # shares of the step's entries
-        return corrected.weights_BW[:, 0], metrics
+        return weights_B * corrected.weights_BW[:, 0], metrics
 
 
-class Decoupled(RolloutAnchor):
+class Decoupled(Correction):
     """Decoupled: the old policy, recomputed before the update, is the anchor; π_old / π_rollout weights each entry
     (with its rejection), once for the whole window."""
 
-    def anchor(
-        self, rollout_log_probs_BK: torch.Tensor, rollout_means_BK: torch.Tensor, old_policy: Callable
-    ) -> Anchor:
+    def anchor(self, rollout: Anchor, old_policy: Callable) -> Anchor:
         old_log_probs, old_means = old_policy()
-        corrected = correction_weights(old_log_probs, rollout_log_probs_BK, self.cfg)
+        corrected = correction_weights(old_log_probs, rollout.log_probs, self.cfg)
         metrics = {name: float(value) for name, value in corrected.metrics.items()}
         return Anchor(old_log_probs, old_means, corrected.weights_BW, metrics)
 
 
-def make_correction(cfg: RolloutCorrectionConfig) -> RolloutAnchor:
-    """The collaborator of algorithm.rollout_correction (module docstring)."""
+def make_correction(cfg: RolloutCorrectionConfig) -> Correction | None:
+    """The collaborator of algorithm.rollout_correction (module docstring); None for bypass without rejection."""
     if cfg.mode == "decoupled":
         return Decoupled(cfg)
-    return RolloutAnchor(cfg) if cfg.rs_stat is None else BypassRejection(cfg)
+    return None if cfg.rs_stat is None else BypassRejection(cfg)

@@ -64,6 +64,12 @@ class UpdatePlan:
     pad_to: int = 0  # units every worker trains: this worker's are padded with weight-0 copies up to it
     padding_only: bool = False  # fewer units than workers: this worker's rows are copies that only pad
 
+    def pad(self, units):
+        """This worker's `units` as the plan has them train: weight 0 when they only pad, padded up to `pad_to`."""
+        if self.padding_only:
+            units.weight = torch.zeros_like(units.weight)
+        return pad_units(units, self.pad_to) if self.pad_to else units
+
 
 def staleness_metrics(step: int, policy_version: torch.Tensor, bound: int) -> dict[str, float]:
     """When rollouts may run ahead of the update (bound > 0): how many updates behind the weights that sampled each
@@ -430,32 +436,28 @@ class PolicyWorker:
         """Train on this step's kept trajectories with the algorithm's targets for the same rows, in order (the
         update loop: module docstring); `plan` (several workers) says which kept rows train here, which come from
         other workers, and the units every worker trains (this one's padded with weight-0 copies up to it)."""
-        plan = plan or UpdatePlan()
-        parts = [] if plan.keep == [] else [self.kept.rows(step, plan.keep)]  # keep []: every row comes from others
+        traj = self.kept.rows(step) if plan is None else self._planned_rows(step, plan)
         self.kept.release(step)
-        device = self.model.device
-        imported = [self._as_own(rows.to(device)) for rows in plan.imported]
-        traj = torch.cat([*(p.to(device) for p in parts), *imported])
         if targets.batch_size != traj.batch_size:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
-        batch = TrainBatch(traj=traj, targets=targets.to(device), batch_size=traj.batch_size)
+        batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
         alg, parallel, train, bound = self.algorithm, self.parallel, self.spec.train, self.spec.staleness_bound
         out = staleness_metrics(step, traj.ids.policy_version, bound) if bound else {}  # rollouts sampled ahead
-        with parallel.training(), self.flops.count(("update", traj.batch_size[0], plan.pad_to, plan.padding_only)):
+        shape = ("update", traj.batch_size[0]) if plan is None else ("update", traj.batch_size[0], plan.pad_to,
+                                                                      plan.padding_only)  # fmt: skip
+        with parallel.training(), self.flops.count(shape):
             units, metrics = alg.begin(batch, step)
             out.update(metrics)
-            if plan.padding_only:
-                units.weight = torch.zeros_like(units.weight)
-            out["train/units"] = float(parallel.sum(alg.count(units)))
-            if plan.pad_to:  # several workers take as many passes
-                units = pad_units(units, plan.pad_to)
+            units = units if plan is None else plan.pad(units)  # several workers take as many passes
+            out["train/units"] = float(parallel.sum(int(units.weight.sum())))
             U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
             passes, rows_of_pass, grad_norms = [], [], []
             for epoch in range(train.ppo_epochs):
                 for m in range(M):
                     rows = minibatch_rows(U, M, m).to(units.device)
-                    # over all workers: each scales by the global count, so the summed gradients are the global mean
-                    n = parallel.sum(alg.count(units[rows]))
+                    # the units that carry weight, over all workers: each scales by that global count, so the
+                    # summed gradients are the global mean
+                    n = parallel.sum(int(units.weight[rows].sum()))
                     if n == 0:
                         continue
                     micros = rows.split(alg.micro_size)
@@ -465,7 +467,7 @@ class PolicyWorker:
                             parallel.sync_gradients(last_before_step=(i, k) == (len(micros) - 1, K - 1))
                             loss = alg.loss(chunk, k, UpdatePosition(epoch, m, step))
                             (loss.loss * (len(micro) / (n * K))).backward()
-                            if alg.count(chunk):  # a pass of padding units only trains nothing and reports nothing
+                            if chunk.weight.any():  # a pass of padding units only trains nothing and reports nothing
                                 passes.append({"loss": loss.loss.detach(), **loss.metrics})
                                 rows_of_pass.append(len(micro))
                     grad_norms.append(self.optimizer.step())
@@ -478,6 +480,12 @@ class PolicyWorker:
             if self.peak_flops is not None:
                 out["perf/peak_flops_per_device"] = self.peak_flops
         return out
+
+    def _planned_rows(self, step: int, plan: UpdatePlan) -> Trajectory:
+        """The rows `plan` trains here: the kept ones it names, then those other workers sampled."""
+        device = self.model.device
+        parts = [] if plan.keep == [] else [self.kept.rows(step, plan.keep).to(device)]  # []: all from others
+        return torch.cat([*parts, *(self._as_own(rows.to(device)) for rows in plan.imported)])
 
     def _as_own(self, traj: Trajectory) -> Trajectory:
         """Rows sampled elsewhere with the conditioning in this model's dtype (a rollout actor may sample in

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import TensorDict
 
+from diffusion_rl.config.plugins import STEP_TYPES
 from diffusion_rl.models.guidance import Guidance
 from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES, OdeSolver
-from diffusion_rl.sampling.sde import Generators, StepOutput, check_sigmas, get_step
+from diffusion_rl.sampling.sde import Generators, StepOutput, check_sigmas
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.tree import TreeNodes, TreeSpec
 from diffusion_rl.sampling.window import SdeWindow, step_types
@@ -98,7 +99,7 @@ def stored_step(kind: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma
                 generators: Generators, dtype: torch.dtype) -> StepOutput:  # fmt: skip
     """One SDE window step whose drawn sample is the one storage keeps: x_{j+1} rounded to `dtype`, with the
     log-prob of that rounded sample (x, the step's input, must already be rounded). fp32: the plain step."""
-    step = get_step(kind)
+    step = STEP_TYPES.get(kind)
     out = step(x, v, sigma, sigma_next, noise_level, generator=generators)
     if dtype == torch.float32:
         return out
@@ -254,4 +255,4 @@ def recompute_step(model: FlowModel, x: torch.Tensor, x_next: torch.Tensor, sigm
     with the rollout's guidance and step type (with grad if enabled); x and x_next are read as fp32."""
     x, x_next = x.float(), x_next.float()
     v = model.velocity(x, sigma, cond, settings.scales)
-    return get_step(settings.sde_type)(x, v, sigma, sigma_next, settings.noise_level, prev_sample=x_next)
+    return STEP_TYPES.get(settings.sde_type)(x, v, sigma, sigma_next, settings.noise_level, prev_sample=x_next)

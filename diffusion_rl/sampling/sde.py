@@ -13,7 +13,8 @@ Gaussian log-density of what they drew. Step types, registered by name in `STEP_
   variance or constant terms.
 - `dance_sde`: DanceGRPO's step: an Euler step plus a score correction, with noise std eta·sqrt(sigma - sigma_next).
 
-Every step function has the signature of `StepFn` and returns a `StepOutput`. The math runs in fp32 whatever the
+Every step function has the signature of `StepFn` and returns a `StepOutput`; callers look one up with
+`STEP_TYPES.get(name)`, whose error lists the valid names. The math runs in fp32 whatever the
 input dtype. `std` in the output is the step's std_dev_t as each method defines it; the noise actually added has
 std `std·sqrt(sigma - sigma_next)` for `sde` and `std` for `cps` and `dance_sde`.
 
@@ -30,7 +31,6 @@ import torch
 from torch import Tensor
 
 from diffusion_rl.config.plugins import STEP_TYPES
-from diffusion_rl.errors import UserError
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
@@ -56,18 +56,6 @@ class StepFn(Protocol):
         prev_sample: Tensor | None = None,
         generator: Generators = None,
     ) -> StepOutput: ...
-
-
-class UnknownStepTypeError(UserError, ValueError):
-    """An unknown step type name: a user config error that is also a ValueError for callers that catch those."""
-
-
-def get_step(name: str) -> StepFn:
-    """The step function registered under `name`; an unknown name raises a ValueError listing the valid ones."""
-    try:
-        return STEP_TYPES.get(name)
-    except UserError as e:
-        raise UnknownStepTypeError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -105,20 +93,16 @@ def check_sigmas(sigmas: Sequence[float] | Tensor, sde_type: str) -> None:
         raise ValueError(f"the sde step needs sigma <= 1 (its std has 1 - sigma under a root), got {max(values):g}")
 
 
-def _prepare(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float,
-             prev_sample: Tensor | None, sde_type: str) -> _Inputs:  # fmt: skip
-    """The inputs: tensors in fp32, sigma and sigma_next per row [B]. Only what costs no host synchronisation is
-    checked here: shapes, and a step given as two floats (`check_sigmas`); per-row sigma tensors (the update's
-    recomputed steps) come from a schedule that `check_sigmas` saw when the rollout made it."""
+def _prepare(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor,
+             prev_sample: Tensor | None) -> _Inputs:  # fmt: skip
+    """The inputs: tensors in fp32, sigma and sigma_next per row [B]. Only their shapes are checked here (every step
+    of every rollout and update runs this): the schedule is checked where it is made (`check_sigmas`, in the
+    rollout; the update replays its steps), the noise level when the config loads."""
     if x.ndim < 2:
         raise ValueError(f"x must have shape [B, ...] with at least one non-batch dim, got shape {tuple(x.shape)}")
     for name, t in (("v", v), ("prev_sample", prev_sample)):
         if t is not None and t.shape != x.shape:
             raise ValueError(f"{name} must have the shape of x {tuple(x.shape)}, got {tuple(t.shape)}")
-    if noise_level < 0:
-        raise ValueError(f"noise_level must be >= 0 (0 gives the deterministic step), got {noise_level}")
-    if not isinstance(sigma, Tensor) and not isinstance(sigma_next, Tensor):
-        check_sigmas([sigma, sigma_next], sde_type)
     sigma_B, sigma_next_B = _per_row(sigma, x, "sigma"), _per_row(sigma_next, x, "sigma_next")
     return _Inputs(x.float(), v.float(), sigma_B, sigma_next_B, None if prev_sample is None else prev_sample.float())
 
@@ -171,7 +155,7 @@ def _gaussian_log_prob(sample: Tensor, mean: Tensor, noise_std_B: Tensor) -> Ten
 def ode_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
              prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Euler step of the flow ODE: x + v·dt. Ignores noise_level and generator; log_prob is 0."""
-    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample, "ode")
+    inp = _prepare(x, v, sigma, sigma_next, prev_sample)
     dt = _rows(inp.sigma_next_B - inp.sigma_B, inp.x)
     mean = inp.x + inp.v * dt
     zeros_B = torch.zeros_like(inp.sigma_B)
@@ -182,7 +166,7 @@ def ode_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Te
 def sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
              prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Flow-GRPO's Euler–Maruyama step. std = noise_level·sqrt(sigma / (1 - sigma)); noise std std·sqrt(-dt)."""
-    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample, "sde")
+    inp = _prepare(x, v, sigma, sigma_next, prev_sample)
     # sigma / (1 - sigma) is infinite at sigma = 1 (pure noise, the first step); the reference uses the next
     # sigma in the denominator there, which keeps the first step's std finite (though large).
     sigma_tilde_B = torch.where(inp.sigma_B == 1, inp.sigma_next_B, inp.sigma_B)
@@ -200,7 +184,7 @@ def sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Te
 def cps_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
              prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """Coefficients-preserving step: std = sigma_next·sin(noise_level·π/2); log_prob = -(x' - mean)², row-mean."""
-    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample, "cps")
+    inp = _prepare(x, v, sigma, sigma_next, prev_sample)
     std_B = inp.sigma_next_B * math.sin(noise_level * math.pi / 2)
     std, s, s_next = (_rows(t, inp.x) for t in (std_B, inp.sigma_B, inp.sigma_next_B))  # [B, 1, ...]
     x0 = inp.x - s * inp.v  # predicted clean image
@@ -220,7 +204,7 @@ def cps_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Te
 def dance_sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
                    prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
     """DanceGRPO's step with eta = noise_level: Euler step + score term; std = eta·sqrt(sigma - sigma_next)."""
-    inp = _prepare(x, v, sigma, sigma_next, noise_level, prev_sample, "dance_sde")
+    inp = _prepare(x, v, sigma, sigma_next, prev_sample)
     s = _rows(inp.sigma_B, inp.x)  # [B, 1, ...]
     dt = _rows(inp.sigma_next_B, inp.x) - s
     x0 = inp.x - s * inp.v

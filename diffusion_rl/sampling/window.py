@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.sampling.sde import get_step
+from diffusion_rl.config.plugins import STEP_TYPES
 from diffusion_rl.utils.seeding import make_generator
 
 _WINDOW_STREAM = "sde_window"  # names the random stream, so it differs from others drawn from (seed, step)
@@ -79,7 +79,7 @@ def step_types(num_steps: int, window: SdeWindow | None, sde_type: str) -> list[
 
     window None means no SDE step (e.g. for evaluation).
     """
-    get_step(sde_type)  # unknown names fail here, with the list of valid ones
+    STEP_TYPES.get(sde_type)  # unknown names fail here, with the list of valid ones
     if window is not None and window.start + window.size > num_steps:
         raise ValueError(
             f"SDE window steps {window.start}..{window.start + window.size - 1} go past the last step "

@@ -1,5 +1,5 @@
-"""Credit (algorithms/credit.py): tree credit on hand-built trees: reward fusion, depth-wise advantages, step weights,
-pruning; and the depth each sampler step leads into."""
+"""Credit (algorithms/credit.py, algorithms/tree_credit.py): tree credit on hand-built trees: reward fusion,
+depth-wise advantages, step weights, pruning; and the depth each sampler step leads into."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages
-from diffusion_rl.algorithms.credit import tree_credit
+from diffusion_rl.algorithms.credit import GroupNorm, compute_group_advantages
+from diffusion_rl.algorithms.tree_credit import tree_credit
 from diffusion_rl.sampling.tree import TreeSpec
 
 TREE = TreeSpec(branch_at=(1, 3), branching=(2, 2))  # leaves 0,1 under depth-1 node 0; leaves 2,3 under node 1
@@ -88,7 +88,8 @@ def test_the_update_gives_each_trained_step_the_advantage_and_weight_of_its_dept
     from types import SimpleNamespace
 
     from diffusion_rl.algorithms.base import make_algorithm
-    from diffusion_rl.algorithms.credit import FlatCredit, Targets, TreeCredit
+    from diffusion_rl.algorithms.credit import FlatCredit, Targets
+    from diffusion_rl.algorithms.tree_credit import TreeCredit
     from diffusion_rl.config import load
 
     root = Path(__file__).resolve().parents[2]

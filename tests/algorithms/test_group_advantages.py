@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages, group_advantages
+from diffusion_rl.algorithms.credit import GroupNorm, compute_group_advantages, group_advantages
 
 NAN = float("nan")
 EPS = 1e-4

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
-from diffusion_rl.config.plugins import LOSSES
-from diffusion_rl.sampling.sde import STEP_TYPE_NAMES, check_sigmas, get_step
+from diffusion_rl.config.plugins import LOSSES, STEP_TYPES
+from diffusion_rl.sampling.sde import STEP_TYPE_NAMES, check_sigmas
 
 HOST_READS = {"item", "tolist", "nonzero", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"}
 
@@ -47,7 +47,7 @@ def test_step_functions_make_no_host_read_with_per_row_sigmas(name, replay):
     sigma, sigma_next = guarded(torch.tensor([1.0, 0.7, 0.4])), guarded(torch.tensor([0.8, 0.5, 0.0]))
     generators = [torch.Generator().manual_seed(i) for i in range(3)]
     kwargs = {"prev_sample": prev} if replay else {"generator": generators}
-    out = get_step(name)(x, v, sigma, sigma_next, 0.7, **kwargs)
+    out = STEP_TYPES.get(name)(x, v, sigma, sigma_next, 0.7, **kwargs)
     assert isinstance(out.log_prob, NoHostSync) and out.log_prob.shape == (3,)
 
 

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from diffusion_rl.errors import UserError
 from diffusion_rl.sampling.window import (
     SdeWindow,
     default_window,
@@ -76,7 +77,7 @@ def test_invalid_windows_and_step_types_are_rejected():
         SdeWindow(start=0, size=0)
     with pytest.raises(ValueError, match="go past the last step"):
         step_types(5, SdeWindow(start=3, size=3), "sde")
-    with pytest.raises(ValueError, match="known: cps, dance_sde, ode, sde"):
+    with pytest.raises(UserError, match="known: cps, dance_sde, ode, sde"):  # the registry's error
         step_types(5, default_window(5), "flow_sde")
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_rl.algorithms.advantages import GroupNorm, compute_group_advantages
+from diffusion_rl.algorithms.credit import GroupNorm, compute_group_advantages
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.timing import PhaseTimer
 

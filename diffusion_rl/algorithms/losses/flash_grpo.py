@@ -39,7 +39,7 @@ from diffusion_rl.algorithms.base import register_loss
 from diffusion_rl.algorithms.losses.flow_grpo import flow_grpo_loss
 from diffusion_rl.algorithms.policy_gradient import ClippedLossSettings, PolicyGradient, gather_columns
 from diffusion_rl.config.fields import Range, check, opt
-from diffusion_rl.sampling.sde import get_step
+from diffusion_rl.config.plugins import STEP_TYPES
 
 
 @dataclass
@@ -62,7 +62,7 @@ class FlashGrpoSettings(ClippedLossSettings):
 def step_coefficients(sigma: torch.Tensor, sigma_next: torch.Tensor, sde_type: str, noise_level: float):
     """c = noise std / |∂μ/∂v| of each step σ → σ_next (any shape), fp32: the inverse of the size of the step's
     log-prob gradient with respect to the velocity, read off the step function (its mean is affine in v)."""
-    step = get_step(sde_type)
+    step = STEP_TYPES.get(sde_type)
     sigma_B, sigma_next_B = sigma.float().flatten(), sigma_next.float().flatten()
     zeros = torch.zeros(sigma_B.shape[0], 1)
     at_0 = step(zeros, zeros, sigma_B, sigma_next_B, noise_level, prev_sample=zeros)
