@@ -10,7 +10,8 @@ LoRA where the memory allows, Wan 2.1 1.3B LoRA; last, FLUX.2-klein-4B, Z-Image-
 (train/logp_diff_max) for sde and cps in bf16 and fp32; model.compile_blocks against eager; each installed
 model.attention_backend against sdpa; the Ray engine's FSDP2 worker at world size 1 without Ray; past the default
 budget (run with --only), torch's cuDNN attention kernel off against on for each model (gpu_check/cudnn_ab.py),
-CUDA's allocator with fixed blocks against expandable segments (gpu_check/alloc_ab.py), the text encoders at real
+CUDA's allocator with fixed blocks against expandable segments (gpu_check/alloc_ab.py), compiled blocks and fused
+AdamW (on by default on CUDA) against both off (gpu_check/defaults_ab.py), the text encoders at real
 size held and offloaded (gpu_check/encoders.py) and Wan 2.2 T2V-A14B LoRA (both 14B experts, a short clip). Every
 part runs with the allocator the CLI gives a run by default (diffusion_rl/utils/cuda_alloc.py), recorded as
 `allocator`.

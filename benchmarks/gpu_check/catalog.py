@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from .alloc_ab import alloc_ab_part
 from .cudnn_ab import cudnn_ab_part
+from .defaults_ab import defaults_ab_part
 from .encoders import encoders_part
 from .parts import attention_part, compile_part, device_part, fsdp2_part, model_part, replay_part
 
 # name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, alloc_ab,
-# encoders and wan22_a14b_lora, past the default budget, run with --only)
+# defaults_ab, encoders and wan22_a14b_lora, past the default budget, run with --only)
 PARTS = {
     "device": (device_part, 30),
     "sd35_lora": (model_part("sd35_lora"), 80),
@@ -29,6 +30,7 @@ PARTS = {
     "wan22_ti2v_lora": (model_part("wan22_ti2v_lora"), 80),
     "cudnn_ab": (cudnn_ab_part, 150),
     "alloc_ab": (alloc_ab_part, 170),
+    "defaults_ab": (defaults_ab_part, 260),
     "encoders": (encoders_part, 90),
     "wan22_a14b_lora": (model_part("wan22_a14b_lora"), 150),
 }

@@ -82,6 +82,9 @@ def markdown(record: dict) -> str:
     alloc = (parts.get("alloc_ab") or {}).get("result")
     if alloc:
         lines += alloc_ab_table(alloc)
+    defaults = (parts.get("defaults_ab") or {}).get("result")
+    if defaults:
+        lines += defaults_ab_table(defaults)
     encoders = (parts.get("encoders") or {}).get("result")
     if encoders:
         lines += encoders_table(encoders)
@@ -149,6 +152,29 @@ def alloc_ab_table(ab: dict) -> list[str]:
         )
     lines += ["", f"Effect: {ab['effect']}. Peaks of the measured (second) step; the first step's in the record."]
     return lines
+
+
+def defaults_ab_table(ab: dict) -> list[str]:
+    """The defaults_ab part's table: each variant's seconds, its ratios to `baseline`, replay and weights."""
+    lines = ["", f"## CUDA defaults: compiled blocks and fused AdamW (defaults_ab; a process per variant; "
+             f"{ab['compiler']})", "",
+             "| model | variant | warm-up s | compile s | step s | rollout s | update s | step / baseline "
+             "| update / baseline | logp_diff_max | weights rel. diff | skipped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, runs in ab["runs"].items():
+        for label, record in runs.items():
+            if record.get("status") != "ok":
+                lines.append(f"| {name} | {label} | {record.get('status')}: {record.get('error', '')[:80]} "
+                             "| | | | | | | | | |")  # fmt: skip
+                continue
+            r, q = record["result"], ab.get("ratios", {}).get(name, {}).get(label, {})
+            lines.append(f"| {name} | {label} | {_f(r['warmup_step_s'])} | {_f(r['compile_s'], '.1f')} "
+                         f"| {_f(r['step_s'])} | {_f(r['rollout_s'])} | {_f(r['update_s'])} "
+                         f"| {_f(q.get('step_s_ratio'), '.3f')} | {_f(q.get('update_s_ratio'), '.3f')} "
+                         f"| {_f(r['logp_diff_max'], '.3g')} | {_f(q.get('weights_rel_diff'), '.2e')} "
+                         f"| {r.get('skipped_updates')} |")  # fmt: skip
+    variants = "; ".join(f"{k}: {v}" for k, v in ab["variants"].items())
+    return [*lines, "", f"Variants: {variants}. Seconds of the measured (second) step."]
 
 
 def encoders_table(encoders: dict) -> list[str]:

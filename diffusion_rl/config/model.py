@@ -86,11 +86,13 @@ class ModelConfig:
         "torch.compile the transformer for sampling (rollouts, validation; training passes stay eager): "
         "minutes of compiling on first use, then faster steps (see benchmarks/RESULTS.md).",
     )
-    compile_blocks: bool = opt(
-        False,
+    compile_blocks: bool | Literal["auto"] = opt(
+        "auto",
         "Regional compilation: torch.compile each repeated transformer block in place, so training passes (recompute "
         "forward and backward) and sampling both run compiled blocks; one block's compile time, not the network's "
-        "(replaces model.compile's whole-network compile; see benchmarks/RESULTS.md).",
+        "(replaces model.compile's whole-network compile; see benchmarks/RESULTS.md). auto: on when the model is on "
+        "a CUDA device and model.compile is off, off elsewhere; torch's compile caches go to the user's cache folder "
+        "unless TORCHINDUCTOR_CACHE_DIR is set, and the compile time is logged once (models/compiling.py).",
     )
     attention_backend: str = opt(
         "sdpa",
@@ -110,7 +112,7 @@ class ModelConfig:
             f"model.revision {self.revision!r}: a commit hash, branch or tag without spaces, or null for main",
         )
         check(
-            not (self.compile and self.compile_blocks),
+            not (self.compile and self.compile_blocks is True),
             "model.compile and model.compile_blocks are alternatives: compile_blocks already compiles sampling",
         )
         check(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from diffusion_rl.config.data import RewardSpec
 from diffusion_rl.config.fields import MAX_BATCH, MAX_COUNT, MAX_GROUP, MAX_PIXELS, MAX_STEPS, OneOf, Range, opt
@@ -44,6 +44,11 @@ class TrainConfig:
     betas: tuple[float, float] = opt((0.9, 0.999), "AdamW betas.", within=Range(0, 1))
     weight_decay: float = opt(1e-4, "AdamW weight decay.", within=Range(0, 10))
     adam_eps: float = opt(1e-8, "AdamW epsilon.", within=Range(0, 1, lo_open=True))
+    fused_adamw: bool | Literal["auto"] = opt(
+        "auto",
+        "torch's fused AdamW kernel (one launch for all parameters). auto: on when the trained parameters are on a "
+        "CUDA device, off elsewhere (the CPU keeps torch's default AdamW).",
+    )
     grad_clip: float = opt(1.0, "Clip the gradient norm to this (0 = off).", within=Range(0, 1e6))
     warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.", within=Range(0, MAX_COUNT))
     micro_batch_size: int = opt(

@@ -42,6 +42,7 @@ from diffusion_rl.engine.spec import WorkerSpec
 from diffusion_rl.errors import TrainingDiverged, UserError, WeightsUnchanged
 from diffusion_rl.metrics import MAX, declare_metrics, reduce_metrics
 from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.compiling import CompileReport, on_cuda
 from diffusion_rl.models.embedding_cache import use_embedding_cache
 from diffusion_rl.models.export import write_lora_adapter
 from diffusion_rl.models.image_size import size_problem
@@ -165,9 +166,11 @@ class OptimizerStepper:
         count = sum(p.numel() for p in params)  # a shard's count under FSDP2: the auto rule errs towards measuring
         self.measure_change = weight_change == "on" or (weight_change == "auto" and count <= WEIGHT_CHANGE_AUTO_MAX)
         self.changes: list[float] = []  # |Δθ| / |θ| of this update's optimizer steps
+        fused = all(on_cuda(train.fused_adamw, p.device) for p in params)  # auto: CUDA's fused kernel, CPU as before
         self.optimizer = torch.optim.AdamW(
-            params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, eps=train.adam_eps
-        )
+            params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, eps=train.adam_eps,
+            fused=fused or None,
+        )  # fmt: skip
         warmup = train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
@@ -332,6 +335,7 @@ class PolicyWorker:
         self.kept = KeptRollouts()
         self.flops = FlopTally(spec.flops)
         self.peak_flops = device_peak_flops(self.model.device, spec.peak_tflops)
+        self.compile_report = CompileReport(self.trains and self.model.policies.compile_blocks)
 
     def _check_size(self, height: int, width: int, section: str) -> None:
         """A UserError naming `section`'s keys when the model cannot make height × width pixels (`size_problem`:
@@ -475,6 +479,7 @@ class PolicyWorker:
             parallel.settle()
             out.update(alg.end(step))
             out.update(self.optimizer.metrics(grad_norms))
+        self.compile_report.after_update()  # the compile time, once
         if self.flops.enabled:  # this device's FLOPs of the step: its rollouts since the last update, and this update
             out["perf/flops_per_device"] = self.flops.take()
             if self.peak_flops is not None:

@@ -12,6 +12,7 @@ import torch
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.attention import DEFAULT_BACKEND, set_attention_backend
 from diffusion_rl.models.base import FlowModel, freeze
+from diffusion_rl.models.compiling import compile_blocks_on
 from diffusion_rl.models.hub import model_dir
 from diffusion_rl.models.load_errors import raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
@@ -158,7 +159,7 @@ def model_of_pipeline(pipeline, family, cfg, device: torch.device, dtype: torch.
         raise UserError(f"model.lora.target_modules={targets} do not fit this {family.name} model: {e}") from None
     model.condition_sizing = getattr(cfg, "condition_size", "output")
     model.policies.compile_sampling = getattr(cfg, "compile", False)
-    model.policies.compile_blocks = getattr(cfg, "compile_blocks", False)
+    model.policies.compile_blocks = compile_blocks_on(cfg, device)
     model.policies.autocast = None if getattr(cfg, "autocast", "none") == "none" else DTYPES[cfg.autocast]
     model.policies.offload_reference_to = device if getattr(cfg, "offload_reference", False) else None
     n_train = sum(p.numel() for p in model.trainable_parameters())

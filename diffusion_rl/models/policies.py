@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from diffusion_rl.models.compiling import use_compile_cache
+
 DEFAULT = "default"
 REFERENCE = "__reference__"  # full fine-tuning's frozen copy of the starting weights (LoRA: adapters disabled)
 BLOCK_RECOMPILE_LIMIT = 64  # compiled graphs per block forward (model.compile_blocks); see _compile_blocks
@@ -90,6 +92,7 @@ class PolicySet:
         # (context-only) block, each with and without gradients and with the adapter on and off, exceeded torch's
         # default of 8 per code object on the GPU check, and every block past the 8th then ran eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, BLOCK_RECOMPILE_LIMIT)
+        use_compile_cache()  # later runs of the same shapes load the kernels compiled here
         for block in repeated_blocks(module):
             block.compile()
         done.add(id(module))

@@ -95,6 +95,25 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
         )  # each variant set it before building
         assert fixed["step_s"] > 0 and expandable["step_s"] > 0 and fixed["skipped_updates"] == 0
         assert runs["step_s_ratio"] == expandable["step_s"] / fixed["step_s"]
+    from gpu_check.defaults_ab import MODELS as DEFAULTS_MODELS
+
+    defaults = parts["defaults_ab"]["result"]
+    assert {n: list(r) for n, r in defaults["runs"].items()} == {n: list(v) for n, v in DEFAULTS_MODELS.items()}
+    settings = {"baseline": (False, False), "fused": (False, True), "compiled": (True, False),
+                "compiled_cached": (True, False)}  # fmt: skip
+    for name, runs in defaults["runs"].items():
+        results = {label: run["result"] for label, run in runs.items()}
+        # each variant ran with its own settings, whatever the device's auto would give
+        assert {k: (r["compile_blocks"], r["fused_adamw"]) for k, r in results.items()} == {
+            k: settings[k] for k in results
+        }
+        for r in results.values():
+            assert r["logp_diff_max"] == 0.0 and r["skipped_updates"] == 0 and r["step_s"] > 0
+        base, fused = results["baseline"], results["fused"]
+        ratio = defaults["ratios"][name]["fused"]
+        assert ratio["update_s_ratio"] == fused["update_s"] / base["update_s"]
+        # the CPU's fused AdamW computes what its for-loop one does, up to float rounding
+        assert ratio["weights_rel_diff"] == abs(fused["weights_l2"] - base["weights_l2"]) / base["weights_l2"] < 1e-5
     encoders = parts["encoders"]["result"]
     from gpu_check.encoders import MODELS as ENCODED
 
@@ -109,7 +128,8 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
     assert summary.startswith("# GPU check: CPU (dry run) — CPU toy shapes, no measurement")  # in its title
     headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
                 "## model.attention_backend", "## FSDP2 worker", "## torch's cuDNN attention kernel off vs on",
-                "## CUDA's allocator: fixed blocks vs expandable", "## Text encoders at real size")  # fmt: skip
+                "## CUDA's allocator: fixed blocks vs expandable", "## CUDA defaults: compiled blocks and fused AdamW",
+                "## Text encoders at real size")  # fmt: skip
     for heading in headings:
         assert heading in summary
 

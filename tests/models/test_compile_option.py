@@ -13,6 +13,12 @@ from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.models.loader import load_model
 
 
+@pytest.fixture(autouse=True)
+def _own_compile_cache(monkeypatch, tmp_path):
+    # compiling points torch's caches at the user's cache folder (models/compiling.py): here, at the test's
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
 class Wrapper(torch.nn.Module):
     def __init__(self, module):
         super().__init__()
