@@ -10,6 +10,7 @@ from .alloc_ab import alloc_ab_part
 from .cudnn_ab import cudnn_ab_part
 from .defaults_ab import defaults_ab_part
 from .encoders import encoders_part
+from .host_syncs import host_syncs_part
 from .parts import attention_part, compile_part, device_part, fsdp2_part, model_part, replay_part
 
 # name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, alloc_ab,
@@ -25,6 +26,7 @@ PARTS = {
     "qwen_image_lora": (model_part("qwen_image_lora"), 80),
     "attention": (attention_part, 60),
     "fsdp2": (fsdp2_part, 45),
+    "host_syncs": (host_syncs_part, 45),
     "flux2_klein_lora": (model_part("flux2_klein_lora"), 60),
     "z_image_lora": (model_part("z_image_lora"), 60),
     "wan22_ti2v_lora": (model_part("wan22_ti2v_lora"), 80),

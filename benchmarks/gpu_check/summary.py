@@ -92,6 +92,11 @@ def markdown(record: dict) -> str:
     if fsdp:
         lines += ["", f"## FSDP2 worker at world size 1 ({fsdp['backend']}, without Ray)", "",
                   f"step {_f(fsdp['step_s'])} s, logp_diff_max {_f(fsdp['logp_diff_max'], '.3g')}."]  # fmt: skip
+    syncs = (parts.get("host_syncs") or {}).get("result")
+    if syncs:
+        lines += ["", f"## Host synchronisations of one step ({syncs['model']}; {syncs['how']})", "",
+                  f"{syncs['syncs']} in the step, {syncs['hot_path_syncs']} in the hot path; the most frequent:", "",
+                  *(f"- {n} × {site}" for site, n in syncs["top_sites"])]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

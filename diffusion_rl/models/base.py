@@ -454,6 +454,9 @@ def uint8_to_images(images: torch.Tensor) -> torch.Tensor:
 
 
 def as_sigma_batch(sigma: torch.Tensor | float, batch: int, device: torch.device) -> torch.Tensor:
-    """σ as a float32 tensor of shape [B] on `device`."""
-    sigma = torch.as_tensor(sigma, dtype=torch.float32, device=device)
+    """σ as a float32 tensor of shape [B] on `device` (a float filled there: a tensor made from it would be a copy
+    from the host that waits, once per step)."""
+    if not isinstance(sigma, torch.Tensor):
+        return torch.full((batch,), sigma, dtype=torch.float32, device=device)
+    sigma = sigma.to(device, torch.float32)
     return sigma.expand(batch) if sigma.dim() == 0 else sigma

@@ -125,6 +125,7 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
                          f"seeds, {cond.batch_size[0]} conds")  # fmt: skip
     sigmas = model.sigma_schedule(settings.num_steps, settings.height, settings.width, settings.frames)
     check_sigmas(sigmas, settings.sde_type)  # once here: the steps, and the update's recomputed ones, check none
+    sigma_at = sigmas.tolist()  # the loop reads floats: no tensor is read back per step (docs/architecture.md)
     kinds = step_types(settings.num_steps, window, settings.sde_type)
     x = initial_noise(model, settings, init_seeds)
     generators = [generator_of(s) for s in noise_seeds] if nodes is None else None  # a tree's: its nodes'
@@ -136,14 +137,14 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
         for j, kind in enumerate(kinds):
             if kind != "ode":
                 x = rounded(x, dtype)  # the velocity sees what is stored, so the update replays it exactly
-            v = model.velocity(x, sigmas[j].item(), cond if nodes is None else nodes.cond, settings.scales)
+            v = model.velocity(x, sigma_at[j], cond if nodes is None else nodes.cond, settings.scales)
             evaluations += x.shape[0]
             if nodes is not None and j in tree.branch_at:  # the children share x_j and its velocity
                 x, v, history = nodes.split(x, v, history)
             if kind == "ode":  # splits are SDE steps, so the node count is fixed across the solver's history
-                x = solver.step(x, v, sigmas[j].item(), sigmas[j + 1].item())
+                x = solver.step(x, v, sigma_at[j], sigma_at[j + 1])
                 continue
-            out = stored_step(kind, x, v, sigmas[j].item(), sigmas[j + 1].item(), settings.noise_level,
+            out = stored_step(kind, x, v, sigma_at[j], sigma_at[j + 1], settings.noise_level,
                               generators if nodes is None else nodes.generators, dtype)  # fmt: skip
             for key, value in zip(history, (x.to(dtype), out.log_prob, out.mean.to(dtype), out.std)):
                 history[key].append(value)

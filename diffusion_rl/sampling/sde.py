@@ -71,7 +71,9 @@ class _Inputs(NamedTuple):
 
 
 def _per_row(value: float | Tensor, x: Tensor, name: str) -> Tensor:
-    value_B = torch.as_tensor(value, dtype=torch.float32, device=x.device)
+    if not isinstance(value, Tensor):  # filled on x's device: a tensor made from the float would be a copy that waits
+        return torch.full(x.shape[:1], value, dtype=torch.float32, device=x.device)
+    value_B = value.to(x.device, torch.float32)
     if value_B.ndim == 0:
         return value_B.expand(x.shape[0])
     if value_B.shape != x.shape[:1]:
@@ -124,11 +126,19 @@ def _noise(like: Tensor, generator: Generators) -> Tensor:
     if generator is None:
         return torch.randn(shape, dtype=torch.float32, device=like.device)
     if isinstance(generator, torch.Generator):
-        return torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device).to(like.device)
+        return _to(torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device), like.device)
     if len(generator) != shape[0]:
         raise ValueError(f"a list of generators needs one per row: got {len(generator)} for a batch of {shape[0]}")
     rows = [torch.randn(shape[1:], generator=g, dtype=torch.float32, device=g.device) for g in generator]
-    return torch.stack(rows).to(like.device)
+    return _to(torch.stack(rows), like.device)
+
+
+def _to(noise: Tensor, device: torch.device) -> Tensor:
+    """Noise drawn by host generators, on `device`: to a GPU from pinned memory without waiting (a copy from pageable
+    memory makes the host wait for the stream, once per step); the values are the same either way."""
+    if noise.device.type == "cpu" and device.type == "cuda":
+        return noise.pin_memory().to(device, non_blocking=True)
+    return noise.to(device)
 
 
 def _sample(mean: Tensor, noise_std_B: Tensor, prev_sample: Tensor | None, generator: Generators) -> Tensor:

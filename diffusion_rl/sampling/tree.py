@@ -128,22 +128,27 @@ class TreeNodes:
         self.sorted_cond = cond[order.to(cond.device)]
         self.inverse = torch.empty(B, dtype=torch.long)  # sorted row → the caller's row
         self.inverse[order] = torch.arange(B)
-        self.root, self.index = torch.arange(B // N), torch.zeros(B // N, dtype=torch.long)
+        # every depth's nodes, worked out here on the host: a split then reads nothing back from the device
+        self.levels, root, index = [], list(range(B // N)), [0] * (B // N)
+        for depth in range(len(tree.branching) + 1):
+            stride = N // tree.nodes_at(depth)
+            rows = torch.tensor([r * N + i * stride for r, i in zip(root, index)], device=cond.device)
+            self.levels.append((root, index, rows))  # each node's root, index among its depth's, first leaf
+            if depth < len(tree.branching):  # each node's b children, in order
+                b = tree.branching[depth]
+                root, index = [r for r in root for _ in range(b)], [i * b + c for i in index for c in range(b)]
         self._place()
 
     def _place(self) -> None:
-        N = self.tree.leaves
-        self.generators = [generator_of(self.noise_seeds[r], self.depth, int(i)) for r, i in zip(self.root, self.index)]
-        rows = self.root * N + self.index * (N // self.tree.nodes_at(self.depth))
-        self.cond = self.sorted_cond[rows.to(self.sorted_cond.device)]
+        root, index, rows = self.levels[self.depth]
+        self.generators = [generator_of(self.noise_seeds[r], self.depth, i) for r, i in zip(root, index)]
+        self.cond = self.sorted_cond[rows]
 
     def split(self, x: torch.Tensor, v: torch.Tensor, history: dict[str, list[torch.Tensor]]):
         """At a branching step: each node's b_d children share its x_j, its velocity and its history (then each draws
         its own noise); returns them repeated per child."""
         b = self.tree.branching[self.depth]
         self.depth += 1
-        self.root = self.root.repeat_interleave(b)
-        self.index = self.index.repeat_interleave(b) * b + torch.arange(b).repeat(len(self.index))
         self._place()
         history = {k: [t.repeat_interleave(b, 0) for t in ts] for k, ts in history.items()}
         return x.repeat_interleave(b, 0), v.repeat_interleave(b, 0), history

@@ -71,6 +71,9 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
     assert "sdpa" in attention and len(attention) == 2 and all("step_s" in run for run in attention.values())
     fsdp = parts["fsdp2"]["result"]
     assert fsdp["backend"] == "gloo" and fsdp["world_size"] == 1 and fsdp["step_s"] > 0
+    syncs = parts["host_syncs"]["result"]  # on the CPU: the calls that would wait on a GPU, none in the hot path
+    assert syncs["how"].startswith("HostReads") and syncs["syncs"] > 0 and syncs["hot_path_syncs"] == 0
+    assert syncs["hot_path_sites"] == [] and len(syncs["first_sites"]) == 10 and syncs["top_sites"][0][1] >= 1
     from gpu_check.cudnn_ab import DRY_MODELS
 
     ab = parts["cudnn_ab"]["result"]
@@ -127,9 +130,9 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
     summary = (tmp_path / "gpu_check.md").read_text()
     assert summary.startswith("# GPU check: CPU (dry run) — CPU toy shapes, no measurement")  # in its title
     headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
-                "## model.attention_backend", "## FSDP2 worker", "## torch's cuDNN attention kernel off vs on",
-                "## CUDA's allocator: fixed blocks vs expandable", "## CUDA defaults: compiled blocks and fused AdamW",
-                "## Text encoders at real size")  # fmt: skip
+                "## model.attention_backend", "## FSDP2 worker", "## Host synchronisations of one step",
+                "## torch's cuDNN attention kernel off vs on", "## CUDA's allocator: fixed blocks vs expandable",
+                "## CUDA defaults: compiled blocks and fused AdamW", "## Text encoders at real size")  # fmt: skip
     for heading in headings:
         assert heading in summary
 
@@ -448,3 +451,30 @@ def test_the_users_gpu_page_holds_no_maintainers_notes_and_those_are_plain_shell
     notes = (ROOT / "benchmarks/gpu_check/MAINTAINERS.md").read_text(encoding="utf-8")
     assert "bash scripts/gpu_check.sh --only" in notes and "bash scripts/device_wheels.sh" in notes
     assert "run(command" not in notes and "carry=" not in notes
+
+
+def test_host_syncs_names_each_cuda_sync_warnings_site_and_whether_it_is_in_the_hot_path(gpu_check, monkeypatch):
+    import warnings
+
+    from gpu_check import host_syncs
+
+    from diffusion_rl.utils.host_sync import Region
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)  # the CPU has none: its warnings are played
+
+    def loss():  # a hot region that waits once
+        warnings.warn("called a synchronizing CUDA operation (function item)", UserWarning, stacklevel=1)
+
+    def around():  # outside the hot path: waits twice, and warns of something else
+        warnings.warn("called a synchronizing CUDA operation (function copy_)", UserWarning, stacklevel=1)
+        warnings.warn("called a synchronizing CUDA operation (function copy_)", UserWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+
+    monkeypatch.setattr(host_syncs, "hot_path", lambda: (Region.of(loss),))
+    how, seen, hot = host_syncs.cuda_syncs(lambda: (around(), loss()))
+    assert modes == ["warn", "default"] and "set_sync_debug_mode" in how
+    sites = [s.site for s in seen]
+    assert len(seen) == 3 and all("test_gpu_check.py" in s for s in sites)
+    assert "(around)" in sites[0] and sites[0] != sites[1] and "(loss)" in sites[2]
+    assert [s.site for s in hot] == [sites[2]] and seen[0].call.startswith("called a synchronizing")

@@ -166,10 +166,12 @@ def gardo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     """flow_grpo's loss, its KL term weighted per row by inp.kl_weights (policy_gradient.py `kl_to_reference`), and
     gardo/kl_gated: the kl_weights-weighted mean of kl_i (the mean over the gated rows; 0 when none is)."""
     out = flow_grpo_loss(inp, cfg)
-    rows = float(inp.log_prob.shape[0])
-    total = rows if inp.kl_weights is None else float(inp.kl_weights.sum())
-    kl_ref = out.metrics["kl_ref"]
-    out.metrics["gardo/kl_gated"] = kl_ref * rows / total if total > 0 else torch.zeros_like(kl_ref)
+    rows, kl_ref = float(inp.log_prob.shape[0]), out.metrics["kl_ref"]
+    if inp.kl_weights is None:
+        out.metrics["gardo/kl_gated"] = kl_ref * rows / rows  # the weighted case's arithmetic, its rounding too
+        return out
+    total = inp.kl_weights.sum()  # stays on the device: the loss path reads nothing back (algorithms/hot_path.py)
+    out.metrics["gardo/kl_gated"] = torch.where(total > 0, kl_ref * rows / total, torch.zeros_like(kl_ref))
     return out
 
 
@@ -238,10 +240,10 @@ class Gardo(PolicyGradient):
 
     def _gated_loss(self, inp: PolicyLossInput, cfg) -> LossOutput:
         out = gardo_loss(replace(inp, kl_weights=self._chunk_kl), cfg)
-        if self._chunk_kl is not None:
-            gated = float((self._chunk_kl > 0).sum())
-            self._kl_sum += float(out.metrics["gardo/kl_gated"]) * gated
-            self._gated += gated
+        if self._chunk_kl is not None:  # summed in fp64 on the device, read once in `end`
+            gated = (self._chunk_kl > 0).sum().double()
+            self._kl_sum = self._kl_sum + out.metrics["gardo/kl_gated"].double() * gated
+            self._gated = self._gated + gated
         return out
 
     def end(self, step: int) -> dict[str, float]:
@@ -249,7 +251,7 @@ class Gardo(PolicyGradient):
         over every worker's gated rows) or `reset_every` steps have passed since the last reset."""
         if self.kl_beta <= 0:
             return {}
-        total, count = self.sum_over_workers(self._kl_sum), self.sum_over_workers(self._gated)
+        total, count = self.sum_over_workers(float(self._kl_sum)), self.sum_over_workers(float(self._gated))
         kl = total / count if count > 0 else 0.0
         reset = kl > self.settings.kl_threshold or step + 1 - self.last_reset > self.settings.reset_every
         if reset:
