@@ -44,8 +44,17 @@ def test_any_small_change_changes_it(change):
 
 def _stepper(lr=1e-3):
     param = torch.nn.Parameter(torch.randn(16, 16))
-    train = SimpleNamespace(lr=lr, betas=(0.9, 0.999), weight_decay=0.0, adam_eps=1e-8, warmup_steps=0,
-                            grad_clip=1.0, max_consecutive_skips=3, ema=SimpleNamespace(enabled=False))  # fmt: skip
+    train = SimpleNamespace(
+        lr=lr,
+        betas=(0.9, 0.999),
+        weight_decay=0.0,
+        adam_eps=1e-8,
+        warmup_steps=0,
+        grad_clip=1.0,
+        max_consecutive_skips=3,
+        ema=SimpleNamespace(enabled=False),
+        fused_adamw="auto",
+    )
     return param, OptimizerStepper([param], train, SingleDevice())
 
 
