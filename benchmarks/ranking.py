@@ -11,11 +11,15 @@ BUDGET_FLOPS; it stops at the first step whose cumulative count reaches it, so t
 FLOPs. The count is the same on every machine, so a run's result depends on its seed, not on the machine's speed or
 load: shards can run in the background (`nice -n 19`, OMP_WAIT_POLICY=PASSIVE) and on different machines.
 
-Shards (a paired design): shard s runs every algorithm at seed s. Shards 0 and 1 (SELECT_SEEDS) run each algorithm at
-the 3 learning rates of LRS; an algorithm's rate is the one with the highest training reward (the mean over each
-run's last third of compute, averaged over both selection shards; validation is never read); shards 2, 3, … run each
-algorithm at its chosen rate, so they wait for both selection shards; the table reads the report shards only (the
-selection shards' runs chose the rate). Every finished run is kept at <out>/runs/shard_<s>/<algorithm>_lr<rate>.json
+Shards (a paired design): shard s runs every algorithm at seed s. The selection shards (--select-seeds, default 0 and
+1) run each algorithm at the learning rates of --lrs, a log grid; an algorithm's rate is the one with the highest
+training reward (the mean over each run's last third of compute, averaged over the selection shards; validation is
+never read). While that best rate is an end of the grid, the grid grows by one rate past it at its own factor, up to
+--extend rates (ranking_rates.py), so a chosen rate is bracketed or the table says it is not. The other shards run
+each algorithm at its chosen rate, so they wait for the selection shards; the table reads the report shards only
+(the selection shards' runs chose the rate). --set overrides every config, --pg-set only the policy-gradient ones
+that train every SDE step (the recipe's training window; a config with its own window keeps it). Every finished run
+is kept at <out>/runs/shard_<s>/<algorithm>_lr<rate>.json
 (resumable: kept runs are skipped, and <out>/settings.json stops a run under other settings before any work, as a
 --shard outside 0 … --shards − 1 does); several processes may
 run one shard on one machine at once (`--threads 1` each): a run in progress holds a claim file, and each process
@@ -39,7 +43,6 @@ import logging
 import math
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -50,6 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import learning  # noqa: E402
+from claims import boot_id, claim  # noqa: E402
 from learning import (  # noqa: E402
     ROOT,
     build_config,
@@ -60,7 +64,8 @@ from learning import (  # noqa: E402
     validation_point,
     write_json,
 )
-from ranking_table import choices, load_shards  # noqa: E402
+from ranking_rates import log_factor, selection_grid  # noqa: E402
+from ranking_table import choices, choose_lr, load_shards  # noqa: E402
 
 from diffusion_rl.errors import UserError  # noqa: E402
 
@@ -78,7 +83,8 @@ FLOW_GRPO_QUIET_STEPS = 186
 FLOPS_PER_STEP_FLOW_GRPO = 106_983_550_976
 BUDGET_FLOPS = float(FLOW_GRPO_QUIET_STEPS * FLOPS_PER_STEP_FLOW_GRPO)
 LRS = "/3,x1,x3"  # a half-decade either side of the task's rate (3e-5: 1e-5, 3e-5, 9e-5)
-SELECT_SEEDS = (0, 1)
+SELECT_SEEDS = "0,1"
+EXTEND = 3  # rates a selection grid may grow by past an end where its best rate sits (ranking_rates.py)
 SHARDS = 7  # --plan's default: 5 report seeds (2–6) for the table, beside the 2 selection shards
 VAL_N = 14  # 78 × 14 = 1,092 images: the base model's per-image sd 0.292 (+10 %) gives SE ≤ 0.01 (RESULTS.md)
 VAL_N_SUBSET = 4  # intermediate points: 78 × 4 = 312 images, SE ≈ 0.017
@@ -147,6 +153,13 @@ def run_for_flops(trainer, budget: float, point, base: dict, fractions=VAL_FRACT
     }
 
 
+def trains_every_sde_step(cfg) -> bool:
+    """A policy-gradient config that trains every SDE step (it sets no window of its own): --pg-set applies to it."""
+    from diffusion_rl.config.plugins import loss_spec
+
+    return cfg.sampling.window.kind == "all" and loss_spec(cfg.algorithm.loss).algorithm.family == "policy_gradient"
+
+
 def validation_key(cfg) -> str:
     """What a base-model validation depends on besides the model: the val section and the sampling settings it
     falls back to. Runs with the same key share the shard's base validation."""
@@ -165,28 +178,44 @@ class Benchmark:
         found = learning.algorithm_configs(args.only.split(",") if args.only else None)
         self.configs, self.skipped = {}, {}
         task_info = {"size": 32, "text_tokens": 16}  # neither skip reasons nor rates read the model: none is needed yet
+        self.own_sets: dict[str, list[str]] = {}  # the --pg-set overrides, for the configs they apply to
         for name, path in found.items():
             cfg = build_config(path, self.out / "unused", self.namespace(0, []), self.model_dir, task_info)
+            if args.pg_set and trains_every_sde_step(cfg):
+                self.own_sets[name] = list(args.pg_set)
+                cfg = build_config(path, self.out / "unused", self.namespace(0, [], name), self.model_dir, task_info)
             why = skip_reason(cfg, shapes=True)
             if why:
                 self.skipped[name] = why
             else:
                 self.configs[name] = (path, parse_lrs(args.lrs, cfg.train.lr))
+        if args.extend and len(parse_lrs(args.lrs, 1.0)) > 1:
+            try:
+                log_factor(parse_lrs(args.lrs, 1.0))
+            except ValueError as e:
+                raise UserError(
+                    f"--lrs {args.lrs}: {e}; a grid that grows past an end needs one (or --extend 0)"
+                ) from None
         self.budget = args.budget_flops
+        self.select_seeds = args.select_seeds
         self._model_hash = None
         self.settings = {"budget_flops": self.budget, "val_fractions": list(VAL_FRACTIONS), "val_n": args.val_n,
-                         "val_n_subset": args.val_n_subset, "lrs": args.lrs, "select_seeds": list(SELECT_SEEDS),
-                         "algorithms": sorted(self.configs), "set": list(args.set)}  # fmt: skip
+                         "val_n_subset": args.val_n_subset, "lrs": args.lrs, "select_seeds": list(self.select_seeds),
+                         "extend": args.extend, "algorithms": sorted(self.configs), "set": list(args.set),
+                         "pg_set": list(args.pg_set)}  # fmt: skip
         if args.plan or args.shard is not None:
             self.check_settings()  # before any work: settings.json of other settings, or unreadable, stops here
         self.info = None if args.plan else ensure_base_model(self.model_dir, args.threads)  # may pretrain it
 
-    def namespace(self, seed: int, extra: list[str]):
+    def namespace(self, seed: int, extra: list[str], name: str | None = None):
+        """The overrides of algorithm `name`'s runs at `seed`: --set, its --pg-set where they apply, the held-out
+        validation, then `extra`."""
         heldout = self.model_dir / "shapes_prompts" / "heldout.jsonl"  # every held-out prompt (78)
+        own = self.own_sets.get(name, []) if name else []
         return argparse.Namespace(
             seed=seed,
             threads=self.args.threads,
-            set=[*self.args.set, f"val.prompts={heldout}", f"val.n={self.args.val_n}", *extra],
+            set=[*self.args.set, *own, f"val.prompts={heldout}", f"val.n={self.args.val_n}", *extra],
         )
 
     def check_settings(self) -> None:
@@ -214,14 +243,32 @@ class Benchmark:
         return self.out / "runs" / f"shard_{s}"
 
     def chosen_lrs(self) -> dict[str, float | None]:
-        """algorithm → its rate chosen on the selection shards' files (None until both are finished)."""
-        picked = choices([s for s in load_shards(self.out) if s["shard"] in SELECT_SEEDS])
+        """algorithm → its rate chosen on the selection shards' files (None until all of them are finished)."""
+        picked = choices([s for s in load_shards(self.out) if s["shard"] in self.select_seeds])
         return {name: picked.get(name, {}).get("chosen_lr") for name in self.configs}
+
+    def selection_means(self, name: str) -> dict[float, float | None]:
+        """rate → the mean selection reward of algorithm `name`'s runs at it, for the rates finished on every
+        selection seed (kept run files and finished selection shards both count)."""
+        runs = [(shard["shard"], r) for shard in load_shards(self.out) if shard["shard"] in self.select_seeds
+                for r in shard["runs"] if r["algorithm"] == name]  # fmt: skip
+        for s in self.select_seeds:
+            runs += [(s, json.loads(p.read_text())) for p in self.kept_dir(s).glob(f"{name}_lr*.json")]
+        by_lr: dict[float, dict[int, dict]] = {}
+        for s, r in runs:
+            by_lr.setdefault(r["lr"], {})[s] = r
+        done = {lr: list(rs.values()) for lr, rs in by_lr.items() if set(rs) >= set(self.select_seeds)}
+        return {lr: choose_lr({lr: rs})[1][f"{lr:.3g}"] for lr, rs in done.items()}
+
+    def selection_grids(self) -> dict[str, tuple[list[float], bool]]:
+        """algorithm → (its selection rates so far, whether its grid is final: ranking_rates.selection_grid)."""
+        return {name: selection_grid(lrs, self.selection_means(name), self.args.extend)
+                for name, (_, lrs) in self.configs.items()}  # fmt: skip
 
     def shard_runs(self, s: int) -> list[tuple[str, float | None]]:
         """(algorithm, rate) of each run of shard s; a report shard's rate is None while it is not chosen yet."""
-        if s in SELECT_SEEDS:
-            return [(name, lr) for name, (_, lrs) in self.configs.items() for lr in lrs]
+        if s in self.select_seeds:
+            return [(name, lr) for name, (lrs, _) in self.selection_grids().items() for lr in lrs]
         return list(self.chosen_lrs().items())
 
     def run_path(self, s: int, name: str, lr: float) -> Path:
@@ -279,7 +326,9 @@ class Benchmark:
                   "base_model_sha256": self.model_hash()}  # fmt: skip
         try:
             with tempfile.TemporaryDirectory() as tmp:  # its run dir: validation images, thrown away
-                cfg = build_config(path, Path(tmp), self.namespace(s, [f"train.lr={lr}"]), self.model_dir, self.info)
+                cfg = build_config(
+                    path, Path(tmp), self.namespace(s, [f"train.lr={lr}"], name), self.model_dir, self.info
+                )
                 import torch
 
                 key = validation_key(cfg)  # before training: validation sets cfg.val.n as it goes
@@ -305,37 +354,49 @@ class Benchmark:
         runs = self.shard_runs(s)
         waiting = [name for name, lr in runs if lr is None]
         if waiting:
-            sys.exit(f"shard {s} runs each algorithm at its chosen rate: finish the selection shards "
-                     f"{', '.join(map(str, SELECT_SEEDS))} first ({len(waiting)} algorithms have no rate)")  # fmt: skip
+            seeds = ", ".join(map(str, self.select_seeds))
+            sys.exit(f"shard {s} runs each algorithm at its chosen rate: finish the selection shards {seeds} first "
+                     f"({len(waiting)} algorithms have no rate)")  # fmt: skip
         self.check_kept_model(s)
-        for name, lr in runs:
-            kept = self.run_path(s, name, lr)
-            if kept.is_file():
-                logger.info("shard %d: %s lr %.3g kept before", s, name, lr)
-                continue
-            held = kept.with_suffix(".claim")
-            holder = claim(held)
-            if holder:
-                logger.info("shard %d: %s lr %.3g is running in %s", s, name, lr, holder)
-                continue
-            try:
-                write_json(kept, self.run_one(s, name, lr))
-            finally:  # kept, or interrupted: either way no longer held
-                held.unlink()
+        seen: set[tuple[str, float]] = set()
+        while new := [run for run in runs if run not in seen]:  # a selection grid grows as its runs finish
+            seen.update(new)
+            for name, lr in new:
+                self.run_kept(s, name, lr)
+            runs = self.shard_runs(s)
         running = [f"{name} lr {lr:.3g}" for name, lr in runs if not self.run_path(s, name, lr).is_file()]
         if running:
             sys.exit(f"shard {s}: {', '.join(running)} still running in another process; the last to end gathers "
                      "the shard file")  # fmt: skip
+        if s in self.select_seeds and not all(final for _, final in self.selection_grids().values()):
+            sys.exit(f"shard {s}: its runs are kept; the rate grids wait for the other selection shards "
+                     f"({', '.join(str(t) for t in self.select_seeds if t != s)}) before they are final")  # fmt: skip
         if claim(self.kept_dir(s) / "gather.claim"):
             sys.exit(f"shard {s}: another process is gathering the shard file")
         return self.gather(s, runs)
+
+    def run_kept(self, s: int, name: str, lr: float) -> None:
+        """Run `name` at `lr` in shard s unless it is kept or another process holds it; keep its record."""
+        kept = self.run_path(s, name, lr)
+        if kept.is_file():
+            logger.info("shard %d: %s lr %.3g kept before", s, name, lr)
+            return
+        held = kept.with_suffix(".claim")
+        holder = claim(held)
+        if holder:
+            logger.info("shard %d: %s lr %.3g is running in %s", s, name, lr, holder)
+            return
+        try:
+            write_json(kept, self.run_one(s, name, lr))
+        finally:  # kept, or interrupted: either way no longer held
+            held.unlink()
 
     def gather(self, s: int, runs: list[tuple[str, float]]) -> Path:
         kept = [json.loads(self.run_path(s, name, lr).read_text()) for name, lr in runs]
         bases = {p.stem.removeprefix("base_"): json.loads(p.read_text()) for p in self.kept_dir(s).glob("base_*.json")}
         shard = {
             "shard": s,
-            "phase": "select" if s in SELECT_SEEDS else "report",
+            "phase": "select" if s in self.select_seeds else "report",
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "settings": self.settings,
             "machine": learning.machine(),
@@ -357,7 +418,7 @@ class Benchmark:
 
         path = self.configs[name][0]
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = build_config(path, Path(tmp), self.namespace(0, []), self.model_dir, self.info)
+            cfg = build_config(path, Path(tmp), self.namespace(0, [], name), self.model_dir, self.info)
             trainer = make_trainer(cfg)
             return [trainer.train_step(step)["perf/flops_per_step"] for step in range(steps)]
 
@@ -380,20 +441,23 @@ class Benchmark:
                  f"base model once per shard and validation setting (78 × {self.args.val_n})"]  # fmt: skip
         total_todo = 0
         for s in range(shards):
-            runs = self.shard_runs(s) if s in SELECT_SEEDS else list(chosen.items())
+            runs = self.shard_runs(s) if s in self.select_seeds else list(chosen.items())
             if self.shard_file(s).is_file():
                 status = {r: "done" for r in runs}
             else:
                 status = {(n, lr): self.run_state(s, n, lr) for n, lr in runs}
             todo = sum(v not in ("kept", "done") for v in status.values())
             total_todo += todo
-            phase = "select" if s in SELECT_SEEDS else "report"
+            phase = "select" if s in self.select_seeds else "report"
             lines.append(
                 f"shard {s} ({phase}, seed {s}): {len(runs)} runs, {todo} to do, "
                 f"{len(runs) * self.budget:.4g} training FLOPs, {len(runs) * images} validation images"
             )
+            if phase == "select" and self.args.extend:
+                lines.append(f"  (so far: a grid whose best rate is at an end grows past it, up to {self.args.extend} "
+                             "rates an algorithm)")  # fmt: skip
             for (name, lr), state in status.items():
-                rate = f"{lr:.3g}" if lr is not None else "chosen on shards " + "+".join(map(str, SELECT_SEEDS))
+                rate = f"{lr:.3g}" if lr is not None else "chosen on shards " + "+".join(map(str, self.select_seeds))
                 lines.append(f"  {name:<14} lr {rate:<22} {state}")
         for name, why in self.skipped.items():
             lines.append(f"skipped: {name}: {why}")
@@ -406,50 +470,6 @@ class Benchmark:
             lines.append(f"  about {total_todo * per_run / 3600:.1f} CPU-hours at the finished shards' {per_run:.0f} "
                          f"CPU-s per run ({runs} runs on {', '.join(cpus)}; one process per core)")  # fmt: skip
         return lines
-
-
-def claim(path: Path) -> str | None:
-    """Take the claim file `path` for this process (so several processes can share one shard, each taking the next
-    run nobody holds): None when taken, else who holds it. A claim made on this machine whose process is gone — or
-    made before the machine last started (another boot id: its pid may since name another process) — is taken over;
-    one from another machine is respected (delete it by hand if that machine stopped)."""
-    me = f"{socket.gethostname()} pid {os.getpid()} boot {boot_id()}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = path.read_text().strip() or "a process starting"
-            host, _, rest = holder.partition(" pid ")
-            pid, _, boot = rest.partition(" boot ")
-            if host != socket.gethostname() or not pid.isdigit():
-                return holder
-            if boot == boot_id() and process_alive(int(pid)):
-                return holder
-            path.unlink(missing_ok=True)  # its process ended without finishing: take the run over
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me + "\n")
-        return None
-    return path.read_text().strip()
-
-
-def boot_id() -> str:
-    """This machine's boot id (Linux; "" elsewhere), so a claim outlives no restart."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
-    except OSError:
-        return ""
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -475,11 +495,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out-dir", default=str(OUT), help="shard files, kept runs and the table")
     parser.add_argument("--budget-flops", type=float, default=BUDGET_FLOPS, help="training FLOPs per run")
     parser.add_argument("--lrs", default=LRS, help="learning rates: x or / a factor of the task's train.lr, or a rate")
+    parser.add_argument("--select-seeds", default=SELECT_SEEDS, help="the selection shards (seeds), comma-separated")
+    parser.add_argument("--extend", type=int, default=EXTEND,
+                        help="rates a selection grid may grow by past an end where its best rate sits")  # fmt: skip
     parser.add_argument("--val-n", type=int, default=VAL_N, help="samples per prompt at the base and final points")
     parser.add_argument("--val-n-subset", type=int, default=VAL_N_SUBSET, help="samples per prompt in between")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every algorithm (repeatable)")  # fmt: skip
+    parser.add_argument("--pg-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override for the policy-gradient configs that train every SDE step (the recipe's "
+                        "training window; configs with their own window keep it)")  # fmt: skip
     parser.add_argument(
         "--append-results",
         action="store_true",
@@ -488,6 +514,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="--wallclock: rounds of every algorithm in turn")
     parser.add_argument("--steps-per-turn", type=int, default=5, help="--wallclock: steps per algorithm per turn")
     args = parser.parse_args(argv)
+    try:
+        args.select_seeds = tuple(int(t) for t in args.select_seeds.split(","))
+    except ValueError:
+        parser.error(f"--select-seeds {args.select_seeds}: give seeds as integers, e.g. 0 or 0,1")
+    if not 0 <= args.extend <= 8:
+        parser.error(f"--extend {args.extend}: give 0 (the grid as given) to 8 rates")
     if not (args.budget_flops and math.isfinite(args.budget_flops) and args.budget_flops > 0):
         parser.error(f"--budget-flops must be > 0, got {args.budget_flops}")
     if args.shard is not None and not 0 <= args.shard < args.shards:

@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning import ROOT, algorithm_title, write_json  # noqa: E402
+from ranking_rates import at_an_end  # noqa: E402
 from ranking_stats import band, compute_to_match, interval, paired_difference, rank_label, rank_paired  # noqa: E402
 
 REFERENCE = "flow_grpo"
@@ -48,7 +49,8 @@ def choose_lr(by_lr: dict[float, list[dict]]) -> tuple[float | None, dict[str, f
 
 
 def choices(shards: list[dict]) -> dict[str, dict]:
-    """algorithm → {chosen_lr, selection_reward_by_lr} from the selection shards (chosen_lr None until all exist)."""
+    """algorithm → {chosen_lr, selection_reward_by_lr, at_an_end} from the selection shards (chosen_lr None until
+    all exist; at_an_end: the chosen rate is the lowest or highest one tried, so the grid did not bracket it)."""
     select = shards[0]["settings"]["select_seeds"] if shards else []
     done = [s for s in shards if s["shard"] in select]
     runs = [r for s in done for r in s["runs"]]
@@ -59,7 +61,8 @@ def choices(shards: list[dict]) -> dict[str, dict]:
             if r["algorithm"] == name:
                 by_lr.setdefault(r["lr"], []).append(r)
         chosen, means = choose_lr(by_lr)
-        out[name] = {"chosen_lr": chosen if len(done) == len(select) else None, "selection_reward_by_lr": means}
+        chosen = chosen if len(done) == len(select) else None
+        out[name] = {"chosen_lr": chosen, "selection_reward_by_lr": means, "at_an_end": at_an_end(chosen, list(by_lr))}
     return out
 
 
@@ -156,7 +159,8 @@ def markdown(summary: dict) -> list[str]:
             wall = pm(wall)
         paired = pm(a["paired_vs_flow_grpo"], signed=True)
         seeds = str(a["interval"]["n"]) + (f" ({len(a['failed'])} failed)" if a["failed"] else "")
-        lines.append(f"| {rank_label(a['rank'])} | {a['title']} | {a['chosen_lr']:.3g} | {pm(a['interval'])} | "
+        rate = f"{a['chosen_lr']:.3g}" + (" (an end of its grid)" if a.get("at_an_end") else "")
+        lines.append(f"| {rank_label(a['rank'])} | {a['title']} | {rate} | {pm(a['interval'])} | "
                      f"{paired} | {seeds} | {match} | {wall} |")  # fmt: skip
     for name, a in algorithms.items():
         if name not in ranked:

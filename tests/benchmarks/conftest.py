@@ -33,6 +33,12 @@ def load_benchmark():
     return load
 
 
+@pytest.fixture(scope="module")
+def ranking(load_benchmark):
+    """benchmarks/ranking.py as a module."""
+    return load_benchmark("ranking")
+
+
 @pytest.fixture(scope="session")
 def shapes_model(tmp_path_factory):
     """A ShapesWorld model pretrained for a few steps at the small preset (32 px): the learning benchmarks' task."""

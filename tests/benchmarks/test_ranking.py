@@ -1,16 +1,12 @@
 """The ranking at equal compute (benchmarks/ranking.py): the FLOP budget, shards that resume, the plan, the table."""
 
 import json
+import socket
 
 import pytest
 
 SMALL = ["--set", "data.prompts_per_step=1", "--set", "data.group_size=2", "--set", "sampling.num_steps=3",
          "--set", "val.num_steps=2", "--val-n", "1", "--val-n-subset", "1"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def ranking(load_benchmark):
-    return load_benchmark("ranking")
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +177,7 @@ def test_the_table_from_shard_files_by_hand(table, tmp_path):
     assert (a["nft"]["rank"]["best_rank"], a["nft"]["rank"]["worst_rank"]) == (1, 2)  # 0.04 ± 0.043: not separated
     assert a["nft"]["failed"] == []  # the diverged 3e-5 run is not at NFT's chosen rate
     rows = table.markdown(summary)
-    assert rows[2].startswith("| 1–2 | DiffusionNFT | 1e-05 | 0.5900 ± ")  # named as its config's first line
+    assert rows[2].startswith("| 1–2 | DiffusionNFT | 1e-05 (an end of its grid) | 0.5900 ± ")  # the lowest rate
     assert "+0.0400 ± 0.0430" in rows[2]
     assert "| 0.65 (" in rows[2] and (tmp_path / "ranking.png").stat().st_size > 1000
     assert "| 3 | 1.00 (1.00–1.00) |" in rows[3]  # Flow-GRPO reaches its own final mean at the budget, every seed
@@ -270,7 +266,7 @@ def test_a_process_sharing_a_shard_waits_for_the_base_validation_another_is_meas
     writer.join()
 
     path.unlink()
-    path.with_suffix(".claim").write_text(f"{ranking.socket.gethostname()} pid 999999999 boot {ranking.boot_id()}\n")
+    path.with_suffix(".claim").write_text(f"{socket.gethostname()} pid 999999999 boot {ranking.boot_id()}\n")
     mine = benchmark.base_validation(0, "k", point)  # that process ended without it: this one measures it
     assert measured == [benchmark.args.val_n] and mine["val_reward"] == 0.5
     assert json.loads(path.read_text()) == mine and not path.with_suffix(".claim").exists()

@@ -1,0 +1,91 @@
+"""The ranking's rate selection (benchmarks/ranking_rates.py): a log grid grows past an end while its best rate sits
+there, until the best is bracketed or the extensions run out; a selection shard runs the grown grid."""
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def rates(load_benchmark):
+    return load_benchmark("ranking_rates")
+
+
+GRID = [1e-5, 3e-5, 9e-5]
+
+
+def test_a_grid_waits_for_its_runs_then_is_final_when_its_best_rate_is_inside(rates):
+    assert rates.selection_grid(GRID, {1e-5: 0.4, 3e-5: 0.5}, 3) == (GRID, False)  # 9e-5 not finished
+    assert rates.selection_grid(GRID, {1e-5: 0.4, 3e-5: 0.5, 9e-5: 0.45}, 3) == (GRID, True)
+
+
+def test_a_best_rate_at_an_end_adds_the_next_rate_past_it_at_the_grid_s_factor(rates):
+    means = {1e-5: 0.40, 3e-5: 0.45, 9e-5: 0.50}
+    assert rates.selection_grid(GRID, means, 3) == ([1e-5, 3e-5, 9e-5, 2.7e-4], False)  # 9e-5 × 3
+    means[2.7e-4] = 0.55  # better again: one more
+    assert rates.selection_grid(GRID, means, 3) == ([1e-5, 3e-5, 9e-5, 2.7e-4, 8.1e-4], False)
+    means[8.1e-4] = 0.30  # worse: 2.7e-4 has a neighbour on both sides
+    assert rates.selection_grid(GRID, means, 3) == ([1e-5, 3e-5, 9e-5, 2.7e-4, 8.1e-4], True)
+    low = {1e-5: 0.6, 3e-5: 0.5, 9e-5: 0.4}
+    assert rates.selection_grid(GRID, low, 3) == ([3.33e-6, 1e-5, 3e-5, 9e-5], False)  # 1e-5 / 3, 3 digits
+
+
+def test_extensions_stop_at_their_limit_and_failed_rates_are_never_best(rates):
+    rising = {1e-5: 0.1, 3e-5: 0.2, 9e-5: 0.3, 2.7e-4: 0.4}
+    assert rates.selection_grid(GRID, rising, 1) == ([1e-5, 3e-5, 9e-5, 2.7e-4], True)  # one allowed: final at an end
+    assert rates.at_an_end(2.7e-4, [1e-5, 3e-5, 9e-5, 2.7e-4]) and not rates.at_an_end(3e-5, GRID)
+    diverged = {1e-5: 0.4, 3e-5: 0.5, 9e-5: None}  # the highest rate failed: 3e-5 is inside what was tried
+    assert rates.selection_grid(GRID, diverged, 3) == (GRID, True)
+    assert rates.selection_grid(GRID, dict.fromkeys(GRID), 3) == (GRID, True)  # all failed: nowhere to go
+    assert rates.selection_grid([3e-5], {}, 3) == ([3e-5], True)  # one rate: nothing to grow from
+    assert rates.selection_grid(GRID, {}, 0) == (GRID, True)  # --extend 0: the grid as given
+
+
+def test_only_a_log_grid_can_grow(rates):
+    assert rates.log_factor([9e-5, 1e-5, 3e-5]) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="not a log grid"):
+        rates.log_factor([1e-5, 3e-5, 1e-4])
+
+
+def test_a_selection_shard_runs_the_grown_grid_and_its_table_names_a_bracketed_rate(ranking, shapes_model,
+                                                                                    tmp_path, monkeypatch):  # fmt: skip
+    """A reward that peaks at 2.7e-4 (training rewards made up; no training): shard 0 alone selects, runs the three
+    given rates, then 2.7e-4 and 8.1e-4, and gathers; the report shard then runs 2.7e-4."""
+    peak = {1e-5: 0.40, 3e-5: 0.45, 9e-5: 0.50, 2.7e-4: 0.55, 8.1e-4: 0.30}
+    ran = []
+
+    def made_up(self, s, name, lr):
+        ran.append((s, lr))
+        return {"algorithm": name, "lr": lr, "seed": s, "base_model_sha256": self.model_hash(),
+                "selection_reward": peak[lr], "process_cpu_seconds": 1.0, "wall_seconds": 1.0}  # fmt: skip
+
+    monkeypatch.setattr(ranking.Benchmark, "run_one", made_up)
+    argv = ["--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo", "--select-seeds", "0",
+            "--lrs", "1e-5,3e-5,9e-5"]  # fmt: skip
+    ranking.main(["--shard", "0", *argv])
+    assert ran == [(0, 1e-5), (0, 3e-5), (0, 9e-5), (0, 2.7e-4), (0, 8.1e-4)]
+    shard = json.loads((tmp_path / "shard_0.json").read_text())
+    assert shard["phase"] == "select" and shard["settings"]["select_seeds"] == [0]
+    ranking.main(["--shard", "1", *argv])
+    assert ran[-1] == (1, 2.7e-4)  # a report shard: the chosen rate only
+    picked = ranking.choices(ranking.load_shards(tmp_path))["flow_grpo"]
+    assert picked["chosen_lr"] == 2.7e-4 and not picked["at_an_end"]
+
+
+def test_pg_set_reaches_the_policy_gradient_configs_that_train_every_step_only(ranking, shapes_model, tmp_path):
+    b = ranking.Benchmark(ranking.parse_args(["--plan", "--model", str(shapes_model), "--out-dir", str(tmp_path),
+                                              "--only", "flow_grpo,awm,fast", "--pg-set", "sampling.window.kind=random",
+                                              "--pg-set", "sampling.window.size=3"]))  # fmt: skip
+    assert b.own_sets == {"flow_grpo": ["sampling.window.kind=random", "sampling.window.size=3"]}  # AWM: final
+    assert b.settings["pg_set"] == b.own_sets["flow_grpo"]  # latents; Fast: its own window
+
+
+def test_bad_selection_arguments_are_one_line(ranking, shapes_model, tmp_path, capsys):
+    for argv, said in ((["--select-seeds", "a"], "--select-seeds a: give seeds as integers"),
+                       (["--extend", "-1"], "--extend -1: give 0"),
+                       (["--lrs", "1e-5,3e-5,1e-4"], "are not a log grid")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            ranking.main(["--plan", "--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo",
+                          *argv])  # fmt: skip
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err
