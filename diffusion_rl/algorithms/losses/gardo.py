@@ -11,6 +11,7 @@ once, by the guard: `RewardResult.image_stats`, guard/stats.py):
     u_i      = mean over the judges J of rank_J(i) − rank_R(i)     ranks over the batch's scored rows, 1 = best:
                R the total reward; a judge is a reward by name (higher is better) or `guard` (the row's `drift`
                from the guard's baselines: lower is better). u_i > 0: the reward ranks i above its judges
+               (the paper's sign; the authors' released scripts gate −u_i: docs/policy_gradient.md, "GARDO")
     β_t      = the gated share, kept in [gate_min, gate_max]: × (1 + gate_rate) when the mean of this step's
                u ≥ 0 exceeds every one of the last `gate_window` steps', × (1 − gate_rate) when it is below all
     g_i      = 1 if u_i > the (1 − β_t) quantile of the step's u ≥ 0 (linear), else 0
