@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 MEAN, MAX, MIN, ROWS = "mean", "max", "min", "rows"
 RULES: dict[str, str] = {}  # metric name (or prefix*) → MAX, MIN or ROWS; the table every reduction reads
 
@@ -35,11 +37,13 @@ def rule_of(name: str) -> str:
 def reduce_metrics(reports: Sequence[dict[str, float]], rows: Sequence[int] | None = None) -> dict[str, float]:
     """One metrics dict from reports of the same metrics (an update's passes; the Ray engine's workers), each over
     the reports that have the key, by its declared rule; `rows`: the rows each report covers (ROWS metrics are
-    weighted by them; without, every report weighs alike)."""
+    weighted by them; without, every report weighs alike). Tensor values become floats here, in one host read per
+    device (`as_floats`)."""
+    reports = as_floats(reports)
     out = {}
     for name in dict.fromkeys(key for report in reports for key in report):
         have = [i for i, report in enumerate(reports) if name in report]
-        v = [float(reports[i][name]) for i in have]
+        v = [reports[i][name] for i in have]
         rule = rule_of(name)
         if rule == MAX:
             out[name] = max(v)
@@ -50,3 +54,20 @@ def reduce_metrics(reports: Sequence[dict[str, float]], rows: Sequence[int] | No
         else:
             out[name] = sum(v) / len(v)
     return out
+
+
+def as_floats(reports: Sequence[dict]) -> list[dict[str, float]]:
+    """`reports` with every value a Python float, each equal to `float(value)`: the one-element tensors of each
+    device read back together (one `.tolist()` of their float64 stack, which holds every float32, bfloat16 and
+    float16 value, and integers to 2**53, exactly), so an update's metrics cost the device one synchronisation
+    instead of one per metric and pass."""
+    tensors: dict[torch.device, list[torch.Tensor]] = {}
+    for report in reports:
+        for value in report.values():
+            if isinstance(value, torch.Tensor):
+                tensors.setdefault(value.device, []).append(value.detach().reshape(()).double())
+    read = {device: iter(torch.stack(values).tolist()) for device, values in tensors.items()}
+    return [
+        {name: next(read[v.device]) if isinstance(v, torch.Tensor) else float(v) for name, v in report.items()}
+        for report in reports
+    ]

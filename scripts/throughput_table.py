@@ -28,7 +28,7 @@ START = "<!-- throughput table: written by `python scripts/throughput_table.py -
 END = "<!-- end of throughput table -->"
 # the table's rows in order (those the record measured)
 MODEL_PARTS = ("sd35_lora", "sd35_full", "flux_lora", "qwen_image_lora", "wan21_lora", "z_image_lora",
-               "flux2_klein_lora")  # fmt: skip
+               "flux2_klein_lora", "wan22_ti2v_lora", "wan22_a14b_lora")  # fmt: skip
 OURS_AT_VERL_SHAPE = "qwen_image_lora"  # qwen_image_ocr_lora.yaml: verl-omni's run_qwen_image_ocr_lora.sh recipe
 
 

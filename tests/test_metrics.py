@@ -4,11 +4,14 @@ Ray engine's workers reads (no Ray needed)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import diffusion_rl.algorithms.losses.flow_dppo  # noqa: F401  (declares dppo/kl_max)
 import diffusion_rl.algorithms.policy_gradient  # noqa: F401  (declares ratio_min, ratio_max)
 import diffusion_rl.algorithms.rollout_correction  # noqa: F401  (declares its max and its shares of entries)
 from diffusion_rl.metrics import MAX, MEAN, ROWS, RULES, declare_metrics, reduce_metrics, rule_of
+from diffusion_rl.trainer import make_trainer
+from diffusion_rl.utils.host_sync import HostReads, Region
 
 
 def test_each_metric_reduces_by_the_rule_its_component_declared():
@@ -61,3 +64,33 @@ def test_a_metric_keeps_the_one_rule_it_was_declared_with():
 def test_one_worker_returns_its_metrics_unchanged():
     metrics = {"loss": 0.5, "rollout_corr/abs_dlogp_max": 0.125, "lr": 1e-3}
     assert reduce_metrics([metrics]) == metrics
+
+
+def test_an_updates_tensor_metrics_are_read_back_in_one_host_read_and_equal_float_of_each():
+    # three passes of four metrics as the update loop keeps them (tensors, detached, of several dtypes) and a float
+    gen = torch.Generator().manual_seed(0)
+    passes = [
+        {"loss": torch.randn((), generator=gen), "ratio_max": torch.randn((), generator=gen).to(torch.bfloat16),
+         "train/units": torch.tensor(7 + i), "clipped": torch.tensor(i % 2 == 0), "lr": 3e-4}
+        for i in range(3)
+    ]  # fmt: skip
+    with HostReads(within=(Region.of(reduce_metrics),)) as reads:
+        out = reduce_metrics(passes, rows=[1, 2, 1])
+    assert [r.call for r in reads.seen] == ["tolist"]  # one, not one per metric and pass (12)
+    floats = [{name: float(v) for name, v in p.items()} for p in passes]  # the reduction's inputs as they were
+    assert out == {
+        "loss": sum(f["loss"] for f in floats) / 3,
+        "ratio_max": max(f["ratio_max"] for f in floats),
+        "train/units": (7.0 + 8.0 + 9.0) / 3,
+        "clipped": 2 / 3,
+        "lr": 3e-4,
+    }
+    assert all(type(v) is float for v in out.values())
+
+
+def test_a_training_steps_metric_assembly_reads_the_device_once(make_config):
+    trainer = make_trainer(make_config("train.total_steps=1"))
+    with HostReads(within=(Region.of(reduce_metrics),)) as reads:
+        metrics = trainer.train_step(0)
+    assert len(reads.seen) == 1, "\n".join(map(str, reads.seen))  # a float() per metric and pass before
+    assert isinstance(metrics["loss"], float)

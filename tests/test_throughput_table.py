@@ -40,6 +40,15 @@ def test_the_qwen_image_row_is_the_configs_shape_and_the_measured_seconds():
     assert len(rows) == len(throughput_table.MODEL_PARTS)  # every model part of the record has its row
 
 
+def test_the_wan22_rows_scale_runs_10_and_11_to_their_configs_128_videos_on_8_gpus():
+    _, figures = throughput_table.rows(RECORD)
+    # run 10, TI2V-5B: 4.665 s rollout + 16.569 s update for 2 videos; run 11, A14B: 3.822 + 17.095 s for 2
+    # (rounded to the ms, hence the tolerance); 128 videos on 8 GPUs = 16 per GPU
+    assert figures["wan22_ti2v_lora"]["seconds_per_step"] == pytest.approx(16 * (4.665 + 16.569) / 2, abs=0.02)
+    assert figures["wan22_a14b_lora"]["seconds_per_step"] == pytest.approx(16 * (3.822 + 17.095) / 2, abs=0.02)
+    assert figures["wan22_a14b_lora"]["images_per_gpu_s"] == pytest.approx(2 / (3.822 + 17.095), rel=1e-3)
+
+
 def test_a_stale_table_is_named(tmp_path):
     doc = tmp_path / "gpu.md"
     shutil.copy(ROOT / "docs/gpu.md", doc)

@@ -129,7 +129,9 @@ RUNS = {
         preset="a14b",
     ),  # fmt: skip
 }
-# issue 45's CUDA defaults off, as runs 2–9 ran, so the parts' figures stay comparable: defaults_ab.py measures them
+# issue 45's CUDA defaults off, as runs 2–9 ran, so the parts' figures stay comparable: defaults_ab.py measures them.
+# Kept after run 10 kept both defaults: the model parts' series since run 2 (MFU, the throughput table, estimate's
+# fitted EFFICIENCY) is eager with the per-tensor AdamW, and a cold compile (67 s) would take most of a part's cap
 PINNED = ("model.compile_blocks=false", "train.fused_adamw=false")
 # the dry run: the same configs at toy sizes on the tiny presets' architectures
 DRY = ["sampling.height=32", "sampling.width=32", "sampling.num_steps=3", "model.max_sequence_length=32",

@@ -72,9 +72,11 @@ class LossSettings:
         """Refuse other sections of the run this loss cannot work with (what it reads of the guard, the rewards)."""
 
 
-def minibatch_rows(units: int, minibatches: int, m: int) -> torch.Tensor:
-    """[≤ U / M] the units of mini-batch m: m, m + M, m + 2M, … (interleaved, so every mini-batch mixes groups)."""
-    return torch.arange(m, units, minibatches)
+def minibatch_rows(units: int, minibatches: int, m: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """[≤ U / M] the units of mini-batch m: m, m + M, m + 2M, … (interleaved, so every mini-batch mixes groups), on
+    `device`: that of the tensors they index, since an index on another device is copied there first, and a copy
+    between the host and a GPU waits for the GPU (once per tensor of a tensorclass indexed)."""
+    return torch.arange(m, units, minibatches, device=device)
 
 
 class Algorithm(ABC):

@@ -458,7 +458,7 @@ class PolicyWorker:
             passes, rows_of_pass, grad_norms = [], [], []
             for epoch in range(train.ppo_epochs):
                 for m in range(M):
-                    rows = minibatch_rows(U, M, m).to(units.device)
+                    rows = minibatch_rows(U, M, m, units.weight.device)  # units.device is None (made without one)
                     # the units that carry weight, over all workers: each scales by that global count, so the
                     # summed gradients are the global mean
                     n = parallel.sum(int(units.weight[rows].sum()))

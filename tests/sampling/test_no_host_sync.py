@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from diffusion_rl.algorithms.base import minibatch_rows
 from diffusion_rl.algorithms.hot_path import hot_path
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
 from diffusion_rl.config.plugins import LOSSES, STEP_TYPES
@@ -150,3 +151,21 @@ def test_the_hot_path_is_the_rollouts_per_step_loop_not_what_runs_once():
     assert all(at.values())
     assert all(loop.first <= n <= loop.last for key in ("model.velocity(", "stored_step(") for n in at[key])
     assert not any(loop.first <= n <= loop.last for key in ("check_sigmas(", "decode_in_chunks(") for n in at[key])
+
+
+def test_the_update_indexes_its_units_with_rows_made_on_their_device(make_config, monkeypatch):
+    """Rows on another device than the tensors they index are copied there per tensor, and a host-to-GPU copy waits
+    (the GPU check's host_syncs found 25 such in one step, one per field of the units). The units' tensorclass has no
+    device of its own, so the rows must be asked for on that of its tensors."""
+    from diffusion_rl.engine import worker
+
+    asked = []
+
+    def rows(units, minibatches, m, device=None):
+        asked.append(device)
+        return minibatch_rows(units, minibatches, m, device)
+
+    monkeypatch.setattr(worker, "minibatch_rows", rows)
+    trainer = make_trainer(make_config("train.total_steps=1", "train.num_minibatches=2"))
+    trainer.train_step(0)
+    assert len(asked) == 2 and all(d is not None and torch.device(d) == torch.device("cpu") for d in asked), asked

@@ -218,8 +218,8 @@ class Awm(ForwardProcess):
         out = torch.zeros(units.batch_size[0], self.chunks(units), dtype=torch.float64)
         M = self.num_minibatches
         for m in range(M):
-            for micro in minibatch_rows(units.batch_size[0], M, m).split(self.micro_size):
-                chunk = units[micro.to(units.device)]
+            for micro in minibatch_rows(units.batch_size[0], M, m).split(self.micro_size):  # `out`'s, the host's
+                chunk = units[micro.to(units.weight.device)]
                 for k in range(self.chunks(units)):
                     x_t, t_B, eps, x0 = self._draw(chunk, k, step)
                     mse = row_mean((self.velocity(x_t, t_B, chunk.traj.cond).double() - (eps - x0)) ** 2)
