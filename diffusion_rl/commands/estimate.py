@@ -109,9 +109,9 @@ def render(r) -> str:
         "memory per GPU (GiB)",
         *(f"  {k:<18} {v:8.2f}" for k, v in r.memory_gib.items()),
         f"  peak               {r.peak_memory_gib_per_gpu:8.2f}{capacity}: {fits(r.fits)} "
-        f"(without gradient checkpointing {r.peak_memory_gib_per_gpu_unchecked:.2f}: "
-        f"{fits(r.fits_without_checkpointing)}; with {r.peak_memory_gib_per_gpu_checkpointed:.2f}: "
-        f"{fits(r.fits_with_checkpointing)})",
+        f"({r.checkpointed_blocks} of {r.blocks} blocks checkpointed; without gradient checkpointing "
+        f"{r.peak_memory_gib_per_gpu_unchecked:.2f}: {fits(r.fits_without_checkpointing)}; with every block "
+        f"{r.peak_memory_gib_per_gpu_checkpointed:.2f}: {fits(r.fits_with_checkpointing)})",
         *headroom,
         *host_lines(r),
         f"time per step {seconds(r.step_seconds)} at {r.efficiency:.0%} of peak and bandwidth: "

@@ -44,7 +44,13 @@ class ModelConfig:
     dtype: Literal["fp32", "bf16", "fp16"] = opt("fp32", "Weight dtype (SDE math is always fp32).")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     lora: LoraConfig = opt(LoraConfig, "LoRA settings.", factory=True)
-    gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool | int | Literal["auto"] = opt(
+        False,
+        "Recompute the transformer blocks' activations in backward to save memory. true: every block; false: none; "
+        "N: the first N blocks (of each call's transformer; at most its block count, checked at load); auto: on a "
+        "CUDA device, the fewest blocks that fit the step's peak (`diffusion-rl estimate`'s memory model) into the "
+        "device's free memory with 5 % to spare, none elsewhere (models/checkpointing.py, docs/gpu.md).",
+    )
     offload_frozen: bool = opt(
         False,
         "Memory saver: keep the frozen text encoders and VAE on the CPU, moving each to model.device only while it "
@@ -112,6 +118,11 @@ class ModelConfig:
         check(
             self.revision is None or (self.revision.strip() == self.revision != ""),
             f"model.revision {self.revision!r}: a commit hash, branch or tag without spaces, or null for main",
+        )
+        check(
+            isinstance(self.gradient_checkpointing, (bool, str)) or self.gradient_checkpointing >= 0,
+            f"model.gradient_checkpointing={self.gradient_checkpointing}: a number of blocks is ≥ 0 (or true, false, "
+            "auto)",
         )
         check(
             not (self.compile and self.compile_blocks is True),

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from diffusion_rl.config.model import ModelConfig
     from diffusion_rl.config.sampling import SamplingConfig
     from diffusion_rl.config.train import TrainConfig
+    from diffusion_rl.models.checkpointing import CheckpointPlan
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class WorkerSpec:
     weight_change: str = "off"  # measure |Δθ| / |θ| of each optimizer step: on, off or auto
     flops: bool = False  # count the FLOPs of the first rollout and update of each shape
     peak_tflops: float | None = None  # the device's peak, when its table does not know it
+    # model.gradient_checkpointing=auto: what the worker weighs against its device's free memory (trainer/setup.py)
+    checkpoint_plan: CheckpointPlan | None = None
 
     @property
     def trains(self) -> bool:

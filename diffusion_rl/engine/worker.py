@@ -42,11 +42,12 @@ from diffusion_rl.engine.spec import WorkerSpec
 from diffusion_rl.errors import TrainingDiverged, UserError, WeightsUnchanged
 from diffusion_rl.metrics import MAX, declare_metrics, reduce_metrics
 from diffusion_rl.models.base import FlowModel
+from diffusion_rl.models.checkpointing import resolved
 from diffusion_rl.models.compiling import CompileReport, on_cuda
 from diffusion_rl.models.embedding_cache import use_embedding_cache
 from diffusion_rl.models.export import write_lora_adapter
 from diffusion_rl.models.image_size import size_problem
-from diffusion_rl.models.loader import load_model
+from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images, training_rollout
 from diffusion_rl.sampling.trajectory import Generated, Trajectory
@@ -305,7 +306,8 @@ class PolicyWorker:
         # so the starting adapter does not depend on what the process drew before.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed_for(spec.seed, "model_init"))
-            self.model: FlowModel = load_model(spec.model, text_encoders=spec.embedding_cache is None)
+            model_cfg = resolved(spec.model, spec.checkpoint_plan, resolve_device(spec.model.device))
+            self.model: FlowModel = load_model(model_cfg, text_encoders=spec.embedding_cache is None)
         if spec.embedding_cache is not None:  # the run's texts cached (in the model's dtype), encoders released
             use_embedding_cache(self.model, self.model.directory, spec.embedding_cache, list(spec.texts))
         self.algorithm = spec.algorithm.build() if self.trains else None

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from diffusion_rl.estimate.architectures import Architecture
+from diffusion_rl.models.checkpointing import checkpointable_blocks
 from diffusion_rl.models.doctor import count_saved_tensors
 from diffusion_rl.models.registry import family_named
 
@@ -222,7 +223,7 @@ def transformer_cost(arch: Architecture, s: Shapes, full_finetune: bool, dtype=t
     """
     module = in_dtype(build_on_meta(arch.transformer_class, arch.transformer_config), dtype)
     params = sum(p.numel() for p in module.parameters())
-    blocks = sum(len(m) for name, m in module.named_children() if isinstance(m, torch.nn.ModuleList))
+    blocks = len(checkpointable_blocks(module))  # what model.gradient_checkpointing counts
     module.requires_grad_(full_finetune)
     if lora is not None and not full_finetune:
         from peft import LoraConfig, get_peft_model

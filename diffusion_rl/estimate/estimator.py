@@ -19,7 +19,8 @@ trainable parameters' fp32 master/gradient/AdamW state as models/doctor.py count
 frozen reference copy (full fine-tuning with a KL), the text encoders, VAE and an image encoder (replicated), the kept
 trajectories of the worker's rows, the EMA's fp32 copy of the trained parameters, the VAE decode's working set for a
 generate call's rows (counted on meta), and the activations autograd saves for one micro-batch — counted on the meta
-device, or, with gradient checkpointing, each block's input plus one block's activations. Plus CONTEXT_GIB for the CUDA
+device, or, with the first N of L blocks checkpointed (model.gradient_checkpointing: all, none, N, or auto's count:
+models/checkpointing.py), N blocks' inputs plus max(L − N, 1) blocks' activations. Plus CONTEXT_GIB for the CUDA
 context, allocator fragmentation and kernel workspaces. The memory savers (docs/models.md) take their part off:
 `sampling.latents_dtype` the trajectories' window, `model.offload_frozen` the text encoders, VAE and image encoder,
 `model.offload_reference` the reference copy, `engine.fsdp_cpu_offload` the shards and the optimizer state.
@@ -38,6 +39,7 @@ from diffusion_rl.errors import UserError
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture, image_sizes_of
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
 from diffusion_rl.estimate.devices import Device
+from diffusion_rl.models.checkpointing import CheckpointPlan, checked_count
 from diffusion_rl.models.guidance import Guidance, refuse_low_noise_without_experts, runs_cfg
 from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.registry import family_named
@@ -74,6 +76,9 @@ class Estimate:
     # memory per GPU, GiB
     memory_gib: dict[str, float]
     peak_memory_gib_per_gpu: float  # as the config runs (with its model.gradient_checkpointing)
+    checkpointed_blocks: int  # of `blocks` (per transformer call), as model.gradient_checkpointing chooses here
+    blocks: int
+    checkpoint_plan: CheckpointPlan  # what model.gradient_checkpointing=auto weighs (bytes)
     peak_memory_gib_per_gpu_unchecked: float  # the same without gradient checkpointing
     peak_memory_gib_per_gpu_checkpointed: float  # ... and with it
     gpu_memory_gib: float | None
@@ -186,30 +191,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     rollout_traffic = rows * evaluations * cfg_factor * cost.forward_traffic / shapes.batch
     decode_flops = rows * decode.flops
 
-    calls = rows * algorithm.trained_calls(cfg.algorithm, cfg.sampling) * t.ppo_epochs  # rows × trained steps
-    micro_batches = math.ceil(calls / micro)
-    per_micro = cost.train_flops + (cost.forward_flops if m.gradient_checkpointing else 0)
-    update_flops = micro_batches * (per_micro + algorithm.frozen_calls(settings) * cost.forward_flops)
-    update_bytes = micro_batches * 2 * weights
-    forwards = algorithm.frozen_calls(settings) + (1 if m.gradient_checkpointing else 0)
-    update_traffic = micro_batches * (cost.train_traffic + forwards * cost.forward_traffic)
-    optimizer_steps = t.num_minibatches * t.ppo_epochs
     master = 4 if (not full or e.mixed_precision == "bf16") else wbytes  # LoRA weights stay fp32
-    state = trainable * (master + 3 * master)  # weights, gradient, two AdamW moments
-    optimizer_bytes = optimizer_steps * 2 * state / (gpus if sharded else 1)  # read and write once
-
-    def seconds(flops: float, weights_moved: float, traffic: float = 0.0) -> float:
-        bandwidth = device.bandwidth_gbs * 1e9
-        return (max(flops / (device.peak_tflops * 1e12), weights_moved / bandwidth) + traffic / bandwidth) / efficiency
-
-    phases = {
-        "encode_prompts": seconds(text_flops, text_bytes + image_bytes),
-        "rollout": seconds(rollout_flops, rollout_bytes, rollout_traffic),
-        "decode": seconds(decode_flops, rows * vae_params * wbytes, rows * decode.traffic),
-        "update": seconds(update_flops, update_bytes, update_traffic),
-        "optimizer": seconds(0.0, 0.0, optimizer_bytes),
-    }
-    step = sum(phases.values())
 
     # -- memory per GPU ---------------------------------------------------------------------------------------
     shard = gpus if sharded else 1
@@ -234,8 +216,6 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     # the window's latents (W + 1) and means (W) in sampling.latents_dtype, the final latents in fp32
     stored = (2 * stochastic + 1) * DTYPES[s.latents_dtype].itemsize + 4
     trajectory = rows * (stored * latent_numel + cond_per_row)
-    activations = cost.saved_bytes
-    checkpointed = cost.blocks * cost.hidden_bytes + cost.saved_bytes / cost.blocks
     frozen = 0 if m.offload_frozen else 1  # model.offload_frozen: on the device only for their calls, not the update
     ema = trainable * 4 / shard if t.ema.enabled else 0  # engine/ema.py: an fp32 copy of the trained parameters
     # the VAE decodes a generate call's rows DECODE_ROWS at a time; the caching allocator keeps the blocks of that
@@ -251,7 +231,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         **({"image_encoder": frozen * image_bytes} if image else {}),
         "trajectories": trajectory,
         "decode": decoding,
-        "activations": checkpointed if m.gradient_checkpointing else activations,
+        "activations": 0.0,  # below: with the blocks model.gradient_checkpointing checkpoints
         "context": CONTEXT_GIB * GIB,
     }
     # host memory: what the savers take off the device stays in each worker's process on the CPU (model.offload_frozen:
@@ -268,11 +248,39 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     }
     host_worker = sum(host_parts.values()) / GIB
     workers_per_node = min(gpus, gpus_per_node) if e.kind == "ray" else 1
-    fixed = sum(v for k, v in memory.items() if k != "activations")
-    peak_plain = (fixed + activations) / GIB
-    peak_ckpt = (fixed + checkpointed) / GIB
-    peak = peak_ckpt if m.gradient_checkpointing else peak_plain
     capacity = device.memory_gib
+    plan = CheckpointPlan(sum(memory.values()), cost.blocks, cost.saved_bytes, cost.hidden_bytes)
+    checkpointed = checkpoint_count(m.gradient_checkpointing, plan, None if capacity is None else capacity * GIB)
+    memory["activations"] = plan.activations(checkpointed)
+    peak_plain = (plan.fixed + plan.activations(0)) / GIB
+    peak_ckpt = (plan.fixed + plan.activations(plan.blocks)) / GIB
+    peak = (plan.fixed + memory["activations"]) / GIB
+
+    # -- the update's time, with the checkpointed blocks' forward recomputed ---------------------------------------
+    calls = rows * algorithm.trained_calls(cfg.algorithm, cfg.sampling) * t.ppo_epochs  # rows × trained steps
+    micro_batches = math.ceil(calls / micro)
+    recomputed = checkpointed / plan.blocks  # the share of a forward the backward runs again
+    per_micro = cost.train_flops + recomputed * cost.forward_flops
+    update_flops = micro_batches * (per_micro + algorithm.frozen_calls(settings) * cost.forward_flops)
+    update_bytes = micro_batches * 2 * weights
+    forwards = algorithm.frozen_calls(settings) + recomputed
+    update_traffic = micro_batches * (cost.train_traffic + forwards * cost.forward_traffic)
+    optimizer_steps = t.num_minibatches * t.ppo_epochs
+    state = trainable * (master + 3 * master)  # weights, gradient, two AdamW moments
+    optimizer_bytes = optimizer_steps * 2 * state / (gpus if sharded else 1)  # read and write once
+
+    def seconds(flops: float, weights_moved: float, traffic: float = 0.0) -> float:
+        bandwidth = device.bandwidth_gbs * 1e9
+        return (max(flops / (device.peak_tflops * 1e12), weights_moved / bandwidth) + traffic / bandwidth) / efficiency
+
+    phases = {
+        "encode_prompts": seconds(text_flops, text_bytes + image_bytes),
+        "rollout": seconds(rollout_flops, rollout_bytes, rollout_traffic),
+        "decode": seconds(decode_flops, rows * vae_params * wbytes, rows * decode.traffic),
+        "update": seconds(update_flops, update_bytes, update_traffic),
+        "optimizer": seconds(0.0, 0.0, optimizer_bytes),
+    }
+    step = sum(phases.values())
     ips = images / step
     return Estimate(
         config=config_name,
@@ -286,6 +294,9 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         flops_per_step=(text_flops + rollout_flops + decode_flops + update_flops) * gpus,
         memory_gib={k: v / GIB for k, v in memory.items()},
         peak_memory_gib_per_gpu=peak,
+        checkpointed_blocks=checkpointed,
+        blocks=plan.blocks,
+        checkpoint_plan=plan,
         peak_memory_gib_per_gpu_unchecked=peak_plain,
         peak_memory_gib_per_gpu_checkpointed=peak_ckpt,
         gpu_memory_gib=capacity,
@@ -319,6 +330,12 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
             "fitted on single-GPU steps without them (docs/estimate.md)",
         ],
     )
+
+
+def checkpoint_count(setting: bool | int | str, plan: CheckpointPlan, free: float | None) -> int:
+    """The blocks per call model.gradient_checkpointing checkpoints: `auto` as chosen for `free` bytes (the device's
+    capacity; None: unknown, none), else the setting's (a UserError past the block count)."""
+    return plan.choose(free) if setting == "auto" else checked_count(setting, plan.blocks)
 
 
 def shapes_numel(arch: Architecture, s) -> int:

@@ -20,6 +20,7 @@ from torch import nn
 
 from diffusion_rl.data.condition_images import fit_rows
 from diffusion_rl.errors import UserError
+from diffusion_rl.models.checkpointing import enable_checkpointing
 from diffusion_rl.models.experts import TimestepExperts, high_noise_rows
 from diffusion_rl.models.guidance import low_noise_scale, refuse_low_noise_without_experts, runs_cfg
 from diffusion_rl.models.policies import LoraSettings, PolicySet
@@ -187,7 +188,7 @@ class FlowModel(ABC):
         device: torch.device,
         dtype: torch.dtype,
         max_sequence_length: int = 256,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | int = False,
         offload_frozen: bool = False,
     ):
         """What every adapter does with its diffusers pipeline: freeze the frozen components, wrap the transformer in
@@ -199,8 +200,7 @@ class FlowModel(ABC):
         network = self.trained_network(pipeline)
         if isinstance(network, TimestepExperts):
             self.expert_boundary = network.boundary
-        if gradient_checkpointing:
-            network.enable_gradient_checkpointing()
+        enable_checkpointing(network, gradient_checkpointing)  # all, none or the first N blocks
         self.policies = PolicySet(network, lora)
         self.vae = pipeline.vae
         self._scheduler_config = pipeline.scheduler.config

@@ -149,7 +149,8 @@ def model_of_pipeline(pipeline, family, cfg, device: torch.device, dtype: torch.
             device=device,
             dtype=dtype,
             max_sequence_length=cfg.max_sequence_length,
-            gradient_checkpointing=cfg.gradient_checkpointing,
+            # auto is resolved to a count before a trainer loads (trainer/setup.py); other commands do not train
+            gradient_checkpointing=False if cfg.gradient_checkpointing == "auto" else cfg.gradient_checkpointing,
             offload_frozen=offload,
         )
     except ValueError as e:

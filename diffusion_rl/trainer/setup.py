@@ -13,6 +13,7 @@ from diffusion_rl.config import Config
 from diffusion_rl.data.pairs import PreferencePair, load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.engine.spec import WorkerSpec
+from diffusion_rl.models.checkpointing import CheckpointPlan
 
 logger = logging.getLogger(__name__)
 
@@ -64,4 +65,25 @@ def worker_spec(cfg: Config, texts: list[str] | None = None) -> WorkerSpec:
                       seed=cfg.run.seed, texts=tuple(texts) if cache else (), embedding_cache=cache, val_size=val_size,
                       val_guidance_low_noise=cfg.val.guidance_low_noise, rollout_dtype=e.rollout_dtype,
                       staleness_bound=e.staleness_bound, weight_change=log.weight_change, flops=log.flops,
-                      peak_tflops=log.peak_tflops)  # fmt: skip
+                      peak_tflops=log.peak_tflops, checkpoint_plan=checkpoint_plan(cfg))  # fmt: skip
+
+
+def checkpoint_plan(cfg: Config) -> CheckpointPlan | None:
+    """model.gradient_checkpointing=auto: the step's memory by `estimate`'s model, which each worker weighs against
+    its device's free memory (models/checkpointing.py); None for any other setting, or a model on the CPU."""
+    m = cfg.model
+    if m.gradient_checkpointing != "auto" or m.device == "cpu" or (m.device == "auto" and not cuda_visible(cfg)):
+        return None
+    from diffusion_rl.estimate.architectures import architecture_for
+    from diffusion_rl.estimate.devices import DEVICES
+    from diffusion_rl.estimate.estimator import estimate
+
+    gpus = cfg.engine.num_workers if cfg.engine.kind == "ray" else 1
+    return estimate(cfg, architecture_for(m), DEVICES["h200"], gpus).checkpoint_plan  # memory: any device's
+
+
+def cuda_visible(cfg: Config) -> bool:
+    """Whether the workers may have a CUDA device: Ray places them on GPUs this process may not see."""
+    import torch
+
+    return cfg.engine.kind == "ray" or torch.cuda.is_available()
