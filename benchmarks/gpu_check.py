@@ -11,10 +11,11 @@ LoRA where the memory allows, Wan 2.1 1.3B LoRA; last, FLUX.2-klein-4B, Z-Image-
 model.attention_backend against sdpa; the Ray engine's FSDP2 worker at world size 1 without Ray; past the default
 budget (run with --only), torch's cuDNN attention kernel off against on for each model (gpu_check/cudnn_ab.py),
 CUDA's allocator with fixed blocks against expandable segments (gpu_check/alloc_ab.py), compiled blocks and fused
-AdamW (on by default on CUDA) against both off (gpu_check/defaults_ab.py), the text encoders at real
-size held and offloaded (gpu_check/encoders.py) and Wan 2.2 T2V-A14B LoRA (both 14B experts, a short clip). Every
-part runs with the allocator the CLI gives a run by default (diffusion_rl/utils/cuda_alloc.py), recorded as
-`allocator`.
+AdamW (on by default on CUDA) against both off (gpu_check/defaults_ab.py), gradient checkpointing of every block
+against `auto`'s count and half the blocks (gpu_check/checkpoint_ab.py), the FSDP2 worker eager and with compiled
+blocks (gpu_check/fsdp2_compiled.py), the text encoders at real size held and offloaded (gpu_check/encoders.py)
+and Wan 2.2 T2V-A14B LoRA (both 14B experts, a short clip). Every part runs with the allocator the CLI gives a run
+by default (diffusion_rl/utils/cuda_alloc.py), recorded as `allocator`.
 
 Each part runs in a child process forked from this one (imports and the runs' architectures made once, here): a
 crash (even a segfault or an out-of-memory kill) is recorded and the next part runs; a part past its time cap is

@@ -7,14 +7,16 @@ another's module back.
 from __future__ import annotations
 
 from .alloc_ab import alloc_ab_part
+from .checkpoint_ab import checkpoint_ab_part
 from .cudnn_ab import cudnn_ab_part
 from .defaults_ab import defaults_ab_part
 from .encoders import encoders_part
+from .fsdp2_compiled import fsdp2_compiled_part
 from .host_syncs import host_syncs_part
 from .parts import attention_part, compile_part, device_part, fsdp2_part, model_part, replay_part
 
 # name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, alloc_ab,
-# defaults_ab, encoders and wan22_a14b_lora, past the default budget, run with --only)
+# defaults_ab, checkpoint_ab, fsdp2_compiled, encoders and wan22_a14b_lora, past the default budget, run with --only)
 PARTS = {
     "device": (device_part, 30),
     "sd35_lora": (model_part("sd35_lora"), 80),
@@ -33,6 +35,8 @@ PARTS = {
     "cudnn_ab": (cudnn_ab_part, 150),
     "alloc_ab": (alloc_ab_part, 170),
     "defaults_ab": (defaults_ab_part, 260),
+    "checkpoint_ab": (checkpoint_ab_part, 170),
+    "fsdp2_compiled": (fsdp2_compiled_part, 180),
     "encoders": (encoders_part, 90),
     "wan22_a14b_lora": (model_part("wan22_a14b_lora"), 150),
 }

@@ -221,6 +221,17 @@ def build(ctx: Context, name: str, extra: list[str] = (), rows: int | None = Non
     return cfg, arch, trainer_with(cfg, model, engine_factory)
 
 
+def estimated(ctx: Context, run: ModelRun, cfg, arch) -> tuple:
+    """`estimate` of `cfg` (training `arch`) on this device: (the estimate, its peak GiB, its step seconds), both left
+    without the text encoders' share (the check runs none); (None, None, None) where the peak table has no entry."""
+    entry = ctx.device_entry()
+    if entry is None:
+        return None, None, None
+    predicted = estimate(cfg, arch, entry, 1, config_name=run.config, prompt_tokens=PROMPT_TOKENS)
+    return (predicted, predicted.peak_memory_gib_per_gpu - predicted.memory_gib["text_encoders"],
+            predicted.step_seconds - predicted.phase_seconds["encode_prompts"])  # fmt: skip
+
+
 def step_health(metrics: dict) -> dict:
     """What a step's metrics say of its gradients: the updates skipped so far for a non-finite gradient norm (a kernel
     that returns NaN shows here, not in the seconds) and the mean finite norm."""
@@ -291,12 +302,7 @@ def model_part(name: str):
         cfg = run_config(ctx, run, [])
         arch = architecture(ctx, run)
         entry = ctx.device_entry()
-        predicted = None
-        if entry is not None:
-            predicted = estimate(cfg, arch, entry, 1, config_name=run.config, prompt_tokens=PROMPT_TOKENS)
-        # the check runs no text encoders: the estimate's share for them is left out of what it is compared with
-        est_peak = predicted and predicted.peak_memory_gib_per_gpu - predicted.memory_gib["text_encoders"]
-        est_step = predicted and predicted.step_seconds - predicted.phase_seconds["encode_prompts"]
+        predicted, est_peak, est_step = estimated(ctx, run, cfg, arch)
         capacity = entry and entry.memory_gib
         if ctx.device_type == "cuda":
             capacity = torch.cuda.get_device_properties(0).total_memory / GIB
@@ -427,27 +433,35 @@ def attention_part(ctx: Context) -> dict:
     return result
 
 
-def fsdp2_part(ctx: Context) -> dict:
-    """The Ray engine's sharded worker (FSDP2, NCCL on a GPU, gloo on a CPU) at world size 1 without Ray."""
+def fsdp2_part(ctx: Context, extra: tuple[str, ...] = ()) -> dict:
+    """The Ray engine's sharded worker (FSDP2, NCCL on a GPU, gloo on a CPU) at world size 1 without Ray: a warm-up
+    step (torch.compile's seconds in it counted, with `extra` model.compile_blocks=true: fsdp2_compiled.py), then
+    one measured step; peak memory over both."""
     import socket
 
     import torch.distributed as dist
+
+    from diffusion_rl.models.compiling import compile_seconds
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     init = f"tcp://127.0.0.1:{port}"
     _, _, trainer = build(
-        ctx, "sd35_lora", SMALL, rows=2, engine_factory=lambda engine, spec: one_rank_engine(engine, spec, init)
-    )
+        ctx, "sd35_lora", [*SMALL, *extra], rows=2,
+        engine_factory=lambda engine, spec: one_rank_engine(engine, spec, init),
+    )  # fmt: skip
     try:
         steps = timed_steps(trainer, 2)
         backend = dist.get_backend()
     finally:
         dist.destroy_process_group()
+    measured = steps[-1]
     return {"model": "stable-diffusion-3.5-medium LoRA, 2 images, 4 steps", "backend": backend, "world_size": 1,
-            "step_s": steps[-1]["wall_s"], "logp_diff_max": steps[-1].get("train/logp_diff_max"),
-            "loss": steps[-1].get("train/loss"), **memory_gib()}  # fmt: skip
+            "compile_blocks": trainer.engine.model.policies.compile_blocks, "warmup_step_s": steps[0]["wall_s"],
+            "compile_s": compile_seconds(), "step_s": measured["wall_s"], "rollout_s": measured.get("timing/generate"),
+            "update_s": measured.get("timing/update"), "logp_diff_max": measured.get("train/logp_diff_max"),
+            "loss": measured.get("train/loss"), **step_health(measured), **memory_gib()}  # fmt: skip
 
 
 def warm_imports() -> None:

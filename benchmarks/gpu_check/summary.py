@@ -85,6 +85,9 @@ def markdown(record: dict) -> str:
     defaults = (parts.get("defaults_ab") or {}).get("result")
     if defaults:
         lines += defaults_ab_table(defaults)
+    checkpointing = (parts.get("checkpoint_ab") or {}).get("result")
+    if checkpointing:
+        lines += checkpoint_ab_table(checkpointing)
     encoders = (parts.get("encoders") or {}).get("result")
     if encoders:
         lines += encoders_table(encoders)
@@ -92,6 +95,9 @@ def markdown(record: dict) -> str:
     if fsdp:
         lines += ["", f"## FSDP2 worker at world size 1 ({fsdp['backend']}, without Ray)", "",
                   f"step {_f(fsdp['step_s'])} s, logp_diff_max {_f(fsdp['logp_diff_max'], '.3g')}."]  # fmt: skip
+    fsdp_compiled = (parts.get("fsdp2_compiled") or {}).get("result")
+    if fsdp_compiled:
+        lines += fsdp2_compiled_table(fsdp_compiled)
     syncs = (parts.get("host_syncs") or {}).get("result")
     if syncs:
         lines += ["", f"## Host synchronisations of one step ({syncs['model']}; {syncs['how']})", "",
@@ -166,18 +172,11 @@ def defaults_ab_table(ab: dict) -> list[str]:
              "| model | variant | warm-up s | compile s | step s | rollout s | update s | step / baseline "
              "| update / baseline | logp_diff_max | weights rel. diff | skipped |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for name, runs in ab["runs"].items():
-        for label, record in runs.items():
-            if record.get("status") != "ok":
-                lines.append(f"| {name} | {label} | {record.get('status')}: {record.get('error', '')[:80]} "
-                             "| | | | | | | | | |")  # fmt: skip
-                continue
-            r, q = record["result"], ab.get("ratios", {}).get(name, {}).get(label, {})
-            lines.append(f"| {name} | {label} | {_f(r['warmup_step_s'])} | {_f(r['compile_s'], '.1f')} "
-                         f"| {_f(r['step_s'])} | {_f(r['rollout_s'])} | {_f(r['update_s'])} "
-                         f"| {_f(q.get('step_s_ratio'), '.3f')} | {_f(q.get('update_s_ratio'), '.3f')} "
-                         f"| {_f(r['logp_diff_max'], '.3g')} | {_f(q.get('weights_rel_diff'), '.2e')} "
-                         f"| {r.get('skipped_updates')} |")  # fmt: skip
+    lines += variant_rows(ab, 9, lambda name, label, r, q: (
+        f"| {name} | {label} | {_f(r['warmup_step_s'])} | {_f(r['compile_s'], '.1f')} | {_f(r['step_s'])} "
+        f"| {_f(r['rollout_s'])} | {_f(r['update_s'])} | {_f(q.get('step_s_ratio'), '.3f')} "
+        f"| {_f(q.get('update_s_ratio'), '.3f')} | {_f(r['logp_diff_max'], '.3g')} "
+        f"| {_f(q.get('weights_rel_diff'), '.2e')} | {r.get('skipped_updates')} |"))  # fmt: skip
     variants = "; ".join(f"{k}: {v}" for k, v in ab["variants"].items())
     return [*lines, "", f"Variants: {variants}. Seconds of the measured (second) step."]
 
@@ -200,3 +199,61 @@ def encoders_table(encoders: dict) -> list[str]:
         "its seconds less the held ones are the copies `estimate` does not model."
     )
     return [*lines, "", note]
+
+
+def failed_row(name: str, label: str, record: dict, columns: int) -> str:
+    """A table row for a variant that gave no result: its status and error, then `columns` empty cells."""
+    return f"| {name} | {label} | {record.get('status', 'not_run')}: {record.get('error', '')[:80]} |" + " |" * columns
+
+
+def variant_rows(ab: dict, columns: int, row) -> list[str]:
+    """The rows of an A/B part's table of models × variants: `row(name, label, result, its ratios)` for each variant
+    that ran, `failed_row` (`columns` empty cells) for the others."""
+    lines = []
+    for name, runs in ab["runs"].items():
+        for label, record in runs.items():
+            if record.get("status") != "ok":
+                lines.append(failed_row(name, label, record, columns))
+                continue
+            lines.append(row(name, label, record["result"], ab.get("ratios", {}).get(name, {}).get(label, {})))
+    return lines
+
+
+def checkpoint_ab_table(ab: dict) -> list[str]:
+    """The checkpoint_ab part's table: each variant's checkpointed blocks, seconds, peak memory and ratios to `true`."""
+    lines = ["", "## Selective gradient checkpointing: every block, auto's count, half (checkpoint_ab; a process per "
+             "variant)", "",
+             "| model | variant | checkpointed / blocks | step s | rollout s | update s | peak alloc GiB "
+             "| peak reserved GiB | estimate GiB | step / true | update / true | reserved / true | logp_diff_max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += variant_rows(ab, 10, lambda name, label, r, q: (
+        f"| {name} | {label} | {r['checkpointed_blocks']} / {r['blocks']} | {_f(r['step_s'])} | {_f(r['rollout_s'])} "
+        f"| {_f(r['update_s'])} | {_f(r['peak_allocated_gib'], '.1f')} | {_f(r['peak_reserved_gib'], '.1f')} "
+        f"| {_f(r['estimate_peak_gib'], '.1f')} | {_f(q.get('step_s_ratio'), '.3f')} "
+        f"| {_f(q.get('update_s_ratio'), '.3f')} | {_f(q.get('peak_reserved_gib_ratio'), '.3f')} "
+        f"| {_f(r['logp_diff_max'], '.3g')} |"))  # fmt: skip
+    said = [f"- {name}: {record['result']['says']}" for name, runs in ab["runs"].items()
+            for record in runs.values() if "says" in (record.get("result") or {})]  # fmt: skip
+    variants = "; ".join(f"{k}: {v}" for k, v in ab["variants"].items())
+    note = "Seconds and peaks of the measured (second) step; the estimate without its text encoders (none here)."
+    return [*lines, "", f"Variants: {variants}. {note}", *([""] + said if said else [])]
+
+
+def fsdp2_compiled_table(ab: dict) -> list[str]:
+    """The fsdp2_compiled part's table: the FSDP2 worker's step eager and with compiled blocks."""
+    lines = ["", f"## FSDP2 worker at world size 1, eager vs compiled blocks (fsdp2_compiled; a process per variant; "
+             f"{ab['compiler']})", "",
+             "| model | variant | warm-up s | compile s | step s | rollout s | update s | peak reserved GiB "
+             "| logp_diff_max |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label, record in ab["runs"].items():
+        if record.get("status") != "ok":
+            lines.append(failed_row("sd35_lora", label, record, 6))
+            continue
+        r = record["result"]
+        lines.append(f"| sd35_lora | {label} | {_f(r['warmup_step_s'])} | {_f(r['compile_s'], '.1f')} "
+                     f"| {_f(r['step_s'])} | {_f(r['rollout_s'])} | {_f(r['update_s'])} "
+                     f"| {_f(r['peak_reserved_gib'], '.1f')} | {_f(r['logp_diff_max'], '.3g')} |")  # fmt: skip
+    q = ab.get("ratios") or {}
+    return [*lines, "", f"Compiled / eager: step {_f(q.get('step_s_ratio'), '.3f')}, update "
+            f"{_f(q.get('update_s_ratio'), '.3f')}; {ab['runs'].get('eager', {}).get('result', {}).get('model', '')}; "
+            "seconds of the measured (second) step, peaks over both."]  # fmt: skip

@@ -75,11 +75,19 @@ def checkpoint_plan(cfg: Config) -> CheckpointPlan | None:
     if m.gradient_checkpointing != "auto" or m.device == "cpu" or (m.device == "auto" and not cuda_visible(cfg)):
         return None
     from diffusion_rl.estimate.architectures import architecture_for
+
+    return memory_plan(cfg, architecture_for(m))
+
+
+def memory_plan(cfg: Config, arch) -> CheckpointPlan:
+    """The plan `auto` weighs for a run of `cfg` training `arch` (an estimate Architecture), whatever the device and
+    the setting: the GPU check's `checkpoint_ab` part, which builds its models without the worker, resolves `auto`
+    from it too."""
     from diffusion_rl.estimate.devices import DEVICES
     from diffusion_rl.estimate.estimator import estimate
 
     gpus = cfg.engine.num_workers if cfg.engine.kind == "ray" else 1
-    return estimate(cfg, architecture_for(m), DEVICES["h200"], gpus).checkpoint_plan  # memory: any device's
+    return estimate(cfg, arch, DEVICES["h200"], gpus).checkpoint_plan  # memory: any device's
 
 
 def cuda_visible(cfg: Config) -> bool:

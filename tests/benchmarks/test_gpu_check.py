@@ -117,6 +117,24 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
         assert ratio["update_s_ratio"] == fused["update_s"] / base["update_s"]
         # the CPU's fused AdamW computes what its for-loop one does, up to float rounding
         assert ratio["weights_rel_diff"] == abs(fused["weights_l2"] - base["weights_l2"]) / base["weights_l2"] < 1e-5
+    from gpu_check.checkpoint_ab import DRY_MODELS as CHECKPOINTED
+
+    checkpointing = parts["checkpoint_ab"]["result"]
+    assert {n: list(r) for n, r in checkpointing["runs"].items()} == {n: list(v) for n, v in CHECKPOINTED.items()}
+    for name, runs in checkpointing["runs"].items():
+        every, auto = runs["true"]["result"], runs["auto"]["result"]
+        # the model marks the count asked: every block, and auto's on a pretend device strictly between none and all
+        assert every["setting"] is True and every["checkpointed_blocks"] == every["blocks"] == every["planned_blocks"]
+        assert auto["free_pretended"] and 0 < auto["setting"] == auto["checkpointed_blocks"] < auto["blocks"]
+        assert f"{auto['setting']} of {auto['blocks']} blocks checkpointed" in auto["says"]
+        assert every["logp_diff_max"] == auto["logp_diff_max"] == 0.0 and auto["skipped_updates"] == 0
+        assert checkpointing["ratios"][name]["auto"]["update_s_ratio"] == auto["update_s"] / every["update_s"]
+    fsdp_compiled = parts["fsdp2_compiled"]["result"]
+    eager, compiled = (fsdp_compiled["runs"][k]["result"] for k in ("eager", "compiled"))
+    assert (eager["compile_blocks"], compiled["compile_blocks"]) == (False, True)  # each its own setting, not PINNED
+    assert eager["backend"] == compiled["backend"] == "gloo"
+    assert eager["logp_diff_max"] == compiled["logp_diff_max"] == 0.0
+    assert fsdp_compiled["ratios"]["step_s_ratio"] == compiled["step_s"] / eager["step_s"]
     encoders = parts["encoders"]["result"]
     from gpu_check.encoders import MODELS as ENCODED
 
@@ -132,7 +150,9 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
     headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
                 "## model.attention_backend", "## FSDP2 worker", "## Host synchronisations of one step",
                 "## torch's cuDNN attention kernel off vs on", "## CUDA's allocator: fixed blocks vs expandable",
-                "## CUDA defaults: compiled blocks and fused AdamW", "## Text encoders at real size")  # fmt: skip
+                "## CUDA defaults: compiled blocks and fused AdamW", "## Text encoders at real size",
+                "## Selective gradient checkpointing",
+                "## FSDP2 worker at world size 1, eager vs compiled")  # fmt: skip
     for heading in headings:
         assert heading in summary
 
@@ -314,6 +334,17 @@ gpu_check.warm_imports = lambda: None
 gpu_check.warm_architectures = lambda ctx: parallel_work()  # as the real warm-up may, in the parent
 gpu_check.main(["--out", sys.argv[2], "--dry-run", "--budget", "60"])
 """
+
+
+def test_checkpoint_ab_pretends_a_device_on_which_auto_picks_the_count_asked(gpu_check):
+    from gpu_check.checkpoint_ab import pretend_free
+
+    from diffusion_rl.models.checkpointing import CheckpointPlan
+
+    # 4 blocks, 8 bytes of activations (2 each), inputs of 1: with n checkpointed 8, 7, 6, 5, 6 bytes (n = 0 … 4)
+    plan = CheckpointPlan(fixed=10.0, blocks=4, saved=8.0, block_input=1.0)
+    assert pretend_free(plan, 2) == pytest.approx((10 + 6.5) / 0.95)  # halfway between 6 (two) and 7 (one)
+    assert [plan.choose(pretend_free(plan, n)) for n in (1, 2, 3)] == [1, 2, 3]
 
 
 def test_a_model_part_with_skipped_updates_is_named_under_its_table():
