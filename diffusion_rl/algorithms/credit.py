@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tensordict import tensorclass
 
-_STAT_KEYS = ("mean", "std", "min", "max", "abs_mean")
+_METRIC_KEYS = ("mean", "std", "min", "max", "abs_mean", "zero_std_group_fraction", "singleton_group_fraction")
 
 
 @tensorclass
@@ -73,7 +73,7 @@ class AdvantageResult:
 
 @dataclass
 class _Groups:
-    """One reward's advantages and the per-group facts the metrics need."""
+    """One reward's advantages (or the weighted sum's) and the per-group facts the metrics need."""
 
     advantages_B: torch.Tensor  # float64 [B]
     has_valid_G: torch.Tensor  # bool [G]: at least one valid sample
@@ -112,34 +112,21 @@ def group_advantages(
         all_singleton_G &= groups.singleton_G | ~groups.has_valid_G
         any_valid_G |= groups.has_valid_G
         if itemize:
-            metrics.update(_batch_stats(f"advantage/{name}", groups.advantages_B))
-            metrics.update(_group_fractions(f"advantage/{name}", groups.has_valid_G, groups.constant_G,
-                                            groups.singleton_G))  # fmt: skip
-    metrics.update(_batch_stats("advantage", total_B))
-    metrics.update(_group_fractions("advantage", any_valid_G, no_signal_G & any_valid_G, all_singleton_G & any_valid_G))
+            metrics.update(_advantage_metrics(f"advantage/{name}", groups.advantages_B, groups))
+    summed = _Groups(total_B, any_valid_G, no_signal_G & any_valid_G, all_singleton_G & any_valid_G)
+    metrics.update(_advantage_metrics("advantage", total_B, summed))
     return AdvantageResult(advantages=total_B.float(), metrics=metrics)
 
 
 def compute_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm=GroupNorm()) -> AdvantageResult:
     """One reward's group-relative advantages: rewards [B] (NaN = failed) grouped by group_ids [B]; the metrics of
     `group_advantages` of it alone."""
-    group_B, num_groups = _dense_groups(rewards, group_ids)
-    groups = _group_advantages(rewards, group_B, num_groups, norm)
-    metrics = _batch_stats("advantage", groups.advantages_B)
-    metrics.update(_group_fractions("advantage", groups.has_valid_G, groups.constant_G, groups.singleton_G))
-    return AdvantageResult(advantages=groups.advantages_B.float(), metrics=metrics)
+    groups = _group_advantages(rewards, *_dense_groups(rewards, group_ids), norm)
+    return AdvantageResult(groups.advantages_B.float(), _advantage_metrics("advantage", groups.advantages_B, groups))
 
 
 def _dense_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """group_ids mapped onto 0..G-1 (long [B]) and G, after checking the shapes and dtypes."""
-    if rewards.ndim != 1 or not rewards.is_floating_point():
-        raise ValueError(f"rewards must be a 1-D float tensor [B]; got {rewards.dtype} {tuple(rewards.shape)}")
-    if group_ids.shape != rewards.shape:
-        raise ValueError(f"group_ids {tuple(group_ids.shape)} must have the rewards' shape {tuple(rewards.shape)}")
-    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
-        raise ValueError(f"group_ids must be an integer tensor; got {group_ids.dtype}")
-    if rewards.numel() == 0:
-        raise ValueError("cannot compute advantages of an empty batch")
+    """group_ids [B] (any integers) mapped onto 0..G-1 (long [B]), and G."""
     unique_G, group_B = torch.unique(group_ids.to(rewards.device), return_inverse=True)
     return group_B, unique_G.numel()
 
@@ -197,17 +184,14 @@ def _group_advantages(
     )
 
 
-def _batch_stats(prefix: str, adv_B: torch.Tensor) -> dict[str, float]:
-    values = torch.stack([adv_B.mean(), adv_B.std(correction=0), adv_B.min(), adv_B.max(), adv_B.abs().mean()])
-    return {f"{prefix}/{key}": v for key, v in zip(_STAT_KEYS, values.tolist())}
-
-
-def _group_fractions(
-    prefix: str, has_valid_G: torch.Tensor, constant_G: torch.Tensor, singleton_G: torch.Tensor
-) -> dict[str, float]:
-    n = has_valid_G.sum().clamp_min(1).double()
-    return {f"{prefix}/zero_std_group_fraction": ((constant_G & has_valid_G).sum() / n).item(),
-            f"{prefix}/singleton_group_fraction": ((singleton_G & has_valid_G).sum() / n).item()}  # fmt: skip
+def _advantage_metrics(prefix: str, adv_B: torch.Tensor, groups: _Groups | None = None) -> dict[str, float]:
+    """{prefix}/{mean,std,min,max,abs_mean} of adv_B over the batch and, with `groups`, the fractions of the groups
+    with a valid sample that are constant (zero_std_group_fraction) or singletons: one read back to the host."""
+    values = [adv_B.mean(), adv_B.std(correction=0), adv_B.min(), adv_B.max(), adv_B.abs().mean()]
+    if groups is not None:
+        n = groups.has_valid_G.sum().clamp_min(1).double()
+        values += [(g & groups.has_valid_G).sum() / n for g in (groups.constant_G, groups.singleton_G)]
+    return {f"{prefix}/{key}": v for key, v in zip(_METRIC_KEYS, torch.stack(values).tolist())}
 
 
 class FlatCredit:

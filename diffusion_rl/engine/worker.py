@@ -165,7 +165,7 @@ class OptimizerStepper:
         self.train, self.parallel = train, parallel
         count = sum(p.numel() for p in params)  # a shard's count under FSDP2: the auto rule errs towards measuring
         self.measure_change = weight_change == "on" or (weight_change == "auto" and count <= WEIGHT_CHANGE_AUTO_MAX)
-        self.changes: list[float] = []  # |Δθ| / |θ| of this update's optimizer steps
+        self.taken: list[dict[str, float]] = []  # this update's optimizer steps taken: grad_norm (and |Δθ| / |θ|)
         fused = all(on_cuda(train.fused_adamw, p.device) for p in params)  # auto: CUDA's fused kernel, CPU as before
         self.optimizer = torch.optim.AdamW(
             params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, eps=train.adam_eps,
@@ -185,14 +185,13 @@ class OptimizerStepper:
         # the optimizer's own list: under FSDP2 the module may hold gathered copies now, the optimizer the shards
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def step(self) -> float:
-        """Clip, then step (or skip a non-finite gradient); returns the gradient norm before clipping."""
+    def step(self) -> None:
+        """Clip, then step (or skip a non-finite gradient); `metrics` reports the gradient norms before clipping."""
         t = self.train
         max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
         grad_norm = self.parallel.clip_grad_norm(self.params, max_norm)  # over all shards
         if not math.isfinite(grad_norm):
-            self._skip(grad_norm)
-            return grad_norm
+            return self._skip(grad_norm)
         before = [p.detach().clone() for p in self.params] if self.measure_change else None
         lr = self.scheduler.get_last_lr()[0]
         moves = grad_norm > 0 and lr > 0  # then AdamW must change some weight
@@ -204,15 +203,14 @@ class OptimizerStepper:
                 f"{grad_norm:.3g}, lr {lr:.3g}): the update does not reach the weights — an lr below the weights' "
                 "precision (model.dtype), or parameters the optimizer does not hold"
             )
-        if before is not None:
-            self.changes.append(self._relative_change(before))
+        change = {} if before is None else {"train/weight_change_rel": self._relative_change(before)}
+        self.taken.append({"grad_norm": grad_norm, **change})
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         self.consecutive_skips = 0
         if self.ema is not None and self.steps % t.ema.update_every == 0:
             self.ema.update()
-        return grad_norm
 
     @torch.no_grad()
     def _relative_change(self, before: list[torch.Tensor]) -> float:
@@ -233,19 +231,12 @@ class OptimizerStepper:
                 "stopping (the last good checkpoint is kept). Lower train.lr or check the rewards."
             )
 
-    def metrics(self, grad_norms: list[float]) -> dict[str, float]:
-        """What every update reports about its optimizer steps: the mean finite gradient norm, lr, step counts."""
-        finite = [g for g in grad_norms if math.isfinite(g)]
-        out = {
-            "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
-            "lr": self.scheduler.get_last_lr()[0],
-            "train/optimizer_steps": self.steps,
-            "train/skipped_updates": self.skipped,
-        }
-        if self.changes:  # the update's optimizer steps that were taken (a skipped one changes nothing)
-            out["train/weight_change_rel"] = sum(self.changes) / len(self.changes)
-            self.changes = []
-        return out
+    def metrics(self) -> dict[str, float]:
+        """What every update reports about its optimizer steps: the means over those taken (a skipped one changes
+        nothing) of the gradient norm (NaN when none was) and |Δθ| / |θ|, the lr and the step counts."""
+        taken, self.taken = self.taken, []
+        return {"grad_norm": float("nan"), "lr": self.scheduler.get_last_lr()[0], "train/optimizer_steps": self.steps,
+                "train/skipped_updates": self.skipped, **reduce_metrics(taken)}  # fmt: skip
 
     # -- state (the scheduler and counters are plain data; the optimizer and EMA tensors go to DCP) ----------------
     def counters_state(self) -> dict:
@@ -333,8 +324,7 @@ class PolicyWorker:
             self.optimizer = OptimizerStepper(params, spec.train, self.parallel, spec.weight_change)
         self.version: int | None = None  # a rollout actor's: the steps its received weights had taken (None: none)
         self.kept = KeptRollouts()
-        self.flops = FlopTally(spec.flops)
-        self.peak_flops = device_peak_flops(self.model.device, spec.peak_tflops)
+        self.flops = FlopTally(spec.flops, device_peak_flops(self.model.device, spec.peak_tflops))
         self.compile_report = CompileReport(self.trains and self.model.policies.compile_blocks)
 
     def _check_size(self, height: int, width: int, section: str) -> None:
@@ -455,7 +445,7 @@ class PolicyWorker:
             units = units if plan is None else plan.pad(units)  # several workers take as many passes
             out["train/units"] = float(parallel.sum(int(units.weight.sum())))
             U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
-            passes, rows_of_pass, grad_norms = [], [], []
+            passes, rows_of_pass = [], []
             for epoch in range(train.ppo_epochs):
                 for m in range(M):
                     rows = minibatch_rows(U, M, m).to(units.device)
@@ -474,17 +464,13 @@ class PolicyWorker:
                             if chunk.weight.any():  # a pass of padding units only trains nothing and reports nothing
                                 passes.append({"loss": loss.loss.detach(), **loss.metrics})
                                 rows_of_pass.append(len(micro))
-                    grad_norms.append(self.optimizer.step())
+                    self.optimizer.step()
             out.update(reduce_metrics(passes, rows_of_pass))  # each by its declared rule (diffusion_rl/metrics.py)
             parallel.settle()
             out.update(alg.end(step))
-            out.update(self.optimizer.metrics(grad_norms))
+            out.update(self.optimizer.metrics())
         self.compile_report.after_update()  # the compile time, once
-        if self.flops.enabled:  # this device's FLOPs of the step: its rollouts since the last update, and this update
-            out["perf/flops_per_device"] = self.flops.take()
-            if self.peak_flops is not None:
-                out["perf/peak_flops_per_device"] = self.peak_flops
-        return out
+        return {**out, **self.flops.metrics()}  # this step's: its rollouts since the last update, and this update
 
     def _planned_rows(self, step: int, plan: UpdatePlan) -> Trajectory:
         """The rows `plan` trains here: the kept ones it names, then those other workers sampled."""
