@@ -131,12 +131,7 @@ def _dense_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch
     return group_B, unique_G.numel()
 
 
-def _group_advantages(
-    rewards_B: torch.Tensor,
-    group_B: torch.Tensor,
-    num_groups: int,
-    norm: GroupNorm,
-) -> _Groups:
+def _group_advantages(rewards_B: torch.Tensor, group_B: torch.Tensor, num_groups: int, norm: GroupNorm) -> _Groups:
     # fp64: reward spreads can be ~1e-5 of their magnitude (JPEG sizes), below fp32's resolution of the mean
     r_B = rewards_B.detach().to(torch.float64)
     valid_B = torch.isfinite(r_B)
@@ -154,34 +149,26 @@ def _group_advantages(
     # Exactly 0 in a constant group: the mean of equal floats can differ from them in the last bit.
     dev_B = torch.where(constant_G[group_B], 0.0, dev_B)
 
-    std_defined_B = torch.ones_like(valid_B)
-    std_ddof = norm.std_ddof
+    adv_B, std_defined_B = dev_B, torch.ones_like(valid_B)
     if norm.normalize_by_std:
         if norm.global_std:
             n_valid = valid_B.sum().double()
             mean_all = r0_B.sum() / n_valid.clamp_min(1)
             sq_dev = torch.where(valid_B, (r0_B - mean_all) ** 2, 0.0).sum()
-            dof = n_valid - std_ddof
+            dof = n_valid - norm.std_ddof
             std_B = torch.sqrt(sq_dev / dof.clamp_min(1)).expand_as(r_B)
             std_defined_B = (dof > 0).expand_as(valid_B)
         else:
             sq_dev_G = zeros_G.index_add(0, group_B, dev_B**2)
-            dof_G = count_G - std_ddof
+            dof_G = count_G - norm.std_ddof
             std_B = torch.sqrt(sq_dev_G / dof_G.clamp_min(1))[group_B]
             std_defined_B = (dof_G > 0)[group_B]
         denom_B = std_B + norm.eps
         # denom is 0 only with eps=0 and std=0, where dev is 0 too (constant group or batch): advantage 0
         adv_B = dev_B / torch.where(denom_B > 0, denom_B, 1.0)
-    else:
-        adv_B = dev_B
 
     keep_B = valid_B & (count_G[group_B] >= 2) & std_defined_B
-    return _Groups(
-        advantages_B=torch.where(keep_B, adv_B, 0.0),
-        has_valid_G=has_valid_G,
-        constant_G=constant_G,
-        singleton_G=count_G == 1,
-    )
+    return _Groups(torch.where(keep_B, adv_B, 0.0), has_valid_G, constant_G, singleton_G=count_G == 1)
 
 
 def _advantage_metrics(prefix: str, adv_B: torch.Tensor, groups: _Groups | None = None) -> dict[str, float]:

@@ -95,7 +95,8 @@ def require_exact_anchor_means(sampling, loss: str, use: str) -> None:
 
 
 def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
-    """[B]: the KL term of every policy-gradient loss, 0 when kl_beta is 0 (no reference forward needed).
+    """[B]: the KL term of every policy-gradient loss, 0 when kl_beta is 0 (no reference forward needed); when it is
+    not, inp.ref_mean holds the reference's step means (`PolicyGradient.loss` computes them exactly then).
 
         kl_i = mean over the non-batch dims of (mean_i - ref_mean_i)^2 / (2 * std_i^2)
 
@@ -107,8 +108,6 @@ def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
     """
     if kl_beta <= 0:
         return torch.zeros_like(inp.log_prob, dtype=torch.float32)
-    if inp.ref_mean is None:
-        raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
     # fp32: the mean difference is small next to the means; bf16 would round most of it away
     kl_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1) / (2 * inp.std.float() ** 2)
     return kl_B if inp.kl_weights is None else kl_B * inp.kl_weights.detach().float()

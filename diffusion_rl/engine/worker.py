@@ -3,7 +3,8 @@
 Every engine runs this one class (engine/__init__.py): the local engine is one PolicyWorker; the Ray engine's
 trainer actors are PolicyWorkers whose transformer is FSDP2-sharded over them (engine/sharded_worker.py: only the
 `parallel` differs, engine/parallel.py); its rollout actors are PolicyWorkers that do not train (`trains=False`:
-no optimizer, the model in engine.rollout_dtype, weights received from the trainers, engine/weight_sync.py). A
+no optimizer, the model in engine.rollout_dtype, weights received from the trainers and applied when a step's
+sampling starts, engine/weight_sync.py's `WeightReceiver`, which stamps the rows with their version). A
 training step's trajectories stay here between `generate` (which returns only the images, for scoring) and `update`
 (which receives only the algorithm's targets: advantages or pairs). With separate rollout actors the rows come from
 them instead, worker to worker (`UpdatePlan.imported`).
@@ -163,6 +164,7 @@ class OptimizerStepper:
 
     def __init__(self, params: list[torch.nn.Parameter], train, parallel, weight_change: str = "off"):
         self.train, self.parallel = train, parallel
+        self.max_norm = train.grad_clip if train.grad_clip > 0 else float("inf")  # 0: no clipping
         count = sum(p.numel() for p in params)  # a shard's count under FSDP2: the auto rule errs towards measuring
         self.measure_change = weight_change == "on" or (weight_change == "auto" and count <= WEIGHT_CHANGE_AUTO_MAX)
         self.taken: list[dict[str, float]] = []  # this update's optimizer steps taken: grad_norm (and |Δθ| / |θ|)
@@ -187,9 +189,7 @@ class OptimizerStepper:
 
     def step(self) -> None:
         """Clip, then step (or skip a non-finite gradient); `metrics` reports the gradient norms before clipping."""
-        t = self.train
-        max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
-        grad_norm = self.parallel.clip_grad_norm(self.params, max_norm)  # over all shards
+        grad_norm = self.parallel.clip_grad_norm(self.params, self.max_norm)  # over all shards
         if not math.isfinite(grad_norm):
             return self._skip(grad_norm)
         before = [p.detach().clone() for p in self.params] if self.measure_change else None
@@ -209,7 +209,7 @@ class OptimizerStepper:
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         self.consecutive_skips = 0
-        if self.ema is not None and self.steps % t.ema.update_every == 0:
+        if self.ema is not None and self.steps % self.train.ema.update_every == 0:
             self.ema.update()
 
     @torch.no_grad()
@@ -349,11 +349,6 @@ class PolicyWorker:
         trajectory for `update`, return their images (uint8 [n, H, W, 3], a video family's [n, F, H, W, 3]; CPU)
         and which are finite. A sharded worker joins the weights' all-gather even with no rows."""
         rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
-        if not self.trains:
-            if not self.kept.holds(step):  # a step's first chunk: pushed weights apply here, never mid-step
-                self.apply_pushed_weights()
-            if self.version is None:
-                raise RuntimeError("no weights were pushed to this rollout actor yet")
         s = self.spec.sampling
         with self.parallel.gathered(self.rollout_policy):
             if not rows:
@@ -382,10 +377,11 @@ class PolicyWorker:
         self._keep(traj, step)
 
     def _keep(self, traj: Trajectory, step: int) -> None:
-        """Keep a training step's rows, stamped with the version of the weights that sampled them: a trainer's are
-        this step's (and what an interrupted earlier step left goes); a rollout actor's the version it received."""
-        traj.ids.policy_version.fill_(step if self.trains else self.version)
-        self.kept.add(step, traj, drop_earlier=self.trains)
+        """Keep a training step's rows, stamped with the version of the weights that sampled them: this step's (a
+        rollout actor's are the version it received, engine/weight_sync.py); what an interrupted earlier step left
+        goes."""
+        traj.ids.policy_version.fill_(step)
+        self.kept.add(step, traj, drop_earlier=True)
 
     def release(self, step: int) -> None:
         """Forget step `step`'s kept rows (a rollout actor's, once the trainers have them)."""
@@ -437,8 +433,7 @@ class PolicyWorker:
         batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
         alg, parallel, train, bound = self.algorithm, self.parallel, self.spec.train, self.spec.staleness_bound
         out = staleness_metrics(step, traj.ids.policy_version, bound) if bound else {}  # rollouts sampled ahead
-        shape = ("update", traj.batch_size[0]) if plan is None else ("update", traj.batch_size[0], plan.pad_to,
-                                                                      plan.padding_only)  # fmt: skip
+        shape = ("update", traj.batch_size[0], plan and (plan.pad_to, plan.padding_only))  # FLOPs counted per shape
         with parallel.training(), self.flops.count(shape):
             units, metrics = alg.begin(batch, step)
             out.update(metrics)
@@ -465,10 +460,9 @@ class PolicyWorker:
                                 passes.append({"loss": loss.loss.detach(), **loss.metrics})
                                 rows_of_pass.append(len(micro))
                     self.optimizer.step()
-            out.update(reduce_metrics(passes, rows_of_pass))  # each by its declared rule (diffusion_rl/metrics.py)
             parallel.settle()
-            out.update(alg.end(step))
-            out.update(self.optimizer.metrics())
+            # the passes' metrics each by its declared rule (diffusion_rl/metrics.py), then the algorithm's, optimizer's
+            out.update({**reduce_metrics(passes, rows_of_pass), **alg.end(step), **self.optimizer.metrics()})
         self.compile_report.after_update()  # the compile time, once
         return {**out, **self.flops.metrics()}  # this step's: its rollouts since the last update, and this update
 

@@ -160,9 +160,7 @@ class RewardCombiner:
         return scored
 
     def _combine(self, scored: dict[str, Scored], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        weighted_sum = np.zeros(batch_size, dtype=np.float64)
-        ok_weight = np.zeros(batch_size, dtype=np.float64)
-        failed = np.zeros(batch_size, dtype=bool)
+        weighted_sum, ok_weight, failed = np.zeros(batch_size), np.zeros(batch_size), np.zeros(batch_size, dtype=bool)
         for r in self.rewards:
             s = scored[r.name]
             ok = ~s.failed
