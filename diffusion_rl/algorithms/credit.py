@@ -98,14 +98,14 @@ def group_advantages(
     if set(per_reward) != set(weights) or not per_reward:
         raise ValueError(f"per_reward {sorted(per_reward)} and weights {sorted(weights)} must name the same rewards")
     first = next(iter(per_reward.values()))
-    group_B, num_groups = _dense_groups(first, group_ids)
+    num_groups = torch.unique(group_ids).numel()
     total_B = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
     no_signal_G = torch.ones(num_groups, dtype=torch.bool, device=first.device)
     all_singleton_G = torch.ones_like(no_signal_G)
     any_valid_G = torch.zeros_like(no_signal_G)
     metrics: dict[str, float] = {}
     for name, rewards in per_reward.items():
-        groups = _group_advantages(rewards, group_B, num_groups, norm)
+        groups = _group_advantages(rewards, group_ids, norm)
         total_B += weights[name] * groups.advantages_B
         # A group gives a signal for reward k unless it has no valid sample, one, or only equal rewards.
         no_signal_G &= groups.constant_G | ~groups.has_valid_G
@@ -121,22 +121,17 @@ def group_advantages(
 def compute_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm=GroupNorm()) -> AdvantageResult:
     """One reward's group-relative advantages: rewards [B] (NaN = failed) grouped by group_ids [B]; the metrics of
     `group_advantages` of it alone."""
-    groups = _group_advantages(rewards, *_dense_groups(rewards, group_ids), norm)
+    groups = _group_advantages(rewards, group_ids, norm)
     return AdvantageResult(groups.advantages_B.float(), _advantage_metrics("advantage", groups.advantages_B, groups))
 
 
-def _dense_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """group_ids [B] (any integers) mapped onto 0..G-1 (long [B]), and G."""
-    unique_G, group_B = torch.unique(group_ids.to(rewards.device), return_inverse=True)
-    return group_B, unique_G.numel()
-
-
-def _group_advantages(rewards_B: torch.Tensor, group_B: torch.Tensor, num_groups: int, norm: GroupNorm) -> _Groups:
+def _group_advantages(rewards_B: torch.Tensor, group_ids: torch.Tensor, norm: GroupNorm) -> _Groups:
     # fp64: reward spreads can be ~1e-5 of their magnitude (JPEG sizes), below fp32's resolution of the mean
     r_B = rewards_B.detach().to(torch.float64)
+    unique_G, group_B = torch.unique(group_ids.to(r_B.device), return_inverse=True)  # any integers onto 0..G-1
     valid_B = torch.isfinite(r_B)
     r0_B = torch.where(valid_B, r_B, 0.0)
-    zeros_G = torch.zeros(num_groups, dtype=torch.float64, device=r_B.device)
+    zeros_G = torch.zeros(unique_G.numel(), dtype=torch.float64, device=r_B.device)
 
     count_G = zeros_G.index_add(0, group_B, valid_B.double())
     mean_G = zeros_G.index_add(0, group_B, r0_B) / count_G.clamp_min(1)

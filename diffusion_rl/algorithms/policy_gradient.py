@@ -95,8 +95,7 @@ def require_exact_anchor_means(sampling, loss: str, use: str) -> None:
 
 
 def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
-    """[B]: the KL term of every policy-gradient loss, 0 when kl_beta is 0 (no reference forward needed); when it is
-    not, inp.ref_mean holds the reference's step means (`PolicyGradient.loss` computes them exactly then).
+    """[B]: the KL term of every policy-gradient loss, 0 when kl_beta is 0 (no reference forward needed).
 
         kl_i = mean over the non-batch dims of (mean_i - ref_mean_i)^2 / (2 * std_i^2)
 
@@ -108,6 +107,8 @@ def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
     """
     if kl_beta <= 0:
         return torch.zeros_like(inp.log_prob, dtype=torch.float32)
+    if inp.ref_mean is None:
+        raise ValueError("kl_beta > 0 needs ref_mean (the reference policy's step mean); got None")
     # fp32: the mean difference is small next to the means; bf16 would round most of it away
     kl_B = (inp.mean.float() - inp.ref_mean.float()).pow(2).flatten(1).mean(dim=1) / (2 * inp.std.float() ** 2)
     return kl_B if inp.kl_weights is None else kl_B * inp.kl_weights.detach().float()
@@ -178,11 +179,8 @@ def trained_columns(sample_index: torch.Tensor, window: int, fraction: float, se
     B, K = len(sample_index), trained_step_count(window, fraction)
     if selection == "first":
         return torch.arange(K).expand(B, K)
-    rows = [
-        torch.randperm(window, generator=make_generator(seed, step, "timesteps", int(i)))[:K]
-        for i in sample_index.tolist()
-    ]
-    return torch.stack(rows)
+    return torch.stack([torch.randperm(window, generator=make_generator(seed, step, "timesteps", i))[:K]
+                        for i in sample_index.tolist()])  # fmt: skip
 
 
 def gather_columns(values_BW: torch.Tensor, columns_BK: torch.Tensor) -> torch.Tensor:
@@ -222,9 +220,8 @@ class PolicyGradient(Algorithm):
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[PolicyGradientUnits, dict[str, float]]:
         alg, traj = self.section, batch.traj
-        columns = trained_columns(
-            traj.ids.sample_index, traj.window_size, alg.timestep_fraction, alg.timestep_selection, self.seed, step
-        ).to(traj.device)
+        columns = trained_columns(traj.ids.sample_index, traj.window_size, alg.timestep_fraction,
+                                  alg.timestep_selection, self.seed, step).to(traj.device)  # fmt: skip
         advantages, step_weight = self.credit.per_step(batch.targets, traj, columns)
         weight = (advantages != 0).any(1).float() if alg.drop_zero_advantage else torch.ones_like(advantages[:, 0])
         log_probs, means = gather_columns(traj.log_probs, columns), gather_columns(traj.means, columns).float()

@@ -65,12 +65,18 @@ class UpdatePlan:
     imported: list[Trajectory] = field(default_factory=list)  # rows other workers sampled, trained here after them
     pad_to: int = 0  # units every worker trains: this worker's are padded with weight-0 copies up to it
     padding_only: bool = False  # fewer units than workers: this worker's rows are copies that only pad
+    staleness_bound: int = 0  # updates a row may lag behind (rollouts sampled ahead): its staleness is reported
 
     def pad(self, units):
         """This worker's `units` as the plan has them train: weight 0 when they only pad, padded up to `pad_to`."""
         if self.padding_only:
             units.weight = torch.zeros_like(units.weight)
         return pad_units(units, self.pad_to) if self.pad_to else units
+
+    def staleness(self, step: int, traj: Trajectory) -> dict[str, float]:
+        """The staleness of the rows trained at `step` (`staleness_metrics`) when they may lag; else nothing."""
+        bound = self.staleness_bound
+        return staleness_metrics(step, traj.ids.policy_version, bound) if bound else {}
 
 
 def staleness_metrics(step: int, policy_version: torch.Tensor, bound: int) -> dict[str, float]:
@@ -193,9 +199,8 @@ class OptimizerStepper:
         if not math.isfinite(grad_norm):
             return self._skip(grad_norm)
         before = [p.detach().clone() for p in self.params] if self.measure_change else None
-        lr = self.scheduler.get_last_lr()[0]
-        moves = grad_norm > 0 and lr > 0  # then AdamW must change some weight
-        print_before = fingerprint(self.params, self.parallel.sum) if moves else None
+        lr = self.scheduler.get_last_lr()[0]  # AdamW must change some weight when grad_norm > 0 and lr > 0
+        print_before = fingerprint(self.params, self.parallel.sum) if grad_norm > 0 and lr > 0 else None
         self.optimizer.step()
         if print_before is not None and fingerprint(self.params, self.parallel.sum) == print_before:
             raise WeightsUnchanged(
@@ -431,13 +436,12 @@ class PolicyWorker:
         if targets.batch_size != traj.batch_size:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
-        alg, parallel, train, bound = self.algorithm, self.parallel, self.spec.train, self.spec.staleness_bound
-        out = staleness_metrics(step, traj.ids.policy_version, bound) if bound else {}  # rollouts sampled ahead
+        alg, parallel, train = self.algorithm, self.parallel, self.spec.train
         shape = ("update", traj.batch_size[0], plan and (plan.pad_to, plan.padding_only))  # FLOPs counted per shape
         with parallel.training(), self.flops.count(shape):
-            units, metrics = alg.begin(batch, step)
-            out.update(metrics)
-            units = units if plan is None else plan.pad(units)  # several workers take as many passes
+            units, out = alg.begin(batch, step)
+            if plan is not None:  # several workers take as many passes; rows sampled ahead report their staleness
+                units, out = plan.pad(units), {**plan.staleness(step, traj), **out}
             out["train/units"] = float(parallel.sum(int(units.weight.sum())))
             U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
             passes, rows_of_pass = [], []

@@ -99,6 +99,7 @@ class RewardCombiner:
                 )
             first_of[r.name] = i
         self.rewards = list(rewards)
+        self.group_rewards = [r for r in self.rewards if r.group]  # scored in `combine`, on the whole batch
         self.total_weight = float(sum(r.weight for r in rewards))
         if self.total_weight <= 0:
             raise ValueError(f"the reward weights sum to {self.total_weight}; at least one must be > 0")
@@ -136,8 +137,7 @@ class RewardCombiner:
         """The batch's weighted total, failures and metrics from the scores of its chunks, in order. Group rewards
         are scored here, on the whole batch (a group is never split): `images` and `prompts` are then required,
         `group_index` as in __call__."""
-        has_groups = any(r.group for r in self.rewards)
-        group = self._score_group_rewards(images, prompts, metadata, group_index, batch) if has_groups else {}
+        group = self._score_group_rewards(images, prompts, metadata, group_index, batch) if self.group_rewards else {}
         # in the config's order (metrics, messages); a per-sample reward's chunks joined
         scored = {r.name: group.get(r.name) or _concat([c[r.name] for c in chunks]) for r in self.rewards}
         total, failed = self._combine(scored, len(metadata))
@@ -148,13 +148,12 @@ class RewardCombiner:
 
     def _score_group_rewards(self, images, prompts, metadata, group_index, batch) -> dict[str, Scored]:
         """The group rewards' scores, on the whole batch (`combine`)."""
-        group_rewards = [r for r in self.rewards if r.group]
         if images is None or prompts is None:
-            names = ", ".join(r.name for r in group_rewards)
+            names = ", ".join(r.name for r in self.group_rewards)
             raise ValueError(f"group rewards ({names}) need the whole batch: pass images= and prompts= to combine")
         check_reward_inputs(images, prompts, metadata)
         groups, scored = _group_index(prompts, group_index), {}
-        for r in group_rewards:
+        for r in self.group_rewards:
             scored[r.name] = _score_groups(r, images, prompts, metadata, groups)
             warn_failures(r.name, scored[r.name], len(metadata), batch)
         return scored

@@ -114,7 +114,7 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
     x = initial_noise(model, settings, init_seeds)
     generators = [generator_of(s) for s in noise_seeds] if nodes is None else None  # a tree's: its nodes'
     history: dict[str, list[torch.Tensor]] = {"latents": [], "log_probs": [], "means": [], "stds": []}
-    index, evaluations = [], 0
+    index, evaluations = [j for j, kind in enumerate(kinds) if kind != "ode"], 0  # the window's steps
     solver = OdeSolver(settings.ode_solver)
     dtype = DTYPES[settings.latents_dtype]  # of the stored window latents and means
     with model.eval_mode():
@@ -136,7 +136,6 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
                            prev_sample=out.prev_sample.to(dtype).float())  # fmt: skip
             for key, value in zip(history, (x.to(dtype), out.log_prob, out.mean.to(dtype), out.std)):
                 history[key].append(value)
-            index.append(j)
             if j + 1 == window.start + window.size:  # the window's end: x after its last step
                 history["latents"].append(out.prev_sample.to(dtype))
             solver.reset()  # the history is from before the noise this step added: restart at first order
@@ -179,14 +178,12 @@ def training_rollout(model: FlowModel, settings: SamplerSettings, prompts: Seque
     share_initial_noise. A tree (`settings.tree`): group g's root noise from (seed, step, "tree_init", g), its nodes'
     SDE noise from (seed, step, "tree_sde", g, …). `images`: each row's condition images (editing families)."""
     cond = model.encode_prompts(list(prompts), [n or "" for n in negative], images)
-    if settings.tree is None:
+    if settings.tree is not None:  # one root per group (sampling/tree.py)
+        init, noise = settings.tree.seeds(seed, step, ids.group_index)
+    else:
         init_ids = ids.group_index if share_initial_noise else ids.sample_index
         init = [seed_for(seed, step, "init_noise", int(i)) for i in init_ids]
         noise = [seed_for(seed, step, "sde_noise", int(i)) for i in ids.sample_index]
-    else:
-        groups = torch.unique(ids.group_index.cpu()).tolist()
-        init = [(seed, step, "tree_init", g) for g in groups]
-        noise = [(seed, step, "tree_sde", g) for g in groups]
     return rollout(model, cond, settings, window, init_seeds=init, noise_seeds=noise, ids=ids, tree=settings.tree)
 
 

@@ -87,10 +87,8 @@ class OnlineRollouts:
         made = torch.cat(parts)
         images, ok = made.images.numpy(), np.flatnonzero(made.finite.numpy())
         if len(ok) == 0:
-            raise RolloutDiverged(
-                f"step {step + 1}: the latents of every sample came out NaN/inf: the policy has diverged (lower "
-                "train.lr and resume)"
-            )
+            raise RolloutDiverged(f"step {step + 1}: the latents of every sample came out NaN/inf: the policy has "
+                                  "diverged (lower train.lr and resume)")  # fmt: skip
         with timer("reward"):  # group rewards score here, on the whole batch: a group is never split across chunks
             scored = self.rewards.combine([p.result() for p in pending], [metadata[i] for i in ok],
                                           images=images[ok], prompts=[prompts.prompts[i] for i in ok],
