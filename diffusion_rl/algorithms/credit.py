@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tensordict import tensorclass
 
-_STAT_KEYS = ("mean", "std", "min", "max", "abs_mean")
+_METRIC_KEYS = ("mean", "std", "min", "max", "abs_mean", "zero_std_group_fraction", "singleton_group_fraction")
 
 
 @tensorclass
@@ -73,7 +73,7 @@ class AdvantageResult:
 
 @dataclass
 class _Groups:
-    """One reward's advantages and the per-group facts the metrics need."""
+    """One reward's advantages (or the weighted sum's) and the per-group facts the metrics need."""
 
     advantages_B: torch.Tensor  # float64 [B]
     has_valid_G: torch.Tensor  # bool [G]: at least one valid sample
@@ -98,63 +98,40 @@ def group_advantages(
     if set(per_reward) != set(weights) or not per_reward:
         raise ValueError(f"per_reward {sorted(per_reward)} and weights {sorted(weights)} must name the same rewards")
     first = next(iter(per_reward.values()))
-    group_B, num_groups = _dense_groups(first, group_ids)
+    num_groups = torch.unique(group_ids).numel()
     total_B = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
     no_signal_G = torch.ones(num_groups, dtype=torch.bool, device=first.device)
     all_singleton_G = torch.ones_like(no_signal_G)
     any_valid_G = torch.zeros_like(no_signal_G)
     metrics: dict[str, float] = {}
     for name, rewards in per_reward.items():
-        groups = _group_advantages(rewards, group_B, num_groups, norm)
+        groups = _group_advantages(rewards, group_ids, norm)
         total_B += weights[name] * groups.advantages_B
         # A group gives a signal for reward k unless it has no valid sample, one, or only equal rewards.
         no_signal_G &= groups.constant_G | ~groups.has_valid_G
         all_singleton_G &= groups.singleton_G | ~groups.has_valid_G
         any_valid_G |= groups.has_valid_G
         if itemize:
-            metrics.update(_batch_stats(f"advantage/{name}", groups.advantages_B))
-            metrics.update(_group_fractions(f"advantage/{name}", groups.has_valid_G, groups.constant_G,
-                                            groups.singleton_G))  # fmt: skip
-    metrics.update(_batch_stats("advantage", total_B))
-    metrics.update(_group_fractions("advantage", any_valid_G, no_signal_G & any_valid_G, all_singleton_G & any_valid_G))
+            metrics.update(_advantage_metrics(f"advantage/{name}", groups.advantages_B, groups))
+    summed = _Groups(total_B, any_valid_G, no_signal_G & any_valid_G, all_singleton_G & any_valid_G)
+    metrics.update(_advantage_metrics("advantage", total_B, summed))
     return AdvantageResult(advantages=total_B.float(), metrics=metrics)
 
 
 def compute_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm=GroupNorm()) -> AdvantageResult:
     """One reward's group-relative advantages: rewards [B] (NaN = failed) grouped by group_ids [B]; the metrics of
     `group_advantages` of it alone."""
-    group_B, num_groups = _dense_groups(rewards, group_ids)
-    groups = _group_advantages(rewards, group_B, num_groups, norm)
-    metrics = _batch_stats("advantage", groups.advantages_B)
-    metrics.update(_group_fractions("advantage", groups.has_valid_G, groups.constant_G, groups.singleton_G))
-    return AdvantageResult(advantages=groups.advantages_B.float(), metrics=metrics)
+    groups = _group_advantages(rewards, group_ids, norm)
+    return AdvantageResult(groups.advantages_B.float(), _advantage_metrics("advantage", groups.advantages_B, groups))
 
 
-def _dense_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """group_ids mapped onto 0..G-1 (long [B]) and G, after checking the shapes and dtypes."""
-    if rewards.ndim != 1 or not rewards.is_floating_point():
-        raise ValueError(f"rewards must be a 1-D float tensor [B]; got {rewards.dtype} {tuple(rewards.shape)}")
-    if group_ids.shape != rewards.shape:
-        raise ValueError(f"group_ids {tuple(group_ids.shape)} must have the rewards' shape {tuple(rewards.shape)}")
-    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
-        raise ValueError(f"group_ids must be an integer tensor; got {group_ids.dtype}")
-    if rewards.numel() == 0:
-        raise ValueError("cannot compute advantages of an empty batch")
-    unique_G, group_B = torch.unique(group_ids.to(rewards.device), return_inverse=True)
-    return group_B, unique_G.numel()
-
-
-def _group_advantages(
-    rewards_B: torch.Tensor,
-    group_B: torch.Tensor,
-    num_groups: int,
-    norm: GroupNorm,
-) -> _Groups:
+def _group_advantages(rewards_B: torch.Tensor, group_ids: torch.Tensor, norm: GroupNorm) -> _Groups:
     # fp64: reward spreads can be ~1e-5 of their magnitude (JPEG sizes), below fp32's resolution of the mean
     r_B = rewards_B.detach().to(torch.float64)
+    unique_G, group_B = torch.unique(group_ids.to(r_B.device), return_inverse=True)  # any integers onto 0..G-1
     valid_B = torch.isfinite(r_B)
     r0_B = torch.where(valid_B, r_B, 0.0)
-    zeros_G = torch.zeros(num_groups, dtype=torch.float64, device=r_B.device)
+    zeros_G = torch.zeros(unique_G.numel(), dtype=torch.float64, device=r_B.device)
 
     count_G = zeros_G.index_add(0, group_B, valid_B.double())
     mean_G = zeros_G.index_add(0, group_B, r0_B) / count_G.clamp_min(1)
@@ -167,47 +144,36 @@ def _group_advantages(
     # Exactly 0 in a constant group: the mean of equal floats can differ from them in the last bit.
     dev_B = torch.where(constant_G[group_B], 0.0, dev_B)
 
-    std_defined_B = torch.ones_like(valid_B)
-    std_ddof = norm.std_ddof
+    adv_B, std_defined_B = dev_B, torch.ones_like(valid_B)
     if norm.normalize_by_std:
         if norm.global_std:
             n_valid = valid_B.sum().double()
             mean_all = r0_B.sum() / n_valid.clamp_min(1)
             sq_dev = torch.where(valid_B, (r0_B - mean_all) ** 2, 0.0).sum()
-            dof = n_valid - std_ddof
+            dof = n_valid - norm.std_ddof
             std_B = torch.sqrt(sq_dev / dof.clamp_min(1)).expand_as(r_B)
             std_defined_B = (dof > 0).expand_as(valid_B)
         else:
             sq_dev_G = zeros_G.index_add(0, group_B, dev_B**2)
-            dof_G = count_G - std_ddof
+            dof_G = count_G - norm.std_ddof
             std_B = torch.sqrt(sq_dev_G / dof_G.clamp_min(1))[group_B]
             std_defined_B = (dof_G > 0)[group_B]
         denom_B = std_B + norm.eps
         # denom is 0 only with eps=0 and std=0, where dev is 0 too (constant group or batch): advantage 0
         adv_B = dev_B / torch.where(denom_B > 0, denom_B, 1.0)
-    else:
-        adv_B = dev_B
 
     keep_B = valid_B & (count_G[group_B] >= 2) & std_defined_B
-    return _Groups(
-        advantages_B=torch.where(keep_B, adv_B, 0.0),
-        has_valid_G=has_valid_G,
-        constant_G=constant_G,
-        singleton_G=count_G == 1,
-    )
+    return _Groups(torch.where(keep_B, adv_B, 0.0), has_valid_G, constant_G, singleton_G=count_G == 1)
 
 
-def _batch_stats(prefix: str, adv_B: torch.Tensor) -> dict[str, float]:
-    values = torch.stack([adv_B.mean(), adv_B.std(correction=0), adv_B.min(), adv_B.max(), adv_B.abs().mean()])
-    return {f"{prefix}/{key}": v for key, v in zip(_STAT_KEYS, values.tolist())}
-
-
-def _group_fractions(
-    prefix: str, has_valid_G: torch.Tensor, constant_G: torch.Tensor, singleton_G: torch.Tensor
-) -> dict[str, float]:
-    n = has_valid_G.sum().clamp_min(1).double()
-    return {f"{prefix}/zero_std_group_fraction": ((constant_G & has_valid_G).sum() / n).item(),
-            f"{prefix}/singleton_group_fraction": ((singleton_G & has_valid_G).sum() / n).item()}  # fmt: skip
+def _advantage_metrics(prefix: str, adv_B: torch.Tensor, groups: _Groups | None = None) -> dict[str, float]:
+    """{prefix}/{mean,std,min,max,abs_mean} of adv_B over the batch and, with `groups`, the fractions of the groups
+    with a valid sample that are constant (zero_std_group_fraction) or singletons: one read back to the host."""
+    values = [adv_B.mean(), adv_B.std(correction=0), adv_B.min(), adv_B.max(), adv_B.abs().mean()]
+    if groups is not None:
+        n = groups.has_valid_G.sum().clamp_min(1).double()
+        values += [(g & groups.has_valid_G).sum() / n for g in (groups.constant_G, groups.singleton_G)]
+    return {f"{prefix}/{key}": v for key, v in zip(_METRIC_KEYS, torch.stack(values).tolist())}
 
 
 class FlatCredit:

@@ -133,27 +133,20 @@ def policy_loss_output(
 
 
 @torch.no_grad()
-def ratio_metrics(
-    log_ratio_B: torch.Tensor, ratio_B: torch.Tensor, clip_range: float | None
-) -> dict[str, torch.Tensor]:
+def ratio_metrics(log_ratio_B: torch.Tensor, ratio_B: torch.Tensor,
+                  clip_range: float | None) -> dict[str, torch.Tensor]:  # fmt: skip
     """The likelihood-ratio metrics every policy-gradient loss logs, over the micro-batch's rows (unweighted):
     ppo_kl = mean(−log_ratio) (verl-omni's: an estimate of KL(π_old ‖ π_θ)), approx_kl = mean(log_ratio²) / 2,
     ratio_mean, ratio_std (ddof 0), ratio_min, ratio_max; with a clip_range (None: the loss has none) clip_fraction =
     mean(|ratio − 1| > clip_range), _higher: mean(ratio − 1 > clip_range), _lower: mean(1 − ratio > clip_range).
     log_ratio_B = log π_θ − log π_old of the step; ratio_B the ratio the loss clips (GRPO-Guard's rescaled one)."""
-    log_ratio_B, ratio_B = log_ratio_B.detach().float(), ratio_B.detach().float()
-    out = {
-        "ppo_kl": (-log_ratio_B).mean(),
-        "approx_kl": 0.5 * (log_ratio_B**2).mean(),
-        "ratio_mean": ratio_B.mean(),
-        "ratio_std": ratio_B.std(correction=0),
-        "ratio_min": ratio_B.min(),
-        "ratio_max": ratio_B.max(),
-    }
-    if clip_range is not None:
-        out["clip_fraction"] = ((ratio_B - 1.0).abs() > clip_range).float().mean()
-        out["clip_fraction_higher"] = (ratio_B - 1.0 > clip_range).float().mean()
-        out["clip_fraction_lower"] = (1.0 - ratio_B > clip_range).float().mean()
+    lr_B, r_B = log_ratio_B.detach().float(), ratio_B.detach().float()
+    out = {"ppo_kl": (-lr_B).mean(), "approx_kl": 0.5 * (lr_B**2).mean(), "ratio_mean": r_B.mean(),
+           "ratio_std": r_B.std(correction=0), "ratio_min": r_B.min(), "ratio_max": r_B.max()}  # fmt: skip
+    if clip_range is not None:  # |ratio − 1| > clip_range is one side or the other
+        higher, lower = r_B - 1.0 > clip_range, 1.0 - r_B > clip_range
+        out.update(clip_fraction=(higher | lower).float().mean(), clip_fraction_higher=higher.float().mean(),
+                   clip_fraction_lower=lower.float().mean())  # fmt: skip
     return out
 
 
@@ -186,11 +179,8 @@ def trained_columns(sample_index: torch.Tensor, window: int, fraction: float, se
     B, K = len(sample_index), trained_step_count(window, fraction)
     if selection == "first":
         return torch.arange(K).expand(B, K)
-    rows = [
-        torch.randperm(window, generator=make_generator(seed, step, "timesteps", int(i)))[:K]
-        for i in sample_index.tolist()
-    ]
-    return torch.stack(rows)
+    return torch.stack([torch.randperm(window, generator=make_generator(seed, step, "timesteps", i))[:K]
+                        for i in sample_index.tolist()])  # fmt: skip
 
 
 def gather_columns(values_BW: torch.Tensor, columns_BK: torch.Tensor) -> torch.Tensor:
@@ -230,9 +220,8 @@ class PolicyGradient(Algorithm):
 
     def begin(self, batch: TrainBatch, step: int) -> tuple[PolicyGradientUnits, dict[str, float]]:
         alg, traj = self.section, batch.traj
-        columns = trained_columns(
-            traj.ids.sample_index, traj.window_size, alg.timestep_fraction, alg.timestep_selection, self.seed, step
-        ).to(traj.device)
+        columns = trained_columns(traj.ids.sample_index, traj.window_size, alg.timestep_fraction,
+                                  alg.timestep_selection, self.seed, step).to(traj.device)  # fmt: skip
         advantages, step_weight = self.credit.per_step(batch.targets, traj, columns)
         weight = (advantages != 0).any(1).float() if alg.drop_zero_advantage else torch.ones_like(advantages[:, 0])
         log_probs, means = gather_columns(traj.log_probs, columns), gather_columns(traj.means, columns).float()

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffusion_rl.algorithms.credit import GroupNorm, Targets, _batch_stats, compute_group_advantages
+from diffusion_rl.algorithms.credit import GroupNorm, Targets, _advantage_metrics, compute_group_advantages
 from diffusion_rl.sampling.trajectory import Trajectory
 from diffusion_rl.sampling.tree import TreeSpec, leaf_positions
 
@@ -89,7 +89,7 @@ def tree_credit(
                 weights[:, d] = 0.0
     if leaves is not None:
         weights[:, D] *= _extreme_leaves(r_B, group_B, leaves).float()
-    metrics.update(_batch_stats("advantage", advantages[:, D]))
+    metrics.update(_advantage_metrics("advantage", advantages[:, D]))
     metrics["tree/trained_leaf_fraction"] = float((weights[:, D] > 0).float().mean())
     return DepthTargets(advantages=advantages.float(), step_weights=weights, metrics=metrics)
 

@@ -56,8 +56,8 @@ class FlopCounter(TorchDispatchMode):
 
 
 class FlopTally:
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
+    def __init__(self, enabled: bool = True, peak: float | None = None):
+        self.enabled, self.peak = enabled, peak  # peak: the device's dense bf16 FLOP/s, when known
         self.cache: dict[Hashable, float] = {}
         self.pending = 0.0  # FLOPs since the last `take`
 
@@ -79,6 +79,13 @@ class FlopTally:
     def take(self) -> float:
         flops, self.pending = self.pending, 0.0
         return flops
+
+    def metrics(self) -> dict[str, float]:
+        """The device's FLOPs since the last call and its peak FLOP/s when known (none when not counting)."""
+        if not self.enabled:
+            return {}
+        peak = {} if self.peak is None else {"perf/peak_flops_per_device": self.peak}
+        return {"perf/flops_per_device": self.take(), **peak}
 
 
 def device_peak_flops(device: torch.device, override_tflops: float | None) -> float | None:

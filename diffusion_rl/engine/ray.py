@@ -255,7 +255,8 @@ class RayEngine:
         for w, share in enumerate(shares):
             keep = [held[w].index(r) for r in share.local]
             imported = [exports[source, w] for source in sorted(share.imported)]
-            plan = UpdatePlan(keep=keep, imported=imported, pad_to=pad_to, padding_only=share.padding_only)
+            plan = UpdatePlan(keep=keep, imported=imported, pad_to=pad_to, padding_only=share.padding_only,
+                              staleness_bound=self.engine.staleness_bound)  # fmt: skip
             per_rank.append((targets[torch.tensor(share.rows, dtype=torch.long)], step, plan))
         metrics = reduce_metrics(self.trainers.call("update", per_rank=per_rank))
         if self.rollouts is not None:

@@ -30,7 +30,6 @@ class WorkerSpec:
     val_size: tuple[int, int] | None = None  # validation's own height × width, checked against the model at start
     val_guidance_low_noise: float | None = None  # validation's low-noise expert's guidance (two-expert models)
     rollout_dtype: str | None = None  # a rollout actor's model dtype (None: model.dtype)
-    staleness_bound: int = 0  # updates a row may lag behind (rollouts sampled ahead): its staleness is reported
     weight_change: str = "off"  # measure |Δθ| / |θ| of each optimizer step: on, off or auto
     flops: bool = False  # count the FLOPs of the first rollout and update of each shape
     peak_tflops: float | None = None  # the device's peak, when its table does not know it

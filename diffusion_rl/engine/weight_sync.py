@@ -13,20 +13,25 @@ Two paths (engine.weight_sync):
   setup. NCCL between GPUs, gloo between CPUs. Both sides take part in every push, so a push waits for rollout
   actors that are busy sampling.
 
-`WeightSender` (the trainers' side) and `WeightReceiver` (a rollout actor's) are the actors' methods for it.
+`WeightSender` (the trainers' side) and `WeightReceiver` (a rollout actor's) are the actors' methods for it; the
+receiver's `generate` applies what was pushed when a step starts and its `_keep` stamps the rows with that version.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from datetime import timedelta
 
 import torch
 
+from diffusion_rl.data.sampler import StepPrompts
 from diffusion_rl.engine.fingerprint import fingerprint
 from diffusion_rl.errors import WeightsUnchanged
 from diffusion_rl.models.policies import DEFAULT
+from diffusion_rl.sampling.trajectory import Generated, Trajectory
+from diffusion_rl.sampling.window import SdeWindow
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +135,21 @@ class WeightReceiver:
     otherwise give that step's rows two versions."""
 
     pushed: tuple[dict[str, torch.Tensor], int] | None = None
+
+    def generate(self, prompts: StepPrompts, step: int, window: SdeWindow | None,
+                 rows: Sequence[int] | None = None) -> Generated:  # fmt: skip
+        """PolicyWorker.generate with the weights pushed last: a step's first chunk applies them (never mid-step)."""
+        if not self.kept.holds(step):
+            self.apply_pushed_weights()
+        if self.version is None:
+            raise RuntimeError("no weights were pushed to this rollout actor yet")
+        return super().generate(prompts, step, window, rows)
+
+    def _keep(self, traj: Trajectory, step: int) -> None:
+        """Keep a step's rows stamped with the version of the weights that sampled them, the one received; earlier
+        steps' rows stay until the trainers fetch them (a step sampled ahead does not drop the one before)."""
+        traj.ids.policy_version.fill_(self.version)
+        self.kept.add(step, traj)
 
     def load_weights(self, refs: list, version: int) -> None:
         """The rollout policy's weights from the object store (`refs`: one reference, in a list so Ray passes it

@@ -3,7 +3,8 @@
 Every engine runs this one class (engine/__init__.py): the local engine is one PolicyWorker; the Ray engine's
 trainer actors are PolicyWorkers whose transformer is FSDP2-sharded over them (engine/sharded_worker.py: only the
 `parallel` differs, engine/parallel.py); its rollout actors are PolicyWorkers that do not train (`trains=False`:
-no optimizer, the model in engine.rollout_dtype, weights received from the trainers, engine/weight_sync.py). A
+no optimizer, the model in engine.rollout_dtype, weights received from the trainers and applied when a step's
+sampling starts, engine/weight_sync.py's `WeightReceiver`, which stamps the rows with their version). A
 training step's trajectories stay here between `generate` (which returns only the images, for scoring) and `update`
 (which receives only the algorithm's targets: advantages or pairs). With separate rollout actors the rows come from
 them instead, worker to worker (`UpdatePlan.imported`).
@@ -65,12 +66,18 @@ class UpdatePlan:
     imported: list[Trajectory] = field(default_factory=list)  # rows other workers sampled, trained here after them
     pad_to: int = 0  # units every worker trains: this worker's are padded with weight-0 copies up to it
     padding_only: bool = False  # fewer units than workers: this worker's rows are copies that only pad
+    staleness_bound: int = 0  # updates a row may lag behind (rollouts sampled ahead): its staleness is reported
 
     def pad(self, units):
         """This worker's `units` as the plan has them train: weight 0 when they only pad, padded up to `pad_to`."""
         if self.padding_only:
             units.weight = torch.zeros_like(units.weight)
         return pad_units(units, self.pad_to) if self.pad_to else units
+
+    def staleness(self, step: int, traj: Trajectory) -> dict[str, float]:
+        """The staleness of the rows trained at `step` (`staleness_metrics`) when they may lag; else nothing."""
+        bound = self.staleness_bound
+        return staleness_metrics(step, traj.ids.policy_version, bound) if bound else {}
 
 
 def staleness_metrics(step: int, policy_version: torch.Tensor, bound: int) -> dict[str, float]:
@@ -164,9 +171,10 @@ class OptimizerStepper:
 
     def __init__(self, params: list[torch.nn.Parameter], train, parallel, weight_change: str = "off"):
         self.train, self.parallel = train, parallel
+        self.max_norm = train.grad_clip if train.grad_clip > 0 else float("inf")  # 0: no clipping
         count = sum(p.numel() for p in params)  # a shard's count under FSDP2: the auto rule errs towards measuring
         self.measure_change = weight_change == "on" or (weight_change == "auto" and count <= WEIGHT_CHANGE_AUTO_MAX)
-        self.changes: list[float] = []  # |Δθ| / |θ| of this update's optimizer steps
+        self.taken: list[dict[str, float]] = []  # this update's optimizer steps taken: grad_norm (and |Δθ| / |θ|)
         fused = all(on_cuda(train.fused_adamw, p.device) for p in params)  # auto: CUDA's fused kernel, CPU as before
         self.optimizer = torch.optim.AdamW(
             params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, eps=train.adam_eps,
@@ -186,18 +194,14 @@ class OptimizerStepper:
         # the optimizer's own list: under FSDP2 the module may hold gathered copies now, the optimizer the shards
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def step(self) -> float:
-        """Clip, then step (or skip a non-finite gradient); returns the gradient norm before clipping."""
-        t = self.train
-        max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
-        grad_norm = self.parallel.clip_grad_norm(self.params, max_norm)  # over all shards
+    def step(self) -> None:
+        """Clip, then step (or skip a non-finite gradient); `metrics` reports the gradient norms before clipping."""
+        grad_norm = self.parallel.clip_grad_norm(self.params, self.max_norm)  # over all shards
         if not math.isfinite(grad_norm):
-            self._skip(grad_norm)
-            return grad_norm
+            return self._skip(grad_norm)
         before = [p.detach().clone() for p in self.params] if self.measure_change else None
-        lr = self.scheduler.get_last_lr()[0]
-        moves = grad_norm > 0 and lr > 0  # then AdamW must change some weight
-        print_before = fingerprint(self.params, self.parallel.sum) if moves else None
+        lr = self.scheduler.get_last_lr()[0]  # AdamW must change some weight when grad_norm > 0 and lr > 0
+        print_before = fingerprint(self.params, self.parallel.sum) if grad_norm > 0 and lr > 0 else None
         self.optimizer.step()
         if print_before is not None and fingerprint(self.params, self.parallel.sum) == print_before:
             raise WeightsUnchanged(
@@ -205,15 +209,14 @@ class OptimizerStepper:
                 f"{grad_norm:.3g}, lr {lr:.3g}): the update does not reach the weights — an lr below the weights' "
                 "precision (model.dtype), or parameters the optimizer does not hold"
             )
-        if before is not None:
-            self.changes.append(self._relative_change(before))
+        change = {} if before is None else {"train/weight_change_rel": self._relative_change(before)}
+        self.taken.append({"grad_norm": grad_norm, **change})
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         self.consecutive_skips = 0
-        if self.ema is not None and self.steps % t.ema.update_every == 0:
+        if self.ema is not None and self.steps % self.train.ema.update_every == 0:
             self.ema.update()
-        return grad_norm
 
     @torch.no_grad()
     def _relative_change(self, before: list[torch.Tensor]) -> float:
@@ -234,19 +237,12 @@ class OptimizerStepper:
                 "stopping (the last good checkpoint is kept). Lower train.lr or check the rewards."
             )
 
-    def metrics(self, grad_norms: list[float]) -> dict[str, float]:
-        """What every update reports about its optimizer steps: the mean finite gradient norm, lr, step counts."""
-        finite = [g for g in grad_norms if math.isfinite(g)]
-        out = {
-            "grad_norm": sum(finite) / len(finite) if finite else float("nan"),
-            "lr": self.scheduler.get_last_lr()[0],
-            "train/optimizer_steps": self.steps,
-            "train/skipped_updates": self.skipped,
-        }
-        if self.changes:  # the update's optimizer steps that were taken (a skipped one changes nothing)
-            out["train/weight_change_rel"] = sum(self.changes) / len(self.changes)
-            self.changes = []
-        return out
+    def metrics(self) -> dict[str, float]:
+        """What every update reports about its optimizer steps: the means over those taken (a skipped one changes
+        nothing) of the gradient norm (NaN when none was) and |Δθ| / |θ|, the lr and the step counts."""
+        taken, self.taken = self.taken, []
+        return {"grad_norm": float("nan"), "lr": self.scheduler.get_last_lr()[0], "train/optimizer_steps": self.steps,
+                "train/skipped_updates": self.skipped, **reduce_metrics(taken)}  # fmt: skip
 
     # -- state (the scheduler and counters are plain data; the optimizer and EMA tensors go to DCP) ----------------
     def counters_state(self) -> dict:
@@ -335,8 +331,7 @@ class PolicyWorker:
             self.optimizer = OptimizerStepper(params, spec.train, self.parallel, spec.weight_change)
         self.version: int | None = None  # a rollout actor's: the steps its received weights had taken (None: none)
         self.kept = KeptRollouts()
-        self.flops = FlopTally(spec.flops)
-        self.peak_flops = device_peak_flops(self.model.device, spec.peak_tflops)
+        self.flops = FlopTally(spec.flops, device_peak_flops(self.model.device, spec.peak_tflops))
         self.compile_report = CompileReport(self.trains and self.model.policies.compile_blocks)
 
     def _check_size(self, height: int, width: int, section: str) -> None:
@@ -361,11 +356,6 @@ class PolicyWorker:
         trajectory for `update`, return their images (uint8 [n, H, W, 3], a video family's [n, F, H, W, 3]; CPU)
         and which are finite. A sharded worker joins the weights' all-gather even with no rows."""
         rows = list(range(len(prompts))) if rows is None else [int(i) for i in rows]
-        if not self.trains:
-            if not self.kept.holds(step):  # a step's first chunk: pushed weights apply here, never mid-step
-                self.apply_pushed_weights()
-            if self.version is None:
-                raise RuntimeError("no weights were pushed to this rollout actor yet")
         s = self.spec.sampling
         with self.parallel.gathered(self.rollout_policy):
             if not rows:
@@ -394,10 +384,11 @@ class PolicyWorker:
         self._keep(traj, step)
 
     def _keep(self, traj: Trajectory, step: int) -> None:
-        """Keep a training step's rows, stamped with the version of the weights that sampled them: a trainer's are
-        this step's (and what an interrupted earlier step left goes); a rollout actor's the version it received."""
-        traj.ids.policy_version.fill_(step if self.trains else self.version)
-        self.kept.add(step, traj, drop_earlier=self.trains)
+        """Keep a training step's rows, stamped with the version of the weights that sampled them: this step's (a
+        rollout actor's are the version it received, engine/weight_sync.py); what an interrupted earlier step left
+        goes."""
+        traj.ids.policy_version.fill_(step)
+        self.kept.add(step, traj, drop_earlier=True)
 
     def release(self, step: int) -> None:
         """Forget step `step`'s kept rows (a rollout actor's, once the trainers have them)."""
@@ -447,17 +438,15 @@ class PolicyWorker:
         if targets.batch_size != traj.batch_size:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
-        alg, parallel, train, bound = self.algorithm, self.parallel, self.spec.train, self.spec.staleness_bound
-        out = staleness_metrics(step, traj.ids.policy_version, bound) if bound else {}  # rollouts sampled ahead
-        shape = ("update", traj.batch_size[0]) if plan is None else ("update", traj.batch_size[0], plan.pad_to,
-                                                                      plan.padding_only)  # fmt: skip
+        alg, parallel, train = self.algorithm, self.parallel, self.spec.train
+        shape = ("update", traj.batch_size[0], plan and (plan.pad_to, plan.padding_only))  # FLOPs counted per shape
         with parallel.training(), self.flops.count(shape):
-            units, metrics = alg.begin(batch, step)
-            out.update(metrics)
-            units = units if plan is None else plan.pad(units)  # several workers take as many passes
+            units, out = alg.begin(batch, step)
+            if plan is not None:  # several workers take as many passes; rows sampled ahead report their staleness
+                units, out = plan.pad(units), {**plan.staleness(step, traj), **out}
             out["train/units"] = float(parallel.sum(int(units.weight.sum())))
             U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
-            passes, rows_of_pass, grad_norms = [], [], []
+            passes, rows_of_pass = [], []
             for epoch in range(train.ppo_epochs):
                 for m in range(M):
                     rows = minibatch_rows(U, M, m, units.weight.device)  # units.device is None (made without one)
@@ -476,17 +465,12 @@ class PolicyWorker:
                             if chunk.weight.any():  # a pass of padding units only trains nothing and reports nothing
                                 passes.append({"loss": loss.loss.detach(), **loss.metrics})
                                 rows_of_pass.append(len(micro))
-                    grad_norms.append(self.optimizer.step())
-            out.update(reduce_metrics(passes, rows_of_pass))  # each by its declared rule (diffusion_rl/metrics.py)
+                    self.optimizer.step()
             parallel.settle()
-            out.update(alg.end(step))
-            out.update(self.optimizer.metrics(grad_norms))
+            # the passes' metrics each by its declared rule (diffusion_rl/metrics.py), then the algorithm's, optimizer's
+            out.update({**reduce_metrics(passes, rows_of_pass), **alg.end(step), **self.optimizer.metrics()})
         self.compile_report.after_update()  # the compile time, once
-        if self.flops.enabled:  # this device's FLOPs of the step: its rollouts since the last update, and this update
-            out["perf/flops_per_device"] = self.flops.take()
-            if self.peak_flops is not None:
-                out["perf/peak_flops_per_device"] = self.peak_flops
-        return out
+        return {**out, **self.flops.metrics()}  # this step's: its rollouts since the last update, and this update
 
     def _planned_rows(self, step: int, plan: UpdatePlan) -> Trajectory:
         """The rows `plan` trains here: the kept ones it names, then those other workers sampled."""

@@ -99,6 +99,7 @@ class RewardCombiner:
                 )
             first_of[r.name] = i
         self.rewards = list(rewards)
+        self.group_rewards = [r for r in self.rewards if r.group]  # scored in `combine`, on the whole batch
         self.total_weight = float(sum(r.weight for r in rewards))
         if self.total_weight <= 0:
             raise ValueError(f"the reward weights sum to {self.total_weight}; at least one must be > 0")
@@ -129,48 +130,36 @@ class RewardCombiner:
                 warn_failures(r.name, scored[r.name], batch_size, batch)
         return scored
 
-    def combine(
-        self,
-        chunks: Sequence[dict[str, Scored]],
-        metadata: list[dict[str, Any]],
-        *,
-        images: np.ndarray | None = None,
-        prompts: list[str] | None = None,
-        group_index: Sequence[int] | np.ndarray | None = None,
-        batch: str = "the batch",
-    ) -> RewardResult:
+    def combine(self, chunks: Sequence[dict[str, Scored]], metadata: list[dict[str, Any]], *,
+                images: np.ndarray | None = None, prompts: list[str] | None = None,
+                group_index: Sequence[int] | np.ndarray | None = None,
+                batch: str = "the batch") -> RewardResult:  # fmt: skip
         """The batch's weighted total, failures and metrics from the scores of its chunks, in order. Group rewards
-        are scored here, on the whole batch: `images` and `prompts` are then required, `group_index` as in
-        __call__."""
-        batch_size = len(metadata)
-        scored = {r.name: _concat([chunk[r.name] for chunk in chunks]) for r in self.rewards if not r.group}
-        if any(r.group for r in self.rewards):  # scored here, on the whole batch: a group is never split
-            scored.update(self._score_group_rewards(images, prompts, metadata, group_index, batch))
-        scored = {r.name: scored[r.name] for r in self.rewards}  # the config's order, for metrics and messages
-        total, failed = self._combine(scored, batch_size)
+        are scored here, on the whole batch (a group is never split): `images` and `prompts` are then required,
+        `group_index` as in __call__."""
+        group = self._score_group_rewards(images, prompts, metadata, group_index, batch) if self.group_rewards else {}
+        # in the config's order (metrics, messages); a per-sample reward's chunks joined
+        scored = {r.name: group.get(r.name) or _concat([c[r.name] for c in chunks]) for r in self.rewards}
+        total, failed = self._combine(scored, len(metadata))
         if failed.all():
-            raise RewardFailure(all_failed_message(scored, batch_size, batch))
+            raise RewardFailure(all_failed_message(scored, len(metadata), batch))
         per_reward = {name: s.scores for name, s in scored.items()}
-        metrics = reward_metrics(total, failed, per_reward, metadata)
-        return RewardResult(total=total, per_reward=per_reward, failed=failed, metrics=metrics)
+        return RewardResult(total, per_reward, failed, reward_metrics(total, failed, per_reward, metadata))
 
     def _score_group_rewards(self, images, prompts, metadata, group_index, batch) -> dict[str, Scored]:
         """The group rewards' scores, on the whole batch (`combine`)."""
-        group_rewards = [r for r in self.rewards if r.group]
         if images is None or prompts is None:
-            names = ", ".join(r.name for r in group_rewards)
+            names = ", ".join(r.name for r in self.group_rewards)
             raise ValueError(f"group rewards ({names}) need the whole batch: pass images= and prompts= to combine")
         check_reward_inputs(images, prompts, metadata)
         groups, scored = _group_index(prompts, group_index), {}
-        for r in group_rewards:
+        for r in self.group_rewards:
             scored[r.name] = _score_groups(r, images, prompts, metadata, groups)
             warn_failures(r.name, scored[r.name], len(metadata), batch)
         return scored
 
     def _combine(self, scored: dict[str, Scored], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        weighted_sum = np.zeros(batch_size, dtype=np.float64)
-        ok_weight = np.zeros(batch_size, dtype=np.float64)
-        failed = np.zeros(batch_size, dtype=bool)
+        weighted_sum, ok_weight, failed = np.zeros(batch_size), np.zeros(batch_size), np.zeros(batch_size, dtype=bool)
         for r in self.rewards:
             s = scored[r.name]
             ok = ~s.failed
@@ -241,11 +230,7 @@ def _score_groups(
 
 def _concat(parts: Sequence[Scored]) -> Scored:
     """One Scored for consecutive chunks of a batch (sample indices shifted to the batch's)."""
-    if len(parts) == 1:
-        return parts[0]
-    errors, offset = {}, 0
-    for part in parts:
-        errors.update({offset + i: e for i, e in part.sample_errors.items()})
-        offset += len(part.scores)
+    offsets = np.cumsum([0, *(len(part.scores) for part in parts)]).tolist()
+    errors = {offset + i: e for offset, part in zip(offsets, parts) for i, e in part.sample_errors.items()}
     batch_error = next((p.batch_error for p in parts if p.batch_error is not None), None)
     return Scored(np.concatenate([p.scores for p in parts]), batch_error=batch_error, sample_errors=errors)

@@ -13,11 +13,12 @@ Storage in a half type (`sampling.latents_dtype`: half the memory of the kept wi
 `means` [B, W, …]; log-probs, stds and sigmas stay fp32): rounding only what is stored would make the update's
 recomputed log-prob differ from the rollout's even on-policy. So inside the SDE window the sample itself is the
 rounded one: x_j is rounded before the window step's velocity, the drawn x_{j+1} is rounded, and the recorded
-log-prob is that of the rounded x_{j+1} (`stored_step`). The update then replays the rollout exactly (ratio 1
-on-policy); the samples differ from fp32 storage's by that rounding (a relative 2⁻⁹ for bf16, 2⁻¹² for fp16, far below
-the step's noise). The stored means are rounded copies of fp32 means: grpo_guard's drift term and flow_dppo's KL mask
-read them at the scale of the step noise, where bf16's rounding is about their thresholds, so those losses refuse
-bf16 and take fp16 (algorithms/policy_gradient.py: `require_exact_anchor_means`).
+log-prob is that of the rounded x_{j+1} (a second call of the step scores it, drawing no noise). The update then
+replays the rollout exactly (ratio 1 on-policy); the samples differ from fp32 storage's by that rounding (a relative
+2⁻⁹ for bf16, 2⁻¹² for fp16, far below the step's noise). The stored means are rounded copies of fp32 means:
+grpo_guard's drift term and flow_dppo's KL mask read them at the scale of the step noise, where bf16's rounding is
+about their thresholds, so those losses refuse bf16 and take fp16 (algorithms/policy_gradient.py:
+`require_exact_anchor_means`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tensordict import TensorDict
 from diffusion_rl.config.plugins import STEP_TYPES
 from diffusion_rl.models.guidance import Guidance
 from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES, OdeSolver
-from diffusion_rl.sampling.sde import Generators, StepOutput, check_sigmas
+from diffusion_rl.sampling.sde import StepOutput, check_sigmas
 from diffusion_rl.sampling.trajectory import SampleIds, Trajectory
 from diffusion_rl.sampling.tree import TreeNodes, TreeSpec
 from diffusion_rl.sampling.window import SdeWindow, step_types
@@ -90,23 +91,6 @@ def anonymous_ids(prompts: Sequence[str]) -> SampleIds:
                      policy_version=torch.zeros_like(rows), batch_size=[len(prompts)])  # fmt: skip
 
 
-def rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x as its storage dtype would hold it, in fp32 (x itself when the storage is fp32)."""
-    return x if dtype == torch.float32 else x.to(dtype).float()
-
-
-def stored_step(kind: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float, noise_level: float,
-                generators: Generators, dtype: torch.dtype) -> StepOutput:  # fmt: skip
-    """One SDE window step whose drawn sample is the one storage keeps: x_{j+1} rounded to `dtype`, with the
-    log-prob of that rounded sample (x, the step's input, must already be rounded). fp32: the plain step."""
-    step = STEP_TYPES.get(kind)
-    out = step(x, v, sigma, sigma_next, noise_level, generator=generators)
-    if dtype == torch.float32:
-        return out
-    # the noise is drawn once above; this call only scores the rounded sample under the same Gaussian
-    return step(x, v, sigma, sigma_next, noise_level, prev_sample=rounded(out.prev_sample, dtype))
-
-
 @torch.no_grad()
 def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, window: SdeWindow | None, *,
             init_seeds: Sequence[int | tuple], noise_seeds: Sequence[int | tuple], ids: SampleIds,
@@ -130,13 +114,13 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
     x = initial_noise(model, settings, init_seeds)
     generators = [generator_of(s) for s in noise_seeds] if nodes is None else None  # a tree's: its nodes'
     history: dict[str, list[torch.Tensor]] = {"latents": [], "log_probs": [], "means": [], "stds": []}
-    index, evaluations = [], 0
+    index, evaluations = [j for j, kind in enumerate(kinds) if kind != "ode"], 0  # the window's steps
     solver = OdeSolver(settings.ode_solver)
     dtype = DTYPES[settings.latents_dtype]  # of the stored window latents and means
     with model.eval_mode():
         for j, kind in enumerate(kinds):
-            if kind != "ode":
-                x = rounded(x, dtype)  # the velocity sees what is stored, so the update replays it exactly
+            if kind != "ode":  # the velocity sees what is stored, so the update replays it exactly (fp32: x itself)
+                x = x.to(dtype).float()
             v = model.velocity(x, sigma_at[j], cond if nodes is None else nodes.cond, settings.scales)
             evaluations += x.shape[0]
             if nodes is not None and j in tree.branch_at:  # the children share x_j and its velocity
@@ -144,11 +128,14 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
             if kind == "ode":  # splits are SDE steps, so the node count is fixed across the solver's history
                 x = solver.step(x, v, sigma_at[j], sigma_at[j + 1])
                 continue
-            out = stored_step(kind, x, v, sigma_at[j], sigma_at[j + 1], settings.noise_level,
-                              generators if nodes is None else nodes.generators, dtype)  # fmt: skip
+            step = STEP_TYPES.get(kind)
+            out = step(x, v, sigma_at[j], sigma_at[j + 1], settings.noise_level,
+                       generator=generators if nodes is None else nodes.generators)  # fmt: skip
+            if dtype != torch.float32:  # the drawn sample as stored, scored under the same Gaussian (no new noise)
+                out = step(x, v, sigma_at[j], sigma_at[j + 1], settings.noise_level,
+                           prev_sample=out.prev_sample.to(dtype).float())  # fmt: skip
             for key, value in zip(history, (x.to(dtype), out.log_prob, out.mean.to(dtype), out.std)):
                 history[key].append(value)
-            index.append(j)
             if j + 1 == window.start + window.size:  # the window's end: x after its last step
                 history["latents"].append(out.prev_sample.to(dtype))
             solver.reset()  # the history is from before the noise this step added: restart at first order
@@ -191,14 +178,12 @@ def training_rollout(model: FlowModel, settings: SamplerSettings, prompts: Seque
     share_initial_noise. A tree (`settings.tree`): group g's root noise from (seed, step, "tree_init", g), its nodes'
     SDE noise from (seed, step, "tree_sde", g, …). `images`: each row's condition images (editing families)."""
     cond = model.encode_prompts(list(prompts), [n or "" for n in negative], images)
-    if settings.tree is None:
+    if settings.tree is not None:  # one root per group (sampling/tree.py)
+        init, noise = settings.tree.seeds(seed, step, ids.group_index)
+    else:
         init_ids = ids.group_index if share_initial_noise else ids.sample_index
         init = [seed_for(seed, step, "init_noise", int(i)) for i in init_ids]
         noise = [seed_for(seed, step, "sde_noise", int(i)) for i in ids.sample_index]
-    else:
-        groups = torch.unique(ids.group_index.cpu()).tolist()
-        init = [(seed, step, "tree_init", g) for g in groups]
-        noise = [(seed, step, "tree_sde", g) for g in groups]
     return rollout(model, cond, settings, window, init_seeds=init, noise_seeds=noise, ids=ids, tree=settings.tree)
 
 

@@ -142,9 +142,7 @@ def _to(noise: Tensor, device: torch.device) -> Tensor:
 
 
 def _sample(mean: Tensor, noise_std_B: Tensor, prev_sample: Tensor | None, generator: Generators) -> Tensor:
-    if prev_sample is not None:
-        return prev_sample
-    return mean + _rows(noise_std_B, mean) * _noise(mean, generator)
+    return prev_sample if prev_sample is not None else mean + _rows(noise_std_B, mean) * _noise(mean, generator)
 
 
 def _gaussian_log_prob(sample: Tensor, mean: Tensor, noise_std_B: Tensor) -> Tensor:

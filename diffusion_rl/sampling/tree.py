@@ -76,6 +76,13 @@ class TreeSpec:
         """Nodes of depth d in one tree: b_1 · … · b_d (1 for the root)."""
         return math.prod(self.branching[:d])
 
+    @staticmethod
+    def seeds(seed: int, step: int, group_index: torch.Tensor) -> tuple[list[tuple], list[tuple]]:
+        """Training step `step`'s roots (run.seed `seed`), one per group: each group's initial noise from (seed, step,
+        "tree_init", g) and its nodes' SDE noise from (seed, step, "tree_sde", g, …)."""
+        groups = torch.unique(group_index.cpu()).tolist()
+        return [(seed, step, "tree_init", g) for g in groups], [(seed, step, "tree_sde", g) for g in groups]
+
     def depth_of_step(self, step_index: torch.Tensor) -> torch.Tensor:
         """The depth of the node each sampler step leads into: #{d: k_d ≤ j} (0: the shared prefix)."""
         at = torch.tensor(self.branch_at, device=step_index.device)

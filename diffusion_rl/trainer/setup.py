@@ -64,8 +64,8 @@ def worker_spec(cfg: Config, texts: list[str] | None = None) -> WorkerSpec:
     return WorkerSpec(model=cfg.model, sampling=cfg.sampling, train=cfg.train, algorithm=AlgorithmInputs.of(cfg),
                       seed=cfg.run.seed, texts=tuple(texts) if cache else (), embedding_cache=cache, val_size=val_size,
                       val_guidance_low_noise=cfg.val.guidance_low_noise, rollout_dtype=e.rollout_dtype,
-                      staleness_bound=e.staleness_bound, weight_change=log.weight_change, flops=log.flops,
-                      peak_tflops=log.peak_tflops, checkpoint_plan=checkpoint_plan(cfg))  # fmt: skip
+                      weight_change=log.weight_change, flops=log.flops, peak_tflops=log.peak_tflops,
+                      checkpoint_plan=checkpoint_plan(cfg))  # fmt: skip
 
 
 def checkpoint_plan(cfg: Config) -> CheckpointPlan | None:

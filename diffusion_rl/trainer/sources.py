@@ -76,26 +76,19 @@ class OnlineRollouts:
         prompts = make_step_prompts(self.records, self.sampler, step, self.cfg.data.group_size)
         s = self.cfg.sampling  # the rewards see an edit's sources as the model did: fitted to the output size
         metadata = with_condition_images(prompts.metadata, prompts.condition_images, s.height, s.width)
-        images, finite, nfe, pending = [], [], [], []
+        parts, pending = [], []
         with timer("generate"):
-            for rows in split_evenly(range(len(prompts)), self.cfg.sampling.score_chunks):
-                if not rows:
-                    continue
-                part = self.engine.generate(prompts, step, window, rows=rows)
-                images.append(part.images.numpy())
-                finite.append(part.finite.numpy())
-                nfe.append(part.nfe.numpy())
-                ok = [row for row, usable in zip(rows, finite[-1]) if usable]
-                if ok:
-                    texts, chunk_metadata = [prompts.prompts[i] for i in ok], [metadata[i] for i in ok]
-                    pending.append(self.pool.submit(self.rewards.score, images[-1][finite[-1]], texts, chunk_metadata))
-        images, finite = np.concatenate(images), np.concatenate(finite)
-        if not finite.any():
-            raise RolloutDiverged(
-                f"step {step + 1}: the latents of every sample came out NaN/inf: the policy has diverged (lower "
-                "train.lr and resume)"
-            )
-        ok = np.flatnonzero(finite)
+            for rows in filter(None, split_evenly(range(len(prompts)), s.score_chunks)):  # non-empty chunks
+                parts.append(part := self.engine.generate(prompts, step, window, rows=rows))
+                ok = [row for row, usable in zip(rows, part.finite.tolist()) if usable]
+                if ok:  # scored in the background while the next chunk samples
+                    pending.append(self.pool.submit(self.rewards.score, part.images[part.finite].numpy(),
+                                   [prompts.prompts[i] for i in ok], [metadata[i] for i in ok]))  # fmt: skip
+        made = torch.cat(parts)
+        images, ok = made.images.numpy(), np.flatnonzero(made.finite.numpy())
+        if len(ok) == 0:
+            raise RolloutDiverged(f"step {step + 1}: the latents of every sample came out NaN/inf: the policy has "
+                                  "diverged (lower train.lr and resume)")  # fmt: skip
         with timer("reward"):  # group rewards score here, on the whole batch: a group is never split across chunks
             scored = self.rewards.combine([p.result() for p in pending], [metadata[i] for i in ok],
                                           images=images[ok], prompts=[prompts.prompts[i] for i in ok],
@@ -106,7 +99,7 @@ class OnlineRollouts:
             scored = with_unscored_rows(scored, ok, metadata)
         scored.metrics["sampling/nonfinite_fraction"] = 1.0 - len(ok) / len(prompts)
         # transformer forwards per image the rollout took (CFG counts 2; a tree's shared nodes split among leaves)
-        scored.metrics["rollout/nfe_per_image"] = float(np.concatenate(nfe).mean())
+        scored.metrics["rollout/nfe_per_image"] = float(made.nfe.numpy().mean())
         return Collected(prompts, images, scored)
 
 

@@ -274,8 +274,7 @@ class Trainer:
         every = self.cfg.log.rollout_every  # a rollout dump (rollouts/) every log.rollout_every steps
         if every > 0 and (step + 1) % every == 0 and batch.images is not None:
             with timer("dump"):
-                leaf = targets.advantages  # a tree's: the leaf depth's (the flat-comparable one)
-                self.dump_rollout(step, batch, leaf[:, -1] if leaf is not None and leaf.ndim == 2 else leaf)
+                self.dump_rollout(step, batch, targets.advantages)
             metrics["timing/dump"] = timer.seconds["dump"]
         return metrics
 
@@ -346,11 +345,15 @@ class Trainer:
         return [{"step": self.step, **metrics}]
 
     # -- rollout dumps ----------------------------------------------------------------------------------------
-    def dump_rollout(self, step: int, batch: Collected, advantages_B: torch.Tensor | None) -> None:
-        """Write training step `step`'s rollout under <run.dir>/rollouts/ and show its sheet in the trackers."""
+    def dump_rollout(self, step: int, batch: Collected, advantages: torch.Tensor | None) -> None:
+        """Write training step `step`'s rollout under <run.dir>/rollouts/ and show its sheet in the trackers, with
+        each row's advantage (`Targets.advantages`: [B]; a tree's [B, D + 1], whose leaf depth's is the one to compare
+        with flat rollouts; None for an algorithm without advantages, DPO's pairs)."""
         prompts = batch.prompts
-        if advantages_B is None:  # an algorithm without advantages (DPO: pairs)
+        if advantages is None:
             advantages_B = torch.full((len(prompts),), float("nan"))
+        else:
+            advantages_B = advantages[:, -1] if advantages.ndim == 2 else advantages
         folder, sheet = write_rollout_dump(
             self.run_dir / ROLLOUTS_DIR,
             step + 1,  # numbered as in metrics and checkpoints: after step + 1 completed steps

@@ -37,7 +37,7 @@ def test_a_restored_optimizer_takes_the_new_settings_and_keeps_its_moments(caplo
     group = resumed.optimizer.param_groups[0]
     # step 2 of an 8-step warm-up at 5e-3: LambdaLR's lr is base · min(1, (n + 1) / warmup) with n = 2
     assert group["lr"] == pytest.approx(5e-3 * 3 / 8, rel=1e-12)
-    assert resumed.metrics([1.0])["lr"] == group["lr"]
+    assert resumed.metrics()["lr"] == group["lr"]
     assert group["betas"] == (0.8, 0.99) and group["weight_decay"] == 0.0 and group["initial_lr"] == 5e-3
     saved_state = next(iter(saved.optimizer.state.values()))
     kept = next(iter(resumed.optimizer.state.values()))

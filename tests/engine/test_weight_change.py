@@ -20,26 +20,32 @@ def _weights() -> list[torch.nn.Parameter]:
 def test_the_relative_change_is_the_norm_of_the_step_over_the_norm_before_it():
     weights = _weights()
     stepper = OptimizerStepper(weights, TrainConfig(lr=0.05, grad_clip=0, weight_decay=0.01), SingleDevice(), "on")
-    expected = []
+    expected, grad_norms = [], []
     for _ in range(3):
         sum((w**3).sum() for w in weights).backward()
+        grad_norms.append(math.sqrt(sum((w.grad**2).sum().item() for w in weights)))
         before = [w.detach().clone() for w in weights]
         stepper.step()
         delta = sum(((w.detach() - b) ** 2).sum().item() for w, b in zip(weights, before))
         norm = sum((b**2).sum().item() for b in before)
         expected.append(math.sqrt(delta) / math.sqrt(norm))
-    metrics = stepper.metrics([1.0, 1.0, 1.0])
+    metrics = stepper.metrics()
     assert metrics["train/weight_change_rel"] == pytest.approx(sum(expected) / 3, rel=1e-6)
+    assert metrics["grad_norm"] == pytest.approx(sum(grad_norms) / 3, rel=1e-6)  # the stepper's own record
+    assert metrics["train/optimizer_steps"] == 3 and metrics["lr"] == 0.05
     assert expected[0] > 0
-    assert "train/weight_change_rel" not in stepper.metrics([1.0])  # measured per update: reset after reporting
+    after = stepper.metrics()  # measured per update: reset after reporting
+    assert "train/weight_change_rel" not in after and math.isnan(after["grad_norm"])
 
 
 def test_a_skipped_step_changes_nothing_and_is_not_counted():
     weights = _weights()
     stepper = OptimizerStepper(weights, TrainConfig(lr=0.05, grad_clip=1.0), SingleDevice(), "on")
     weights[0].grad = torch.full_like(weights[0], float("nan"))
-    assert not math.isfinite(stepper.step())
-    assert "train/weight_change_rel" not in stepper.metrics([float("nan")])
+    stepper.step()
+    metrics = stepper.metrics()
+    assert "train/weight_change_rel" not in metrics and math.isnan(metrics["grad_norm"])
+    assert metrics["train/skipped_updates"] == 1 and metrics["train/optimizer_steps"] == 0
 
 
 @pytest.mark.parametrize(("setting", "measured"), [("auto", True), ("off", False), ("on", True)])

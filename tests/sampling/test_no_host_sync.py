@@ -147,9 +147,9 @@ def test_the_hot_path_is_the_rollouts_per_step_loop_not_what_runs_once():
     loop = next(r for r in HOT if r.code is inspect.unwrap(rollout).__code__)
     lines, start = inspect.getsourcelines(rollout)
     at = {key: [start + i for i, line in enumerate(lines) if key in line] for key in
-          ("model.velocity(", "stored_step(", "check_sigmas(", "decode_in_chunks(")}  # fmt: skip
+          ("model.velocity(", "STEP_TYPES.get(", "check_sigmas(", "decode_in_chunks(")}  # fmt: skip
     assert all(at.values())
-    assert all(loop.first <= n <= loop.last for key in ("model.velocity(", "stored_step(") for n in at[key])
+    assert all(loop.first <= n <= loop.last for key in ("model.velocity(", "STEP_TYPES.get(") for n in at[key])
     assert not any(loop.first <= n <= loop.last for key in ("check_sigmas(", "decode_in_chunks(") for n in at[key])
 
 

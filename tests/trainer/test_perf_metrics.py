@@ -62,6 +62,12 @@ def test_flop_tally_counts_the_first_of_a_shape_and_reuses_it():
     with off.count("k"):
         a @ b
     assert off.take() == 0.0 and off.cache == {}
+    # what a worker's update reports: the FLOPs since the last report, the device's peak when known, nothing when off
+    with tally.count("k"):
+        pass
+    assert tally.metrics() == {"perf/flops_per_device": 120.0} and tally.metrics() == {"perf/flops_per_device": 0.0}
+    assert FlopTally(peak=5e12).metrics() == {"perf/flops_per_device": 0.0, "perf/peak_flops_per_device": 5e12}
+    assert FlopTally(enabled=False, peak=5e12).metrics() == {}
 
 
 def test_logged_flops_equal_a_count_of_the_whole_step(make_trainer):

@@ -10,6 +10,7 @@ import torch
 from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.algorithms.policy_gradient import PolicyGradient, trained_columns
 from diffusion_rl.data.sampler import make_step_prompts
+from diffusion_rl.engine.worker import UpdatePlan
 from diffusion_rl.sampling.window import window_for_step
 
 
@@ -207,3 +208,15 @@ def test_rejected_fraction_is_the_share_of_rejected_sample_steps_of_the_update(m
     assert metrics["rollout_corr/kl"] == pytest.approx(3 * 5 / 12, abs=1e-3)
     assert metrics["rollout_corr/k3_kl"] == pytest.approx(3 * (math.exp(-5) - 1 + 5) / 12, abs=1e-3)
     assert metrics["rollout_corr/chi2_step"] == pytest.approx((3 * math.exp(-10) + 9) / 12 - 1, abs=1e-3)
+
+
+def test_only_a_plan_whose_rows_may_lag_reports_their_staleness():
+    # rows sampled by the weights of steps 4, 3, 3, 2, trained at step 4: staleness 0, 1, 1, 2
+    traj = type("Rows", (), {"ids": type("Ids", (), {"policy_version": torch.tensor([4, 3, 3, 2])})})
+    assert UpdatePlan().staleness(4, traj) == {}  # colocated: always on-policy, nothing reported
+    assert UpdatePlan(staleness_bound=2).staleness(4, traj) == {
+        "rollout/staleness_mean": 1.0,
+        "rollout/staleness_max": 2.0,
+        "rollout/staleness_1_fraction": 0.5,
+        "rollout/staleness_2_fraction": 0.25,
+    }
