@@ -20,6 +20,7 @@ MAX_GROUP = 1024  # samples of one prompt
 MAX_BATCH = 4096  # prompts, rows or chunks of one step
 MAX_COUNT = 100_000_000  # training steps and intervals counted in them
 MAX_SECONDS = 10_000_000  # timeouts (~16 weeks)
+MAX_BLOCKS = 1000  # transformer blocks of one model
 
 
 @dataclass(frozen=True)

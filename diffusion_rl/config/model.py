@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from diffusion_rl.config.fields import OneOf, Range, check, opt
+from diffusion_rl.config.fields import MAX_BLOCKS, OneOf, Range, check, opt
 from diffusion_rl.config.plugins import FAMILIES
 from diffusion_rl.errors import did_you_mean
 from diffusion_rl.utils.hub_ids import names_hub_repo
@@ -50,6 +50,7 @@ class ModelConfig:
         "N: the first N blocks (of each call's transformer; at most its block count, checked at load); auto: on a "
         "CUDA device, the fewest blocks that fit the step's peak (`diffusion-rl estimate`'s memory model) into the "
         "device's free memory with 5 % to spare, none elsewhere (models/checkpointing.py, docs/gpu.md).",
+        within=Range(0, MAX_BLOCKS),
     )
     offload_frozen: bool = opt(
         False,
@@ -118,11 +119,6 @@ class ModelConfig:
         check(
             self.revision is None or (self.revision.strip() == self.revision != ""),
             f"model.revision {self.revision!r}: a commit hash, branch or tag without spaces, or null for main",
-        )
-        check(
-            isinstance(self.gradient_checkpointing, (bool, str)) or self.gradient_checkpointing >= 0,
-            f"model.gradient_checkpointing={self.gradient_checkpointing}: a number of blocks is ≥ 0 (or true, false, "
-            "auto)",
         )
         check(
             not (self.compile and self.compile_blocks is True),
