@@ -116,6 +116,7 @@ def run_for_flops(trainer, budget: float, point, base: dict, fractions=VAL_FRACT
     a full one (val_n) at the end. x of a point: its cumulative FLOPs and their fraction of the budget."""
     curve = [{"flops": 0.0, "fraction": 0.0, **base, "shared": True}]
     flops, step, pending, per_step, train_curve = 0.0, 0, list(fractions), [], []
+    alerts, first_alert = None, None  # the guard's alerts so far (guard/alerts_total; None with the guard off)
     train_s, cpu_start = 0.0, time.process_time()
     while flops < budget:
         start = time.perf_counter()
@@ -129,6 +130,9 @@ def run_for_flops(trainer, budget: float, point, base: dict, fractions=VAL_FRACT
         per_step.append(counted)
         if training_reward(metrics) is not None:
             train_curve.append((flops, training_reward(metrics)))
+        if "guard/alerts_total" in metrics:
+            alerts = int(metrics["guard/alerts_total"])
+            first_alert = step if first_alert is None and alerts else first_alert
         crossed = False
         while pending and flops >= pending[0] * budget:
             pending.pop(0)
@@ -150,6 +154,8 @@ def run_for_flops(trainer, budget: float, point, base: dict, fractions=VAL_FRACT
         "selection_reward": selection_reward(train_curve),
         "curve": curve,
         "train_curve": train_curve,
+        "guard_alerts": alerts,  # a gain the guard flags (reward hacking) is read beside the reward, not as it
+        "first_alert_step": first_alert,
     }
 
 

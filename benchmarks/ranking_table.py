@@ -82,7 +82,7 @@ def summarise(shards: list[dict], wallclock: dict | None = None) -> dict:
     """The table's numbers: per algorithm its seeds' finals and curves at its chosen rate, and the statistics."""
     chosen = choices(shards)
     grid = grid_of(shards) if shards else []
-    finals, curves, failed = {}, {}, {}
+    finals, curves, failed, alerted = {}, {}, {}, {}
     titles = {r["algorithm"]: algorithm_title(ROOT / r["config"]) for s in shards for r in s["runs"] if "config" in r}
     for shard in shards:
         if shard["phase"] != "report":  # the selection shards chose the rates: their runs would bias the estimate
@@ -95,6 +95,9 @@ def summarise(shards: list[dict], wallclock: dict | None = None) -> dict:
                 failed.setdefault(name, []).append({"seed": r["seed"], "error": r["error"]})
                 continue
             finals.setdefault(name, {})[r["seed"]] = r["val_reward_end"]
+            if r.get("guard_alerts"):
+                alerted.setdefault(name, []).append({"seed": r["seed"], "alerts": r["guard_alerts"],
+                                                     "first_step": r.get("first_alert_step")})  # fmt: skip
             curves.setdefault(name, {})[r["seed"]] = on_grid(r, grid)
     ranks = rank_paired(finals)
     reference = finals.get(REFERENCE, {})
@@ -104,7 +107,7 @@ def summarise(shards: list[dict], wallclock: dict | None = None) -> dict:
         seeds = finals.get(name, {})
         result = {"title": titles.get(name, name), **chosen[name], "seeds": sorted(seeds),
                   "final_val_reward": [seeds[s] for s in sorted(seeds)], "interval": interval(list(seeds.values())),
-                  "failed": failed.get(name, [])}  # fmt: skip
+                  "failed": failed.get(name, []), "guard_alerted": alerted.get(name, [])}  # fmt: skip
         if seeds:
             ys = [curves[name][s] for s in sorted(seeds)]
             result["band"] = [{"fraction": x, **interval([y[i] for y in ys])} for i, x in enumerate(grid)]
@@ -167,6 +170,13 @@ def markdown(summary: dict) -> list[str]:
             state = "rate not chosen yet" if a["chosen_lr"] is None else "no finished run at its rate"
             tried = ", ".join(f"{lr}: {v:.4f}" for lr, v in a["selection_reward_by_lr"].items() if v is not None)
             lines.append(f"| – | {a['title']} | | {state} (training reward by rate so far: {tried or '–'}) | | | | |")
+    alerted = [name for name in ranked if algorithms[name].get("guard_alerted")]
+    if alerted:  # a gain the guard flags may be reward hacking: said under the table, per seed
+        lines.append("")
+    for name in alerted:
+        runs = algorithms[name]["guard_alerted"]
+        seeds = ", ".join(f"seed {r['seed']}: {r['alerts']} from step {r['first_step']}" for r in runs)
+        lines.append(f"Guard alerts, {algorithms[name]['title']}: {seeds}.")
     return lines
 
 

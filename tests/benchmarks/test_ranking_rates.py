@@ -89,3 +89,32 @@ def test_bad_selection_arguments_are_one_line(ranking, shapes_model, tmp_path, c
                           *argv])  # fmt: skip
         err = capsys.readouterr().err.strip()
         assert said in err and "\n" not in err
+
+
+def test_a_run_s_guard_alerts_are_kept_and_said_under_the_table(ranking, load_benchmark, shapes_model, tmp_path):
+    """run_for_flops keeps the guard's alert count and first alerting step (from guard/alerts_total); the table
+    names the report seeds whose runs at the chosen rate raised alerts (a gain by reward hacking reads as such)."""
+    table = load_benchmark("ranking_table")
+    totals = iter([0.0, 2.0, 5.0])
+
+    class Trainer:
+        def train_step(self, step):
+            return {"perf/flops_per_step": 1.0, "reward/mean": 0.5, "guard/alerts_total": next(totals)}
+
+    point = lambda step, n: {"step": step, "val_reward": 0.5, "se": 0.0}  # noqa: E731
+    record = ranking.run_for_flops(Trainer(), 3.0, point, point(0, 0), fractions=())
+    assert (record["guard_alerts"], record["first_alert_step"]) == (5, 2)  # alerts first in the second step
+
+    def run(name, seed, alerts):
+        return {"algorithm": name, "config": f"configs/quickstart_{name}.yaml", "lr": 1e-5, "seed": seed,
+                "selection_reward": 0.5, "curve": [{"fraction": 0.0, "val_reward": 0.4},
+                                                   {"fraction": 1.0, "val_reward": 0.5}],
+                "val_reward_end": 0.5, "guard_alerts": alerts, "first_alert_step": 7 if alerts else None}  # fmt: skip
+
+    settings = {"select_seeds": [0], "val_fractions": []}
+    kept = {"machine": {}, "cpu_seconds": 1.0, "wall_seconds": 1.0, "finished": "2026-11-29T00:00:00+00:00"}
+    shards = [{"shard": s, "phase": "select" if s == 0 else "report", "settings": settings, **kept,
+               "runs": [run("flow_grpo", s, 0), run("nft", s, 3 if s == 2 else 0)]} for s in (0, 1, 2)]  # fmt: skip
+    lines = table.markdown(table.summarise(shards))
+    assert lines[-1] == "Guard alerts, DiffusionNFT: seed 2: 3 from step 7." and lines[-2] == ""
+    assert not any(line.startswith("Guard alerts, Flow-GRPO") for line in lines)
