@@ -76,21 +76,12 @@ def markdown(record: dict) -> str:
                   "| backend | step s | vs sdpa | error |", "|---|---|---|---|"]  # fmt: skip
         lines += [f"| {k} | {_f(v.get('step_s'))} | {_f(v.get('vs_sdpa'))} | {v.get('error', '')[:120]} |"
                   for k, v in attention["runs"].items()]  # fmt: skip
-    ab = (parts.get("cudnn_ab") or {}).get("result")
-    if ab:
-        lines += cudnn_ab_table(ab)
-    alloc = (parts.get("alloc_ab") or {}).get("result")
-    if alloc:
-        lines += alloc_ab_table(alloc)
-    defaults = (parts.get("defaults_ab") or {}).get("result")
-    if defaults:
-        lines += defaults_ab_table(defaults)
-    checkpointing = (parts.get("checkpoint_ab") or {}).get("result")
-    if checkpointing:
-        lines += checkpoint_ab_table(checkpointing)
-    encoders = (parts.get("encoders") or {}).get("result")
-    if encoders:
-        lines += encoders_table(encoders)
+    tables = (("cudnn_ab", cudnn_ab_table), ("alloc_ab", alloc_ab_table), ("defaults_ab", defaults_ab_table),
+              ("checkpoint_ab", checkpoint_ab_table), ("encoders", encoders_table))  # fmt: skip
+    for name, table in tables:  # each part that has a result: its own table
+        result = (parts.get(name) or {}).get("result")
+        if result:
+            lines += table(result)
     fsdp = (parts.get("fsdp2") or {}).get("result")
     if fsdp:
         lines += ["", f"## FSDP2 worker at world size 1 ({fsdp['backend']}, without Ray)", "",
