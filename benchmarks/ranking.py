@@ -195,13 +195,12 @@ class Benchmark:
                 self.skipped[name] = why
             else:
                 self.configs[name] = (path, parse_lrs(args.lrs, cfg.train.lr))
-        if args.extend and len(parse_lrs(args.lrs, 1.0)) > 1:
-            try:
-                log_factor(parse_lrs(args.lrs, 1.0))
-            except ValueError as e:
-                raise UserError(
-                    f"--lrs {args.lrs}: {e}; a grid that grows past an end needs one (or --extend 0)"
-                ) from None
+        try:  # the rates as each algorithm runs them: a mix of factors and rates is checked as it resolves
+            for _, lrs in self.configs.values() if args.extend else ():
+                if len(lrs) > 1:
+                    log_factor(lrs)
+        except ValueError as e:
+            raise UserError(f"--lrs {args.lrs}: {e}; a grid that grows past an end needs one (or --extend 0)") from None
         self.budget = args.budget_flops
         self.select_seeds = args.select_seeds
         self._model_hash = None
