@@ -13,10 +13,12 @@ from .defaults_ab import defaults_ab_part
 from .encoders import encoders_part
 from .fsdp2_compiled import fsdp2_compiled_part
 from .host_syncs import host_syncs_part
+from .kernel_profile import kernel_profile_part
 from .parts import attention_part, compile_part, device_part, fsdp2_part, model_part, replay_part
 
 # name → (function, time cap in seconds), in the order they run: what matters most first (cudnn_ab, alloc_ab,
-# defaults_ab, checkpoint_ab, fsdp2_compiled, encoders and wan22_a14b_lora, past the default budget, run with --only)
+# defaults_ab, checkpoint_ab, fsdp2_compiled, encoders, kernel_profile and wan22_a14b_lora, past the default budget,
+# run with --only)
 PARTS = {
     "device": (device_part, 30),
     "sd35_lora": (model_part("sd35_lora"), 80),
@@ -38,5 +40,6 @@ PARTS = {
     "checkpoint_ab": (checkpoint_ab_part, 170),
     "fsdp2_compiled": (fsdp2_compiled_part, 180),
     "encoders": (encoders_part, 90),
+    "kernel_profile": (kernel_profile_part, 200),
     "wan22_a14b_lora": (model_part("wan22_a14b_lora"), 150),
 }

@@ -14,6 +14,10 @@ def _pct(value) -> str:
     return "–" if value is None else f"{value:+.0%}"
 
 
+def _share(value) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
 def markdown(record: dict) -> str:
     parts = record["parts"]
     device = (parts.get("device") or {}).get("result") or {}
@@ -77,7 +81,8 @@ def markdown(record: dict) -> str:
         lines += [f"| {k} | {_f(v.get('step_s'))} | {_f(v.get('vs_sdpa'))} | {v.get('error', '')[:120]} |"
                   for k, v in attention["runs"].items()]  # fmt: skip
     tables = (("cudnn_ab", cudnn_ab_table), ("alloc_ab", alloc_ab_table), ("defaults_ab", defaults_ab_table),
-              ("checkpoint_ab", checkpoint_ab_table), ("encoders", encoders_table))  # fmt: skip
+              ("checkpoint_ab", checkpoint_ab_table), ("encoders", encoders_table),
+              ("kernel_profile", kernel_profile_table))  # fmt: skip
     for name, table in tables:  # each part that has a result: its own table
         result = (parts.get(name) or {}).get("result")
         if result:
@@ -186,10 +191,31 @@ def encoders_table(encoders: dict) -> list[str]:
             f"| {_f(offloaded.get('peak_allocated_gib'))} |"
         )
     note = (
-        "Offloaded: the encoders on the CPU, moved to the device for the call and back (model.offload_frozen); "
+        "Offloaded: the encoders in host memory, copied to the device for the call (model.offload_frozen; since run "
+        "11 from a pinned host copy, and nothing copied back); "
         "its seconds less the held ones are the copies `estimate` does not model."
     )
     return [*lines, "", note]
+
+
+def kernel_profile_table(profiles: dict) -> list[str]:
+    """The kernel_profile part's tables: each run's phases (busy and idle GPU seconds), kernel classes, top kernels."""
+    lines = ["", "## Where the GPU time goes (kernel_profile; one profiled step)", "",
+             "| run | phase | wall s | GPU busy s | idle s | busy |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, run in profiles.items():
+        for phase, p in run["phases"].items():
+            lines.append(f"| {name} | {phase} | {_f(p['wall_s'])} | {_f(p['busy_s'])} | {_f(p['idle_s'])} "
+                         f"| {_share(p['busy_fraction'])} |")  # fmt: skip
+    for name, run in profiles.items():
+        if not run["top_kernels"]:
+            lines += ["", f"{name}: no device kernels in the trace (a CPU has no device timeline)."]
+            continue
+        classes = ", ".join(f"{label} {_share(share)}" for label, share in run["class_shares"].items())
+        lines += ["", f"{name}: {_f(run['device_s'])} s of kernels: {classes}.", "",
+                  "| kernel | class | count | s | share |", "|---|---|---|---|---|",
+                  *(f"| `{k['name'][:70]}` | {k['class']} | {k['count']} | {_f(k['s'], '.3f')} | {_share(k['share'])} |"
+                    for k in run["top_kernels"][:8])]  # fmt: skip
+    return lines
 
 
 def failed_row(name: str, label: str, record: dict, columns: int) -> str:

@@ -55,7 +55,8 @@ class ModelConfig:
     offload_frozen: bool = opt(
         False,
         "Memory saver: keep the frozen text encoders and VAE on the CPU, moving each to model.device only while it "
-        "encodes prompts or decodes/encodes images (a host-device copy per use; outputs unchanged).",
+        "encodes prompts or decodes/encodes images (a copy to the device per use from one host copy, pinned on CUDA; "
+        "nothing is copied back; outputs unchanged).",
     )
     offload_reference: bool = opt(
         False,

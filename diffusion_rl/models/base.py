@@ -23,6 +23,7 @@ from diffusion_rl.errors import UserError
 from diffusion_rl.models.checkpointing import enable_checkpointing
 from diffusion_rl.models.experts import TimestepExperts, high_noise_rows
 from diffusion_rl.models.guidance import low_noise_scale, refuse_low_noise_without_experts, runs_cfg
+from diffusion_rl.models.offload import HostResident
 from diffusion_rl.models.policies import LoraSettings, PolicySet
 
 # the condition images of each row of a batch: row i's uint8 [H, W, 3] arrays (none for a text-only prompt)
@@ -90,9 +91,10 @@ class FlowModel(ABC):
     uint8 [B, F, H, W, 3]; an image family accepts frames = 1 only. An editing family reads condition images with
     each prompt (`encode_prompts(..., images=...)`, models/condition.py); the others refuse them.
 
-    With `offload_frozen` the text encoders and the VAE live on the CPU and move to `device` only for the calls
-    that use them (`USES_FROZEN`): every family's `encode_prompts`, `decode` and `encode` are wrapped when its class
-    is defined (`__init_subclass__`), so a new family gets this without a line of its own.
+    With `offload_frozen` the text encoders and the VAE live on the CPU and visit `device` only for the calls that
+    use them (`USES_FROZEN`; a copy to the device, none back: models/offload.py): every family's `encode_prompts`,
+    `decode` and `encode` are wrapped when its class is defined (`__init_subclass__`), so a new family gets this
+    without a line of its own.
     """
 
     family: str  # its registered name, set on the adapter class by register_family (models/registry.py)
@@ -208,14 +210,22 @@ class FlowModel(ABC):
         self.configure()
         self.offload_frozen = offload_frozen
         self._frozen_users = dict.fromkeys(self.frozen_components, 0)  # calls in progress that hold each on device
+        self._resident: dict[str, HostResident] = {}  # offload_frozen: each frozen component's host copy
         if offload_frozen:
             for name in self.frozen_components:
-                self._place(name, torch.device("cpu"))
+                self._place(name, None)
 
-    def _place(self, name: str, device: torch.device) -> None:
+    def _place(self, name: str, device: torch.device | None) -> None:
+        """Frozen component `name` to `device`, or back to its host copy (None); see models/offload.py."""
         module = getattr(self.pipeline, name, None)
-        if module is not None:
-            module.to(device)
+        if module is None:
+            return
+        if name not in self._resident or self._resident[name].module is not module:  # e.g. text encoders loaded late
+            self._resident[name] = HostResident(module)
+        if device is None:
+            self._resident[name].to_host()
+        else:
+            self._resident[name].to_device(device)
 
     @contextlib.contextmanager
     def frozen_on_device(self, part: str) -> Iterator[None]:
@@ -236,7 +246,7 @@ class FlowModel(ABC):
             for name in names:
                 self._frozen_users[name] -= 1
                 if self._frozen_users[name] == 0:
-                    self._place(name, torch.device("cpu"))
+                    self._place(name, None)
 
     def trained_network(self, pipeline) -> nn.Module:
         """The network the policies wrap and training changes: the pipeline's transformer (Wan 2.2 A14B: both of

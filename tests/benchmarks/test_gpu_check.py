@@ -145,6 +145,13 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
         # the tiny encoders weigh what estimate counts for them, within its left-out pieces (the CLIP projections
         # and embeddings: a larger share at tiny sizes than the real ones' 1 %, tests/test_estimate_encoders.py)
         assert held["weights_gib"] == pytest.approx(runs["estimate"]["text_encoders_gib"], rel=0.1)
+    profiles = parts["kernel_profile"]["result"]  # the CPU has no device timeline: phases timed, no kernels
+    from gpu_check.kernel_profile import RUNS_PROFILED
+
+    assert list(profiles) == list(RUNS_PROFILED)
+    for run in profiles.values():
+        assert run["step_s"] > 0 and run["top_kernels"] == [] and run["device_s"] == 0
+        assert all(p["wall_s"] > 0 and p["busy_s"] == 0 for p in run["phases"].values())
     summary = (tmp_path / "gpu_check.md").read_text()
     assert summary.startswith("# GPU check: CPU (dry run) — CPU toy shapes, no measurement")  # in its title
     headings = ("# GPU check: CPU (dry run)", "## One Flow-GRPO step", "## Rollout replay", "## model.compile_blocks",
@@ -152,7 +159,7 @@ def test_the_dry_run_measures_every_part_and_writes_the_record(tmp_path, gpu_che
                 "## torch's cuDNN attention kernel off vs on", "## CUDA's allocator: fixed blocks vs expandable",
                 "## CUDA defaults: compiled blocks and fused AdamW", "## Text encoders at real size",
                 "## Selective gradient checkpointing",
-                "## FSDP2 worker at world size 1, eager vs compiled")  # fmt: skip
+                "## FSDP2 worker at world size 1, eager vs compiled", "## Where the GPU time goes")  # fmt: skip
     for heading in headings:
         assert heading in summary
 
@@ -509,3 +516,33 @@ def test_host_syncs_names_each_cuda_sync_warnings_site_and_whether_it_is_in_the_
     assert len(seen) == 3 and all("test_gpu_check.py" in s for s in sites)
     assert "(around)" in sites[0] and sites[0] != sites[1] and "(loss)" in sites[2]
     assert [s.site for s in hot] == [sites[2]] and seen[0].call.startswith("called a synchronizing")
+
+
+def test_a_profiles_phases_count_the_device_busy_once_and_rank_its_kernels(gpu_check):
+    from gpu_check.kernel_profile import Span, kernel_class, summarize
+
+    ms = 1_000_000
+    spans = [
+        Span("phase/generate", False, 0, 100 * ms), Span("phase/update", False, 100 * ms, 300 * ms),
+        # generate: two overlapping kernels (10–40 and 30–50 ms: 40 ms busy) and one running past the phase's end
+        Span("ampere_bf16_gemm_128x64", True, 10 * ms, 40 * ms), Span("flash_fwd_kernel", True, 30 * ms, 50 * ms),
+        Span("ampere_bf16_gemm_128x64", True, 90 * ms, 110 * ms),  # 10 ms in each phase
+        # update: a copy and an elementwise kernel, 60 ms busy with the gemm's 10
+        Span("Memcpy HtoD (Pinned -> Device)", True, 150 * ms, 190 * ms),
+        Span("vectorized_elementwise_kernel<mul>", True, 200 * ms, 210 * ms),
+        Span("aten::mm", False, 10 * ms, 40 * ms),  # host ranges other than phases count for nothing
+    ]  # fmt: skip
+    out = summarize(spans)
+    generate, update = out["phases"]["generate"], out["phases"]["update"]
+    assert (generate["wall_s"], generate["busy_s"]) == pytest.approx((0.1, 0.05))  # 10–50 and 90–100 ms
+    assert generate["idle_s"] == pytest.approx(0.05) and generate["busy_fraction"] == pytest.approx(0.5)
+    assert (update["wall_s"], update["busy_s"], update["busy_fraction"]) == pytest.approx((0.2, 0.06, 0.3))
+    assert out["device_s"] == pytest.approx(0.12)  # 30 + 20 + 20 + 40 + 10 ms of device spans
+    first = out["top_kernels"][0]
+    assert (first["name"], first["count"], first["class"]) == ("ampere_bf16_gemm_128x64", 2, "matmul")
+    assert first["s"] == pytest.approx(0.05) and first["share"] == pytest.approx(0.05 / 0.12)
+    assert out["class_shares"] == pytest.approx({"matmul": 5 / 12, "copies and casts": 4 / 12, "attention": 2 / 12,
+                                                 "elementwise": 1 / 12})  # fmt: skip
+    names = ("implicit_convolve_sgemm", "unrolled_elementwise_kernel<direct_copy_kernel_cuda>", "triton_poi_fused_add",
+             "mystery")  # fmt: skip
+    assert [kernel_class(n) for n in names] == ["convolution", "copies and casts", "elementwise", "other"]
