@@ -3,8 +3,8 @@
 Its authors' diagnosis of why RL blurs a distilled model is that a DSM (flow-matching) loss pulls a few-step generator
 back towards a many-step one; their generator is trained by (a) maximising a surrogate of the reward at the noisy
 states along its own deterministic trajectory and (b) a KL regularisation — no DSM term (Luo-Yihong/TDM-R1 issues
-#3 and #5). Their training code is not published (docs/direct_preference.md, "TDM-R1"); what this file builds from
-those facts, with one trained network:
+#3 and #5). What this file builds from those facts, with one trained network, is a reduced form of their published
+code (three trained LoRA adapters; docs/direct_preference.md, "TDM-R1", lists the differences):
 
 The rollout is deterministic and recorded step by step (sampling.sde_type=sde at noise_level 0: every step an Euler
 step of the ODE, kept in the trajectory), so each state x_i of a sample's path leads to one final image and carries
