@@ -16,7 +16,15 @@ components of at least that area; its position is the centroid of all its pixels
   image) maps to clip(0.5 + d / (2·d_full)), with d_full a little less than the offset the generator draws at
   least (`POSITION_FULL`, `RELATION_FULL`), so a drawn image scores 1, a centred one 0.5 and a mirrored one 0.
   An absent object scores 0; a prompt without a position scores 1 (nothing to get wrong).
-- `shapes_geneval`: the mean of colour, count and (when the prompt has one) position.
+- `shapes_shape`: per asked colour, the share of its objects whose outline is an asked shape of that colour (0
+  when the colour is absent), averaged over the asked colours. An object's outline is read from its pixels: a
+  square fills its bounding box (fill ≥ `SQUARE_FILL`), a triangle's top third is much narrower than its bottom
+  third (`TRIANGLE_TAPER`), a circle is neither; a component too elongated or too sparse for any of them
+  (`OUTLINE_ASPECT`, `OUTLINE_FILL`) is no shape. On the generator's own drawings at 32 px it reads 97 % of
+  circles and every square and triangle right (tests/rewards/test_shapes_reward.py).
+- `shapes_geneval`: the mean of colour, count and (when the prompt has one) position. It does not read shapes:
+  a model can raise it by drawing blobs of the asked colours (benchmarks/RESULTS.md, the pilot at lr 1e-4);
+  `shapes_shape` beside it in `rewards` holds the outlines.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.data.shapes import COLORS, MIN_SEPARATION, REGION, SceneSpec, parse_prompt
+from diffusion_rl.data.shapes import COLORS, MIN_SEPARATION, REGION, SHAPES, SceneSpec, parse_prompt
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS, RewardFn
 
@@ -35,6 +43,11 @@ POSITION_FULL = 0.5 - REGION - 0.03  # the generator puts "left" objects at leas
 RELATION_FULL = MIN_SEPARATION - 0.05  # ... and related objects at least MIN_SEPARATION apart
 _PALETTE = np.array(list(COLORS.values()), dtype=np.float32)  # [K, 3]
 _COLOR_INDEX = {name: k for k, name in enumerate(COLORS)}
+_SHAPE_INDEX = {name: k for k, name in enumerate(SHAPES)}
+SQUARE_FILL = 0.9  # a component filling at least this share of its bounding box is a square (circles: 0.59-0.92)
+TRIANGLE_TAPER = 0.6  # ... one whose top third is narrower than this share of its bottom third a triangle (≤ 0.40)
+OUTLINE_ASPECT = 1.67  # height / width (or width / height) beyond this: no shape (the drawn ones: ≤ 1.43)
+OUTLINE_FILL = 0.45  # a component filling less of its bounding box: no shape (the drawn ones: ≥ 0.51)
 
 
 @dataclass
@@ -45,6 +58,7 @@ class ImageReading:
     objects: np.ndarray  # [K] connected components of colour k with at least min_area pixels
     centroid: np.ndarray  # [K, 2] (x, y) in [0, 1] of colour k's pixels; NaN where the colour is absent
     min_area: float
+    outlines: np.ndarray | None = None  # [K, S] objects of colour k whose outline reads as SHAPES[s]
 
     def present(self, color: str) -> bool:
         return bool(self.area[_COLOR_INDEX[color]] >= self.min_area)
@@ -110,7 +124,38 @@ def read_images(images_BHW3: np.ndarray, min_area_fraction: float = 0.005, chrom
     objects_BK = np.zeros(batch * k_count)
     objects_BK[candidates] = objects
     objects_BK = objects_BK.reshape(batch, k_count)
-    return [ImageReading(area_BK[b], objects_BK[b], np.stack([cx_BK[b], cy_BK[b]], -1), min_area) for b in range(batch)]
+    outlines = np.zeros((batch * k_count, len(SHAPES)))
+    for mask_index, shape in _outlines(ids, min_area):
+        outlines[candidates[mask_index], _SHAPE_INDEX[shape]] += 1
+    outlines = outlines.reshape(batch, k_count, len(SHAPES))
+    centroids = np.stack([cx_BK, cy_BK], -1)
+    return [ImageReading(area_BK[b], objects_BK[b], centroids[b], min_area, outlines[b]) for b in range(batch)]
+
+
+def _outlines(ids_NHW: np.ndarray, min_area: float) -> list[tuple[int, str]]:
+    """(mask index, shape) of each component of at least `min_area` pixels whose outline reads as a shape."""
+    n, h, w = ids_NHW.shape
+    mask_index, ys, xs = np.nonzero(ids_NHW >= 0)
+    comp, inverse, sizes = np.unique(ids_NHW[mask_index, ys, xs], return_inverse=True, return_counts=True)
+    top, bottom, left, right = (np.full(len(comp), fill) for fill in (h, -1, w, -1))
+    np.minimum.at(top, inverse, ys)
+    np.maximum.at(bottom, inverse, ys)
+    np.minimum.at(left, inverse, xs)
+    np.maximum.at(right, inverse, xs)
+    rows, cols = bottom - top + 1, right - left + 1
+    third = np.maximum(rows // 3, 1)  # rows in the top (and in the bottom) third
+    in_top = ys < (top + third)[inverse]
+    in_bottom = ys > (bottom - third)[inverse]
+    top_width = np.bincount(inverse, weights=in_top, minlength=len(comp)) / third
+    bottom_width = np.bincount(inverse, weights=in_bottom, minlength=len(comp)) / third
+    fill, aspect, taper = sizes / (rows * cols), rows / cols, top_width / np.maximum(bottom_width, 1e-9)
+    found = []
+    for c in np.flatnonzero(sizes >= min_area):
+        if fill[c] < OUTLINE_FILL or not 1 / OUTLINE_ASPECT <= aspect[c] <= OUTLINE_ASPECT:
+            continue
+        shape = "square" if fill[c] >= SQUARE_FILL else "triangle" if taper[c] < TRIANGLE_TAPER else "circle"
+        found.append((int(comp[c] // (h * w)), shape))
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -130,6 +175,18 @@ def count_score(spec: SceneSpec, reading: ImageReading) -> float:
     for g in spec.groups:
         asked[g.color] = asked.get(g.color, 0) + g.count
     scores = [max(0.0, 1 - abs(reading.objects[_COLOR_INDEX[c]] - n) / n) for c, n in asked.items()]
+    return float(np.mean(scores))
+
+
+def shape_score(spec: SceneSpec, reading: ImageReading) -> float:
+    asked: dict[str, set[str]] = {}
+    for g in spec.groups:
+        asked.setdefault(g.color, set()).add(g.shape)
+    scores = []
+    for color, shapes in asked.items():
+        objects = reading.objects[_COLOR_INDEX[color]]
+        right = sum(reading.outlines[_COLOR_INDEX[color], _SHAPE_INDEX[shape]] for shape in shapes)
+        scores.append(right / objects if objects > 0 else 0.0)
     return float(np.mean(scores))
 
 
@@ -199,6 +256,12 @@ def shapes_count(min_area_fraction: float = 0.005, chroma_threshold: float = 80.
 def shapes_position(min_area_fraction: float = 0.005, chroma_threshold: float = 80.0) -> RewardFn:
     """ShapesWorld position correctness in [0, 1] (1 for prompts without a position)."""
     return _make(position_score, min_area_fraction, chroma_threshold)
+
+
+@REWARDS.register("shapes_shape")
+def shapes_shape(min_area_fraction: float = 0.005, chroma_threshold: float = 80.0) -> RewardFn:
+    """ShapesWorld outline correctness in [0, 1]: the share of each asked colour's objects drawn as an asked shape."""
+    return _make(shape_score, min_area_fraction, chroma_threshold)
 
 
 @REWARDS.register("shapes_geneval")

@@ -9,7 +9,7 @@ from diffusion_rl.rewards import make_reward
 from diffusion_rl.rewards.shapes import classify_pixels
 
 SIZE = 64
-NAMES = ("shapes_color", "shapes_count", "shapes_position", "shapes_geneval")
+NAMES = ("shapes_color", "shapes_count", "shapes_position", "shapes_geneval")  # exact on the generator's scenes
 
 
 def canvas() -> np.ndarray:
@@ -124,3 +124,33 @@ def test_bad_kwargs_are_user_errors():
         make_reward("shapes_geneval", min_area_fraction=2.0)
     with pytest.raises(UserError):
         make_reward("shapes_count", min_area=3)
+
+
+def test_each_drawn_shape_reads_as_itself_and_a_smear_as_no_shape():
+    from diffusion_rl.data.shapes import RADIUS, SHAPES, draw_objects
+    from diffusion_rl.rewards.shapes import read_images
+
+    rng = np.random.default_rng(0)
+    right = {}
+    for shape in SHAPES:  # 300 objects of each shape, at the generator's sizes, in every colour, at 32 px
+        objects = [(list(COLORS)[i % len(COLORS)], shape, *rng.uniform(0.2, 0.8, 2), rng.uniform(*RADIUS))
+                   for i in range(300)]  # fmt: skip
+        readings = read_images(np.stack([draw_objects([o], 32) for o in objects]))
+        right[shape] = np.mean([r.outlines[list(COLORS).index(o[0]), SHAPES.index(shape)] for o, r in
+                                zip(objects, readings)])  # fmt: skip
+    assert right["square"] == right["triangle"] == 1.0 and right["circle"] >= 0.95, right
+    smear = canvas()
+    smear[30:33, 4:40] = COLORS["red"]  # 3 × 36 px: an object by area, too elongated for a shape
+    (reading,) = read_images(smear[None])
+    assert reading.objects[list(COLORS).index("red")] == 1 and reading.outlines.sum() == 0
+
+
+def test_shape_score_is_the_share_of_each_asked_colours_objects_with_an_asked_shape():
+    from diffusion_rl.data.shapes import draw_objects
+
+    circle, square_ = ("red", "circle", 0.25, 0.3, 0.11), ("red", "square", 0.75, 0.3, 0.11)
+    blue_triangle = ("blue", "triangle", 0.5, 0.75, 0.12)
+    images = [draw_objects(objects, 32) for objects in ([circle, square_], [circle, blue_triangle], [square_])]
+    prompts = ["two red circles", "a red circle above a blue triangle", "a red circle above a blue triangle"]
+    # 1 of red's 2 objects is a circle; red 1/1 and blue 1/1; red 0/1 and blue absent (0)
+    assert scores("shapes_shape", images, prompts).tolist() == [0.5, 1.0, 0.0]
