@@ -211,12 +211,14 @@ def run_for_budget(trainer, budget_s: float | None, max_steps: int | None, val_e
 
     validate(0.0, 0)
     train_s, step, next_val, rewards, images, train_curve = 0.0, 0, val_every_s, [], 0, []
+    flops = None  # a step's counted FLOPs (log.flops), the last step's
     while more(train_s, step):
         start = time.perf_counter()
         metrics = trainer.train_step(step)
         train_s += time.perf_counter() - start
         step += 1
         images += trainer.cfg.batch_size
+        flops = metrics.get("perf/flops_per_step", flops)
         if "reward/mean" in metrics:
             rewards.append(float(metrics["reward/mean"]))
         if training_reward(metrics) is not None:
@@ -230,6 +232,7 @@ def run_for_budget(trainer, budget_s: float | None, max_steps: int | None, val_e
         "steps": step,
         "train_seconds": round(train_s, 2),
         "seconds_per_step": train_s / step if step else None,
+        "flops_per_step": flops,
         "images_per_second": images / train_s if train_s else None,
         "train_reward_first": rewards[0] if rewards else None,
         "train_reward_last10": sum(rewards[-10:]) / len(rewards[-10:]) if rewards else None,

@@ -474,6 +474,11 @@ class Benchmark:
             cpus = sorted({shard["machine"]["cpu"] for shard in finished})
             lines.append(f"  about {total_todo * per_run / 3600:.1f} CPU-hours at the finished shards' {per_run:.0f} "
                          f"CPU-s per run ({runs} runs on {', '.join(cpus)}; one process per core)")  # fmt: skip
+        if total_todo and self.args.calibrate:  # before any shard: timed by a pilot run of Flow-GRPO
+            from ranking_wallclock import pilot_seconds_per_run
+
+            per_run, how = pilot_seconds_per_run(Path(self.args.calibrate), self.budget, images, self.step_flops)
+            lines.append(f"  about {total_todo * per_run / 3600:.1f} CPU-hours at {per_run:.0f} CPU-s per run, {how}")
         return lines
 
 
@@ -506,6 +511,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-n", type=int, default=VAL_N, help="samples per prompt at the base and final points")
     parser.add_argument("--val-n-subset", type=int, default=VAL_N_SUBSET, help="samples per prompt in between")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--calibrate",
+        default=None,
+        metavar="JSON",
+        help="--plan: time the runs by this learning.py record of Flow-GRPO at the recipe",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every algorithm (repeatable)")  # fmt: skip
     parser.add_argument("--pg-set", action="append", default=[], metavar="KEY=VALUE",

@@ -11,6 +11,7 @@ and per round, to show the spread), which ranking_table.py turns into the reward
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -81,3 +82,20 @@ def ratios(times: dict[str, dict]) -> dict[str, float]:
     """name → (its seconds per FLOP) / (Flow-GRPO's): above 1, the same compute takes it longer."""
     per_flop = {n: t["seconds"] / t["flops"] for n, t in times.items()}
     return {n: v / per_flop[REFERENCE] for n, v in per_flop.items()}
+
+
+def pilot_seconds_per_run(path: Path, budget: float, val_images: int, step_flops) -> tuple[float, str]:
+    """A ranking run's seconds timed by a learning.py record of Flow-GRPO at the ranking's recipe (`--plan
+    --calibrate`), and how, in words: its seconds per training FLOP × the budget, plus its validation's seconds per
+    image × a run's validation images. A step's FLOPs are the record's, else `step_flops()`'s count of Flow-GRPO's
+    steps here (a step of the task). Other algorithms spend other seconds per FLOP (--wallclock): it is Flow-GRPO's
+    figure for every run."""
+    record = json.loads(path.read_text())
+    run = next(iter(record["algorithms"].values()))
+    flops = run.get("flops_per_step") or step_flops()[-1]
+    points = [c for c in run["curve"] if c.get("images")]
+    per_image = sum(c["seconds"] for c in points) / sum(c["images"] for c in points)
+    per_run = budget / flops * run["seconds_per_step"] + val_images * per_image
+    load = record.get("machine", {}).get("load_average_after")
+    return per_run, (f"Flow-GRPO's {run['seconds_per_step']:.1f} s a step of {flops:.4g} FLOPs and {per_image:.3f} s "
+                     f"a validation image in {path.name} (load after it {load}; one process per core)")  # fmt: skip

@@ -118,3 +118,20 @@ def test_a_run_s_guard_alerts_are_kept_and_said_under_the_table(ranking, load_be
     lines = table.markdown(table.summarise(shards))
     assert lines[-1] == "Guard alerts, DiffusionNFT: seed 2: 3 from step 7." and lines[-2] == ""
     assert not any(line.startswith("Guard alerts, Flow-GRPO") for line in lines)
+
+
+def test_a_plan_before_any_shard_is_timed_by_a_pilot_record_of_flow_grpo(ranking, load_benchmark, tmp_path):
+    wallclock = load_benchmark("ranking_wallclock")  # after ranking.py, which puts benchmarks/ on the path
+    curve = [{"step": 0, "images": 100, "seconds": 4.0}, {"step": 50, "images": 300, "seconds": 16.0}]
+    run = {"seconds_per_step": 10.0, "flops_per_step": 1e11, "curve": curve}
+    record = {"machine": {"load_average_after": [1.0, 1.0, 1.0]}, "algorithms": {"flow_grpo": run}}
+    path = tmp_path / "pilot.json"
+    path.write_text(json.dumps(record))
+    measured = []
+    # a budget of 100 steps × 10 s, and 50 validation images at (4 + 16) s / 400 images
+    per_run, how = wallclock.pilot_seconds_per_run(path, 1e13, 50, lambda: measured.append(1) or [9e10, 2e11])
+    assert per_run == pytest.approx(1000 + 50 * 0.05) and measured == [] and "10.0 s a step of 1e+11 FLOPs" in how
+    del record["algorithms"]["flow_grpo"]["flops_per_step"]  # an older record: a step counted here instead
+    path.write_text(json.dumps(record))
+    per_run, _ = wallclock.pilot_seconds_per_run(path, 1e13, 50, lambda: measured.append(1) or [9e10, 2e11])
+    assert per_run == pytest.approx(500 + 2.5) and measured == [1]
