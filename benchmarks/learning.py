@@ -131,24 +131,25 @@ def build_config(path: Path, run_dir: Path, args, model_dir: Path | None = None,
             f"sampling.width={info['size']}",
             f"data.train={prompts / 'train.jsonl'}",
             f"val.prompts={prompts / 'val.jsonl'}",
-            f"rewards=[{_shapes_reward(path)}]",
+            f"rewards=[{_shapes_reward(path, getattr(args, 'shape_weight', 0.0))}]",
             f"val.rewards=[{{name: {SHAPES_REWARD}}}]",  # a config may validate on its own (a pairwise one does)
         ]
     return load(str(path), overrides + list(args.set))
 
 
-def _shapes_reward(path: Path) -> str:
-    """The task's training rewards for the config at `path`: shapes_geneval, or for a config that trains on a group
-    reward (Pref-GRPO's pairwise win rate, a rank) the same group reward over shapes_geneval's scores, plus
-    shapes_geneval itself at weight 0 (logged, not trained on: a win rate's batch mean is ½ whatever the images,
-    so the learning-rate choice reads the logged score instead)."""
+def _shapes_reward(path: Path, shape_weight: float = 0.0) -> str:
+    """The task's training rewards for the config at `path`: shapes_geneval (with `shape_weight`, the objects'
+    outlines weighed in: rewards/shapes.py), or for a config that trains on a group reward (Pref-GRPO's pairwise win
+    rate, a rank) the same group reward over that score, plus the score itself at weight 0 (logged, not trained on:
+    a win rate's batch mean is ½ whatever the images, so the learning-rate choice reads the logged score instead).
+    Validation reads plain shapes_geneval either way."""
     from diffusion_rl.config import load
 
+    task = f"{{name: {SHAPES_REWARD}" + (f", kwargs: {{shape_weight: {shape_weight}}}}}" if shape_weight else "}")
     group = load(str(path)).rewards[0].name
     if group in ("pairwise_win_rate", "rank"):
-        return (f"{{name: {group}, weight: 1.0, kwargs: {{reward: {{name: {SHAPES_REWARD}}}}}}}, "
-                f"{{name: {SHAPES_REWARD}, weight: 0.0}}")  # fmt: skip
-    return f"{{name: {SHAPES_REWARD}, weight: 1.0}}"
+        return f"{{name: {group}, weight: 1.0, kwargs: {{reward: {task}}}}}, {task[:-1]}, weight: 0.0}}"
+    return f"{task[:-1]}, weight: 1.0}}"
 
 
 def training_reward(metrics: dict) -> float | None:
@@ -331,6 +332,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--val-every-seconds", type=float, default=30.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--shape-weight",
+        type=float,
+        default=0.0,
+        help="train on shapes_geneval with the outlines weighed in (its shape_weight); validate on it plain",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every algorithm (repeatable), e.g. train.lr=3e-4")  # fmt: skip
     parser.add_argument("--work", default=None, help="run dirs (default: temporary)")

@@ -208,6 +208,8 @@ class Benchmark:
                          "val_n_subset": args.val_n_subset, "lrs": args.lrs, "select_seeds": list(self.select_seeds),
                          "extend": args.extend, "algorithms": sorted(self.configs), "set": list(args.set),
                          "pg_set": list(args.pg_set)}  # fmt: skip
+        if args.shape_weight:  # absent when 0, as in the runs made before it existed
+            self.settings["shape_weight"] = args.shape_weight
         if args.plan or args.shard is not None:
             self.check_settings()  # before any work: settings.json of other settings, or unreadable, stops here
         self.info = None if args.plan else ensure_base_model(self.model_dir, args.threads)  # may pretrain it
@@ -220,6 +222,7 @@ class Benchmark:
         return argparse.Namespace(
             seed=seed,
             threads=self.args.threads,
+            shape_weight=self.args.shape_weight,
             set=[*self.args.set, *own, f"val.prompts={heldout}", f"val.n={self.args.val_n}", *extra],
         )
 
@@ -511,12 +514,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-n", type=int, default=VAL_N, help="samples per prompt at the base and final points")
     parser.add_argument("--val-n-subset", type=int, default=VAL_N_SUBSET, help="samples per prompt in between")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--calibrate",
-        default=None,
-        metavar="JSON",
-        help="--plan: time the runs by this learning.py record of Flow-GRPO at the recipe",
-    )
+    parser.add_argument("--calibrate", default=None, metavar="JSON",
+                        help="--plan: time the runs by this learning.py record of Flow-GRPO at the recipe")  # fmt: skip
+    parser.add_argument("--shape-weight", type=float, default=0.0,
+                        help="train on shapes_geneval with the outlines weighed in (as learning.py)")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every algorithm (repeatable)")  # fmt: skip
     parser.add_argument("--pg-set", action="append", default=[], metavar="KEY=VALUE",

@@ -24,7 +24,7 @@ components of at least that area; its position is the centroid of all its pixels
   circles and every square and triangle right (tests/rewards/test_shapes_reward.py).
 - `shapes_geneval`: the mean of colour, count and (when the prompt has one) position. It does not read shapes:
   a model can raise it by drawing blobs of the asked colours (benchmarks/RESULTS.md, the pilot at lr 1e-4);
-  `shapes_shape` beside it in `rewards` holds the outlines.
+  `shape_weight` w weighs `shapes_shape` in: (mean + w · shape) / (1 + w).
 """
 
 from __future__ import annotations
@@ -265,6 +265,17 @@ def shapes_shape(min_area_fraction: float = 0.005, chroma_threshold: float = 80.
 
 
 @REWARDS.register("shapes_geneval")
-def shapes_geneval(min_area_fraction: float = 0.005, chroma_threshold: float = 80.0) -> RewardFn:
-    """Mean of the ShapesWorld colour, count and (when asked) position scores."""
-    return _make(geneval_score, min_area_fraction, chroma_threshold)
+def shapes_geneval(
+    min_area_fraction: float = 0.005, chroma_threshold: float = 80.0, shape_weight: float = 0.0
+) -> RewardFn:
+    """Mean of the ShapesWorld colour, count and (when asked) position scores; with `shape_weight` w > 0,
+    (that mean + w · shapes_shape) / (1 + w): the outlines weighed in, still in [0, 1] (a group reward can wrap it)."""
+    if not 0 <= shape_weight <= 100:
+        raise UserError(f"shapes_geneval: shape_weight must be in [0, 100], got {shape_weight}")
+    if shape_weight == 0:
+        return _make(geneval_score, min_area_fraction, chroma_threshold)
+
+    def with_outlines(spec: SceneSpec, reading: ImageReading) -> float:
+        return (geneval_score(spec, reading) + shape_weight * shape_score(spec, reading)) / (1 + shape_weight)
+
+    return _make(with_outlines, min_area_fraction, chroma_threshold)

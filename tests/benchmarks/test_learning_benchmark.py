@@ -80,3 +80,10 @@ def test_the_shapes_task_keeps_a_pairwise_config_pairwise_and_validates_every_co
         cfg = learning.build_config(found[family], tmp_path / family, args, tmp_path / "model", info)
         assert "ShapesWorld trains a text-to-image model" in learning.skip_reason(cfg, shapes=True)
     assert learning.skip_reason(nft, shapes=True) is None
+    outlined = argparse.Namespace(seed=0, threads=2, set=[], shape_weight=0.5)  # trains on the outlines too
+    pairwise = learning.build_config(found["pairwise"], tmp_path / "c", outlined, tmp_path / "model", info)
+    task = {"name": "shapes_geneval", "kwargs": {"shape_weight": 0.5}}
+    assert pairwise.rewards[0].kwargs == {"reward": task} and pairwise.rewards[1].kwargs == task["kwargs"]
+    nft = learning.build_config(found["nft"], tmp_path / "d", outlined, tmp_path / "model", info)
+    assert [(r.name, r.weight, r.kwargs) for r in nft.rewards] == [("shapes_geneval", 1.0, task["kwargs"])]
+    assert [(r.name, r.kwargs) for r in nft.val.rewards] == [("shapes_geneval", {})]  # validated plain

@@ -154,3 +154,14 @@ def test_shape_score_is_the_share_of_each_asked_colours_objects_with_an_asked_sh
     prompts = ["two red circles", "a red circle above a blue triangle", "a red circle above a blue triangle"]
     # 1 of red's 2 objects is a circle; red 1/1 and blue 1/1; red 0/1 and blue absent (0)
     assert scores("shapes_shape", images, prompts).tolist() == [0.5, 1.0, 0.0]
+
+
+def test_shape_weight_weighs_the_outlines_into_geneval():
+    from diffusion_rl.data.shapes import draw_objects
+
+    image = draw_objects([("red", "square", 0.5, 0.5, 0.11)], 32)  # right colour and count, wrong outline
+    assert scores("shapes_geneval", [image], ["a red circle"]).tolist() == [1.0]
+    outlined = make_reward("shapes_geneval", shape_weight=0.5)(image[None], ["a red circle"], [{}])
+    np.testing.assert_allclose(outlined, [(1.0 + 0.5 * 0.0) / 1.5], rtol=1e-6)
+    with pytest.raises(UserError):
+        make_reward("shapes_geneval", shape_weight=-1)
