@@ -145,11 +145,12 @@ def _shapes_reward(path: Path, shape_weight: float = 0.0) -> str:
     Validation reads plain shapes_geneval either way."""
     from diffusion_rl.config import load
 
-    task = f"{{name: {SHAPES_REWARD}" + (f", kwargs: {{shape_weight: {shape_weight}}}}}" if shape_weight else "}")
+    kwargs = f", kwargs: {{shape_weight: {shape_weight}}}" if shape_weight else ""
     group = load(str(path)).rewards[0].name
     if group in ("pairwise_win_rate", "rank"):
-        return f"{{name: {group}, weight: 1.0, kwargs: {{reward: {task}}}}}, {task[:-1]}, weight: 0.0}}"
-    return f"{task[:-1]}, weight: 1.0}}"
+        return (f"{{name: {group}, weight: 1.0, kwargs: {{reward: {{name: {SHAPES_REWARD}{kwargs}}}}}}}, "
+                f"{{name: {SHAPES_REWARD}{kwargs}, weight: 0.0}}")  # fmt: skip
+    return f"{{name: {SHAPES_REWARD}{kwargs}, weight: 1.0}}"
 
 
 def training_reward(metrics: dict) -> float | None:

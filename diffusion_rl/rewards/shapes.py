@@ -58,7 +58,7 @@ class ImageReading:
     objects: np.ndarray  # [K] connected components of colour k with at least min_area pixels
     centroid: np.ndarray  # [K, 2] (x, y) in [0, 1] of colour k's pixels; NaN where the colour is absent
     min_area: float
-    outlines: np.ndarray | None = None  # [K, S] objects of colour k whose outline reads as SHAPES[s]
+    outlines: np.ndarray | None = None  # [K, S] objects of colour k whose outline reads as SHAPES[s] (if read)
 
     def present(self, color: str) -> bool:
         return bool(self.area[_COLOR_INDEX[color]] >= self.min_area)
@@ -102,8 +102,10 @@ def _components(mask_NHW: np.ndarray) -> np.ndarray:
         ids = smallest
 
 
-def read_images(images_BHW3: np.ndarray, min_area_fraction: float = 0.005, chroma_threshold: float = 80.0):
-    """One `ImageReading` per image."""
+def read_images(
+    images_BHW3: np.ndarray, min_area_fraction: float = 0.005, chroma_threshold: float = 80.0, outlines: bool = False
+):
+    """One `ImageReading` per image; with `outlines`, each object's outline read too (`shapes_shape`)."""
     batch, height, width = images_BHW3.shape[:3]
     k_count = len(_PALETTE)
     labels = classify_pixels(images_BHW3, chroma_threshold)
@@ -119,25 +121,30 @@ def read_images(images_BHW3: np.ndarray, min_area_fraction: float = 0.005, chrom
     masks_NHW = masks_BKHW.reshape(batch * k_count, height, width)
     candidates = np.flatnonzero(area_BK.ravel() >= min_area)
     ids = _components(masks_NHW[candidates])
-    comp_ids, sizes = np.unique(ids[ids >= 0], return_counts=True)
+    pixels = np.nonzero(ids >= 0)  # (mask index, y, x) of every object pixel
+    comp_ids, inverse, sizes = np.unique(ids[pixels], return_inverse=True, return_counts=True)
     objects = np.bincount(comp_ids[sizes >= min_area] // (height * width), minlength=len(candidates))
     objects_BK = np.zeros(batch * k_count)
     objects_BK[candidates] = objects
     objects_BK = objects_BK.reshape(batch, k_count)
-    outlines = np.zeros((batch * k_count, len(SHAPES)))
-    for mask_index, shape in _outlines(ids, min_area):
-        outlines[candidates[mask_index], _SHAPE_INDEX[shape]] += 1
-    outlines = outlines.reshape(batch, k_count, len(SHAPES))
+    shapes_BKS = None
+    if outlines:
+        shapes_BKS = np.zeros((batch * k_count, len(SHAPES)))
+        for c, shape in _outlines(pixels[1], pixels[2], inverse, sizes, min_area):
+            shapes_BKS[candidates[comp_ids[c] // (height * width)], _SHAPE_INDEX[shape]] += 1
+        shapes_BKS = shapes_BKS.reshape(batch, k_count, len(SHAPES))
     centroids = np.stack([cx_BK, cy_BK], -1)
-    return [ImageReading(area_BK[b], objects_BK[b], centroids[b], min_area, outlines[b]) for b in range(batch)]
+    return [ImageReading(area_BK[b], objects_BK[b], centroids[b], min_area, None if shapes_BKS is None else
+                         shapes_BKS[b]) for b in range(batch)]  # fmt: skip
 
 
-def _outlines(ids_NHW: np.ndarray, min_area: float) -> list[tuple[int, str]]:
-    """(mask index, shape) of each component of at least `min_area` pixels whose outline reads as a shape."""
-    n, h, w = ids_NHW.shape
-    mask_index, ys, xs = np.nonzero(ids_NHW >= 0)
-    comp, inverse, sizes = np.unique(ids_NHW[mask_index, ys, xs], return_inverse=True, return_counts=True)
-    top, bottom, left, right = (np.full(len(comp), fill) for fill in (h, -1, w, -1))
+def _outlines(ys, xs, inverse, sizes, min_area: float) -> list[tuple[int, str]]:
+    """(component, shape) of each component of at least `min_area` pixels whose outline reads as a shape: the
+    components as `np.unique` numbered them (`inverse`: each object pixel's, at (ys, xs); `sizes`: their pixels)."""
+    count = len(sizes)
+    if count == 0:
+        return []
+    top, bottom, left, right = (np.full(count, fill) for fill in (ys.max() + 1, -1, xs.max() + 1, -1))
     np.minimum.at(top, inverse, ys)
     np.maximum.at(bottom, inverse, ys)
     np.minimum.at(left, inverse, xs)
@@ -146,15 +153,15 @@ def _outlines(ids_NHW: np.ndarray, min_area: float) -> list[tuple[int, str]]:
     third = np.maximum(rows // 3, 1)  # rows in the top (and in the bottom) third
     in_top = ys < (top + third)[inverse]
     in_bottom = ys > (bottom - third)[inverse]
-    top_width = np.bincount(inverse, weights=in_top, minlength=len(comp)) / third
-    bottom_width = np.bincount(inverse, weights=in_bottom, minlength=len(comp)) / third
+    top_width = np.bincount(inverse, weights=in_top, minlength=count) / third
+    bottom_width = np.bincount(inverse, weights=in_bottom, minlength=count) / third
     fill, aspect, taper = sizes / (rows * cols), rows / cols, top_width / np.maximum(bottom_width, 1e-9)
     found = []
     for c in np.flatnonzero(sizes >= min_area):
         if fill[c] < OUTLINE_FILL or not 1 / OUTLINE_ASPECT <= aspect[c] <= OUTLINE_ASPECT:
             continue
         shape = "square" if fill[c] >= SQUARE_FILL else "triangle" if taper[c] < TRIANGLE_TAPER else "circle"
-        found.append((int(comp[c] // (h * w)), shape))
+        found.append((int(c), shape))
     return found
 
 
@@ -226,7 +233,12 @@ def spec_of(prompt: str, metadata: dict[str, Any]) -> SceneSpec:
     return SceneSpec.from_dict(data) if data is not None else parse_prompt(prompt)
 
 
-def _make(score: Callable[[SceneSpec, ImageReading], float], min_area_fraction: float, chroma_threshold: float):
+def _make(
+    score: Callable[[SceneSpec, ImageReading], float],
+    min_area_fraction: float,
+    chroma_threshold: float,
+    outlines: bool = False,
+):
     if not 0 < min_area_fraction < 1:
         raise UserError(f"shapes rewards: min_area_fraction must be in (0, 1), got {min_area_fraction}")
     if not 0 <= chroma_threshold <= 255:
@@ -234,7 +246,7 @@ def _make(score: Callable[[SceneSpec, ImageReading], float], min_area_fraction: 
 
     def reward(images: np.ndarray, prompts: list[str], metadata: list[dict]) -> np.ndarray:
         specs = [spec_of(p, m) for p, m in zip(prompts, metadata)]
-        readings = read_images(images, min_area_fraction, chroma_threshold)
+        readings = read_images(images, min_area_fraction, chroma_threshold, outlines)
         return np.array([score(s, r) for s, r in zip(specs, readings)], dtype=np.float32)
 
     return reward
@@ -261,7 +273,7 @@ def shapes_position(min_area_fraction: float = 0.005, chroma_threshold: float = 
 @REWARDS.register("shapes_shape")
 def shapes_shape(min_area_fraction: float = 0.005, chroma_threshold: float = 80.0) -> RewardFn:
     """ShapesWorld outline correctness in [0, 1]: the share of each asked colour's objects drawn as an asked shape."""
-    return _make(shape_score, min_area_fraction, chroma_threshold)
+    return _make(shape_score, min_area_fraction, chroma_threshold, outlines=True)
 
 
 @REWARDS.register("shapes_geneval")
@@ -278,4 +290,4 @@ def shapes_geneval(
     def with_outlines(spec: SceneSpec, reading: ImageReading) -> float:
         return (geneval_score(spec, reading) + shape_weight * shape_score(spec, reading)) / (1 + shape_weight)
 
-    return _make(with_outlines, min_area_fraction, chroma_threshold)
+    return _make(with_outlines, min_area_fraction, chroma_threshold, outlines=True)

@@ -135,13 +135,13 @@ def test_each_drawn_shape_reads_as_itself_and_a_smear_as_no_shape():
     for shape in SHAPES:  # 300 objects of each shape, at the generator's sizes, in every colour, at 32 px
         objects = [(list(COLORS)[i % len(COLORS)], shape, *rng.uniform(0.2, 0.8, 2), rng.uniform(*RADIUS))
                    for i in range(300)]  # fmt: skip
-        readings = read_images(np.stack([draw_objects([o], 32) for o in objects]))
+        readings = read_images(np.stack([draw_objects([o], 32) for o in objects]), outlines=True)
         right[shape] = np.mean([r.outlines[list(COLORS).index(o[0]), SHAPES.index(shape)] for o, r in
                                 zip(objects, readings)])  # fmt: skip
     assert right["square"] == right["triangle"] == 1.0 and right["circle"] >= 0.95, right
     smear = canvas()
     smear[30:33, 4:40] = COLORS["red"]  # 3 × 36 px: an object by area, too elongated for a shape
-    (reading,) = read_images(smear[None])
+    (reading,) = read_images(smear[None], outlines=True)
     assert reading.objects[list(COLORS).index("red")] == 1 and reading.outlines.sum() == 0
 
 
