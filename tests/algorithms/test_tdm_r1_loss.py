@@ -1,5 +1,6 @@
-"""TDM-R1's loss and gradient on fixed inputs against the formula written out as a plain loop over groups, rows and
-elements (Python floats; the G×G ridge solve by Cramer's rule), and the direction of its surrogate's ascent."""
+"""TDM-R1's formulas (algorithms/preference/tdm_r1_terms.py) on fixed inputs against the authors' expressions written
+out as plain loops over groups, rows and elements in Python floats: the re-noising and its σ draw, the fake score's,
+the surrogate's and the generator's losses, their gradients, and the chunk's total."""
 
 import math
 from types import SimpleNamespace
@@ -7,113 +8,213 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffusion_rl.algorithms.base import LOSSES
-from diffusion_rl.algorithms.preference.tdm_r1 import TdmR1Input, surrogate_direction
+from diffusion_rl.algorithms.preference.tdm_r1_terms import (
+    FakeScoreInput,
+    GeneratorInput,
+    SurrogateInput,
+    TdmR1Input,
+    draw_tau,
+    fake_score_loss,
+    generator_loss,
+    renoise,
+    surrogate_loss,
+    surrogate_target,
+    tdm_r1_terms,
+)
 
+
+def _t(x, grad=False):
+    return torch.tensor(x, dtype=torch.float32, requires_grad=grad)
+
+
+# -- the re-noising, by hand ---------------------------------------------------------------------------------------
+def test_renoise_and_the_surrogate_target_by_hand():
+    # σ' = 0.5, τ = 0.8: α = 0.2/0.5 = 0.4, β = √(0.64 − 0.2²) = √0.6; y = 1, ε = 0.5
+    beta = math.sqrt(0.6)
+    x = renoise(_t([[1.0]]), _t([0.5]), _t([0.8]), _t([[0.5]]))
+    assert x.item() == pytest.approx(0.4 + beta * 0.5, rel=1e-6)
+    # −y/(1 − σ') + ε/β·(τ + σ'²α/(1 − σ')) = −2 + 0.5/√0.6·(0.8 + 0.2)
+    target = surrogate_target(_t([[1.0]]), _t([0.5]), _t([0.8]), _t([[0.5]]))
+    assert target.item() == pytest.approx(-2 + 0.5 / beta, rel=1e-6)
+
+
+def test_from_a_clean_state_they_are_the_forward_process_and_its_velocity():
+    y, eps, tau = _t([[0.3, -1.2]]), _t([[0.7, 0.1]]), _t([0.6])
+    x = renoise(y, _t([0.0]), tau, eps)
+    assert torch.allclose(x, 0.4 * y + 0.6 * eps, atol=1e-7)
+    assert torch.allclose(surrogate_target(y, _t([0.0]), tau, eps), eps - y, atol=1e-6)
+
+
+def test_tau_is_uniform_on_the_shifted_scale_above_its_bound():
+    # unshift(0.5) = 0.5/(3 − 2·0.5) = 0.25; start 0.27; u = 0.25 → 0.4525; shift 3·0.4525/(1 + 2·0.4525)
+    assert draw_tau(_t([0.5]), 0.25).item() == pytest.approx(1.3575 / 1.905, rel=1e-6)
+    # a lowest σ of 0.6 above σ' = 0.5: unshift(0.6) = 0.6/1.8; start + 0.02; u = 0.25
+    start = 0.6 / 1.8 + 0.02
+    z = 0.25 * (1 - start) + start
+    assert draw_tau(_t([0.5]), 0.25, lowest=0.6).item() == pytest.approx(3 * z / (1 + 2 * z), rel=1e-6)
+    assert draw_tau(_t([0.5]), 0.0, lowest=0.6).item() >= 0.6
+    assert draw_tau(_t([0.2]), 0.999).item() <= 1.0
+
+
+# -- the fake score ------------------------------------------------------------------------------------------------
+def test_fake_score_loss_and_gradient():
+    v, vt, x, m, tau = [[0.5, -0.1], [0.2, 0.3]], [[0.4, 0.0], [0.1, 0.5]], [[1.0, 0.2], [-0.4, 0.6]], \
+        [[0.2, 0.1], [0.0, 0.3]], [0.5, 0.8]  # fmt: skip
+    inp = FakeScoreInput(v_fake=_t(v, True), v_teacher=_t(vt), x_tau=_t(x), x0=_t(m), tau=_t(tau))
+    per_row, error = fake_score_loss(inp, 0.02)
+    per_row.sum().backward()
+    for n in range(2):
+        target = [(x[n][e] - m[n][e]) / tau[n] for e in range(2)]
+        err = sum((target[e] - v[n][e]) ** 2 for e in range(2)) / 2
+        reg = sum((vt[n][e] - v[n][e]) ** 2 for e in range(2)) / 2
+        assert per_row[n].item() == pytest.approx(err + 0.02 * reg, rel=1e-6)
+        assert error[n].item() == pytest.approx(err, rel=1e-6)
+        for e in range(2):
+            grad = (-2 * (target[e] - v[n][e]) - 0.04 * (vt[n][e] - v[n][e])) / 2
+            assert inp.v_fake.grad[n, e].item() == pytest.approx(grad, rel=1e-5)
+
+
+# -- the surrogate -------------------------------------------------------------------------------------------------
 # U = 2 groups of G = 3 rows, D = 2 elements a row
-V = [[[0.5, -0.2], [0.1, 0.4], [-0.3, 0.9]], [[1.0, 0.0], [0.2, -0.6], [0.7, 0.3]]]
-V_REF = [[[0.4, 0.0], [0.3, 0.3], [-0.1, 0.6]], [[0.9, 0.1], [0.0, -0.2], [0.4, 0.1]]]
-NEXT = [[[0.3, 0.1], [0.0, 0.2], [0.1, 0.5]], [[0.6, 0.2], [0.1, -0.1], [0.2, 0.4]]]
-ADV = [[1.2, -0.4, -0.8], [7.0, -2.0, -5.5]]  # group 1's 7 and -5.5 are clamped to ±5
+PHI = [[[0.5, -0.2], [0.1, 0.4], [-0.3, 0.9]], [[1.0, 0.0], [0.2, -0.6], [0.7, 0.3]]]
+OLD = [[[0.5, -0.2], [0.3, 0.4], [-0.3, 0.7]], [[0.9, 0.1], [0.2, -0.6], [0.7, 0.3]]]
+TEACHER = [[[0.4, 0.0], [0.3, 0.3], [-0.1, 0.6]], [[0.9, 0.1], [0.0, -0.2], [0.4, 0.1]]]
+TARGET = [[[0.3, 0.1], [0.0, 0.2], [0.1, 0.5]], [[0.6, 0.2], [0.1, -0.1], [0.2, 0.4]]]
+ADV = [[1.2, -0.4, -0.8], [7.0, -2.0, -5.5]]  # group 1's 7 and −5.5 are clamped to ±5
 
 
-def _cfg(**over):
-    return SimpleNamespace(**{**dict(push=0.7, kl_beta=0.3, ridge=0.1, adv_clip_max=5.0), **over})
+def _mse(a, b):
+    return sum((x - y) ** 2 for x, y in zip(a, b)) / len(a)
 
 
-def _input(weights=None, v_ref=True, adv=ADV):
-    return TdmR1Input(
-        v=torch.tensor(V, dtype=torch.float32, requires_grad=True),
-        next_states=torch.tensor(NEXT),
-        advantages=torch.tensor(adv),
-        v_ref=torch.tensor(V_REF) if v_ref else None,
-        weights=weights,
-    )
-
-
-def _det3(m):
-    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))  # fmt: skip
-
-
-def _direction(u, ridge, c):
-    """d of group u: −b/rms(b), b = Yᵀ (YYᵀ + ρ·tr/G·I)⁻¹ a, by loops."""
-    G, D = 3, 2
-    a = [max(-c, min(c, x)) for x in ADV[u]]
-    a = [x - sum(a) / G for x in a]
-    mean = [sum(NEXT[u][j][e] for j in range(G)) / G for e in range(D)]
-    Y = [[NEXT[u][j][e] - mean[e] for e in range(D)] for j in range(G)]
-    gram = [[sum(Y[i][e] * Y[j][e] for e in range(D)) for j in range(G)] for i in range(G)]
-    lam = ridge * sum(gram[i][i] for i in range(G)) / G
-    m = [[gram[i][j] + (lam if i == j else 0.0) for j in range(G)] for i in range(G)]
-    det = _det3(m)
-    coef = []
-    for k in range(G):  # Cramer: column k replaced by a
-        mk = [[a[i] if j == k else m[i][j] for j in range(G)] for i in range(G)]
-        coef.append(_det3(mk) / det)
-    b = [sum(coef[j] * Y[j][e] for j in range(G)) for e in range(D)]
-    rms = math.sqrt(sum(x * x for x in b) / D)
-    return [-x / rms for x in b]
-
-
-def _expected(cfg, weights=None, v_ref=True):
-    """loss and ∂loss/∂v by the formula, one group, row and element at a time."""
+def _surrogate_expected(beta, clip, threshold, reg, c, time_weight):
+    """Per group: the loss, its gradient in φ's velocity, and the stopped rows, by the authors' steps."""
     U, G, D = 2, 3, 2
-    w = weights or [1.0] * U
-    total, grad = 0.0, [[[0.0] * D for _ in range(G)] for _ in range(U)]
+    distance = [[_mse(PHI[u][i], TEACHER[u][i]) for i in range(G)] for u in range(U)]
+    far = sum(sum(row) for row in distance) / (U * G) > threshold
+    losses, grads, stopped = [], [], []
     for u in range(U):
-        d = _direction(u, cfg.ridge, cfg.adv_clip_max)
-        group = 0.0
-        for j in range(G):
-            delta = [V[u][j][e] - (V_REF[u][j][e] if v_ref else V[u][j][e]) for e in range(D)]
-            kl = sum(x * x for x in delta) / D
-            push = sum(d[e] * delta[e] for e in range(D)) / D
-            group += cfg.kl_beta / 2 * kl - cfg.push * push
-            for e in range(D):
-                grad[u][j][e] = w[u] / U / G * (cfg.kl_beta * delta[e] - cfg.push * d[e]) / D
-        total += w[u] * group / G
-    return total / U, grad
+        adv = [max(-c, min(c, a)) for a in ADV[u]]
+        e = [_mse(TARGET[u][i], PHI[u][i]) for i in range(G)]
+        e_old = [_mse(TARGET[u][i], OLD[u][i]) for i in range(G)]
+        e_t = [_mse(TARGET[u][i], TEACHER[u][i]) for i in range(G)]
+        s = beta / G * sum(adv[i] * (e[i] - e_t[i]) for i in range(G))
+        w = 1 / (1 + math.exp(-s))
+        rows, loss, grad = [], 0.0, []
+        for i in range(G):
+            ratio, ref_ratio = math.exp(e_old[i] - e[i]), math.exp(e_t[i] - e[i])
+            moved = ratio > 1 + clip if adv[i] > 0 else ratio < 1 - clip
+            ahead = ref_ratio > 1 if adv[i] > 0 else ref_ratio < 1
+            stop = moved or (far and ahead)
+            rows.append(stop)
+            loss += time_weight * (w * adv[i] * e[i] + reg * distance[u][i]) / G
+            grad.append([time_weight / G * ((0.0 if stop else w * adv[i] * -2 * (TARGET[u][i][d] - PHI[u][i][d]) / D)
+                                            + reg * 2 * (PHI[u][i][d] - TEACHER[u][i][d]) / D) for d in range(D)])  # fmt: skip
+        losses.append(loss)
+        grads.append(grad)
+        stopped.append(rows)
+    return losses, grads, stopped
+
+
+def _surrogate_input(time_weight=1.0):
+    return SurrogateInput(v_surrogate=_t(PHI, True), v_old=_t(OLD), v_teacher=_t(TEACHER), target=_t(TARGET),
+                          advantages=_t(ADV), time_weight=time_weight)  # fmt: skip
+
+
+@pytest.mark.parametrize("threshold", [0.01, 10.0], ids=["far-from-the-teacher", "near-it"])
+@pytest.mark.parametrize("time_weight", [1.0, 0.75])
+def test_surrogate_loss_and_gradient_match_the_authors_steps(threshold, time_weight):
+    settings = dict(beta=10.0, clip=1e-3, threshold=threshold, reg=0.001, c=5.0, time_weight=time_weight)
+    inp = _surrogate_input(time_weight)
+    per_group, metrics = surrogate_loss(inp, None, beta=10.0, clip_range=1e-3, reg_threshold=threshold, reg=0.001,
+                                        c=5.0)  # fmt: skip
+    per_group.sum().backward()
+    losses, grads, stopped = _surrogate_expected(**settings)
+    assert per_group.tolist() == pytest.approx(losses, rel=1e-5)
+    assert torch.allclose(inp.v_surrogate.grad, _t(grads), rtol=1e-4, atol=1e-8)
+    assert any(any(rows) for rows in stopped) and not all(all(rows) for rows in stopped)  # the cases are exercised
+    moved = sum(row for rows in _surrogate_expected(**{**settings, "threshold": 1e9})[2] for row in rows) / 6
+    assert metrics["tdm_r1/surrogate_clip_fraction"].item() == pytest.approx(moved, rel=1e-6)
+    # far from the teacher (mean distance 0.048 > 0.01), rows whose error passed the teacher's stop too
+    assert (metrics["tdm_r1/surrogate_teacher_clip_fraction"].item() > 0) is (threshold < 0.048)
+
+
+# -- the generator -------------------------------------------------------------------------------------------------
+M = [[0.2, -0.4], [1.0, 0.3]]
+FAKE_X0 = [[0.1, -0.2], [0.8, 0.5]]
+TEACHER_X0 = [[0.3, -0.3], [0.7, 0.2]]
+DIRECTION = [[0.05, -0.1], [0.2, 0.0]]
+GUIDED_X0 = [[0.35, -0.5], [1.4, 0.2]]
+REWARD_X0 = [[0.6, -0.1], [0.9, 0.9]]
+REWARD_REF_X0 = [[0.4, -0.2], [1.1, 0.4]]
+
+
+def _generator_expected(w, s, reward):
+    """Per row the loss and its gradient in m: err = Δ², ∂err/∂m = −2Δ."""
+    losses, grads = [], []
+    for n in range(2):
+        W = sum(abs(M[n][e] - GUIDED_X0[n][e]) for e in range(2)) / 2
+        W_R = sum(abs(M[n][e] - REWARD_X0[n][e]) for e in range(2)) / 2
+        kl = [TEACHER_X0[n][e] - FAKE_X0[n][e] for e in range(2)]
+        cfg = [s * DIRECTION[n][e] for e in range(2)]
+        r = [REWARD_X0[n][e] - REWARD_REF_X0[n][e] for e in range(2)]
+        if reward:
+            coef = [(w * cfg[e] ** 2 / W + (1 - w) * r[e] ** 2 / W_R + kl[e] ** 2 / W) for e in range(2)]
+            grad = [(w * cfg[e] / W + (1 - w) * r[e] / W_R + kl[e] / W) * -2 / 2 for e in range(2)]
+        else:
+            coef = [w * (cfg[e] ** 2 + kl[e] ** 2) / W for e in range(2)]
+            grad = [w * (cfg[e] + kl[e]) / W * -2 / 2 for e in range(2)]
+        losses.append(sum(coef) / 2)
+        grads.append(grad)
+    return losses, grads
+
+
+@pytest.mark.parametrize("reward", [True, False], ids=["reward-step", "teacher-terms-only"])
+def test_generator_loss_and_gradient_match_the_authors_steps(reward):
+    inp = GeneratorInput(x0=_t(M, True), fake_x0=_t(FAKE_X0), teacher_x0=_t(TEACHER_X0),
+                         teacher_guidance_dir=_t(DIRECTION), teacher_guided_x0=_t(GUIDED_X0),
+                         reward_x0=_t(REWARD_X0) if reward else None,
+                         reward_ref_x0=_t(REWARD_REF_X0) if reward else None)  # fmt: skip
+    per_row, metrics = generator_loss(inp, teacher_weight=0.3, cfg_scale=3.5)
+    per_row.sum().backward()
+    losses, grads = _generator_expected(0.3, 3.5, reward)
+    assert per_row.tolist() == pytest.approx(losses, rel=1e-5)
+    assert torch.allclose(inp.x0.grad, _t(grads), rtol=1e-5, atol=1e-8)
+    assert ("tdm_r1/generator_reward" in metrics) is reward
+
+
+# -- the chunk -----------------------------------------------------------------------------------------------------
+def _settings(**over):
+    values = dict(fake_reg=0.02, dpo_beta=10.0, clip_range=1e-3, reg_threshold=0.05, surrogate_reg=0.001,
+                  adv_clip_max=5.0, teacher_weight=0.3, cfg_scale=None, cfg_reward_scale=3.5)  # fmt: skip
+    return SimpleNamespace(**{**values, **over})
+
+
+def _chunk(weights=None):
+    """U = 2 groups of G = 3 rows; the fake score's and the generator's rows are made from the surrogate's numbers."""
+    flat = [row for group in PHI for row in group]
+    x0 = _t([[a * 0.5, b - 0.1] for a, b in flat], True)
+    fake = FakeScoreInput(v_fake=_t(flat, True), v_teacher=_t([row for g in TEACHER for row in g]),
+                          x_tau=_t([row for g in TARGET for row in g]), x0=x0.detach(), tau=_t([0.6] * 6))  # fmt: skip
+    generator = GeneratorInput(x0=x0, fake_x0=_t([row for g in OLD for row in g]),
+                               teacher_x0=_t([row for g in TEACHER for row in g]),
+                               teacher_guidance_dir=_t([[0.1, -0.05]] * 6), teacher_guided_x0=_t([[0.9, -0.9]] * 6))  # fmt: skip
+    return TdmR1Input(fake, _surrogate_input(), generator, None if weights is None else _t(weights))
 
 
 @pytest.mark.parametrize("weights", [None, [1.0, 0.0]], ids=["all", "padded-group"])
-def test_loss_and_gradient_match_the_formula(weights):
-    cfg = _cfg()
-    inp = _input(None if weights is None else torch.tensor(weights))
-    out = LOSSES.get("tdm_r1")(inp, cfg)
-    out.loss.backward()
-    loss, grad = _expected(cfg, weights)
-    assert out.loss.item() == pytest.approx(loss, rel=1e-5, abs=1e-7)
-    assert torch.allclose(inp.v.grad, torch.tensor(grad), rtol=1e-5, atol=1e-7)
-
-
-def test_without_kl_the_push_alone_trains():
-    cfg = _cfg(kl_beta=0.0)
-    inp = _input(v_ref=False)
-    out = LOSSES.get("tdm_r1")(inp, cfg)
-    out.loss.backward()
-    loss, grad = _expected(cfg, v_ref=False)
-    assert out.loss.item() == loss == 0.0  # the anchor is the policy's own detached velocity
-    assert torch.allclose(inp.v.grad, torch.tensor(grad), rtol=1e-5, atol=1e-8)
-    assert out.metrics["kl_ref"].item() == 0
-
-
-def test_kl_needs_the_reference():
-    with pytest.raises(ValueError, match="needs v_ref"):
-        LOSSES.get("tdm_r1")(_input(v_ref=False), _cfg())
-
-
-def test_the_ascent_moves_the_next_state_towards_the_better_sample():
-    # two rows: the better one's next state is y1; an Euler step y = x + (σ' − σ)·v, σ' < σ, moves y by −|Δσ|·v, so
-    # the velocity's ascent direction points from y1 back to y0
-    y = torch.tensor([[[0.0, 0.0], [2.0, -1.0]]])
-    d = surrogate_direction(y, torch.tensor([[-1.0, 1.0]]), ridge=0.1, c=5.0)
-    expected = -(y[0, 1] - y[0, 0]) / (y[0, 1] - y[0, 0]).pow(2).mean().sqrt()
-    assert torch.allclose(d[0], expected, atol=1e-6)
-
-
-def test_a_group_whose_rewards_tie_is_not_pushed():
-    adv = [[0.5, 0.5, 0.5], ADV[1]]
-    out = LOSSES.get("tdm_r1")(_input(adv=adv), _cfg())
-    assert out.metrics["tdm_r1/tied_groups"].item() == pytest.approx(0.5)
-    d = surrogate_direction(torch.tensor(NEXT), torch.tensor(adv), ridge=0.1, c=5.0)
-    assert d[0].abs().max().item() == 0 and d[1].abs().max().item() > 0
+def test_the_chunk_loss_is_the_mean_over_groups_of_the_three_losses(weights):
+    inp = _chunk(weights)
+    loss, metrics = tdm_r1_terms(inp, _settings())
+    w = torch.ones(2) if weights is None else _t(weights)
+    fake = fake_score_loss(inp.fake, 0.02)[0].view(2, 3).mean(dim=1)
+    surrogate = surrogate_loss(inp.surrogate, inp.weights, beta=10.0, clip_range=1e-3, reg_threshold=0.05,
+                               reg=0.001, c=5.0)[0]  # fmt: skip
+    generator = generator_loss(inp.generator, teacher_weight=0.3, cfg_scale=3.5)[0].view(2, 3).mean(dim=1)
+    expected = sum(float((part * w).mean().detach()) for part in (fake, surrogate, generator))
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    kept = w / w.sum()
+    assert metrics["tdm_r1/fake_loss"].item() == pytest.approx(float((fake * kept).sum()), rel=1e-5)
+    # each network's gradient comes from its own loss only: the generator's x0 is read nowhere else
+    loss.backward()
+    assert inp.fake.v_fake.grad is not None and inp.generator.x0.grad is not None

@@ -1,36 +1,32 @@
-"""TDM-R1 (arXiv 2603.07700): RL for few-step generators with a non-differentiable reward, without a denoising loss.
+"""TDM-R1 (arXiv 2603.07700): RL for few-step generators with a non-differentiable reward, as its authors' code
+trains it (Luo-Yihong/TDM-R1 `scripts/train_tdmr1_pub.py` at 1ee7d9f; docs/direct_preference.md, "TDM-R1", names
+each convention taken with file and line, and every difference).
 
-Its authors' diagnosis of why RL blurs a distilled model is that a DSM (flow-matching) loss pulls a few-step generator
-back towards a many-step one; their generator is trained by (a) maximising a surrogate of the reward at the noisy
-states along its own deterministic trajectory and (b) a KL regularisation — no DSM term (Luo-Yihong/TDM-R1 issues
-#3 and #5). What this file builds from those facts, with one trained network, is a reduced form of their published
-code (three trained LoRA adapters; docs/direct_preference.md, "TDM-R1", lists the differences):
+Three LoRA adapters of one transformer train together, each with its own AdamW settings (`optimizer_groups`):
+the generator θ (the `default` policy, which samples), a fake score ψ (`fake`) that learns the generator's
+distribution, and a surrogate φ (`surrogate`) that learns a reward-weighted denoiser from the rollouts (DGPO's group
+preference); ψ and φ start as the base. The teacher T is the base with the adapters disabled (the frozen reference):
+the many-step model when the generator is a LoRA on it. φ_old, an EMA of φ (decay min(0.3, 0.001 + 0.001·step)),
+only bounds φ's step. There is no denoising (flow-matching) loss on the generator, which keeps few-step samples sharp.
 
-The rollout is deterministic and recorded step by step (sampling.sde_type=sde at noise_level 0: every step an Euler
-step of the ODE, kept in the trajectory), so each state x_i of a sample's path leads to one final image and carries
-that image's reward: a per-step reward, no noise estimate. For each group of G samples of a prompt and each step i
-of the T steps (cfg: push = η, kl_beta = λ, ridge = ρ, adv_clip_max = c), with y_i the states after step i
-(the final latents for i = T − 1), flattened to D numbers:
+The rollout is deterministic and recorded step by step (sampling.sde_type=sde at noise_level 0: Euler steps of the
+ODE, kept in the trajectory), each state carrying its final image's advantage. The unit of the update is a prompt's
+whole group (`GroupProcess`); per update `train_steps` of the T steps are drawn (the same on every worker), one
+chunk each. At step j (states x_j at σ_j, σ' = σ_{j+1}), one chunk trains, from the same weights (the optimizer
+steps once per mini-batch):
 
-    a_j   = clamp(A_j, −c, c) − mean_k clamp(A_k, −c, c)            centered advantages [G]
-    Y_j   = y_i,j − mean_k y_i,k                                    centered next states [G, D], detached
-    b     = Yᵀ (Y Yᵀ + ρ·tr(Y Yᵀ)/G · I)⁻¹ a                         the group's surrogate: the least-norm (ridge)
-                                                                     linear fit of the advantages on the next states
-    d     = −b / rms(b)   (0 when b = 0: a group whose rewards tie)  ascent direction of the velocity: the Euler step
-                                                                     y = x + (σ_{i+1} − σ_i)·v moves y by +|Δσ|·b
-    δ_j   = v_θ(x_i,j, σ_i) − v_ref(x_i,j, σ_i)                      v_ref: the frozen start, no gradient
-    loss  = mean over groups and rows of  λ/2 · mean_D δ_j²  −  η · mean_D (d · δ_j)
+- ψ at x_τ = renoise(y, σ', τ, ε), y = x_j + (σ' − σ_j)·v_θ(x_j) the generator's Euler step, m = x_j − σ_j·v_θ;
+- φ at a recorded state y' after step j' (drawn with weight j' + 1), re-noised with one ε per group to τ'' ≥
+  `surrogate_min_sigma`, weighted (j' + 1)/T;
+- θ through m, pulled by the teacher's CFG direction and the KL through ψ at another x_τ, and, on steps j <
+  `reward_steps`, by φ at CFG against the teacher at x_τ' (y re-noised with one ε per group to τ' ≥
+  `reward_min_sigma`).
 
-whose minimiser is δ = (η/λ)·d: the step of the frozen start, tilted along the surrogate's ascent. With λ = 0 the
-anchor is the policy's own detached velocity (the push alone). The surrogate is fitted afresh for each group and
-step from the rollout's own states, not learned: the authors learn a diffusion model p_φ as the surrogate and
-regularise the marginal KL through a fake-score network s_ψ, two more trained networks (see the docs' deviations).
-
-Metrics: tdm_r1/policy_loss, tdm_r1/push (mean d·δ), tdm_r1/tied_groups (the fraction with d = 0), kl_ref (mean δ²,
-0 without a reference).
-
-The update (`TdmR1`): the unit is a whole group (`GroupProcess`); K = sampling.num_steps chunks, one per step of the
-rollout, one backward pass each.
+algorithms/preference/tdm_r1_terms.py holds the formulas. Per row and trained step the chunk runs 13 forwards, 3 with
+gradient (θ, ψ, φ): the teacher's CFG pair costs one forward more than theirs, as `velocity` returns the guided
+velocity only, and its conditional half is computed beside it. Every draw (steps, τ, ε) comes from a generator
+seeded by (run seed, step, epoch, chunk, and the row's sample or group), so a resumed run and any number of workers
+draw the same.
 """
 
 from __future__ import annotations
@@ -39,60 +35,106 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.algorithms.base import LossOutput, LossSettings, UpdatePosition, register_loss
-from diffusion_rl.algorithms.preference.base import (
-    GroupProcess,
-    GroupUnits,
-    check_groups,
-    detached,
-    metric_mean,
-    weighted,
+from diffusion_rl.algorithms.base import LossOutput, LossSettings, OptimizerGroup, UpdatePosition, register_loss
+from diffusion_rl.algorithms.preference.base import GroupProcess, GroupUnits, noise_like
+from diffusion_rl.algorithms.preference.tdm_r1_terms import (
+    FakeScoreInput,
+    GeneratorInput,
+    SurrogateInput,
+    TdmR1Input,
+    draw_tau,
+    renoise,
+    surrogate_target,
+    tdm_r1_terms,
+    x0_of,
 )
-from diffusion_rl.config.fields import Range, check, opt
+from diffusion_rl.config.fields import MAX_STEPS, Range, check, opt
+from diffusion_rl.utils.seeding import make_generator
 
-
-@dataclass
-class TdmR1Input:
-    """One micro-batch of U groups of G rows each, at one step of their rollouts."""
-
-    v: torch.Tensor  # [U, G, ...] policy velocity at the step's states, with grad
-    next_states: torch.Tensor  # [U, G, ...] the rollout's states after the step (no grad)
-    advantages: torch.Tensor  # [U, G] each row's group-relative advantage
-    v_ref: torch.Tensor | None = None  # [U, G, ...] the frozen start's velocity there; needed if kl_beta > 0
-    weights: torch.Tensor | None = None  # [U] per group (0: a group that only pads a worker's share); None: all 1
-
-    def __post_init__(self):
-        check_groups(self.v, self.advantages, self.weights, next_states=self.next_states, v_ref=self.v_ref)
+FAKE, SURROGATE, SURROGATE_OLD = "fake", "surrogate", "surrogate_old"
+OLD_DECAY_START, OLD_DECAY_RATE, OLD_DECAY_CAP = 0.001, 0.001, 0.3  # φ_old's decay (their ema_old_decay_min/max)
 
 
 @dataclass
 class TdmR1Settings(LossSettings):
-    push: float = opt(
-        1.0, "η: the weight of the surrogate's ascent direction (unit RMS) in the loss; η/kl_beta is the velocity "
-        "shift, per element, the KL holds the policy at.", within=Range(0, 1e3, lo_open=True),
+    train_steps: int = opt(
+        2, "Steps of the rollout trained per update, drawn afresh each step and epoch (theirs: 2 of 4).",
+        within=Range(1, MAX_STEPS),
     )  # fmt: skip
-    kl_beta: float = opt(0.01, "λ: weight of ½·mean (v_θ − v_ref)² at the trajectory's states.", within=Range(0, 1e4))
-    ridge: float = opt(
-        0.1, "ρ: the surrogate's ridge, relative to the mean squared norm of the group's centered next states.",
+    reward_steps: int = opt(
+        4, "The surrogate's reward trains the generator on steps j < this (their trunc_steps: 4 for OCR and GenEval, 2 "
+        "for ImageReward and HPS); later steps train the teacher terms only.", within=Range(0, MAX_STEPS),
+    )  # fmt: skip
+    teacher_weight: float = opt(
+        0.3, "w: the generator's loss is w·L_cfg + (1 − w)·L_reward + L_kl on a reward step, w·(L_cfg + L_kl) on the "
+        "others (their tdm_weight).", within=Range(0, 1),
+    )  # fmt: skip
+    cfg_reward_scale: float = opt(
+        3.5, "s: the CFG reward pulls the generator's x0-prediction by s·(x0_T,cond − x0_T,uncond) (theirs: 3.5).",
+        within=Range(0, 100),
+    )  # fmt: skip
+    teacher_guidance: float = opt(
+        4.5, "CFG scale of the teacher's x0-prediction that normalises the teacher terms (theirs: 4.5).",
+        within=Range(1, 100, lo_open=True),
+    )  # fmt: skip
+    reward_guidance: float = opt(
+        4.5, "CFG scale of the surrogate's x0-prediction in the reward term (their rl_cfg: 4.5; 2.5 GenEval, 3.5 "
+        "ImageReward and HPS).", within=Range(1, 100),
+    )  # fmt: skip
+    dpo_beta: float = opt(
+        1.0, "β of the surrogate's group preference σ(β/G·Σ Â·(e − e_T)) (their beta_dpo: 1; 10 for OCR and HPS).",
         within=Range(0, 1e6, lo_open=True),
     )  # fmt: skip
-    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this.", within=Range(0, 1000, lo_open=True))
+    clip_range: float = opt(
+        1e-3, "ε: a surrogate row stops training once exp(e_old − e) leaves 1 ± ε in its advantage's direction "
+        "(theirs: 1e-3; 2e-3 ImageReward and HPS).", within=Range(0, 100, lo_open=True),
+    )  # fmt: skip
+    reg_threshold: float = opt(
+        0.05, "While the surrogate's mean (v_φ − v_T)² exceeds this, a row whose error has passed the teacher's in "
+        "its advantage's direction stops training.", within=Range(0, 1e6),
+    )  # fmt: skip
+    surrogate_reg: float = opt(0.001, "Weight of mean (v_φ − v_T)² in the surrogate's loss (their train.beta).",
+                               within=Range(0, 1e4))  # fmt: skip
+    fake_reg: float = opt(0.02, "Weight of mean (v_T − v_ψ)² in the fake score's loss (theirs: 0.02).",
+                          within=Range(0, 1e4))  # fmt: skip
+    reward_min_sigma: float = opt(
+        0.25, "Lowest σ the reward term re-noises to (their t_min_dgpo / 1000: 0.25 GenEval, 0.3 OCR, 0.4 "
+        "ImageReward and HPS).", within=Range(0, 1, hi_open=True),
+    )  # fmt: skip
+    surrogate_min_sigma: float = opt(
+        0.55, "Lowest σ the surrogate trains at (their t_min_dgpo_reward / 1000: 0.55; 0.3 OCR).",
+        within=Range(0, 1, hi_open=True),
+    )  # fmt: skip
+    time_weight: bool = opt(True, "The surrogate's loss at recorded step j' weighs (j' + 1)/T (their use_tweight).")
+    adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this in the surrogate's loss.",
+                              within=Range(0, 1000, lo_open=True))  # fmt: skip
+    fake_lr_scale: float = opt(4.0, "The fake score's lr is train.lr × this (theirs: 3e-4 against 7.5e-5).",
+                               within=Range(0, 1e4, lo_open=True))  # fmt: skip
+    fake_betas: tuple[float, float] = opt((0.0, 0.999), "The fake score's AdamW betas (theirs: 0, 0.999).",
+                                          within=Range(0, 1))  # fmt: skip
+    surrogate_lr_scale: float = opt(4.0, "The surrogate's lr is train.lr × this (theirs: 3e-4 against 7.5e-5).",
+                                    within=Range(0, 1e4, lo_open=True))  # fmt: skip
+    surrogate_betas: tuple[float, float] = opt((0.9, 0.999), "The surrogate's AdamW betas (theirs: 0.9, 0.999).",
+                                               within=Range(0, 1))  # fmt: skip
+
+    def check_config(self, algorithm, sampling) -> None:
+        check(
+            self.train_steps <= sampling.num_steps,
+            f"algorithm.tdm_r1.train_steps={self.train_steps}: the rollout has sampling.num_steps="
+            f"{sampling.num_steps} steps to draw from",
+        )
+
+    def check_run(self, cfg) -> None:
+        check(
+            cfg.model.lora.enabled,
+            "algorithm.loss=tdm_r1 trains three LoRA adapters of one transformer (generator, fake score, surrogate): "
+            "set model.lora.enabled=true",
+        )
 
 
-def surrogate_direction(next_states: torch.Tensor, advantages: torch.Tensor, ridge: float, c: float) -> torch.Tensor:
-    """[U, G, ...], [U, G] → d [U, D] fp32: −b/rms(b) of the ridge least-norm linear fit b of the centered, clamped
-    advantages on the centered next states (0 where b = 0). fp64: a G×G solve of near-parallel states."""
-    Y = next_states.detach().flatten(2).double()
-    Y = Y - Y.mean(dim=1, keepdim=True)
-    a = advantages.detach().double().clamp(-c, c)
-    a = a - a.mean(dim=1, keepdim=True)
-    gram = Y @ Y.transpose(1, 2)  # [U, G, G]
-    G = gram.shape[-1]
-    scale = ridge * gram.diagonal(dim1=1, dim2=2).mean(dim=1).clamp_min(1e-30)  # [U]
-    coef = torch.linalg.solve(gram + scale[:, None, None] * torch.eye(G, dtype=gram.dtype, device=gram.device), a)
-    b = (coef.unsqueeze(2) * Y).sum(dim=1)  # [U, D]
-    rms = b.pow(2).mean(dim=1, keepdim=True).sqrt()
-    return torch.where(rms > 0, -b / rms.clamp_min(1e-300), torch.zeros_like(b)).float()
+def old_decay(step: int) -> float:
+    """φ_old's decay after the update of training step `step` (0-based): min(0.3, 0.001 + 0.001·step)."""
+    return min(OLD_DECAY_CAP, OLD_DECAY_START + OLD_DECAY_RATE * step)
 
 
 class TdmR1(GroupProcess):
@@ -105,59 +147,129 @@ class TdmR1(GroupProcess):
         )
 
     @classmethod
+    def needs_reference(cls, settings) -> bool:
+        return True  # the teacher
+
+    @classmethod
     def trained_calls(cls, algorithm, sampling) -> int:
-        return sampling.num_steps
+        return 3 * algorithm.settings.train_steps  # θ, ψ and φ with gradient at each trained step
+
+    @classmethod
+    def frozen_calls(cls, settings) -> float:
+        # per row and trained step: ψ's teacher 1; φ's teacher and φ_old 2; θ's ψ 1, teacher cond + CFG pair 3,
+        # φ's CFG pair 2 and teacher 1 on a reward step (7 otherwise; counted as a reward step) — per trained call
+        return 10 / 3
+
+    @classmethod
+    def optimizer_groups(cls, settings) -> tuple[OptimizerGroup, ...]:
+        return (
+            OptimizerGroup(),
+            OptimizerGroup(FAKE, settings.fake_lr_scale, tuple(settings.fake_betas)),
+            OptimizerGroup(SURROGATE, settings.surrogate_lr_scale, tuple(settings.surrogate_betas)),
+        )
+
+    def attach(self, model) -> None:
+        super().attach(model)
+        policies = model.policies
+        policies.add(FAKE, trained=True, start=None)
+        policies.add(SURROGATE, trained=True, start=None)
+        policies.add(SURROGATE_OLD, start=SURROGATE)
 
     def chunks(self, units: GroupUnits) -> int:
-        return self.sampler.num_steps
+        return self.settings.train_steps
+
+    def _draws(self, at: UpdatePosition, k: int) -> tuple[int, int, list[float]]:
+        """Chunk k's step j, the surrogate's recorded step j' and three uniform draws (τ, τ', τ'')."""
+        T, s = self.sampler.num_steps, self.settings
+        steps = torch.randperm(T, generator=make_generator(self.seed, at.step, "tdm_r1_steps", at.epoch))
+        g = make_generator(self.seed, at.step, "tdm_r1_draws", at.epoch, k)
+        j_prime = int(torch.multinomial(torch.arange(1, T + 1, dtype=torch.float64), 1, generator=g))
+        return int(steps[:s.train_steps][k]), j_prime, torch.rand(3, generator=g, dtype=torch.float64).tolist()
+
+    def _noise(self, like: torch.Tensor, keys: torch.Tensor, at: UpdatePosition, k: int, tag: str) -> torch.Tensor:
+        return noise_like(like, [make_generator(self.seed, at.step, tag, at.epoch, k, int(i)) for i in keys])
+
+    def _cfg_pair(self, policy: str, x: torch.Tensor, t: torch.Tensor, cond, guidance: float):
+        """(conditional, guided at `guidance`) velocities of `policy` ("reference": the teacher), no gradient."""
+        with torch.no_grad():
+            scope = self.model.reference() if policy == "reference" else self.model.using(policy)
+            with scope:
+                return self.velocity(x, t, cond), self.model.velocity(x, t, cond, guidance)
 
     def loss(self, units: GroupUnits, k: int, at: UpdatePosition) -> LossOutput:
         s = self.settings
         U, G = units.advantages.shape
         traj = units.traj.reshape(U * G)
-        T = self.sampler.num_steps
+        T, N = self.sampler.num_steps, U * G
         if traj.latents is None or traj.latents.shape[1] != T:
             got = None if traj.latents is None else traj.latents.shape[1]
             raise ValueError(f"tdm_r1 needs the states before each of the {T} steps (window.kind=all); got {got}")
-        x = traj.latents[:, k].float()
-        y = traj.latents[:, k + 1].float() if k + 1 < T else traj.final_latents.float()
-        t_N = self.sigmas[k].expand(U * G).to(traj.device)
-        cond = traj.cond
-        # the frozen forward first: it then never coincides with the trained forward's activations
-        v_ref = self.reference_velocity(x, t_N, cond, None) if s.kl_beta > 0 else None
-        v = self.velocity(x, t_N, cond)
+        j, jp, (u_tau, u_reward, u_surrogate) = self._draws(at, k)
+        device, cond = traj.device, traj.cond
+        sigmas = self.sigmas.to(device)
+
+        def state(i: int) -> torch.Tensor:  # the recorded state before step i (i = T: the final latents)
+            return (traj.latents[:, i] if i < T else traj.final_latents).float()
+
+        def at_sigma(value) -> torch.Tensor:
+            return value.expand(N) if torch.is_tensor(value) else torch.full((N,), float(value), device=device)
+
+        samples, groups = traj.ids.sample_index, traj.ids.group_index
+        x, sigma, sigma_next = state(j), at_sigma(sigmas[j]), at_sigma(sigmas[j + 1])
+        v = self.velocity(x, sigma, cond)  # θ, with gradient
+        m = x0_of(x, sigma, v)
+        y = (x + (sigma_next - sigma).view(-1, *[1] * (x.ndim - 1)) * v).detach()
+        tau = draw_tau(sigma_next, u_tau)
+
+        # ψ's step: its denoising of the generator's re-noised Euler step
+        x_fake = renoise(y, sigma_next, tau, self._noise(x, samples, at, k, "tdm_r1_fake_noise"))
+        v_teacher_fake = self.velocity_of("reference", x_fake, tau, cond)
+        with self.model.using(FAKE):
+            v_fake = self.velocity(x_fake, tau, cond)
+        fake = FakeScoreInput(v_fake=v_fake, v_teacher=v_teacher_fake, x_tau=x_fake, x0=m.detach(), tau=tau)
+
+        # φ's step at a recorded state y' after step j'
+        y_rec, sigma_rec = state(jp + 1), at_sigma(sigmas[jp + 1])
+        tau_rec = draw_tau(sigma_rec, u_surrogate, s.surrogate_min_sigma)
+        eps_group = self._noise(x, groups, at, k, "tdm_r1_surrogate_noise")
+        x_rec = renoise(y_rec, sigma_rec, tau_rec, eps_group)
+        v_teacher_rec = self.velocity_of("reference", x_rec, tau_rec, cond)
+        v_old = self.velocity_of(SURROGATE_OLD, x_rec, tau_rec, cond)
+        with self.model.using(SURROGATE):
+            v_surrogate = self.velocity(x_rec, tau_rec, cond)
         shape = (U, G, *x.shape[1:])
-        inp = TdmR1Input(
-            v=v.view(shape),
-            next_states=y.view(shape),
-            advantages=units.advantages,
-            v_ref=None if v_ref is None else v_ref.view(shape),
-            weights=units.weight,
-        )
-        return self.loss_fn(inp, s)
+        surrogate = SurrogateInput(
+            v_surrogate=v_surrogate.view(shape), v_old=v_old.view(shape), v_teacher=v_teacher_rec.view(shape),
+            target=surrogate_target(y_rec, sigma_rec, tau_rec, eps_group).view(shape), advantages=units.advantages,
+            time_weight=(jp + 1) / T if s.time_weight else 1.0,
+        )  # fmt: skip
+
+        # θ's step: the teacher's CFG direction and the KL through ψ at x_τ; the reward through φ at x_τ'
+        x_tau = renoise(y, sigma_next, tau, self._noise(x, samples, at, k, "tdm_r1_kl_noise"))
+        fake_x0 = x0_of(x_tau, tau, self.velocity_of(FAKE, x_tau, tau, cond))
+        v_cond, v_guided = self._cfg_pair("reference", x_tau, tau, cond, s.teacher_guidance)
+        teacher_x0 = x0_of(x_tau, tau, v_cond)
+        guided_x0 = x0_of(x_tau, tau, v_guided)
+        generator = GeneratorInput(
+            x0=m, fake_x0=fake_x0, teacher_x0=teacher_x0, teacher_guided_x0=guided_x0,
+            teacher_guidance_dir=(guided_x0 - teacher_x0) / (s.teacher_guidance - 1),  # x0_cond − x0_uncond
+        )  # fmt: skip
+        if j < s.reward_steps:
+            tau_r = draw_tau(sigma_next, u_reward, s.reward_min_sigma)
+            x_r = renoise(y, sigma_next, tau_r, self._noise(x, groups, at, k, "tdm_r1_reward_noise"))
+            with torch.no_grad(), self.model.using(SURROGATE):
+                generator.reward_x0 = x0_of(x_r, tau_r, self.model.velocity(x_r, tau_r, cond, s.reward_guidance))
+            generator.reward_ref_x0 = x0_of(x_r, tau_r, self.velocity_of("reference", x_r, tau_r, cond))
+        return self.loss_fn(TdmR1Input(fake, surrogate, generator, units.weight), s)
+
+    def end(self, step: int) -> dict[str, float]:
+        decay = old_decay(step)
+        self.model.policies.ema_update(SURROGATE_OLD, SURROGATE, decay)
+        return {"tdm_r1/surrogate_old_decay": decay}
 
 
 @register_loss("tdm_r1", settings=TdmR1Settings, algorithm=TdmR1)
 def tdm_r1_loss(inp: TdmR1Input, cfg) -> LossOutput:
-    """cfg needs push, kl_beta, ridge and adv_clip_max."""
-    eta, lam = float(cfg.push), float(cfg.kl_beta)
-    if lam > 0 and inp.v_ref is None:
-        raise ValueError("tdm_r1 with kl_beta > 0 needs v_ref (the frozen start's velocity); got None")
-    U, G = inp.advantages.shape
-    d_U1D = surrogate_direction(inp.next_states, inp.advantages, float(cfg.ridge), float(cfg.adv_clip_max))[:, None]
-    v = inp.v.float().flatten(2)
-    anchor = v.detach() if inp.v_ref is None else inp.v_ref.detach().float().flatten(2)
-    delta = v - anchor  # [U, G, D]
-    kl_UG = delta.pow(2).mean(dim=2)
-    push_UG = (d_U1D * delta).mean(dim=2)
-    w = inp.weights
-    loss = weighted((lam / 2 * kl_UG - eta * push_UG).mean(dim=1), w).mean()
-
-    with torch.no_grad():
-        metrics = {
-            "tdm_r1/policy_loss": loss,
-            "tdm_r1/push": metric_mean(push_UG.mean(dim=1), w),
-            "tdm_r1/tied_groups": metric_mean((d_U1D.abs().amax(dim=(1, 2)) == 0).float(), w),
-            "kl_ref": metric_mean(kl_UG.mean(dim=1), w) if inp.v_ref is not None else torch.zeros(()),
-        }
-    return LossOutput(loss=loss, metrics=detached(metrics))
+    """cfg: the TdmR1Settings fields the terms read (tdm_r1_terms.py)."""
+    loss, metrics = tdm_r1_terms(inp, cfg)
+    return LossOutput(loss=loss, metrics=metrics)
