@@ -54,6 +54,23 @@ class UpdatePosition:
     step: int
 
 
+@dataclass(frozen=True)
+class OptimizerGroup:
+    """One AdamW param group of the update's optimizer: a trained policy's tensors (`default`, or an adapter the
+    algorithm adds with `policies.add(name, trained=True)`), its lr train.lr × `lr_scale`, its betas (None:
+    train.betas); weight decay, eps, warm-up and gradient clipping (on the group's own norm) are train's."""
+
+    policy: str = DEFAULT_POLICY
+    lr_scale: float = 1.0
+    betas: tuple[float, float] | None = None
+
+    def __post_init__(self):
+        if not self.lr_scale > 0:
+            raise ValueError(f"optimizer group '{self.policy}': lr_scale must be > 0, got {self.lr_scale}")
+        if self.betas is not None and not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optimizer group '{self.policy}': betas must be in [0, 1), got {self.betas}")
+
+
 @dataclass
 class LossOutput:
     loss: torch.Tensor  # scalar, to call backward on
@@ -92,6 +109,12 @@ class Algorithm(ABC):
     def needs_reference(cls, settings) -> bool:
         """Whether the frozen reference policy is kept (and run): by default, for a KL term to it."""
         return getattr(settings, "kl_beta", 0.0) > 0
+
+    @classmethod
+    def optimizer_groups(cls, settings) -> tuple[OptimizerGroup, ...]:
+        """The optimizer's param groups, the trained `default` policy's first (the one whose gradient norm is the
+        `grad_norm` metric and whose weights the EMA averages); by default that one alone, with train's settings."""
+        return (OptimizerGroup(),)
 
     @classmethod
     def trained_calls(cls, algorithm: AlgorithmConfig, sampling: SamplingConfig) -> int:

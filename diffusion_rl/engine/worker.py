@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,21 +29,20 @@ from pathlib import Path
 
 import torch
 
-from diffusion_rl.algorithms.base import TrainBatch, UpdatePosition, minibatch_rows
+from diffusion_rl.algorithms.base import OptimizerGroup, TrainBatch, UpdatePosition, minibatch_rows
 from diffusion_rl.algorithms.credit import Targets
 from diffusion_rl.checkpoint import state as checkpoint_state
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.data.sampler import StepPrompts
-from diffusion_rl.engine.ema import EmaWeights
-from diffusion_rl.engine.fingerprint import fingerprint
 from diffusion_rl.engine.flops import FlopTally, device_peak_flops
+from diffusion_rl.engine.optimizer import OptimizerStepper, apply_train_hyperparameters
 from diffusion_rl.engine.parallel import SingleDevice
 from diffusion_rl.engine.spec import WorkerSpec
-from diffusion_rl.errors import TrainingDiverged, UserError, WeightsUnchanged
+from diffusion_rl.errors import UserError
 from diffusion_rl.metrics import MAX, declare_metrics, reduce_metrics
 from diffusion_rl.models.base import FlowModel
 from diffusion_rl.models.checkpointing import resolved
-from diffusion_rl.models.compiling import CompileReport, on_cuda
+from diffusion_rl.models.compiling import CompileReport
 from diffusion_rl.models.embedding_cache import use_embedding_cache
 from diffusion_rl.models.export import write_lora_adapter
 from diffusion_rl.models.image_size import size_problem
@@ -154,144 +152,6 @@ class KeptRollouts:
             self._by_step.pop(step, None)
 
 
-WEIGHT_CHANGE_AUTO_MAX = 50_000_000  # trained parameters up to which log.weight_change=auto measures it
-
-
-# -- the optimizer step of every update: clip over all shards, skip a non-finite gradient, schedule, EMA, counters
-class OptimizerStepper:
-    """AdamW over the trained parameters with a linear warm-up, gradient clipping and an optional EMA.
-
-    `parallel` (engine/parallel.py) computes the gradient norm over all shards, so every worker clips and skips
-    alike. A step with a gradient (norm > 0) and a learning rate that leaves every weight as it was stops the run
-    (WeightsUnchanged; engine/fingerprint.py compares the weights before and after). A step whose gradient norm is
-    not finite is skipped (gradients dropped); `train.max_consecutive_skips` of them in a row raise TrainingDiverged.
-    With `weight_change` each step also measures |Δθ| / |θ| (over all shards), from a copy of the weights taken
-    before it.
-    """
-
-    def __init__(self, params: list[torch.nn.Parameter], train, parallel, weight_change: str = "off"):
-        self.train, self.parallel = train, parallel
-        self.max_norm = train.grad_clip if train.grad_clip > 0 else float("inf")  # 0: no clipping
-        count = sum(p.numel() for p in params)  # a shard's count under FSDP2: the auto rule errs towards measuring
-        self.measure_change = weight_change == "on" or (weight_change == "auto" and count <= WEIGHT_CHANGE_AUTO_MAX)
-        self.taken: list[dict[str, float]] = []  # this update's optimizer steps taken: grad_norm (and |Δθ| / |θ|)
-        fused = all(on_cuda(train.fused_adamw, p.device) for p in params)  # auto: CUDA's fused kernel, CPU as before
-        self.optimizer = torch.optim.AdamW(
-            params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, eps=train.adam_eps,
-            fused=fused or None,
-        )  # fmt: skip
-        warmup = train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
-        )
-        self.ema = EmaWeights(params, train.ema.decay) if train.ema.enabled else None
-        self.steps = 0  # optimizer steps taken
-        self.skipped = 0  # updates skipped for a non-finite gradient
-        self.consecutive_skips = 0
-
-    @property
-    def params(self) -> list[torch.nn.Parameter]:
-        # the optimizer's own list: under FSDP2 the module may hold gathered copies now, the optimizer the shards
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
-
-    def step(self) -> None:
-        """Clip, then step (or skip a non-finite gradient); `metrics` reports the gradient norms before clipping."""
-        grad_norm = self.parallel.clip_grad_norm(self.params, self.max_norm)  # over all shards
-        if not math.isfinite(grad_norm):
-            return self._skip(grad_norm)
-        before = [p.detach().clone() for p in self.params] if self.measure_change else None
-        lr = self.scheduler.get_last_lr()[0]  # AdamW must change some weight when grad_norm > 0 and lr > 0
-        print_before = fingerprint(self.params, self.parallel.sum) if grad_norm > 0 and lr > 0 else None
-        self.optimizer.step()
-        if print_before is not None and fingerprint(self.params, self.parallel.sum) == print_before:
-            raise WeightsUnchanged(
-                f"optimizer step {self.steps + 1} left every trained weight exactly as it was (gradient norm "
-                f"{grad_norm:.3g}, lr {lr:.3g}): the update does not reach the weights — an lr below the weights' "
-                "precision (model.dtype), or parameters the optimizer does not hold"
-            )
-        change = {} if before is None else {"train/weight_change_rel": self._relative_change(before)}
-        self.taken.append({"grad_norm": grad_norm, **change})
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.steps += 1
-        self.consecutive_skips = 0
-        if self.ema is not None and self.steps % self.train.ema.update_every == 0:
-            self.ema.update()
-
-    @torch.no_grad()
-    def _relative_change(self, before: list[torch.Tensor]) -> float:
-        """|θ_after − θ_before| / |θ_before| over every trained parameter (and shard); `before` is overwritten."""
-        norm_before = _total_norm(before)
-        torch._foreach_sub_(before, [p.detach() for p in self.params])  # before − after = −Δθ, in place
-        return _total_norm(before) / norm_before if norm_before > 0 else float("nan")
-
-    def _skip(self, grad_norm: float) -> None:
-        """Drop a non-finite gradient; train.max_consecutive_skips in a row raise TrainingDiverged."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.skipped += 1
-        self.consecutive_skips += 1
-        logger.warning("non-finite gradient norm (%s): update skipped (%d in a row)", grad_norm, self.consecutive_skips)
-        if self.consecutive_skips >= self.train.max_consecutive_skips:
-            raise TrainingDiverged(
-                f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient norm; "
-                "stopping (the last good checkpoint is kept). Lower train.lr or check the rewards."
-            )
-
-    def metrics(self) -> dict[str, float]:
-        """What every update reports about its optimizer steps: the means over those taken (a skipped one changes
-        nothing) of the gradient norm (NaN when none was) and |Δθ| / |θ|, the lr and the step counts."""
-        taken, self.taken = self.taken, []
-        return {"grad_norm": float("nan"), "lr": self.scheduler.get_last_lr()[0], "train/optimizer_steps": self.steps,
-                "train/skipped_updates": self.skipped, **reduce_metrics(taken)}  # fmt: skip
-
-    # -- state (the scheduler and counters are plain data; the optimizer and EMA tensors go to DCP) ----------------
-    def counters_state(self) -> dict:
-        return {
-            "scheduler": self.scheduler.state_dict(),
-            "counters": [self.steps, self.skipped, self.consecutive_skips],
-        }
-
-    def load_counters_state(self, state: dict) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.steps, self.skipped, self.consecutive_skips = state["counters"]
-
-
-def _total_norm(tensors: list[torch.Tensor]) -> float:
-    """The 2-norm of all `tensors` together, over every shard of a DTensor."""
-    from torch.distributed.tensor import DTensor
-
-    total = torch.nn.utils.get_total_norm(tensors)
-    return float(total.full_tensor() if isinstance(total, DTensor) else total)
-
-
-def apply_train_hyperparameters(optimizer: torch.optim.Optimizer, scheduler, train, log: bool = True) -> None:
-    """Give a restored optimizer and LR schedule the config's lr, betas, weight decay, eps and warm-up.
-
-    Loading a checkpoint restores the saved param groups and the schedule's base lr; a resume must instead use
-    the settings it was started with (lowering train.lr is how a diverged run goes on), keeping Adam's moments and
-    the step count. `log`: say once (on one worker) what changed from the checkpoint's settings.
-    """
-    wanted = {"lr": train.lr, "betas": tuple(train.betas), "weight_decay": train.weight_decay, "eps": train.adam_eps}
-    group = optimizer.param_groups[0]
-    saved = {"lr": scheduler.base_lrs[0], **{k: group[k] for k in ("betas", "weight_decay", "eps")}}
-    changed = [f"{k} {saved[k]} → {v}" for k, v in wanted.items() if _differs(saved[k], v)]
-    scheduler.base_lrs = [train.lr] * len(optimizer.param_groups)
-    for group, lr_lambda in zip(optimizer.param_groups, scheduler.lr_lambdas):  # the warm-up of this config
-        group.update(
-            initial_lr=train.lr, betas=wanted["betas"], weight_decay=wanted["weight_decay"], eps=train.adam_eps
-        )
-        group["lr"] = train.lr * lr_lambda(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() (metric `lr`) reports
-    if changed and log:
-        logger.info("resumed with this config's optimizer settings, not the checkpoint's: %s", ", ".join(changed))
-
-
-def _differs(saved, wanted) -> bool:
-    if isinstance(wanted, tuple):
-        return any(_differs(a, b) for a, b in zip(saved, wanted))
-    return not math.isclose(float(saved), float(wanted), rel_tol=1e-12, abs_tol=0.0)
-
-
 class PolicyWorker:
     def __init__(self, spec: WorkerSpec, parallel: SingleDevice | None = None):
         """`spec`: what the worker is built from (engine/spec.py; a rollout actor's has no algorithm: it only samples
@@ -325,14 +185,22 @@ class PolicyWorker:
             self.algorithm.sum_over_workers = self.parallel.sum
         self.optimizer: OptimizerStepper | None = None
         if self.trains:
-            params = self.model.trainable_parameters()
-            if not params:
-                raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
-            self.optimizer = OptimizerStepper(params, spec.train, self.parallel, spec.weight_change)
+            groups = self._optimizer_groups()
+            self.optimizer = OptimizerStepper(groups, spec.train, self.parallel, spec.weight_change)
         self.version: int | None = None  # a rollout actor's: the steps its received weights had taken (None: none)
         self.kept = KeptRollouts()
         self.flops = FlopTally(spec.flops, device_peak_flops(self.model.device, spec.peak_tflops))
         self.compile_report = CompileReport(self.trains and self.model.policies.compile_blocks)
+
+    def _optimizer_groups(self) -> list[tuple[OptimizerGroup, list[torch.nn.Parameter]]]:
+        """The algorithm's optimizer groups with their policies' parameters, the trained `default` policy's first."""
+        groups = self.algorithm.optimizer_groups(self.algorithm.settings)
+        if not groups or groups[0].policy != DEFAULT:
+            raise ValueError(f"optimizer groups {groups}: the first must be the '{DEFAULT}' policy's")
+        pairs = [(group, self.model.policies.parameters_of(group.policy)) for group in groups]
+        if not pairs[0][1]:
+            raise UserError("the model has no trainable parameters: enable model.lora or full fine-tuning")
+        return pairs
 
     def _check_size(self, height: int, width: int, section: str) -> None:
         """A UserError naming `section`'s keys when the model cannot make height × width pixels (`size_problem`:
@@ -544,6 +412,7 @@ class PolicyWorker:
             self.optimizer.ema.load_shadow(list(tensors["ema"].values()))
         self.optimizer.load_counters_state(state)
         self.algorithm.load_state_dict(state.get("algorithm") or {})
+        stepper = self.optimizer
         apply_train_hyperparameters(
-            self.optimizer.optimizer, self.optimizer.scheduler, self.spec.train, self.parallel.rank == 0
+            stepper.optimizer, stepper.scheduler, self.spec.train, self.parallel.rank == 0, stepper.groups
         )

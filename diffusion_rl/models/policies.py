@@ -2,7 +2,10 @@
 
 A run trains one network (the `default` policy). Some algorithms keep more: a frozen `reference` for the KL
 term, an `old` policy (DiffusionNFT), an `ema` policy (AWM). With LoRA they are adapters of one peft model
-(the reference is the base with adapters disabled); with full fine-tuning they are frozen copies.
+(the reference is the base with adapters disabled); with full fine-tuning they are frozen copies. With LoRA an
+algorithm may also train more adapters beside `default` (`add(name, trained=True)`), each in its own optimizer group
+(algorithms/base.py `OptimizerGroup`); `default` stays THE trained policy: the one the EMA, the export and the
+weight sync see.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class PolicySet:
             self._copies = {}
         self._active = DEFAULT
         self._reference: nn.Module | None = None
+        self._trained = [DEFAULT]  # the policies whose tensors train (LoRA: adapters; `default` first)
 
     # -- which network a forward pass calls ---------------------------------------------------------------
     compile_sampling = False  # model.compile: sampling calls (no grad) go through torch.compile'd networks
@@ -121,10 +125,13 @@ class PolicySet:
     def _switch(self, name: str) -> None:
         if self.lora is not None and name != self._active:
             self.trained.set_adapter(name)
-            # peft marks the active adapter trainable: keep the trained one, and only it, trainable
-            for n, p in self.trained.named_parameters():
-                p.requires_grad_(f".{DEFAULT}." in n and "lora_" in n)
+            self._mark_trained()
         self._active = name
+
+    def _mark_trained(self) -> None:
+        """peft marks the active adapter, and only it, trainable: keep the trained adapters, and only them, so."""
+        for n, p in self.trained.named_parameters():
+            p.requires_grad_("lora_" in n and any(f".{name}." in n for name in self._trained))
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
@@ -159,26 +166,43 @@ class PolicySet:
             self._copies[REFERENCE] = self._reference
 
     # -- named copies ---------------------------------------------------------------------------------------
-    def add(self, name: str) -> None:
-        """A new policy `name` starting as a copy of `default`."""
+    def add(self, name: str, *, trained: bool = False, start: str | None = DEFAULT) -> None:
+        """A new policy `name` starting as a copy of policy `start` (None: as the base — LoRA's fresh adapter,
+        B = 0); `trained`: its tensors train too (LoRA only: `parameters_of(name)` for its optimizer group).
+        Frozen otherwise: no gradient reaches it."""
+        if trained and self.lora is None:
+            raise ValueError("a second trained network needs model.lora (LoRA adapters)")
         if name in self.names():
+            if trained and name not in self._trained:
+                raise ValueError(f"policy '{name}' exists already, frozen: add it as trained before anything else")
             return
         if self.lora is not None:
             self.trained.add_adapter(name, self._lora_config)
             self.trained.set_adapter(self._active)
-            self._switch(self._active)
-            self.copy(name, DEFAULT)
+            if trained:
+                self._trained.append(name)
+            self._mark_trained()
+            if start is not None:
+                self.copy(name, start)
+        elif start is None:
+            raise ValueError(f"policy '{name}': start=None (the base) needs model.lora (full fine-tuning copies)")
         else:
-            self._copies[name] = _frozen_copy(self.trained)
+            self._copies[name] = _frozen_copy(self.trained if start == DEFAULT else self._copies[start])
 
     def tensors_of(self, name: str) -> dict[str, torch.Tensor]:
         """Policy `name`'s live tensors by name (LoRA: its adapters, names without the adapter tag; else the
         module's parameters)."""
         if self.lora is not None:
+            return {n.replace(f".{name}.", "."): p for n, p in self._named_tensors(name)}
+        return dict(self._named_tensors(name))
+
+    def _named_tensors(self, name: str) -> list[tuple[str, nn.Parameter]]:
+        """Policy `name`'s tensors with their full names in its network (LoRA: with the adapter tag)."""
+        if self.lora is not None:
             key = f".{name}."
-            return {n.replace(key, "."): p for n, p in self.trained.named_parameters() if key in n and "lora_" in n}
+            return [(n, p) for n, p in self.trained.named_parameters() if key in n and "lora_" in n]
         module = self.trained if name == DEFAULT else self._copies[name]
-        return dict(module.named_parameters())
+        return list(module.named_parameters())
 
     @torch.no_grad()
     def copy(self, target: str, source: str = DEFAULT) -> None:
@@ -192,12 +216,24 @@ class PolicySet:
             p.lerp_(src[n].to(p.dtype), 1.0 - decay)
 
     # -- trainable weights -----------------------------------------------------------------------------------
+    def trained_policies(self) -> list[str]:
+        """The policies that train: `default`, then those added with trained=True, in the order added."""
+        return list(self._trained)
+
+    def parameters_of(self, name: str) -> list[nn.Parameter]:
+        """Trained policy `name`'s live trainable tensors (its optimizer group's parameters)."""
+        if name not in self._trained:
+            raise KeyError(f"policy '{name}' is not trained; the trained ones are {self._trained}")
+        return [p for _, p in self._named_tensors(name) if p.requires_grad]
+
     def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.trained.parameters() if p.requires_grad]
+        """THE trained policy's (`default`'s) trainable tensors: what the EMA averages and parameter counts count
+        (other trained adapters are not among them: `parameters_of`)."""
+        return self.parameters_of(DEFAULT)
 
     def trainable_names(self) -> list[str]:
-        """The names of `trainable_parameters()`, in the same order (the EMA's shadow is stored by them)."""
-        return [n for n, p in self.trained.named_parameters() if p.requires_grad]
+        """The full names of `trainable_parameters()`, in the same order (the EMA's shadow is stored by them)."""
+        return [n for n, p in self._named_tensors(DEFAULT) if p.requires_grad]
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained policy's weights (LoRA tensors, or the whole transformer), names without adapter tags."""

@@ -39,6 +39,16 @@ def equal_overrides() -> tuple[str, ...]:
     return EQUAL
 
 
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of this process alone (FSDP2 needs one to shard over), met through a file."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.fixture(autouse=True)
 def restore_threads():
     threads = torch.get_num_threads()

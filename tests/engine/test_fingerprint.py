@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from diffusion_rl.engine.fingerprint import fingerprint
+from diffusion_rl.engine.optimizer import OptimizerStepper
 from diffusion_rl.engine.parallel import SingleDevice
 from diffusion_rl.engine.weight_sync import WeightReceiver
-from diffusion_rl.engine.worker import OptimizerStepper
 from diffusion_rl.errors import WeightsUnchanged
 
 

@@ -8,21 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.engine.parallel import Fsdp2Sharded
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.loader import load_model
 from diffusion_rl.models.policies import DEFAULT, REFERENCE
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A gloo process group of this process alone (FSDP2 needs one to shard over), met through a file."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _offload_policies(root) -> list:

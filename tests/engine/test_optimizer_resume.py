@@ -1,4 +1,4 @@
-"""A restored optimizer takes the resuming config's hyper-parameters (engine/worker.py), its moments kept."""
+"""A restored optimizer takes the resuming config's hyper-parameters (engine/optimizer.py), its moments kept."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from diffusion_rl.config.train import TrainConfig
+from diffusion_rl.engine.optimizer import OptimizerStepper, apply_train_hyperparameters
 from diffusion_rl.engine.parallel import SingleDevice
-from diffusion_rl.engine.worker import OptimizerStepper, apply_train_hyperparameters
 
 
 def _stepper(train: TrainConfig, steps: int = 0) -> tuple[OptimizerStepper, torch.nn.Parameter]:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from diffusion_rl.config.train import TrainConfig
+from diffusion_rl.engine.optimizer import OptimizerStepper
 from diffusion_rl.engine.parallel import SingleDevice
-from diffusion_rl.engine.worker import OptimizerStepper
 
 
 def _weights() -> list[torch.nn.Parameter]:
@@ -52,5 +52,5 @@ def test_a_skipped_step_changes_nothing_and_is_not_counted():
 def test_auto_measures_small_models_only(setting, measured, monkeypatch):
     weights = _weights()
     assert OptimizerStepper(weights, TrainConfig(), SingleDevice(), setting).measure_change is measured
-    monkeypatch.setattr("diffusion_rl.engine.worker.WEIGHT_CHANGE_AUTO_MAX", 5)  # these weights hold 10
+    monkeypatch.setattr("diffusion_rl.engine.optimizer.WEIGHT_CHANGE_AUTO_MAX", 5)  # these weights hold 10
     assert OptimizerStepper(weights, TrainConfig(), SingleDevice(), "auto").measure_change is False

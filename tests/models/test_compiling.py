@@ -13,8 +13,8 @@ import torch
 from diffusion_rl.config import load
 from diffusion_rl.config.model import LoraConfig, ModelConfig
 from diffusion_rl.config.train import TrainConfig
+from diffusion_rl.engine.optimizer import OptimizerStepper
 from diffusion_rl.engine.parallel import SingleDevice
-from diffusion_rl.engine.worker import OptimizerStepper
 from diffusion_rl.errors import UserError
 from diffusion_rl.models import compiling
 from diffusion_rl.models.loader import load_model
