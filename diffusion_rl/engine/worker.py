@@ -168,8 +168,10 @@ class PolicyWorker:
             use_embedding_cache(self.model, self.model.directory, spec.embedding_cache, list(spec.texts))
         self.algorithm = spec.algorithm.build() if self.trains else None
         self.rollout_policy = self.algorithm.rollout_policy if self.trains else DEFAULT  # the policy that samples
-        if self.trains:
-            self.algorithm.attach(self.model)  # may add named policies (old, ema, reference)
+        if self.trains:  # may add named policies (old, ema, reference; adapters that start as the base, whose
+            with torch.random.fork_rng(devices=[]):  # LoRA A peft draws from the global generator: seeded too)
+                torch.default_generator.manual_seed(seed_for(spec.seed, "attach"))
+                self.algorithm.attach(self.model)
         s = spec.sampling
         self.settings = SamplerSettings.of(s)
         # a size or frame count the model cannot make: say so before any work (validation's too, at its own size)

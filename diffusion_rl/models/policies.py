@@ -137,8 +137,11 @@ class PolicySet:
     def reference(self) -> Iterator[None]:
         """The frozen starting point: LoRA disabled, or a frozen copy made before training."""
         if self.lora is not None:
-            with self.trained.disable_adapter():
-                yield
+            try:
+                with self.trained.disable_adapter():
+                    yield
+            finally:  # peft's re-enabling marks the active adapter alone trainable: a gradient that reaches an
+                self._mark_trained()  # inactive trained adapter later is dropped when its tensors no longer require it
             return
         if self._reference is None:
             raise RuntimeError("no reference copy: call PolicySet.keep_reference() before training")

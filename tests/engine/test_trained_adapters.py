@@ -95,6 +95,21 @@ def test_trained_adapters_keep_their_gradients_and_frozen_ones_do_not(model):
     assert "fake" in policies.saved_names() and "surrogate" in policies.saved_names()
 
 
+def test_a_reference_forward_between_an_adapters_forward_and_its_backward_keeps_the_gradient(model):
+    """peft re-enables adapters after `disable_adapter` by marking the active one alone trainable; the other trained
+    adapters must stay so, or their gradient is dropped at the backward (TDM-R1 runs the teacher between them)."""
+    policies, probe = model.policies, _probe(model)
+    policies.add("fake", trained=True, start=None)
+    with model.using("fake"):
+        v_fake = model.velocity(*probe, 1.0)
+    with model.reference(), torch.no_grad():
+        model.velocity(*probe, 1.0)
+    assert all(p.requires_grad for p in policies.parameters_of("fake"))
+    v_fake.square().mean().backward()
+    assert all(p.grad is not None for p in policies.parameters_of("fake"))
+    assert sum(float(p.grad.abs().sum()) for p in policies.parameters_of("fake")) > 0
+
+
 def test_full_fine_tuning_refuses_a_second_trained_network(tiny_model_dir):
     full = _load(tiny_model_dir, lora=False)
     with pytest.raises(ValueError, match=r"a second trained network needs model\.lora"):

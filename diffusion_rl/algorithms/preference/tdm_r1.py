@@ -99,11 +99,11 @@ class TdmR1Settings(LossSettings):
                           within=Range(0, 1e4))  # fmt: skip
     reward_min_sigma: float = opt(
         0.25, "Lowest σ the reward term re-noises to (their t_min_dgpo / 1000: 0.25 GenEval, 0.3 OCR, 0.4 "
-        "ImageReward and HPS).", within=Range(0, 1, hi_open=True),
+        "ImageReward and HPS).", within=Range(0, 0.99),
     )  # fmt: skip
     surrogate_min_sigma: float = opt(
         0.55, "Lowest σ the surrogate trains at (their t_min_dgpo_reward / 1000: 0.55; 0.3 OCR).",
-        within=Range(0, 1, hi_open=True),
+        within=Range(0, 0.99),
     )  # fmt: skip
     time_weight: bool = opt(True, "The surrogate's loss at recorded step j' weighs (j' + 1)/T (their use_tweight).")
     adv_clip_max: float = opt(5.0, "Advantages are clamped to ±this in the surrogate's loss.",
