@@ -77,19 +77,15 @@ class OptimizerStepper:
         the optimizer the shards)."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def _group_params(self, i: int) -> Params:
-        return self.optimizer.param_groups[i]["params"]
-
     def step(self) -> None:
         """Clip each group, then step (or skip a non-finite gradient); `metrics` reports the gradient norms before
         clipping."""
-        norms = [self.parallel.clip_grad_norm(self._group_params(i), self.max_norm) for i in range(len(self.groups))]
+        norms = [self.parallel.clip_grad_norm(group["params"], self.max_norm) for group in self.optimizer.param_groups]
         if not all(math.isfinite(norm) for norm in norms):
             return self._skip(next(norm for norm in norms if not math.isfinite(norm)))
-        before = [p.detach().clone() for p in self._group_params(0)] if self.measure_change else None
+        before = [p.detach().clone() for p in self.optimizer.param_groups[0]["params"]] if self.measure_change else None
         lrs = self.scheduler.get_last_lr()  # AdamW must change some weight when a norm > 0 and its lr > 0
-        moving = any(norm > 0 and lr > 0 for norm, lr in zip(norms, lrs))
-        print_before = fingerprint(self.params, self.parallel.sum) if moving else None
+        print_before = fingerprint(self.params, self.parallel.sum) if any(map(min, zip(norms, lrs))) else None
         self.optimizer.step()
         if print_before is not None and fingerprint(self.params, self.parallel.sum) == print_before:
             raise WeightsUnchanged(
@@ -111,7 +107,7 @@ class OptimizerStepper:
     def _relative_change(self, before: list[torch.Tensor]) -> float:
         """|θ_after − θ_before| / |θ_before| over the first group (and every shard); `before` is overwritten."""
         norm_before = _total_norm(before)
-        torch._foreach_sub_(before, [p.detach() for p in self._group_params(0)])  # before − after = −Δθ, in place
+        torch._foreach_sub_(before, [p.detach() for p in self.optimizer.param_groups[0]["params"]])  # −Δθ, in place
         return _total_norm(before) / norm_before if norm_before > 0 else float("nan")
 
     def _skip(self, grad_norm: float) -> None:

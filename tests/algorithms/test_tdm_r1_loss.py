@@ -108,8 +108,10 @@ def _surrogate_expected(beta, clip, threshold, reg, c, time_weight):
             stop = moved or (far and ahead)
             rows.append(stop)
             loss += time_weight * (w * adv[i] * e[i] + reg * distance[u][i]) / G
-            grad.append([time_weight / G * ((0.0 if stop else w * adv[i] * -2 * (TARGET[u][i][d] - PHI[u][i][d]) / D)
-                                            + reg * 2 * (PHI[u][i][d] - TEACHER[u][i][d]) / D) for d in range(D)])  # fmt: skip
+            preference = [0.0 if stop else w * adv[i] * -2 * (TARGET[u][i][d] - PHI[u][i][d]) / D for d in range(D)]
+            grad.append(
+                [time_weight / G * (preference[d] + reg * 2 * (PHI[u][i][d] - TEACHER[u][i][d]) / D) for d in range(D)]
+            )
         losses.append(loss)
         grads.append(grad)
         stopped.append(rows)
@@ -198,7 +200,8 @@ def _chunk(weights=None):
                           x_tau=_t([row for g in TARGET for row in g]), x0=x0.detach(), tau=_t([0.6] * 6))  # fmt: skip
     generator = GeneratorInput(x0=x0, fake_x0=_t([row for g in OLD for row in g]),
                                teacher_x0=_t([row for g in TEACHER for row in g]),
-                               teacher_guidance_dir=_t([[0.1, -0.05]] * 6), teacher_guided_x0=_t([[0.9, -0.9]] * 6))  # fmt: skip
+                               teacher_guidance_dir=_t([[0.1, -0.05]] * 6),
+                               teacher_guided_x0=_t([[0.9, -0.9]] * 6))  # fmt: skip
     return TdmR1Input(fake, _surrogate_input(), generator, None if weights is None else _t(weights))
 
 
@@ -214,7 +217,7 @@ def test_the_chunk_loss_is_the_mean_over_groups_of_the_three_losses(weights):
     expected = sum(float((part * w).mean().detach()) for part in (fake, surrogate, generator))
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     kept = w / w.sum()
-    assert metrics["tdm_r1/fake_loss"].item() == pytest.approx(float((fake * kept).sum()), rel=1e-5)
+    assert metrics["tdm_r1/fake_loss"].item() == pytest.approx(float((fake * kept).sum().detach()), rel=1e-5)
     # each network's gradient comes from its own loss only: the generator's x0 is read nowhere else
     loss.backward()
     assert inp.fake.v_fake.grad is not None and inp.generator.x0.grad is not None

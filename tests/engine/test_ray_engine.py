@@ -173,16 +173,18 @@ def test_flash_grpo_takes_the_same_steps_on_two_workers(local_and_two_workers, r
 
 
 def test_tdm_r1_takes_the_same_first_step_on_two_workers(local_and_two_workers, rows_close, max_difference):
-    """configs/quickstart_tdm_r1.yaml: its first step, from the same weights, samples the same rows bit for bit and
-    trains to the same weights. Later steps are not compared row by row, as Flash-GRPO's: TDM-R1 trains every step
-    of every row, so the float reduction order of two workers' summed gradients moves the weights apart by ~1e-7 and
-    can move one JPEG's size by a byte at step 2 (measured: a step's reward/mean −0.0029300 against −0.0029305)."""
+    """configs/quickstart_tdm_r1.yaml (its three LoRA adapters): its first step, from the same weights, samples the
+    same rows bit for bit and takes the same gradients: the rows' grad_norm/fake and grad_norm/surrogate (the
+    generator's gradient is 0 at the first step, its pulls being the other two's differences from the teacher).
+    Later steps are not compared row by row, as Flash-GRPO's: the float reduction order of two workers' summed
+    gradients moves the weights apart by ~1e-7 and can move one JPEG's size by a byte at step 2."""
     config = ROOT / "configs/quickstart_tdm_r1.yaml"
     local, local_rows, ray_rows, weights = local_and_two_workers(
-        *EQUAL_PREFERENCE, "train.total_steps=1", config=config
+        *EQUAL_PREFERENCE, "train.total_steps=1", "model.lora.enabled=true", config=config
     )
     assert ray_rows[0]["reward/mean"] == local_rows[0]["reward/mean"]  # the same samples, bit for bit
     rows_close(local_rows[0], ray_rows[0], rel=1e-4, abs=1e-6)
+    assert local_rows[0]["grad_norm/fake"] > 0 and local_rows[0]["grad_norm/surrogate"] > 0
     assert max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
 
 

@@ -1,12 +1,16 @@
-"""TDM-R1 (algorithm.loss: tdm_r1) on the tiny model: it follows the reward on seeds 0-2, and refuses a rollout it
-cannot train on.
+"""TDM-R1 (algorithm.loss: tdm_r1) on the tiny model: the generator follows the reward through the learned surrogate on
+seeds 0-2, all three adapters train, and the config refuses what it cannot train.
 
-Learning: the `learns` overrides (jpeg_compressibility, 16 steps of 4 prompts × 4, lr 1e-2, 32 px) on
-configs/quickstart_tdm_r1.yaml (4 CFG-free steps, so the `learns` guidance 4.5 is set back to 1). A run rewarding
-JPEG size (the negated reward) is trained too and the mean of the two runs' gains taken (conftest.py
-`reversal_signals`: the tiny model's common drift cancelled). Measured (2026-11-28), seeds 0/1/2: +12.3/+4.9/+6.3e-5
-of reward; with the surrogate's ascent direction flipped −10.0/−4.6/−7.2e-5; at push 0.05, kl_beta 1 (a KL-bound
-shift 20× smaller) +0.03e-5 on seed 0, and at push 1, kl_beta 0.1 +1.6/+3.1/+0.2e-5.
+Learning: configs/quickstart_tdm_r1.yaml under the `learns` overrides but for a reward the surrogate can carry within
+the test's time: mean brightness (and, for the drift-free signal, its negation, conftest.py `reversal_signals`), 48
+steps of 2 prompts × 4, 1 of the 4 steps trained per update (the quickstart: 2), CFG-free. The signal is the mean of
+the two runs' validation gains in brightness (0-1). Measured (2026-11-29, load ~3.3, 30-35 s a seed), seeds 0/1/2:
++0.0052 / +0.0100 / +0.0125; at 60 steps +0.0091 / +0.0122 / +0.0114 (the advantages reach the generator only through
+the surrogate: negating them there gives exactly −0.0091 / −0.0122 on seeds 0/1, the two runs swapped). With the
+authors' clips and σ bounds (clip 1e-3, threshold 0.05, σ ≥ 0.55 / 0.25; 40 steps of 2 × 8) +0.0026 / +0.0011 /
++0.0005, and the surrogate's rows mostly stopped: the quickstart turns them off (its comments). At 16 steps of 4 × 4
+on JPEG size, the reduced form's test, every variant tried stayed within ±3e-5 of reward either way: the learned
+surrogate needs more steps than the fitted one did.
 """
 
 from __future__ import annotations
@@ -19,29 +23,56 @@ import pytest
 from diffusion_rl.config import load
 from diffusion_rl.errors import UserError
 
-from .conftest import JPEG_SIZE, ONE_MICRO_BATCH, reversal_signals
+from .conftest import reversal_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/quickstart_tdm_r1.yaml"
+BRIGHTNESS = "return np.array([np.asarray(image, dtype=np.float32).mean() / 255 for image in images], dtype=np.float32)"
+DARKNESS = "return np.array([-np.asarray(image, dtype=np.float32).mean() / 255 for image in images], dtype=np.float32)"
+FOLLOWS = ("sampling.guidance=1", "model.lora.enabled=true", "train.micro_batch_size=8", "train.total_steps=48",
+           "data.prompts_per_step=2", "data.group_size=4", "algorithm.tdm_r1.train_steps=1")  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tdm_r1_follows_the_reward_against_the_drift(make_trainer, learns, user_reward, tmp_path, seed):
-    """TDM-R1 raises JPEG compressibility, and JPEG size when rewarded for it: the mean of the two runs' gains (the
-    drift cancelled) is positive on every seed."""
+    """Brighter when rewarded for brightness, darker when for darkness: the mean of the two runs' gains (the drift
+    cancelled) is positive on every seed, 2.5 times the ±0.001 seen at random (16 steps, every variant tried)."""
 
     def train(seed: int, reward: str) -> list[dict]:
-        overrides = ("sampling.guidance=1", ONE_MICRO_BATCH, f"rewards.0.name={reward}")
         run_dir = f"run.dir={mkdtemp(dir=tmp_path)}"
-        return make_trainer(*learns, f"run.seed={seed}", *overrides, run_dir, config=CONFIG).train()
+        return make_trainer(*learns, f"run.seed={seed}", *FOLLOWS, f"rewards.0.name={reward}", run_dir,
+                            config=CONFIG).train()  # fmt: skip
 
-    (signal,) = reversal_signals(train, (seed,), ("jpeg_compressibility", user_reward(JPEG_SIZE)))
+    (signal,) = reversal_signals(train, (seed,), (user_reward(BRIGHTNESS), user_reward(DARKNESS)))
     print(f"tdm_r1 seed {seed}: drift-free gain {signal:.3g}")
-    # one byte of JPEG is 2e-6 of reward: ask for more than a few bytes after the drift
-    assert signal > 1e-5, f"tdm_r1 seed {seed}: drift-free gain {signal:.3g}"
+    assert signal > 0.0025, f"tdm_r1 seed {seed}: drift-free gain {signal:.3g}"
+
+
+def test_every_adapter_trains_and_the_surrogates_ema_follows(make_trainer, tmp_path):
+    """Two steps of the quickstart: the generator, the fake score and the surrogate each take a gradient (a
+    reference forward between an adapter's forward and its backward once dropped theirs), φ_old follows φ."""
+    trainer = make_trainer("model.lora.enabled=true", "train.total_steps=2", f"run.dir={tmp_path}", config=CONFIG)
+    rows = trainer.train()
+    for row in rows:
+        assert row["grad_norm/fake"] > 0 and row["grad_norm/surrogate"] > 0, row
+    # the generator's pulls are differences of the others from the teacher: 0 until the fake score and the surrogate
+    # (which start as the base) have moved (the quickstart's CFG reward is off)
+    assert rows[0]["grad_norm"] == 0 < rows[1]["grad_norm"]
+    assert [row["tdm_r1/surrogate_old_decay"] for row in rows] == pytest.approx([0.001, 0.002])
+    policies = trainer.engine.model.policies
+    assert policies.trained_policies() == ["default", "fake", "surrogate"]
+    surrogate, old = policies.state_dict_of("surrogate"), policies.state_dict_of("surrogate_old")
+    assert any(float((surrogate[n] - old[n]).abs().max()) > 0 for n in surrogate)  # a lagging EMA, not a copy
 
 
 @pytest.mark.parametrize("overrides", [["sampling.sde_type=ode"], ["sampling.noise_level=0.7"]])
 def test_a_rollout_that_is_not_deterministic_and_recorded_is_refused(overrides):
     with pytest.raises(UserError, match=r"tdm_r1 trains on the states of a deterministic rollout, recorded step by"):
         load(CONFIG, overrides)
+
+
+def test_full_fine_tuning_and_the_reduced_forms_keys_are_refused():
+    with pytest.raises(UserError, match=r"tdm_r1 trains three LoRA adapters .* set model\.lora\.enabled=true"):
+        load(CONFIG, ["model.lora.enabled=false"])
+    with pytest.raises(UserError, match=r"algorithm\.tdm_r1\.push"):
+        load(CONFIG, ["algorithm.tdm_r1.push=1.0"])

@@ -184,7 +184,7 @@ class TdmR1(GroupProcess):
         steps = torch.randperm(T, generator=make_generator(self.seed, at.step, "tdm_r1_steps", at.epoch))
         g = make_generator(self.seed, at.step, "tdm_r1_draws", at.epoch, k)
         j_prime = int(torch.multinomial(torch.arange(1, T + 1, dtype=torch.float64), 1, generator=g))
-        return int(steps[:s.train_steps][k]), j_prime, torch.rand(3, generator=g, dtype=torch.float64).tolist()
+        return int(steps[: s.train_steps][k]), j_prime, torch.rand(3, generator=g, dtype=torch.float64).tolist()
 
     def _noise(self, like: torch.Tensor, keys: torch.Tensor, at: UpdatePosition, k: int, tag: str) -> torch.Tensor:
         return noise_like(like, [make_generator(self.seed, at.step, tag, at.epoch, k, int(i)) for i in keys])

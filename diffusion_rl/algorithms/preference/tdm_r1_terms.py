@@ -8,7 +8,8 @@ a network's x0-prediction at (x, σ) is x − σ·v; means are over every elemen
     renoise:  x_τ = α·y + β·ε,  α = (1 − τ)/(1 − σ'),  β = √(τ² − (σ'·α)²)      the forward process from σ' to τ (L1271)
     fake score ψ:  ‖(x_τ − m)/τ − v_ψ(x_τ)‖² + c_ψ·‖v_T(x_τ) − v_ψ(x_τ)‖²          m the generator's x0 at x_j (L1345)
     surrogate φ:   at a recorded state y' and its re-noised x, target u = −y'/(1 − σ') + ε/β·(τ + σ'²·α/(1 − σ'))
-                   (`target_v_dgpo`), e = mean (u − v_φ)², e_old and e_T the same for φ_old and the teacher; per group of G rows
+                   (`target_v_dgpo`), e = mean (u − v_φ)², e_old and e_T the same for φ_old and the teacher;
+                   per group of G rows
                    s = β_dpo/G·Σ Â·(e − e_T),  loss = mean over rows of σ(s)·Â·ẽ + c_φ·mean (v_φ − v_T)²  (L1402-1445)
                    with ẽ = e detached on a row whose ratio exp(e_old − e) left 1 ± ε in its advantage's direction, or,
                    while mean (v_φ − v_T)² > reg_threshold, whose exp(e_T − e) is past 1 the same way
