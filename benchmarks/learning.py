@@ -124,7 +124,10 @@ def build_config(path: Path, run_dir: Path, args, model_dir: Path | None = None,
     overrides = CONTROL + [f"run.dir={run_dir}", f"run.seed={args.seed}", f"engine.num_threads={args.threads}"]
     if info is not None:
         prompts = model_dir / "shapes_prompts"
-        overrides += SHAPES + [
+        # full fine-tuning, but where the algorithm's config trains LoRA adapters (TDM-R1 trains three: it refuses
+        # full fine-tuning)
+        lora = load(str(path)).model.lora.enabled
+        overrides += [o for o in SHAPES if not (lora and o == "model.lora.enabled=false")] + [
             f"model.path={model_dir}",
             f"model.max_sequence_length={info['text_tokens']}",
             f"sampling.height={info['size']}",

@@ -87,3 +87,12 @@ def test_the_shapes_task_keeps_a_pairwise_config_pairwise_and_validates_every_co
     nft = learning.build_config(found["nft"], tmp_path / "d", outlined, tmp_path / "model", info)
     assert [(r.name, r.weight, r.kwargs) for r in nft.rewards] == [("shapes_geneval", 1.0, task["kwargs"])]
     assert [(r.name, r.kwargs) for r in nft.val.rewards] == [("shapes_geneval", {})]  # validated plain
+
+
+def test_the_shapes_task_fine_tunes_fully_but_where_the_algorithm_trains_lora_adapters(learning, tmp_path):
+    args, info = argparse.Namespace(seed=0, threads=2, set=[]), {"size": 32, "text_tokens": 16}
+    found = learning.algorithm_configs(None)
+    build = {name: learning.build_config(found[name], tmp_path / name, args, tmp_path / "model", info)
+             for name in ("flow_grpo", "nft", "tdm_r1")}  # fmt: skip
+    assert {name: cfg.model.lora.enabled for name, cfg in build.items()} == {"flow_grpo": False, "nft": False,
+                                                                             "tdm_r1": True}  # fmt: skip
