@@ -189,12 +189,11 @@ class TdmR1(GroupProcess):
     def _noise(self, like: torch.Tensor, keys: torch.Tensor, at: UpdatePosition, k: int, tag: str) -> torch.Tensor:
         return noise_like(like, [make_generator(self.seed, at.step, tag, at.epoch, k, int(i)) for i in keys])
 
-    def _cfg_pair(self, policy: str, x: torch.Tensor, t: torch.Tensor, cond, guidance: float):
-        """(conditional, guided at `guidance`) velocities of `policy` ("reference": the teacher), no gradient."""
-        with torch.no_grad():
-            scope = self.model.reference() if policy == "reference" else self.model.using(policy)
-            with scope:
-                return self.velocity(x, t, cond), self.model.velocity(x, t, cond, guidance)
+    @torch.no_grad()
+    def _teacher_pair(self, x: torch.Tensor, t: torch.Tensor, cond, guidance: float):
+        """The teacher's conditional velocity and its velocity guided at `guidance`."""
+        with self.model.reference():
+            return self.velocity(x, t, cond), self.model.velocity(x, t, cond, guidance)
 
     def loss(self, units: GroupUnits, k: int, at: UpdatePosition) -> LossOutput:
         s = self.settings
@@ -205,17 +204,16 @@ class TdmR1(GroupProcess):
             got = None if traj.latents is None else traj.latents.shape[1]
             raise ValueError(f"tdm_r1 needs the states before each of the {T} steps (window.kind=all); got {got}")
         j, jp, (u_tau, u_reward, u_surrogate) = self._draws(at, k)
-        device, cond = traj.device, traj.cond
-        sigmas = self.sigmas.to(device)
+        cond, sigmas = traj.cond, self.sigmas.to(traj.device)
 
         def state(i: int) -> torch.Tensor:  # the recorded state before step i (i = T: the final latents)
             return (traj.latents[:, i] if i < T else traj.final_latents).float()
 
-        def at_sigma(value) -> torch.Tensor:
-            return value.expand(N) if torch.is_tensor(value) else torch.full((N,), float(value), device=device)
+        def at_sigma(i: int) -> torch.Tensor:  # σ_i for every row
+            return sigmas[i].expand(N)
 
         samples, groups = traj.ids.sample_index, traj.ids.group_index
-        x, sigma, sigma_next = state(j), at_sigma(sigmas[j]), at_sigma(sigmas[j + 1])
+        x, sigma, sigma_next = state(j), at_sigma(j), at_sigma(j + 1)
         v = self.velocity(x, sigma, cond)  # θ, with gradient
         m = x0_of(x, sigma, v)
         y = (x + (sigma_next - sigma).view(-1, *[1] * (x.ndim - 1)) * v).detach()
@@ -229,7 +227,7 @@ class TdmR1(GroupProcess):
         fake = FakeScoreInput(v_fake=v_fake, v_teacher=v_teacher_fake, x_tau=x_fake, x0=m.detach(), tau=tau)
 
         # φ's step at a recorded state y' after step j'
-        y_rec, sigma_rec = state(jp + 1), at_sigma(sigmas[jp + 1])
+        y_rec, sigma_rec = state(jp + 1), at_sigma(jp + 1)
         tau_rec = draw_tau(sigma_rec, u_surrogate, s.surrogate_min_sigma)
         eps_group = self._noise(x, groups, at, k, "tdm_r1_surrogate_noise")
         x_rec = renoise(y_rec, sigma_rec, tau_rec, eps_group)
@@ -247,7 +245,7 @@ class TdmR1(GroupProcess):
         # θ's step: the teacher's CFG direction and the KL through ψ at x_τ; the reward through φ at x_τ'
         x_tau = renoise(y, sigma_next, tau, self._noise(x, samples, at, k, "tdm_r1_kl_noise"))
         fake_x0 = x0_of(x_tau, tau, self.velocity_of(FAKE, x_tau, tau, cond))
-        v_cond, v_guided = self._cfg_pair("reference", x_tau, tau, cond, s.teacher_guidance)
+        v_cond, v_guided = self._teacher_pair(x_tau, tau, cond, s.teacher_guidance)
         teacher_x0 = x0_of(x_tau, tau, v_cond)
         guided_x0 = x0_of(x_tau, tau, v_guided)
         generator = GeneratorInput(
