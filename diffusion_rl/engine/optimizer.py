@@ -51,6 +51,8 @@ class OptimizerStepper:
         if not pairs or not isinstance(pairs[0], tuple):  # plain parameters: one group with train's settings
             pairs = [(OptimizerGroup(), list(params_or_groups))]
         self.groups: tuple[OptimizerGroup, ...] = tuple(group for group, _ in pairs)
+        # each group's gradient-norm metric: the first group's is `grad_norm`, the others' grad_norm/<policy>
+        self.norm_names = ["grad_norm", *(f"grad_norm/{group.policy}" for group in self.groups[1:])]
         self.max_norm = train.grad_clip if train.grad_clip > 0 else float("inf")  # 0: no clipping
         first = pairs[0][1]
         count = sum(p.numel() for p in first)  # a shard's count under FSDP2: the auto rule errs towards measuring
@@ -94,8 +96,7 @@ class OptimizerStepper:
                 "precision (model.dtype), or parameters the optimizer does not hold"
             )
         change = {} if before is None else {"train/weight_change_rel": self._relative_change(before)}
-        others = {f"grad_norm/{group.policy}": norm for group, norm in zip(self.groups[1:], norms[1:])}
-        self.taken.append({"grad_norm": norms[0], **others, **change})
+        self.taken.append({**dict(zip(self.norm_names, norms)), **change})
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
@@ -126,8 +127,7 @@ class OptimizerStepper:
         """What every update reports about its optimizer steps: the means over those taken (a skipped one changes
         nothing) of the gradient norms (NaN when none was) and |Δθ| / |θ|, the lr and the step counts."""
         taken, self.taken = self.taken, []
-        norms = {f"grad_norm/{group.policy}": float("nan") for group in self.groups[1:]}
-        return {"grad_norm": float("nan"), **norms, "lr": self.scheduler.get_last_lr()[0],
+        return {**dict.fromkeys(self.norm_names, float("nan")), "lr": self.scheduler.get_last_lr()[0],
                 "train/optimizer_steps": self.steps, "train/skipped_updates": self.skipped,
                 **reduce_metrics(taken)}  # fmt: skip
 
