@@ -35,6 +35,10 @@ class EmaConfig:
     enabled: bool = opt(False, "Keep an EMA of the trained weights and validate with it.")
     decay: float = opt(0.9, "EMA decay per update.", within=Range(0, 1))
     update_every: int = opt(1, "Update the EMA every N optimizer steps.", within=Range(1, MAX_COUNT))
+    warmup: bool = opt(
+        False, "Warm the decay up as flow_grpo's EMA wrapper does (TDM-R1 keeps it): at the n-th optimizer step "
+        "(1-based) the update's decay is min(n / (n + 9), decay).",
+    )  # fmt: skip
 
 
 @dataclass

@@ -16,9 +16,11 @@ class EmaWeights:
         self.shadow = [p.detach().float().clone() for p in parameters]  # fp32: bf16 loses small EMA increments
 
     @torch.no_grad()
-    def update(self) -> None:
+    def update(self, decay: float | None = None) -> None:
+        """shadow ← d·shadow + (1 − d)·weights, d = `decay` (None: the constant one)."""
+        d = self.decay if decay is None else decay
         for s, p in zip(self.shadow, self.parameters):
-            s.lerp_(p.detach().float(), 1.0 - self.decay)
+            s.lerp_(p.detach().float(), 1.0 - d)
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:

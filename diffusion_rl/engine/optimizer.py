@@ -102,7 +102,8 @@ class OptimizerStepper:
         self.steps += 1
         self.consecutive_skips = 0
         if self.ema is not None and self.steps % self.train.ema.update_every == 0:
-            self.ema.update()
+            ema = self.train.ema  # flow_grpo's warm-up: min(n / (n + 9), decay) at the n-th step
+            self.ema.update(min(self.steps / (self.steps + 9), ema.decay) if ema.warmup else None)
 
     @torch.no_grad()
     def _relative_change(self, before: list[torch.Tensor]) -> float:
