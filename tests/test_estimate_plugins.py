@@ -142,3 +142,18 @@ def test_a_count_is_made_once_per_architecture_and_arguments(monkeypatch, toy_fa
         first.forward_flops = 0.0  # the next caller gets the same object
     decode = vae_decode_cost(arch, 32, 32, 1, torch.float32)
     assert vae_decode_cost(arch, 32, 32, 1, torch.float32) is decode and len(built) == 5
+
+
+def test_each_trained_adapter_of_an_algorithm_counts_in_the_trained_state(monkeypatch):
+    """TDM-R1 trains three LoRA adapters of one size, each with AdamW state: three times the gradients, weights and
+    moments of one (the EMA stays the generator's alone)."""
+    from diffusion_rl.algorithms.base import OptimizerGroup
+    from diffusion_rl.algorithms.preference.tdm_r1 import TdmR1
+
+    cfg = load(ROOT / "configs/z_image_turbo_tdm_r1_lora.yaml")
+    arch = architecture_for(cfg.model)
+    three = estimate(cfg, arch, DEVICES["h100"], 8)
+    monkeypatch.setattr(TdmR1, "optimizer_groups", classmethod(lambda cls, settings: (OptimizerGroup(),)))
+    one = estimate(cfg, arch, DEVICES["h100"], 8)
+    assert three.memory_gib["trainable_state"] == pytest.approx(3 * one.memory_gib["trainable_state"], rel=1e-9)
+    assert three.memory_gib["ema"] == one.memory_gib["ema"] > 0

@@ -157,6 +157,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     module = build_on_meta(arch.transformer_class, arch.transformer_config)
     # Wan 2.2 A14B: two experts of this architecture, both trained and held, one run per call
     trainable = (cost.params if full else lora_params(module, targets, m.lora.rank)) * arch.experts
+    # the optimizer trains one group per trained policy: LoRA adapters beside the policy's (TDM-R1: 3), alike in size
+    optimized = trainable * len(algorithm.optimizer_groups(settings))
     vae = build_on_meta(arch.vae_class, arch.vae_config)
     vae_params = sum(p.numel() for p in vae.parameters())
     decode = vae_decode_cost(arch, s.height, s.width, s.num_frames, dtype)
@@ -201,11 +203,11 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     host = e.kind == "ray" and e.fsdp_cpu_offload
     resident = 0 if host else held / shard
     transformer_mem = held if gathered else resident + 2 * weights / cost.blocks
-    gradients = trainable * master / (1 if gathered else shard) if full else trainable * 4 / shard
+    gradients = optimized * master / (1 if gathered else shard) if full else optimized * 4 / shard
     if full:  # moments (and fp32 master weights under mixed precision) sharded; gradients gathered until the step
-        optimizer_state = 2 * trainable * master / shard + (trainable * master / shard if master != wbytes else 0)
+        optimizer_state = 2 * optimized * master / shard + (optimized * master / shard if master != wbytes else 0)
     else:  # fp32 adapters: weights and two moments (and `gradients`)
-        optimizer_state = 3 * trainable * 4 / shard
+        optimizer_state = 3 * optimized * 4 / shard
     train_state = gradients + (0 if host else optimizer_state)  # fsdp_cpu_offload: the state is on the host
     # model.offload_reference: the copy is on the device only for its forward, which runs before the trained one
     kl = algorithm.needs_reference(settings)
@@ -266,7 +268,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     forwards = algorithm.frozen_calls(settings) + recomputed
     update_traffic = micro_batches * (cost.train_traffic + forwards * cost.forward_traffic)
     optimizer_steps = t.num_minibatches * t.ppo_epochs
-    state = trainable * (master + 3 * master)  # weights, gradient, two AdamW moments
+    state = optimized * (master + 3 * master)  # weights, gradient, two AdamW moments
     optimizer_bytes = optimizer_steps * 2 * state / (gpus if sharded else 1)  # read and write once
 
     def seconds(flops: float, weights_moved: float, traffic: float = 0.0) -> float:
