@@ -30,6 +30,12 @@ def row_mean(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(1).mean(dim=1)
 
 
+def group_errors(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[U, G, ...] → [U, G]: mean (v − target)² over each row's non-batch dims, fp32."""
+    # fp32: a group preference lives in differences of errors ~1e-3 apart, which bf16 rounds away
+    return (v.float() - target.float()).pow(2).flatten(2).mean(dim=2)
+
+
 def batch_rows(name: str, x: torch.Tensor) -> int:
     """N of a [N, ...] tensor with at least 2 dims; a clear error otherwise."""
     if x.ndim < 2:

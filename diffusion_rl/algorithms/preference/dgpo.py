@@ -43,6 +43,7 @@ from diffusion_rl.algorithms.preference.base import (
     GroupUnits,
     check_groups,
     detached,
+    group_errors,
     metric_mean,
     ramped_decay,
     weighted,
@@ -66,12 +67,6 @@ class DgpoInput:
 
     def __post_init__(self):
         check_groups(self.v, self.advantages, self.weights, target=self.target, v_ref=self.v_ref, v_old=self.v_old)
-
-
-def group_errors(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """[U, G, ...] → [U, G]: mean (v − target)² over each row's non-batch dims, fp32."""
-    # fp32: the preference lives in differences of errors ~1e-3 apart, which bf16 rounds away
-    return (v.float() - target.float()).pow(2).flatten(2).mean(dim=2)
 
 
 def dgpo_timestep_indices(num_steps: int, fraction: float, count: int, generator: torch.Generator) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.algorithms.preference.base import metric_mean, weighted
+from diffusion_rl.algorithms.preference.base import group_errors, metric_mean, row_mean, weighted
 
 TAU_SHIFT = 3.0  # the shift of the σ scale on which the authors draw τ uniformly (their convert/inv_convert, s=3)
 TAU_MARGIN = 0.02  # τ's lowest value sits this far above its lower bound on that scale (their "+ 20" of 1000)
@@ -78,11 +78,6 @@ def surrogate_target(y: torch.Tensor, sigma_next: torch.Tensor, tau: torch.Tenso
 def x0_of(x: torch.Tensor, sigma: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """A network's x0-prediction x − σ·v at (x, σ [N]), fp32."""
     return x.float() - _column(sigma, x) * v.float()
-
-
-def row_mean(x: torch.Tensor) -> torch.Tensor:
-    """[N, …] → [N]."""
-    return x.flatten(1).mean(dim=1)
 
 
 @dataclass
@@ -138,11 +133,6 @@ def fake_score_loss(inp: FakeScoreInput, fake_reg: float) -> tuple[torch.Tensor,
     v = inp.v_fake.float()
     error = row_mean((target - v).pow(2))
     return error + fake_reg * row_mean((inp.v_teacher.detach().float() - v).pow(2)), error.detach()
-
-
-def group_errors(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """[U, G, …] → [U, G]: mean (target − v)² over each row's elements, fp32."""
-    return (target.float() - v.float()).pow(2).flatten(2).mean(dim=2)
 
 
 def surrogate_loss(inp: SurrogateInput, weights, *, beta: float, clip_range: float, reg_threshold: float,
