@@ -246,7 +246,11 @@ def cmd_config(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffusion-rl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="diffusion-rl",
+        description="Fine-tune flow-matching image and video models with reinforcement learning from rewards. "
+        "Start with `diffusion-rl train configs/quickstart.yaml`; `diffusion-rl COMMAND -h` for each command.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
