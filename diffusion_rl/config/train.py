@@ -36,8 +36,10 @@ class EmaConfig:
     decay: float = opt(0.9, "EMA decay per update.", within=Range(0, 1))
     update_every: int = opt(1, "Update the EMA every N optimizer steps.", within=Range(1, MAX_COUNT))
     warmup: bool = opt(
-        False, "Warm the decay up as flow_grpo's EMA wrapper does (TDM-R1 keeps it): at the n-th optimizer step "
-        "(1-based) the update's decay is min(n / (n + 9), decay).",
+        False, "Warm the decay up as flow_grpo's EMA wrapper does (the recipes built on flow_grpo's scripts and "
+        "TDM-R1's keep it): at the n-th optimizer step (1-based) the update's decay is min(n / (n + 9), decay). Theirs "
+        "updates one step earlier (after steps n ≡ −1 mod update_every, at the same decays) and once per micro-batch "
+        "until the next optimizer step.",
     )  # fmt: skip
 
 

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.base import LOSSES
-from diffusion_rl.algorithms.losses.gardo import GardoSettings, GateShare, disagreement, diversity_weights, gate
+from diffusion_rl.algorithms.losses.gardo import (
+    GardoSettings,
+    GateShare,
+    disagreement,
+    diversity_weights,
+    gate,
+    gate_weights,
+)
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput
 
 CLIP, BETA = 1e-3, 0.5
@@ -120,3 +127,21 @@ def test_the_gated_share_grows_on_a_new_high_and_shrinks_on_a_new_low_within_its
     # a step with no row at u ≥ 0 leaves it and its history as they are
     before = (share.share, list(share.history))
     assert share.update(np.array([-1.0, np.nan]), s) == before[0] and share.history == before[1]
+
+
+def test_gate_weights_average_one_over_the_kept_rows():
+    gated = np.array([True, True, False, False, True])
+    kept = np.array([True, False, True, True, True])  # row 1 is gated but dropped (its advantage is 0)
+    weights, share = gate_weights(gated, kept)
+    assert share == pytest.approx(2 / 4)
+    assert weights.tolist() == pytest.approx([2.0, 2.0, 0.0, 0.0, 2.0])
+    kl = [0.3, 9.0, 0.5, 0.7, 0.1]
+    kept_rows = [i for i in range(5) if kept[i]]
+    # the loss's mean over its kept rows of g_i/mean(g)·kl_i: the mean of kl over the kept gated rows (0 and 4)
+    assert sum(weights[i] * kl[i] for i in kept_rows) / len(kept_rows) == pytest.approx((0.3 + 0.1) / 2)
+    weights, share = gate_weights(gated, np.ones(5, dtype=bool))
+    assert share == pytest.approx(3 / 5) and weights.tolist() == pytest.approx([5 / 3, 5 / 3, 0, 0, 5 / 3])
+    weights, share = gate_weights(gated, np.array([False, True, True, True, False]))  # only a gated row kept: 1 of 3
+    assert share == pytest.approx(1 / 3) and weights.tolist() == pytest.approx([3.0, 3.0, 0, 0, 3.0])
+    weights, share = gate_weights(np.zeros(3, dtype=bool), np.ones(3, dtype=bool))
+    assert share == 0.0 and weights.tolist() == [0.0, 0.0, 0.0]

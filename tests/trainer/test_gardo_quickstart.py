@@ -17,6 +17,8 @@ import torch
 from diffusion_rl.algorithms.losses.gardo import REFERENCE
 from diffusion_rl.config import load
 from diffusion_rl.errors import UserError
+from diffusion_rl.sampling.window import window_for_step
+from diffusion_rl.trainer.timing import PhaseTimer
 
 from .conftest import LEARNS, ONE_MICRO_BATCH
 
@@ -80,3 +82,22 @@ def test_the_reduced_gardo_quickstart_learns_to_compress(make_trainer, tmp_path)
     print("val/reward/mean gains", gains)
     # one byte of JPEG is 2e-6 of reward: ask the mean over seeds for more than a few bytes of the ~1.5 kB
     assert min(gains) > 0 and sum(gains) / len(gains) > 2e-5, f"val/reward/mean gains {gains}"
+
+
+def test_with_zero_advantage_rows_dropped_the_kl_weights_average_one_over_the_kept_rows(
+    make_trainer, user_reward, tmp_path
+):
+    """algorithm.drop_zero_advantage (sd35_gardo_lora.yaml, as the authors' SD3 script): the loss means over the
+    kept rows, so g/mean(g) takes its mean over them too and the KL term is the mean over the kept gated rows."""
+    alike = user_reward("return np.array([1.0 if p == prompts[0] else float(i) for i, p in enumerate(prompts)])")
+    trainer = make_trainer(f"rewards=[{{name: '{alike}'}}]", "algorithm.drop_zero_advantage=true",
+                           f"run.dir={tmp_path}", config=CONFIG)  # fmt: skip
+    collected = trainer.source.collect(0, window_for_step(trainer.cfg.sampling, 0, 0), PhaseTimer())
+    groups = collected.prompts.group_index
+    trainer.guard.on_rollout(1, collected.images, groups.numpy(), collected.scored)  # the image statistics
+    targets, metrics = trainer.algorithm.prepare(collected.scored, groups)
+    kept = targets.advantages != 0  # the first prompt's group scored alike: dropped
+    gated = targets.kl_weights > 0
+    assert 0 < int(kept.sum()) < len(kept) and bool(gated[kept].any())
+    assert float(targets.kl_weights[kept].mean()) == pytest.approx(1.0)
+    assert metrics["gardo/gated_fraction"] == pytest.approx(float(gated[kept].float().mean()))

@@ -163,6 +163,15 @@ def gate(u_B: np.ndarray, share: float) -> np.ndarray:
     return np.nan_to_num(u_B, nan=-np.inf) > threshold
 
 
+def gate_weights(gated_B: np.ndarray, kept_B: np.ndarray) -> tuple[np.ndarray, float]:
+    """(float [B] g_i / mean of g over the rows the loss keeps, 0 everywhere when none of them is gated; that mean):
+    the loss's mean over its kept rows of g_i/mean(g)·kl_i is then the mean of kl_i over the kept gated rows, as
+    the authors' mean over the gated rows that survive their drop of zero-advantage rows."""
+    kept = kept_B.astype(bool)
+    share = float(gated_B[kept].mean()) if kept.any() else 0.0
+    return (gated_B / share if share > 0 else np.zeros(len(gated_B))), share
+
+
 def gardo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     """flow_grpo's loss, its KL term weighted per row by inp.kl_weights (policy_gradient.py `kl_to_reference`), and
     gardo/kl_gated: the kl_weights-weighted mean of kl_i (the mean over the gated rows; 0 when none is)."""
@@ -212,9 +221,10 @@ class Gardo(PolicyGradient):
             judges = [-stats.drift if j == GUARD_JUDGE else scored.per_reward[j] for j in s.gate_judges]
             u = disagreement(np.asarray(scored.total, dtype=np.float64), [np.asarray(j, np.float64) for j in judges])
             gated = gate(u, self.gate_share.update(u, s))
-            share = gated.mean()
-            targets.kl_weights = torch.from_numpy(gated / share if share > 0 else gated * 0.0).float()
-            metrics.update({"gardo/gate_share": self.gate_share.share, "gardo/gated_fraction": float(share)})
+            kept = (targets.advantages != 0).numpy() if self.section.drop_zero_advantage else np.ones_like(gated)
+            weights, share = gate_weights(gated, kept)
+            targets.kl_weights = torch.from_numpy(weights).float()
+            metrics.update({"gardo/gate_share": self.gate_share.share, "gardo/gated_fraction": share})
         return targets, metrics
 
     # -- worker --------------------------------------------------------------------------------------------------
