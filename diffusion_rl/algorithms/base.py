@@ -216,6 +216,7 @@ class LossSpec:
     settings: type  # a LossSettings dataclass: the config section algorithm.<name>
     algorithm: type[Algorithm]
     sde_only: bool = False  # its formulas assume Flow-GRPO's `sde` step (its std and √dt)
+    metric_prefixes: tuple[str, ...] = ()  # its own metrics' "<prefix>/…" (the run report's algorithm panel)
 
     @property
     def family(self) -> str:
@@ -230,13 +231,16 @@ def loss_names(**facts) -> str:
     return ", ".join(n for n, spec in LOSSES.items() if all(getattr(spec.algorithm, k) == v for k, v in facts.items()))
 
 
-def register_loss(name: str, *, settings: type, algorithm: type[Algorithm], sde_only: bool = False):
-    """Decorator: register `fn(input, settings) -> LossOutput` as loss `name` (see LossSpec)."""
+def register_loss(
+    name: str, *, settings: type, algorithm: type[Algorithm], sde_only: bool = False, metrics: tuple[str, ...] = ()
+):
+    """Decorator: register `fn(input, settings) -> LossOutput` as loss `name` (see LossSpec); `metrics`: the prefixes
+    of its own metrics, when not `name/…`."""
     if not (isinstance(settings, type) and issubclass(settings, LossSettings)):
         raise TypeError(f"loss '{name}': settings must be a LossSettings dataclass, got {settings!r}")
 
     def add(fn):
-        LOSSES.register(name)(LossSpec(name, fn, settings, algorithm, sde_only))
+        LOSSES.register(name)(LossSpec(name, fn, settings, algorithm, sde_only, metrics or (name,)))
         return fn
 
     return add

@@ -287,6 +287,8 @@ def _policy(d: ReportData) -> str:
     parts = []
     if d.plots.get("policy"):
         parts.append(_img(d.plots["policy"], "policy statistics"))
+    if d.plots.get("algorithm"):
+        parts.append(_img(d.plots["algorithm"], "the update's size and the algorithm's own metrics"))
     if d.omitted_policy:
         parts.append(
             f'<p class="note">Not drawn, all zero in this run: {_esc(", ".join(d.omitted_policy))} (an on-policy run '

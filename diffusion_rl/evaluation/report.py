@@ -9,6 +9,8 @@ samples/step_*/ (per-image validation files), rollouts/ and config.yaml. Writes 
     guard.png        the guard's statistics with their baselines, allowed ranges and alerts
     policy.png       approx. KL to the rollout policy, KL to the reference, clip fraction, grad norm, loss; a
                      quantity that is 0 throughout (e.g. the clip fraction of an on-policy run) gets no panel
+    algorithm.png    the update's relative weight change, the share of groups whose rewards did not spread (no
+                     advantage), and the algorithm's own metrics (its loss's prefixes: `LossSpec.metric_prefixes`)
     timing.png       seconds per phase (generate, reward, advantage, update, checkpoint, validate, …) per step
     report.md        best validation step, guard alerts, first and final numbers, wall time split by phase
     report.html      all of the above on one self-contained page, with the validation images of each prompt across
@@ -35,6 +37,7 @@ from diffusion_rl.utils.files import naming
 
 REPORT_DIR = "report"
 POLICY_KEYS = ("approx_kl", "kl_ref", "kl", "clip_fraction", "grad_norm", "loss")
+UPDATE_KEYS = ("train/weight_change_rel", "advantage/zero_std_group_fraction")
 SUMMARY_KEYS = (
     "reward/mean",
     "val/reward/mean",
@@ -101,6 +104,14 @@ def plot_timing(rows: Sequence[Mapping[str, Any]], out_png: Path) -> Path | None
     return out_png
 
 
+def algorithm_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """UPDATE_KEYS, then every logged metric under a registered loss's own prefix (`awm/…`, `dppo/…`), sorted."""
+    from diffusion_rl.config.plugins import LOSSES
+
+    prefixes = {prefix for _, spec in LOSSES.items() for prefix in spec.metric_prefixes}
+    return [*UPDATE_KEYS, *sorted({k for row in rows for k in row if k.partition("/")[0] in prefixes})]
+
+
 def _summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     table = []
     for key in SUMMARY_KEYS:
@@ -134,14 +145,16 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
         {k for r in rows for k in r if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2}
         - {k for r in rows for k in r if k.startswith("reward/source/")}
     )
-    drawn_policy = [p.key for p in plan_panels(rows, POLICY_KEYS, skip_all_zero=True)]
-    logged_policy = [p.key for p in plan_panels(rows, POLICY_KEYS)]
+    update_keys = [*POLICY_KEYS, *algorithm_keys(rows)]
+    drawn_policy = [p.key for p in plan_panels(rows, update_keys, skip_all_zero=True)]
+    logged_policy = [p.key for p in plan_panels(rows, update_keys)]
     plots = {
         "reward": plot_metrics(rows, out / "reward.png", ["reward/mean", *(per_reward if len(per_reward) > 1 else [])]),
         "validation": plot_metrics(rows, out / "validation.png", ["val/reward/mean", "val/reward/best@n"]),
         "before_after": plot_before_after(run_dir / "samples", out / "before_after.png"),
         "guard": plot_guard(rows, guard_summary, guard_alerts, out / "guard.png"),
         "policy": plot_metrics(rows, out / "policy.png", POLICY_KEYS, skip_all_zero=True),
+        "algorithm": plot_metrics(rows, out / "algorithm.png", update_keys[len(POLICY_KEYS) :], skip_all_zero=True),
         "timing": plot_timing(rows, out / "timing.png"),
     }
 

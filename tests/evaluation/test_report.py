@@ -14,7 +14,7 @@ def test_report_writes_plots_and_a_summary_of_a_finished_run(trained_run, capsys
     run = trained_run("val.every=1", "val.before_train=true").run_dir
     assert main(["report", str(run)]) == 0
     report = run / "report"
-    for name in ("reward.png", "validation.png", "policy.png", "timing.png"):
+    for name in ("reward.png", "validation.png", "policy.png", "algorithm.png", "timing.png"):
         assert (report / name).read_bytes().startswith(b"\x89PNG"), name
     text = (report / "report.md").read_text()
 
@@ -55,3 +55,16 @@ def test_timing_split_sums_phases_and_keeps_the_rest_as_other(values, phases):
     total, split = timing_split(rows)
     assert total == 3.0
     assert split == {**phases, "other": 0.5}
+
+
+def test_the_algorithm_panel_holds_the_update_size_and_the_loss_s_own_metrics_only():
+    from diffusion_rl.evaluation.report import UPDATE_KEYS, algorithm_keys
+
+    rows = [
+        {"step": 1, "awm/mse": 1.0, "dppo/kl_max": 0.1, "pairs/count": 4.0, "guard/brightness": 0.5,
+         "reward/mean": 0.2, "train/weight_change_rel": 1e-3, "mystery/value": 3.0},
+        {"step": 2, "tdm_r1/fake_error": 0.3, "flash/rectify_weight": 1.2},
+    ]  # fmt: skip
+    # awm and tdm_r1 by their names; flow_dppo's, flash_grpo's and dpo's metrics by the prefixes they register
+    expected = ["awm/mse", "dppo/kl_max", "flash/rectify_weight", "pairs/count", "tdm_r1/fake_error"]
+    assert algorithm_keys(rows) == [*UPDATE_KEYS, *expected]

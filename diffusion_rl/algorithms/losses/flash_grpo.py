@@ -94,4 +94,6 @@ class FlashGrpo(PolicyGradient):
         return units, {**metrics, "flash/rectify_weight": float(weight_BK.mean())}
 
 
-register_loss("flash_grpo", settings=FlashGrpoSettings, algorithm=FlashGrpo, sde_only=True)(flow_grpo_loss)
+register_loss("flash_grpo", settings=FlashGrpoSettings, algorithm=FlashGrpo, sde_only=True, metrics=("flash",))(
+    flow_grpo_loss
+)

@@ -55,7 +55,7 @@ class FlowDppoSettings(PolicyLossSettings):
         require_exact_anchor_means(sampling, "flow_dppo", "its KL to the rollout step, against kl_mask_threshold")
 
 
-@register_loss("flow_dppo", settings=FlowDppoSettings, algorithm=PolicyGradient, sde_only=True)
+@register_loss("flow_dppo", settings=FlowDppoSettings, algorithm=PolicyGradient, sde_only=True, metrics=("dppo",))
 def flow_dppo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     """cfg needs kl_mask_threshold, add_kl_coefficient and kl_beta."""
     threshold = float(cfg.kl_mask_threshold)

@@ -80,7 +80,9 @@ def noise_aware_weight(std: torch.Tensor, sqrt_dt: torch.Tensor, scale: float) -
     return scale * std.detach().float() * sqrt_dt.detach().float()
 
 
-@register_loss("tempflow_grpo", settings=TempflowGrpoSettings, algorithm=PolicyGradient, sde_only=True)
+@register_loss(
+    "tempflow_grpo", settings=TempflowGrpoSettings, algorithm=PolicyGradient, sde_only=True, metrics=("tempflow",)
+)
 def tempflow_grpo_loss(inp: PolicyLossInput, cfg) -> LossOutput:
     """cfg needs clip_range, adv_clip_max, kl_beta, noise_aware and noise_weight_scale."""
     clip_range, kl_beta = float(cfg.clip_range), float(cfg.kl_beta)

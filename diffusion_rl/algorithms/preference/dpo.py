@@ -254,7 +254,7 @@ class Dpo(ForwardProcess):
         return self.loss_fn(inp, self.settings)
 
 
-@register_loss("dpo", settings=DpoSettings, algorithm=Dpo)
+@register_loss("dpo", settings=DpoSettings, algorithm=Dpo, metrics=("dpo", "pairs"))
 def dpo_loss(inp: DpoInput, cfg) -> LossOutput:
     """cfg needs dpo_beta."""
     beta = float(cfg.dpo_beta)
