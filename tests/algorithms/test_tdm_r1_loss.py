@@ -47,13 +47,23 @@ def test_from_a_clean_state_they_are_the_forward_process_and_its_velocity():
 
 def test_tau_is_uniform_on_the_shifted_scale_above_its_bound():
     # unshift(0.5) = 0.5/(3 − 2·0.5) = 0.25; start 0.27; u = 0.25 → 0.4525; shift 3·0.4525/(1 + 2·0.4525)
-    assert draw_tau(_t([0.5]), 0.25).item() == pytest.approx(1.3575 / 1.905, rel=1e-6)
+    assert draw_tau(_t([0.5]), _t([0.25])).item() == pytest.approx(1.3575 / 1.905, rel=1e-6)
     # a lowest σ of 0.6 above σ' = 0.5: unshift(0.6) = 0.6/1.8; start + 0.02; u = 0.25
     start = 0.6 / 1.8 + 0.02
     z = 0.25 * (1 - start) + start
-    assert draw_tau(_t([0.5]), 0.25, lowest=0.6).item() == pytest.approx(3 * z / (1 + 2 * z), rel=1e-6)
-    assert draw_tau(_t([0.5]), 0.0, lowest=0.6).item() >= 0.6
-    assert draw_tau(_t([0.2]), 0.999).item() <= 1.0
+    assert draw_tau(_t([0.5]), _t([0.25]), lowest=0.6).item() == pytest.approx(3 * z / (1 + 2 * z), rel=1e-6)
+    assert draw_tau(_t([0.5]), _t([0.0]), lowest=0.6).item() >= 0.6
+    assert draw_tau(_t([0.2]), _t([0.999])).item() <= 1.0
+
+
+def test_each_row_draws_tau_with_its_own_uniform():
+    # rows of two groups: σ' 0.5 and 0.2, u 0.25 and 0.75 (each row as if alone)
+    tau = draw_tau(_t([0.5, 0.5, 0.2, 0.2]), _t([0.25, 0.25, 0.75, 0.75]), lowest=0.3)
+    for n, (sigma, u) in enumerate([(0.5, 0.25), (0.5, 0.25), (0.2, 0.75), (0.2, 0.75)]):
+        lo = max(sigma, 0.3)
+        start = lo / (3 - 2 * lo) + 0.02
+        z = u * (1 - start) + start
+        assert tau[n].item() == pytest.approx(max(3 * z / (1 + 2 * z), lo), rel=1e-6)
 
 
 # -- the fake score ------------------------------------------------------------------------------------------------
@@ -88,8 +98,10 @@ def _mse(a, b):
 
 
 def _surrogate_expected(beta, clip, threshold, reg, c, time_weight):
-    """Per group: the loss, its gradient in φ's velocity, and the stopped rows, by the authors' steps."""
+    """Per group: the loss, its gradient in φ's velocity, and the stopped rows, by the authors' steps; time_weight
+    one number, or one per group."""
     U, G, D = 2, 3, 2
+    weights = time_weight if isinstance(time_weight, list) else [time_weight] * U
     distance = [[_mse(PHI[u][i], TEACHER[u][i]) for i in range(G)] for u in range(U)]
     far = sum(sum(row) for row in distance) / (U * G) > threshold
     losses, grads, stopped = [], [], []
@@ -100,7 +112,7 @@ def _surrogate_expected(beta, clip, threshold, reg, c, time_weight):
         e_t = [_mse(TARGET[u][i], TEACHER[u][i]) for i in range(G)]
         s = beta / G * sum(adv[i] * (e[i] - e_t[i]) for i in range(G))
         w = 1 / (1 + math.exp(-s))
-        rows, loss, grad = [], 0.0, []
+        rows, loss, grad, time_weight = [], 0.0, [], weights[u]
         for i in range(G):
             ratio, ref_ratio = math.exp(e_old[i] - e[i]), math.exp(e_t[i] - e[i])
             moved = ratio > 1 + clip if adv[i] > 0 else ratio < 1 - clip
@@ -119,12 +131,13 @@ def _surrogate_expected(beta, clip, threshold, reg, c, time_weight):
 
 
 def _surrogate_input(time_weight=1.0):
+    time_weight = _t(time_weight) if isinstance(time_weight, list) else time_weight
     return SurrogateInput(v_surrogate=_t(PHI, True), v_old=_t(OLD), v_teacher=_t(TEACHER), target=_t(TARGET),
                           advantages=_t(ADV), time_weight=time_weight)  # fmt: skip
 
 
 @pytest.mark.parametrize("threshold", [0.01, 10.0], ids=["far-from-the-teacher", "near-it"])
-@pytest.mark.parametrize("time_weight", [1.0, 0.75])
+@pytest.mark.parametrize("time_weight", [1.0, 0.75, [0.25, 1.0]], ids=["1", "0.75", "per-group"])
 def test_surrogate_loss_and_gradient_match_the_authors_steps(threshold, time_weight):
     settings = dict(beta=10.0, clip=1e-3, threshold=threshold, reg=0.001, c=5.0, time_weight=time_weight)
     inp = _surrogate_input(time_weight)
@@ -185,6 +198,24 @@ def test_generator_loss_and_gradient_match_the_authors_steps(reward):
     assert ("tdm_r1/generator_reward" in metrics) is reward
 
 
+def test_rows_that_train_the_reward_and_rows_that_do_not_each_take_their_form_and_gradient():
+    # row 1's step trains the reward (j < reward_steps), row 0's the teacher terms only: each as the loop has it
+    inp = GeneratorInput(x0=_t(M, True), fake_x0=_t(FAKE_X0), teacher_x0=_t(TEACHER_X0),
+                         teacher_guidance_dir=_t(DIRECTION), teacher_guided_x0=_t(GUIDED_X0),
+                         reward_rows=torch.tensor([1]), reward_x0=_t(REWARD_X0[1:]),
+                         reward_ref_x0=_t(REWARD_REF_X0[1:]))  # fmt: skip
+    per_row, metrics = generator_loss(inp, teacher_weight=0.3, cfg_scale=3.5)
+    per_row.sum().backward()
+    (reward_losses, reward_grads), (teacher_losses, teacher_grads) = (_generator_expected(0.3, 3.5, reward)
+                                                                      for reward in (True, False))  # fmt: skip
+    assert per_row.tolist() == pytest.approx([teacher_losses[0], reward_losses[1]], rel=1e-5)
+    assert torch.allclose(inp.x0.grad, _t([teacher_grads[0], reward_grads[1]]), rtol=1e-5, atol=1e-8)
+    # the reward term's metric: row 1's alone, mean (x0_φ − x0_T)² / mean |m − x0_φ|
+    w_r = sum(abs(M[1][e] - REWARD_X0[1][e]) for e in range(2)) / 2
+    term = sum((REWARD_X0[1][e] - REWARD_REF_X0[1][e]) ** 2 for e in range(2)) / 2 / w_r
+    assert metrics["tdm_r1/generator_reward"].tolist() == pytest.approx([term], rel=1e-5)
+
+
 # -- the chunk -----------------------------------------------------------------------------------------------------
 def _settings(**over):
     values = dict(fake_reg=0.02, dpo_beta=10.0, clip_range=1e-3, reg_threshold=0.05, surrogate_reg=0.001,
@@ -192,16 +223,27 @@ def _settings(**over):
     return SimpleNamespace(**{**values, **over})
 
 
-def _chunk(weights=None):
-    """U = 2 groups of G = 3 rows; the fake score's and the generator's rows are made from the surrogate's numbers."""
+REWARD_ROW_X0, REWARD_ROW_REF_X0 = [[0.3, -0.2], [0.1, 0.4], [-0.5, 0.2]], [[0.2, 0.0], [0.4, 0.1], [-0.2, 0.3]]
+
+
+def _chunk_x0() -> list[list[float]]:
+    return [[a * 0.5, b - 0.1] for group in PHI for a, b in group]
+
+
+def _chunk(weights=None, reward_group=None):
+    """U = 2 groups of G = 3 rows; the fake score's and the generator's rows are made from the surrogate's numbers;
+    the rows of `reward_group` train the reward (at REWARD_ROW_X0 and REWARD_ROW_REF_X0)."""
     flat = [row for group in PHI for row in group]
-    x0 = _t([[a * 0.5, b - 0.1] for a, b in flat], True)
+    x0 = _t(_chunk_x0(), True)
     fake = FakeScoreInput(v_fake=_t(flat, True), v_teacher=_t([row for g in TEACHER for row in g]),
                           x_tau=_t([row for g in TARGET for row in g]), x0=x0.detach(), tau=_t([0.6] * 6))  # fmt: skip
     generator = GeneratorInput(x0=x0, fake_x0=_t([row for g in OLD for row in g]),
                                teacher_x0=_t([row for g in TEACHER for row in g]),
                                teacher_guidance_dir=_t([[0.1, -0.05]] * 6),
                                teacher_guided_x0=_t([[0.9, -0.9]] * 6))  # fmt: skip
+    if reward_group is not None:
+        generator.reward_rows = torch.arange(3 * reward_group, 3 * reward_group + 3)
+        generator.reward_x0, generator.reward_ref_x0 = _t(REWARD_ROW_X0), _t(REWARD_ROW_REF_X0)
     return TdmR1Input(fake, _surrogate_input(), generator, None if weights is None else _t(weights))
 
 
@@ -221,3 +263,19 @@ def test_the_chunk_loss_is_the_mean_over_groups_of_the_three_losses(weights):
     # each network's gradient comes from its own loss only: the generator's x0 is read nowhere else
     loss.backward()
     assert inp.fake.v_fake.grad is not None and inp.generator.x0.grad is not None
+
+
+@pytest.mark.parametrize("weights", [None, [0.0, 1.0]], ids=["all", "first-group-pads"])
+def test_the_reward_metric_is_the_mean_over_the_rows_that_trained_it(weights):
+    # group 1's rows train the reward, group 0's do not: the metric is theirs alone, not diluted by group 0
+    _, metrics = tdm_r1_terms(_chunk(weights, reward_group=1), _settings())
+    m = _chunk_x0()[3:]
+    terms = []
+    for n in range(3):
+        w_r = sum(abs(m[n][e] - REWARD_ROW_X0[n][e]) for e in range(2)) / 2
+        terms.append(sum((REWARD_ROW_X0[n][e] - REWARD_ROW_REF_X0[n][e]) ** 2 for e in range(2)) / 2 / w_r)
+    assert metrics["tdm_r1/generator_reward"].item() == pytest.approx(sum(terms) / 3, rel=1e-5)
+    # the share of the rows (that carry weight) which trained the reward
+    assert metrics["tdm_r1/reward_fraction"].item() == (0.5 if weights is None else 1.0)
+    _, without = tdm_r1_terms(_chunk(weights), _settings())
+    assert "tdm_r1/generator_reward" not in without and without["tdm_r1/reward_fraction"].item() == 0

@@ -2,11 +2,14 @@
 seeds 0-2, all three adapters train, and the config refuses what it cannot train.
 
 Learning: configs/quickstart_tdm_r1.yaml under the `learns` overrides but for a reward the surrogate can carry within
-the test's time: mean brightness (and, for the drift-free signal, its negation, conftest.py `reversal_signals`), 48
-steps of 2 prompts × 4, 1 of the 4 steps trained per update (the quickstart: 2), CFG-free. The signal is the mean of
-the two runs' validation gains in brightness (0-1). Measured (2026-11-29, load ~3.3, 30-35 s a seed), seeds 0/1/2:
-+0.0052 / +0.0100 / +0.0125; at 60 steps +0.0091 / +0.0122 / +0.0114 (the advantages reach the generator only through
-the surrogate: negating them there gives exactly −0.0091 / −0.0122 on seeds 0/1, the two runs swapped). With the
+the test's time: mean brightness (and, for the drift-free signal, its negation, conftest.py `reversal_signals`), 60
+steps of 2 prompts × 4, 1 of the 4 steps trained per update and group (the quickstart: 2), CFG-free. The signal is
+the mean of the two runs' validation gains in brightness (0-1). Measured with the draws per group (2026-11-29, load
+~4), seeds 0/1/2: +0.0043 / +0.0138 / +0.0062, 45-49 s a seed; at 48 steps +0.0033 / +0.0095 / +0.0021 (seed 2 under
+the threshold, hence 60), seeds 3/4/5 +0.0101 / +0.0109 / +0.0058. With the earlier draws per chunk, shared by every
+group, 48 steps: +0.0052 / +0.0100 / +0.0125 and +0.0160 / +0.0066 / +0.0028 (the six seeds' means: 0.0070 per
+group, 0.0088 per chunk); 60 steps +0.0091 / +0.0122 / +0.0114 (the advantages reach the generator only through the
+surrogate: negating them there gave exactly −0.0091 / −0.0122 on seeds 0/1, the two runs swapped). With the
 authors' clips and σ bounds (clip 1e-3, threshold 0.05, σ ≥ 0.55 / 0.25; 40 steps of 2 × 8) +0.0026 / +0.0011 /
 +0.0005, and the surrogate's rows mostly stopped: the quickstart turns them off (its comments). At 16 steps of 4 × 4
 on JPEG size, the reduced form's test, every variant tried stayed within ±3e-5 of reward either way: the learned
@@ -29,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/quickstart_tdm_r1.yaml"
 BRIGHTNESS = "return np.array([np.asarray(image, dtype=np.float32).mean() / 255 for image in images], dtype=np.float32)"
 DARKNESS = "return np.array([-np.asarray(image, dtype=np.float32).mean() / 255 for image in images], dtype=np.float32)"
-FOLLOWS = ("sampling.guidance=1", "model.lora.enabled=true", "train.micro_batch_size=8", "train.total_steps=48",
+FOLLOWS = ("sampling.guidance=1", "model.lora.enabled=true", "train.micro_batch_size=8", "train.total_steps=60",
            "data.prompts_per_step=2", "data.group_size=4", "algorithm.tdm_r1.train_steps=1")  # fmt: skip
 
 

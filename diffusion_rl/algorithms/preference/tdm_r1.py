@@ -11,22 +11,25 @@ only bounds φ's step. There is no denoising (flow-matching) loss on the generat
 
 The rollout is deterministic and recorded step by step (sampling.sde_type=sde at noise_level 0: Euler steps of the
 ODE, kept in the trajectory), each state carrying its final image's advantage. The unit of the update is a prompt's
-whole group (`GroupProcess`); per update `train_steps` of the T steps are drawn (the same on every worker), one
-chunk each. At step j (states x_j at σ_j, σ' = σ_{j+1}), one chunk trains, from the same weights (the optimizer
-steps once per mini-batch):
+whole group (`GroupProcess`), and so is a draw's: per update each group draws `train_steps` distinct steps of the T,
+one chunk each, and in each chunk its own j', τ, τ' and τ'' (below), which its rows share (theirs are drawn per
+micro-batch and shared over the GPUs: the same expectation; ours do not depend on the micro-batch size or the
+number of workers). At step j (states x_j at σ_j, σ' = σ_{j+1}), one chunk trains, from the same weights (the
+optimizer steps once per mini-batch):
 
 - ψ at x_τ = renoise(y, σ', τ, ε), y = x_j + (σ' − σ_j)·v_θ(x_j) the generator's Euler step, m = x_j − σ_j·v_θ;
 - φ at a recorded state y' after step j' (drawn with weight j' + 1), re-noised with one ε per group to τ'' ≥
   `surrogate_min_sigma`, weighted (j' + 1)/T;
-- θ through m, pulled by the teacher's CFG direction and the KL through ψ at another x_τ, and, on steps j <
-  `reward_steps`, by φ at CFG against the teacher at x_τ' (y re-noised with one ε per group to τ' ≥
-  `reward_min_sigma`).
+- θ through m, pulled by the teacher's CFG direction and the KL through ψ at another x_τ, and, on the rows whose
+  step j < `reward_steps`, by φ at CFG against the teacher at x_τ' (y re-noised with one ε per group to τ' ≥
+  `reward_min_sigma`; φ's and the teacher's forwards there run on those rows only).
 
-algorithms/preference/tdm_r1_terms.py holds the formulas. Per row and trained step the chunk runs 13 forwards, 3 with
-gradient (θ, ψ, φ): the teacher's CFG pair costs one forward more than theirs, as `velocity` returns the guided
-velocity only, and its conditional half is computed beside it. Every draw (steps, τ, ε) comes from a generator
-seeded by (run seed, step, epoch, chunk, and the row's sample or group), so a resumed run and any number of workers
-draw the same.
+algorithms/preference/tdm_r1_terms.py holds the formulas. Per row and trained step the chunk runs 13 forwards (10 on
+a row whose step does not train the reward), 3 with gradient (θ, ψ, φ): the teacher's CFG pair costs one forward
+more than theirs, as `velocity` returns the guided velocity only, and its conditional half is computed beside it.
+Every draw (steps, j', τ, ε) comes from a generator seeded by (run seed, step, epoch, and the row's group or sample;
+all but the steps' permutation also the chunk), drawn on the host, so a resumed run and any number of workers draw
+the same, and which rows train the reward is known without reading the device.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ OLD_DECAY_START, OLD_DECAY_RATE, OLD_DECAY_CAP = 0.001, 0.001, 0.3  # φ_old's d
 @dataclass
 class TdmR1Settings(LossSettings):
     train_steps: int = opt(
-        2, "Steps of the rollout trained per update, drawn afresh each step and epoch (theirs: 2 of 4).",
+        2, "Steps of the rollout trained per update, drawn afresh for each group, step and epoch (theirs: 2 of 4, "
+        "drawn per micro-batch).",
         within=Range(1, MAX_STEPS),
     )  # fmt: skip
     reward_steps: int = opt(
@@ -78,8 +82,9 @@ class TdmR1Settings(LossSettings):
         within=Range(1, 100, lo_open=True),
     )  # fmt: skip
     reward_guidance: float = opt(
-        4.5, "CFG scale of the surrogate's x0-prediction in the reward term (their rl_cfg: 4.5; 2.5 GenEval, 3.5 "
-        "ImageReward and HPS).", within=Range(1, 100),
+        4.5, "CFG scale of the surrogate's x0-prediction in the reward term (their rl_cfg: 4.5 in their base config "
+        "and OCR; 2.5 GenEval, whose σ bounds and β the defaults here take; 3.5 ImageReward and HPS).",
+        within=Range(1, 100),
     )  # fmt: skip
     dpo_beta: float = opt(
         1.0, "β of the surrogate's group preference σ(β/G·Σ Â·(e − e_T)) (their beta_dpo: 1; 10 for OCR and HPS).",
@@ -132,6 +137,15 @@ class TdmR1Settings(LossSettings):
         )
 
 
+@dataclass
+class GroupDraws:
+    """One chunk's draws, one per group (`TdmR1._draws`)."""
+
+    steps: list[int]  # j: the step the chunk trains
+    recorded: list[int]  # j': the step after which the surrogate's recorded state lies
+    uniforms: torch.Tensor  # [U, 3] float64 in [0, 1): the draws of τ, τ' (the reward's) and τ'' (the surrogate's)
+
+
 def old_decay(step: int) -> float:
     """φ_old's decay after the update of training step `step` (0-based): min(0.3, 0.001 + 0.001·step)."""
     return min(OLD_DECAY_CAP, OLD_DECAY_START + OLD_DECAY_RATE * step)
@@ -178,16 +192,23 @@ class TdmR1(GroupProcess):
     def chunks(self, units: GroupUnits) -> int:
         return self.settings.train_steps
 
-    def _draws(self, at: UpdatePosition, k: int) -> tuple[int, int, list[float]]:
-        """Chunk k's step j, the surrogate's recorded step j' and three uniform draws (τ, τ', τ'')."""
-        T, s = self.sampler.num_steps, self.settings
-        steps = torch.randperm(T, generator=make_generator(self.seed, at.step, "tdm_r1_steps", at.epoch))
-        g = make_generator(self.seed, at.step, "tdm_r1_draws", at.epoch, k)
-        j_prime = int(torch.multinomial(torch.arange(1, T + 1, dtype=torch.float64), 1, generator=g))
-        return int(steps[: s.train_steps][k]), j_prime, torch.rand(3, generator=g, dtype=torch.float64).tolist()
+    def _draws(self, at: UpdatePosition, k: int, groups: list[int]) -> GroupDraws:
+        """Chunk k's draws for each of `groups` (their `group_index`), each from generators seeded by (run seed,
+        step, epoch, chunk k, group): its step j, the k-th of a permutation of the T steps (so a group's chunks train
+        distinct steps), the surrogate's recorded step j' (weight j' + 1) and three uniforms (τ, τ', τ'')."""
+        T = self.sampler.num_steps
+        weights = torch.arange(1, T + 1, dtype=torch.float64)
+        steps, recorded, uniforms = [], [], []
+        for group in groups:
+            order = torch.randperm(T, generator=make_generator(self.seed, at.step, "tdm_r1_steps", at.epoch, group))
+            g = make_generator(self.seed, at.step, "tdm_r1_draws", at.epoch, k, group)
+            steps.append(int(order[k]))
+            recorded.append(int(torch.multinomial(weights, 1, generator=g)))
+            uniforms.append(torch.rand(3, generator=g, dtype=torch.float64))
+        return GroupDraws(steps, recorded, torch.stack(uniforms))
 
-    def _noise(self, like: torch.Tensor, keys: torch.Tensor, at: UpdatePosition, k: int, tag: str) -> torch.Tensor:
-        return noise_like(like, [make_generator(self.seed, at.step, tag, at.epoch, k, int(i)) for i in keys])
+    def _noise(self, like: torch.Tensor, keys: list[int], at: UpdatePosition, k: int, tag: str) -> torch.Tensor:
+        return noise_like(like, [make_generator(self.seed, at.step, tag, at.epoch, k, i) for i in keys])
 
     @torch.no_grad()
     def _teacher_pair(self, x: torch.Tensor, t: torch.Tensor, cond, guidance: float):
@@ -203,17 +224,24 @@ class TdmR1(GroupProcess):
         if traj.latents is None or traj.latents.shape[1] != T:
             got = None if traj.latents is None else traj.latents.shape[1]
             raise ValueError(f"tdm_r1 needs the states before each of the {T} steps (window.kind=all); got {got}")
-        j, jp, (u_tau, u_reward, u_surrogate) = self._draws(at, k)
-        cond, sigmas = traj.cond, self.sigmas.to(traj.device)
+        ids = torch.stack([traj.ids.sample_index, traj.ids.group_index]).tolist()  # the chunk's one host read
+        samples, groups = ids[0], ids[1]
+        draws = self._draws(at, k, groups[::G])  # a unit is one group: its G rows share its draws
+        cond, sigmas, device = traj.cond, self.sigmas.to(traj.device), traj.device
 
-        def state(i: int) -> torch.Tensor:  # the recorded state before step i (i = T: the final latents)
-            return (traj.latents[:, i] if i < T else traj.final_latents).float()
+        def per_row(values: list[int]) -> torch.Tensor:  # a value per group → [N] long, on the device
+            return torch.tensor(values, device=device).repeat_interleave(G)
 
-        def at_sigma(i: int) -> torch.Tensor:  # σ_i for every row
-            return sigmas[i].expand(N)
+        def state(step: torch.Tensor, last: int) -> torch.Tensor:  # each row's recorded state before its step
+            x = traj.latents[torch.arange(N, device=device), step.clamp_max(T - 1)].float()
+            if last < T:
+                return x
+            final = (step == T).view(-1, *[1] * (x.ndim - 1))  # step T: the final latents
+            return torch.where(final, traj.final_latents.float(), x)
 
-        samples, groups = traj.ids.sample_index, traj.ids.group_index
-        x, sigma, sigma_next = state(j), at_sigma(j), at_sigma(j + 1)
+        j = per_row(draws.steps)
+        u_tau, u_reward, u_surrogate = draws.uniforms.to(device, torch.float32).repeat_interleave(G, dim=0).unbind(1)
+        x, sigma, sigma_next = state(j, max(draws.steps)), sigmas[j], sigmas[j + 1]
         v = self.velocity(x, sigma, cond)  # θ, with gradient
         m = x0_of(x, sigma, v)
         y = (x + (sigma_next - sigma).view(-1, *[1] * (x.ndim - 1)) * v).detach()
@@ -226,8 +254,9 @@ class TdmR1(GroupProcess):
             v_fake = self.velocity(x_fake, tau, cond)
         fake = FakeScoreInput(v_fake=v_fake, v_teacher=v_teacher_fake, x_tau=x_fake, x0=m.detach(), tau=tau)
 
-        # φ's step at a recorded state y' after step j'
-        y_rec, sigma_rec = state(jp + 1), at_sigma(jp + 1)
+        # φ's step at a recorded state y' after each group's step j'
+        recorded = per_row([jp + 1 for jp in draws.recorded])
+        y_rec, sigma_rec = state(recorded, max(draws.recorded) + 1), sigmas[recorded]
         tau_rec = draw_tau(sigma_rec, u_surrogate, s.surrogate_min_sigma)
         eps_group = self._noise(x, groups, at, k, "tdm_r1_surrogate_noise")
         x_rec = renoise(y_rec, sigma_rec, tau_rec, eps_group)
@@ -236,10 +265,11 @@ class TdmR1(GroupProcess):
         with self.model.using(SURROGATE):
             v_surrogate = self.velocity(x_rec, tau_rec, cond)
         shape = (U, G, *x.shape[1:])
+        time_weight = [(jp + 1) / T if s.time_weight else 1.0 for jp in draws.recorded]
         surrogate = SurrogateInput(
             v_surrogate=v_surrogate.view(shape), v_old=v_old.view(shape), v_teacher=v_teacher_rec.view(shape),
             target=surrogate_target(y_rec, sigma_rec, tau_rec, eps_group).view(shape), advantages=units.advantages,
-            time_weight=(jp + 1) / T if s.time_weight else 1.0,
+            time_weight=torch.tensor(time_weight, device=device),
         )  # fmt: skip
 
         # θ's step: the teacher's CFG direction and the KL through ψ at x_τ; the reward through φ at x_τ'
@@ -252,12 +282,20 @@ class TdmR1(GroupProcess):
             x0=m, fake_x0=fake_x0, teacher_x0=teacher_x0, teacher_guided_x0=guided_x0,
             teacher_guidance_dir=(guided_x0 - teacher_x0) / (s.teacher_guidance - 1),  # x0_cond − x0_uncond
         )  # fmt: skip
-        if j < s.reward_steps:
-            tau_r = draw_tau(sigma_next, u_reward, s.reward_min_sigma)
-            x_r = renoise(y, sigma_next, tau_r, self._noise(x, groups, at, k, "tdm_r1_reward_noise"))
+        rows = [n for n in range(N) if draws.steps[n // G] < s.reward_steps]  # the rows whose step trains the reward
+        # every worker runs the reward's forwards when any does (weights gathered per forward, engine.
+        # reshard_after_forward, are collectives every worker joins): one without such rows runs them on one row
+        if self.sum_over_workers(len(rows)) > 0:
+            idx = torch.tensor(rows or [0], device=device)
+            y_r, sigma_r, cond_r = y[idx], sigma_next[idx], cond[idx]
+            tau_r = draw_tau(sigma_r, u_reward[idx], s.reward_min_sigma)
+            eps_r = self._noise(y_r, [groups[n] for n in rows or [0]], at, k, "tdm_r1_reward_noise")
+            x_r = renoise(y_r, sigma_r, tau_r, eps_r)
             with torch.no_grad(), self.model.using(SURROGATE):
-                generator.reward_x0 = x0_of(x_r, tau_r, self.model.velocity(x_r, tau_r, cond, s.reward_guidance))
-            generator.reward_ref_x0 = x0_of(x_r, tau_r, self.velocity_of("reference", x_r, tau_r, cond))
+                reward_x0 = x0_of(x_r, tau_r, self.model.velocity(x_r, tau_r, cond_r, s.reward_guidance))
+            reward_ref_x0 = x0_of(x_r, tau_r, self.velocity_of("reference", x_r, tau_r, cond_r))
+            if rows:
+                generator.reward_rows, generator.reward_x0, generator.reward_ref_x0 = idx, reward_x0, reward_ref_x0
         return self.loss_fn(TdmR1Input(fake, surrogate, generator, units.weight), s)
 
     def end(self, step: int) -> dict[str, float]:

@@ -16,8 +16,8 @@ a network's x0-prediction at (x, σ) is x − σ·v; means are over every elemen
     generator θ:   Δ_KL = x0_T,cond − x0_ψ and Δ_CFG = s·(x0_T,cond − x0_T,uncond) at x_τ, Δ_R = x0_φ at CFG
                    − x0_T,cond at x_τ' (y re-noised with the group's ε); err = ‖sg(m + Δ) − m‖² (value Δ², gradient
                    −2Δ·∂m); W = mean |m − x0_T at CFG| per row, W_R = mean |m − x0_φ at CFG| (L1463-1535)
-                   loss = w·mean(err_CFG/W) + (1 − w)·mean(err_R/W_R) + mean(err_KL/W) on a step that trains the reward,
-                   w·mean((err_CFG + err_KL)/W) on the others
+                   loss = w·mean(err_CFG/W) + (1 − w)·mean(err_R/W_R) + mean(err_KL/W) on a row whose step trains the
+                   reward, w·mean((err_CFG + err_KL)/W) on the others
 """
 
 from __future__ import annotations
@@ -27,9 +27,13 @@ from dataclasses import dataclass
 import torch
 
 from diffusion_rl.algorithms.preference.base import group_errors, metric_mean, row_mean, weighted
+from diffusion_rl.metrics import ROWS, declare_metrics
 
 TAU_SHIFT = 3.0  # the shift of the σ scale on which the authors draw τ uniformly (their convert/inv_convert, s=3)
 TAU_MARGIN = 0.02  # τ's lowest value sits this far above its lower bound on that scale (their "+ 20" of 1000)
+
+# the share of a chunk's rows that trained the reward, over the update: each chunk weighed by its rows
+declare_metrics({"tdm_r1/reward_fraction": ROWS})
 
 
 def _column(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -47,13 +51,13 @@ def unshift(y: torch.Tensor, s: float = TAU_SHIFT) -> torch.Tensor:
     return y / (s - (s - 1) * y)
 
 
-def draw_tau(sigma_next: torch.Tensor, u: float, lowest: float = 0.0) -> torch.Tensor:
-    """[N]: the σ a state at σ' is re-noised to, for one uniform draw u ∈ [0, 1) (shared by every row, as theirs):
-    uniform on the shifted scale between unshift(max(σ', lowest)) + 0.02 and 1, then shifted back, and never below
-    max(σ', lowest) (their `tau_list` and `tau_list_dgpo`)."""
+def draw_tau(sigma_next: torch.Tensor, u: torch.Tensor, lowest: float = 0.0) -> torch.Tensor:
+    """[N]: the σ each row's state at σ' [N] is re-noised to, for its uniform draw u [N] in [0, 1) (one per group,
+    shared by its rows; theirs: one per micro-batch): uniform on the shifted scale between unshift(max(σ', lowest)) +
+    0.02 and 1, then shifted back, and never below max(σ', lowest) (their `tau_list` and `tau_list_dgpo`)."""
     lo = sigma_next.float().clamp_min(lowest)
     start = (unshift(lo) + TAU_MARGIN).clamp_max(1.0)
-    return torch.maximum(shift(u * (1 - start) + start), lo)
+    return torch.maximum(shift(u.to(lo.device, lo.dtype) * (1 - start) + start), lo)
 
 
 def renoise(y: torch.Tensor, sigma_next: torch.Tensor, tau: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -100,7 +104,7 @@ class SurrogateInput:
     v_teacher: torch.Tensor  # the teacher's conditional velocity, no grad
     target: torch.Tensor  # `surrogate_target`
     advantages: torch.Tensor  # [U, G]
-    time_weight: float  # (j' + 1)/T or 1
+    time_weight: torch.Tensor | float  # [U] each group's (j' + 1)/T, or one for all
 
 
 @dataclass
@@ -112,8 +116,11 @@ class GeneratorInput:
     teacher_x0: torch.Tensor  # the teacher's conditional one at x_τ
     teacher_guidance_dir: torch.Tensor  # x0_T,cond − x0_T,uncond at x_τ
     teacher_guided_x0: torch.Tensor  # the teacher's at its CFG scale at x_τ (W)
-    reward_x0: torch.Tensor | None = None  # φ's at its CFG scale at x_τ' (None: a step that does not train the reward)
-    reward_ref_x0: torch.Tensor | None = None  # the teacher's conditional one at x_τ'
+    # the reward term's rows [R] (None: every row) and, at them [R, …], φ's x0 at its CFG scale at x_τ' and the
+    # teacher's conditional one (reward_x0 None: no row trains the reward)
+    reward_rows: torch.Tensor | None = None
+    reward_x0: torch.Tensor | None = None
+    reward_ref_x0: torch.Tensor | None = None
 
 
 @dataclass
@@ -164,26 +171,31 @@ def surrogate_loss(inp: SurrogateInput, weights, *, beta: float, clip_range: flo
 
 
 def generator_loss(inp: GeneratorInput, *, teacher_weight: float, cfg_scale: float) -> tuple[torch.Tensor, dict]:
-    """[N] per row: θ's loss (the module docstring) and its terms' metrics."""
+    """[N] per row: θ's loss (the module docstring: the reward's form on `reward_rows`, the teacher terms' on the
+    others) and its terms' metrics, [N] each but the reward's, [R] at the reward's rows."""
     m = inp.x0.float()
     m_det = m.detach().double()
     W = (m_det - inp.teacher_guided_x0.double()).abs().flatten(1).mean(dim=1).float()  # [N]
     w_col = _column(W, m)
 
-    def pulled(delta: torch.Tensor) -> torch.Tensor:  # ‖sg(m + Δ) − m‖², elementwise
-        return ((m.detach() + delta.detach().float()) - m).pow(2)
+    def pulled(x0: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:  # ‖sg(x0 + Δ) − x0‖², elementwise
+        return ((x0.detach() + delta.detach().float()) - x0).pow(2)
 
-    err_kl = pulled(inp.teacher_x0.float() - inp.fake_x0.float())
-    err_cfg = pulled(cfg_scale * inp.teacher_guidance_dir.float())
+    err_kl = pulled(m, inp.teacher_x0.float() - inp.fake_x0.float())
+    err_cfg = pulled(m, cfg_scale * inp.teacher_guidance_dir.float())
     kl, cfg = row_mean(err_kl / w_col), row_mean(err_cfg / w_col)
     metrics = {"tdm_r1/generator_kl": kl.detach(), "tdm_r1/generator_cfg": cfg.detach(), "tdm_r1/weight": W}
+    teacher_terms = teacher_weight * (cfg + kl)
     if inp.reward_x0 is None:
-        return teacher_weight * (cfg + kl), metrics
-    W_R = (m_det - inp.reward_x0.double()).abs().flatten(1).mean(dim=1).float()
-    err_r = pulled(inp.reward_x0.float() - inp.reward_ref_x0.float())
-    reward = row_mean(err_r / _column(W_R, m))
+        return teacher_terms, metrics
+    rows = slice(None) if inp.reward_rows is None else inp.reward_rows
+    m_r = m[rows]
+    W_R = (m_det[rows] - inp.reward_x0.double()).abs().flatten(1).mean(dim=1).float()
+    err_r = pulled(m_r, inp.reward_x0.float() - inp.reward_ref_x0.float())
+    reward = row_mean(err_r / _column(W_R, m_r))
     metrics["tdm_r1/generator_reward"] = reward.detach()
-    return teacher_weight * cfg + (1 - teacher_weight) * reward + kl, metrics
+    trained = teacher_weight * cfg[rows] + (1 - teacher_weight) * reward + kl[rows]
+    return (trained if inp.reward_rows is None else teacher_terms.index_put((rows,), trained)), metrics
 
 
 def tdm_r1_terms(inp: TdmR1Input, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -200,6 +212,8 @@ def tdm_r1_terms(inp: TdmR1Input, cfg) -> tuple[torch.Tensor, dict[str, torch.Te
         inp.generator, teacher_weight=float(cfg.teacher_weight), cfg_scale=float(cfg.cfg_reward_scale)
     )
 
+    reward = generator_metrics.pop("tdm_r1/generator_reward", None)
+
     def per_group(x_N: torch.Tensor) -> torch.Tensor:
         return x_N.view(U, G).mean(dim=1)
 
@@ -209,4 +223,11 @@ def tdm_r1_terms(inp: TdmR1Input, cfg) -> tuple[torch.Tensor, dict[str, torch.Te
         metrics.update({f"tdm_r1/{name}_loss": metric_mean(part, w) for name, part in parts.items()})
         metrics["tdm_r1/fake_error"] = metric_mean(per_group(fake_error), w)
         metrics.update({k: metric_mean(per_group(v), w) for k, v in generator_metrics.items()})
+        rows = slice(None) if inp.generator.reward_rows is None else inp.generator.reward_rows
+        trains = torch.zeros(U * G, device=generator_N.device)
+        if reward is not None:  # the mean over the rows that trained the reward; absent from a chunk without any
+            trains[rows] = 1.0
+            row_weights = None if w is None else w.repeat_interleave(G)[rows]
+            metrics["tdm_r1/generator_reward"] = metric_mean(reward, row_weights)
+        metrics["tdm_r1/reward_fraction"] = metric_mean(per_group(trains), w)
     return loss, {k: v.detach() for k, v in metrics.items()}
