@@ -44,7 +44,10 @@ def test_the_solver_runs_what_its_registration_says(halfway_solver):
 
 @pytest.mark.parametrize(
     "override, names",
-    [("sampling.sde_type=sdee", "'cps', 'dance_sde', 'ode', 'sde'"), ("val.ode_solver=ab3", "'ab2', 'dpm2', 'euler'")],
+    [
+        ("sampling.sde_type=sdee", "'cps', 'dance_sde', 'ode', 'sde', 'sde_linear'"),
+        ("val.ode_solver=ab3", "'ab2', 'dpm2', 'euler'"),
+    ],
 )
 def test_an_unknown_name_is_one_line_listing_the_registered_ones(override, names):
     key, _, value = override.partition("=")
@@ -56,7 +59,7 @@ def test_an_unknown_name_is_one_line_listing_the_registered_ones(override, names
 
 
 def test_the_registries_are_what_the_sampler_registers():
-    assert STEP_TYPES.names() == ["cps", "dance_sde", "ode", "sde"]
+    assert STEP_TYPES.names() == ["cps", "dance_sde", "ode", "sde", "sde_linear"]
     assert ODE_SOLVERS.names() == ["ab2", "dpm2", "euler"]
 
 

@@ -192,3 +192,21 @@ def test_qwen_image_2512_config_is_qwen_images_recipe_on_the_new_weights():
     assert asdict(load(str(ROOT / "configs/qwen_image_2512_ocr_lora.yaml"), same)) == asdict(
         load(str(ROOT / "configs/qwen_image_ocr_lora.yaml"))
     )
+
+
+@pytest.mark.parametrize("name, shift", [("wan21_t2v_1_3b_ocr_lora", 3.0), ("wan22_t2v_a14b_ocr_lora", 12.0)])
+def test_wan_ocr_configs_take_flow_grpos_wan_step_lora_targets_ema_and_no_first_validation(name, shift):
+    from diffusion_rl.config import load
+    from diffusion_rl.models.families.wan import WAN_LORA_TARGETS, shifted_sigma_schedule
+
+    cfg = load(str(ROOT / f"configs/{name}.yaml"))
+    # flow_grpo's Wan step: std_dev_t = σ_max·σ with σ_max = sigmas[1] of the run's schedule (σ_min = sigmas[-1] = 0)
+    sigmas = shifted_sigma_schedule(cfg.sampling.num_steps, shift, 1000).float()
+    assert cfg.sampling.sde_type == "sde_linear" and float(sigmas[-1]) == 0.0
+    assert cfg.sampling.noise_level == round(float(sigmas[1]), 4)
+    # train_wan2_1.py's LoRA: to_q, to_k, to_v, to_out.0 (and add_* projections the T2V model has not): attention only
+    targets = cfg.model.lora.target_modules
+    assert set(targets) < set(WAN_LORA_TARGETS) and len(targets) == 8
+    assert {t.split(".", 1)[1] for t in targets} == {"to_q", "to_k", "to_v", "to_out.0"}
+    ema = cfg.train.ema
+    assert (ema.enabled, ema.decay, ema.update_every, ema.warmup, cfg.val.before_train) == (True, 0.9, 8, True, False)

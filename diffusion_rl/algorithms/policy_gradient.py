@@ -41,6 +41,7 @@ from diffusion_rl.algorithms.base import (
 from diffusion_rl.algorithms.rollout_correction import Anchor, make_correction
 from diffusion_rl.algorithms.tree_credit import TreeCredit
 from diffusion_rl.config.fields import Range, check, opt
+from diffusion_rl.config.plugins import STEP_TYPES
 from diffusion_rl.metrics import MAX, MIN, declare_metrics
 from diffusion_rl.sampling.rollout import recompute_step
 from diffusion_rl.sampling.trajectory import Trajectory
@@ -58,8 +59,8 @@ class PolicyLossInput:
     mean: torch.Tensor  # [B, ...] current policy's SDE step mean, with grad
     old_mean: torch.Tensor  # [B, ...] rollout policy's step mean, no grad
     ref_mean: torch.Tensor | None  # [B, ...] reference policy's step mean, no grad; None when KL is off
-    std: torch.Tensor  # [B] the step's std_dev_t, WITHOUT sqrt(dt)
-    sqrt_dt: torch.Tensor  # [B] sqrt(|dt|) of the step: the noise std is std * sqrt_dt
+    std: torch.Tensor  # [B] the step's std as its type reports it: `sde`'s std_dev_t WITHOUT sqrt(dt), else noise std
+    sqrt_dt: torch.Tensor  # [B] sqrt(|dt|) of the step: for `sde` the noise std is std * sqrt_dt
     weights: torch.Tensor | None = None  # [B] rollout-correction weights (detached), multiply the per-sample loss
     kl_weights: torch.Tensor | None = None  # [B] weights of a loss's KL term alone (GARDO's gate); None: the loss's own
 
@@ -101,8 +102,9 @@ def kl_to_reference(inp: PolicyLossInput, kl_beta: float) -> torch.Tensor:
 
     std_i is the step's std as its step type reports it. For the `sde` step that is std_dev_t, without √dt (the
     noise variance is std_dev_t^2 * dt), as Flow-GRPO does: kl_i is the per-element Gaussian KL between the two
-    step distributions times dt (= sigma - sigma_next), so Flow-GRPO's kl_beta values carry over. For `cps` and
-    `dance_sde` std already is the step's noise std, and kl_i is the per-element KL itself (for `cps`, whose
+    step distributions times dt (= sigma - sigma_next), so Flow-GRPO's kl_beta values carry over. For `sde_linear`,
+    `cps` and `dance_sde` std already is the step's noise std, and kl_i is the per-element KL itself (for
+    `sde_linear` flow_grpo's Wan KL, train_wan2_1.py's (std_dev_t·√dt)² denominator; for `cps`, whose
     log-prob has no Gaussian scale, the KL of the Gaussians with that std). With inp.kl_weights, kl_i times them.
     """
     if kl_beta <= 0:
@@ -196,8 +198,9 @@ class PolicyGradient(Algorithm):
     def check_config(cls, algorithm, sampling, sample_source) -> None:
         check(
             sampling.sde_type != "ode",
-            "sampling.sde_type=ode has no per-step log-probs for a policy-gradient loss; use sde, cps or dance_sde "
-            f"(or a direct-preference loss: {loss_names(family='direct_preference')})",
+            "sampling.sde_type=ode has no per-step log-probs for a policy-gradient loss; use one of "
+            f"{', '.join(n for n in STEP_TYPES.names() if n != 'ode')} (or a direct-preference loss: "
+            f"{loss_names(family='direct_preference')})",
         )
         check(
             sample_source == "online",

@@ -101,7 +101,7 @@ class SamplingConfig:
         "Stochastic step inside the window; ode: deterministic sampling (direct_preference family only).",
         within=OneOf(STEP_TYPES),
     )
-    noise_level: float = opt(0.7, "SDE noise level a (η for dance_sde).", within=Range(0, 10))
+    noise_level: float = opt(0.7, "SDE noise level a (η for dance_sde; σ_max for sde_linear).", within=Range(0, 10))
     ode_solver: str = opt(
         "euler",
         "Solver of the ODE steps outside the SDE window, one model call per step either way: euler (1st order); "

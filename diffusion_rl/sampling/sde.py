@@ -7,6 +7,8 @@ Gaussian log-density of what they drew. Step types, registered by name in `STEP_
 - `ode`: the plain Euler step of the flow ODE. No noise, log-prob 0.
 - `sde`: the reverse-time SDE with the same marginals as the ODE, discretised with Euler–Maruyama, as in
   Flow-GRPO. Its noise scale blows up as sigma → 1 and its log-prob has the usual Gaussian normaliser.
+- `sde_linear`: flow_grpo's Wan step: the `sde` step's mean with std_dev_t = noise_level·sigma, linear in sigma
+  (flow_grpo's σ_min + (σ_max − σ_min)·σ with σ_min = 0 and σ_max = noise_level), finite at sigma = 1.
 - `cps`: the coefficients-preserving step (as implemented in flow_grpo and verl-omni). It rebuilds x_next from the
   predicted clean image and predicted noise so that the clean/noise coefficients match the schedule exactly, and
   adds fresh noise in place of part of the predicted noise. Its log-prob is the bare squared error, with no
@@ -16,7 +18,8 @@ Gaussian log-density of what they drew. Step types, registered by name in `STEP_
 Every step function has the signature of `StepFn` and returns a `StepOutput`; callers look one up with
 `STEP_TYPES.get(name)`, whose error lists the valid names. The math runs in fp32 whatever the
 input dtype. `std` in the output is the step's std_dev_t as each method defines it; the noise actually added has
-std `std·sqrt(sigma - sigma_next)` for `sde` and `std` for `cps` and `dance_sde`.
+std `std·sqrt(sigma - sigma_next)` for `sde` and `std` for the others (`sde_linear` reports its noise std, so that
+the KL to the reference is the true Gaussian KL, as flow_grpo's Wan script computes it).
 
 A row whose std is 0 (noise_level 0, or `cps` with sigma_next 0) is deterministic: its prev_sample is the mean
 (unless one is given) and its log_prob is 0, as for `ode`. Noise is still drawn for such rows, so a generator
@@ -155,6 +158,14 @@ def _gaussian_log_prob(sample: Tensor, mean: Tensor, noise_std_B: Tensor) -> Ten
     return torch.where(random_B, _row_mean(log_density), torch.zeros_like(noise_std_B))
 
 
+def _euler_maruyama_mean(inp: _Inputs, std_dev_t_B: Tensor) -> Tensor:
+    """[B, ...]: Flow-GRPO's Euler–Maruyama mean for the diffusion coefficient std_dev_t [B]. The drift
+    v - (std²/2)·∇log p keeps the ODE's marginals; for the linear path ∇log p = -(x + (1-s)·v)/s."""
+    std, s = _rows(std_dev_t_B, inp.x), _rows(inp.sigma_B, inp.x)  # [B, 1, ...]
+    dt = _rows(inp.sigma_next_B, inp.x) - s
+    return inp.x * (1 + std**2 / (2 * s) * dt) + inp.v * (1 + std**2 * (1 - s) / (2 * s)) * dt
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Step types
 
@@ -179,13 +190,25 @@ def sde_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Te
     # sigma in the denominator there, which keeps the first step's std finite (though large).
     sigma_tilde_B = torch.where(inp.sigma_B == 1, inp.sigma_next_B, inp.sigma_B)
     std_B = noise_level * torch.sqrt(inp.sigma_B / (1 - sigma_tilde_B))
-    std, s = _rows(std_B, inp.x), _rows(inp.sigma_B, inp.x)  # [B, 1, ...]
-    dt = _rows(inp.sigma_next_B, inp.x) - s
-    # Drift v - (std²/2)·∇log p keeps the ODE's marginals; for the linear path ∇log p = -(x + (1-s)·v)/s.
-    mean = inp.x * (1 + std**2 / (2 * s) * dt) + inp.v * (1 + std**2 * (1 - s) / (2 * s)) * dt
+    mean = _euler_maruyama_mean(inp, std_B)
     noise_std_B = std_B * torch.sqrt(inp.sigma_B - inp.sigma_next_B)  # std·sqrt(-dt): Brownian increment over |dt|
     sample = _sample(mean, noise_std_B, inp.prev_sample, generator)
     return StepOutput(sample, _gaussian_log_prob(sample, mean, noise_std_B), mean, std_B)
+
+
+@STEP_TYPES.register("sde_linear")
+def sde_linear_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor, noise_level: float, *,
+                    prev_sample: Tensor | None = None, generator: Generators = None) -> StepOutput:  # fmt: skip
+    """flow_grpo's Wan step: the `sde` step's mean with std_dev_t = noise_level·sigma, noise std
+    std_dev_t·sqrt(sigma - sigma_next), which is also the std it reports."""
+    inp = _prepare(x, v, sigma, sigma_next, prev_sample)
+    # flow_grpo's std_dev_t = σ_min + (σ_max − σ_min)·σ with σ_max = sigmas[1] and σ_min = sigmas[-1], which is 0 on
+    # every schedule that ends at the data: noise_level plays σ_max. Finite at σ = 1, unlike `sde`'s.
+    std_dev_t_B = noise_level * inp.sigma_B
+    mean = _euler_maruyama_mean(inp, std_dev_t_B)
+    noise_std_B = std_dev_t_B * torch.sqrt(inp.sigma_B - inp.sigma_next_B)
+    sample = _sample(mean, noise_std_B, inp.prev_sample, generator)
+    return StepOutput(sample, _gaussian_log_prob(sample, mean, noise_std_B), mean, noise_std_B)
 
 
 @STEP_TYPES.register("cps")

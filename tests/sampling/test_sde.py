@@ -13,7 +13,7 @@ from diffusion_rl.utils.seeding import make_generator
 # The worked example: one pixel, one step from sigma 0.8 to 0.6 (dt = -0.2), and an observed next value.
 X, V, SIGMA, SIGMA_NEXT, A, X_PREV = 0.5, -0.3, 0.8, 0.6, 0.7, 0.42
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
-RANDOM_TYPES = ["sde", "cps", "dance_sde"]
+RANDOM_TYPES = ["sde", "sde_linear", "cps", "dance_sde"]
 
 
 def scalar(value: float) -> torch.Tensor:
@@ -37,6 +37,16 @@ def ref_sde(x, v, s, s_next, a, x_prev):
     return mean, std, log_prob
 
 
+def ref_sde_linear(x, v, s, s_next, a, x_prev):
+    # flow_grpo's Wan step with sigma_max = a, sigma_min = 0; its reported std is the noise std
+    std_dev_t = a * s
+    dt = s_next - s
+    mean = x * (1 + std_dev_t**2 / (2 * s) * dt) + v * (1 + std_dev_t**2 * (1 - s) / (2 * s)) * dt
+    noise_std = std_dev_t * math.sqrt(-dt)
+    log_prob = -((x_prev - mean) ** 2) / (2 * noise_std**2) - math.log(noise_std) - LOG_SQRT_2PI
+    return mean, noise_std, log_prob
+
+
 def ref_cps(x, v, s, s_next, a, x_prev):
     std = s_next * math.sin(a * math.pi / 2)
     x0, x1 = x - s * v, x + (1 - s) * v
@@ -54,7 +64,7 @@ def ref_dance(x, v, s, s_next, a, x_prev):
     return mean, std, log_prob
 
 
-REFS = {"sde": ref_sde, "cps": ref_cps, "dance_sde": ref_dance}
+REFS = {"sde": ref_sde, "sde_linear": ref_sde_linear, "cps": ref_cps, "dance_sde": ref_dance}
 
 
 # --- single-element worked examples ----------------------------------------------------------------------------
@@ -119,7 +129,7 @@ def test_dance_sde_worked_example():
 def test_log_prob_is_mean_of_elementwise_densities(name):
     gen = torch.Generator().manual_seed(0)
     x, v, prev = (torch.randn(3, 2, 5, generator=gen) for _ in range(3))
-    sigma = torch.tensor([1.0, 0.5, 0.3]) if name == "sde" else torch.tensor([0.9, 0.5, 0.3])
+    sigma = torch.tensor([1.0, 0.5, 0.3]) if name.startswith("sde") else torch.tensor([0.9, 0.5, 0.3])
     sigma_next = torch.tensor([0.7, 0.45, 0.1])
     out = STEP_TYPES.get(name)(x, v, sigma, sigma_next, 0.8, prev_sample=prev)
     assert out.log_prob.shape == (3,) and out.std.shape == (3,) and out.mean.shape == x.shape
@@ -159,7 +169,10 @@ def test_rescoring_a_drawn_sample_gives_its_log_prob(name):
     torch.testing.assert_close(rescored.prev_sample, drawn.prev_sample, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name, noise_std", [("sde", 1.4 * math.sqrt(0.2)), ("cps", None), ("dance_sde", None)])
+@pytest.mark.parametrize(
+    "name, noise_std",
+    [("sde", 1.4 * math.sqrt(0.2)), ("sde_linear", 0.7 * 0.8 * math.sqrt(0.2)), ("cps", None), ("dance_sde", None)],
+)
 def test_drawn_samples_have_the_stated_mean_and_std(name, noise_std):
     n = 200_000
     gen = torch.Generator().manual_seed(4)
@@ -174,7 +187,7 @@ def test_drawn_samples_have_the_stated_mean_and_std(name, noise_std):
     assert residual.std().item() == pytest.approx(expected_std, rel=0.01)
 
 
-@pytest.mark.parametrize("name", ["sde", "cps", "dance_sde"])
+@pytest.mark.parametrize("name", RANDOM_TYPES)
 def test_tiny_noise_level_approaches_the_ode_step(name):
     gen = torch.Generator().manual_seed(6)
     x, v = torch.randn(2, 16, generator=gen), torch.randn(2, 16, generator=gen)
@@ -251,7 +264,7 @@ def test_bf16_inputs_give_fp32_outputs_of_the_rounded_values(name):
 
 
 def test_registered_step_types():
-    assert set(STEP_TYPE_NAMES) == {"ode", "sde", "cps", "dance_sde"}
+    assert set(STEP_TYPE_NAMES) == {"ode", "sde", "sde_linear", "cps", "dance_sde"}
 
 
 def test_unknown_step_type_lists_valid_names():
