@@ -157,3 +157,20 @@ def test_each_trained_adapter_of_an_algorithm_counts_in_the_trained_state(monkey
     one = estimate(cfg, arch, DEVICES["h100"], 8)
     assert three.memory_gib["trainable_state"] == pytest.approx(3 * one.memory_gib["trainable_state"], rel=1e-9)
     assert three.memory_gib["ema"] == one.memory_gib["ema"] > 0
+
+
+def test_decoupled_rollout_correction_counts_its_old_policy_forwards_once_per_update():
+    """mode=decoupled recomputes every trained step's old log-prob before the update (no gradient), once whatever
+    the epochs: ⌈rows × K / micro⌉ more guided forwards than bypass."""
+    base = ["train.ppo_epochs=2", "sampling.window.kind=random", "sampling.window.size=3"]
+    bypass, decoupled = (load(QUICKSTART, [*base, f"algorithm.rollout_correction.mode={mode}"])
+                         for mode in ("bypass", "decoupled"))  # fmt: skip
+    arch = architecture_for(bypass.model)
+    plain, recomputing = (estimate(cfg, arch, DEVICES["h100"], 1) for cfg in (bypass, decoupled))
+    rows, micro = bypass.data.prompts_per_step * bypass.data.group_size, bypass.train.micro_batch_size
+    text = 77 + bypass.model.max_sequence_length
+    cost = transformer_cost(arch, Shapes(micro * 2, bypass.sampling.height, bypass.sampling.width, 1, text),
+                            full_finetune=not bypass.model.lora.enabled, dtype=torch.float32)  # fmt: skip
+    extra = math.ceil(rows * 3 / micro) * cost.forward_flops  # K = 3 trained steps, once for both epochs
+    assert recomputing.flops_update - plain.flops_update == pytest.approx(extra, rel=1e-9)
+    assert plain.flops_update == pytest.approx(policy_gradient_update_by_hand(bypass, 3), rel=1e-9)

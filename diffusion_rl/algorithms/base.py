@@ -126,6 +126,11 @@ class Algorithm(ABC):
         """Forwards without gradient (reference, old or EMA policies) per trained call."""
         return int(cls.needs_reference(settings))
 
+    @classmethod
+    def calls_before_update(cls, algorithm, sampling) -> int:
+        """Forwards without gradient per sample that an update runs once, before its epochs (`estimate`)."""
+        return 0
+
     def __init__(self, section: AlgorithmConfig, spec: LossSpec, *, seed: int, sampler: SamplerSettings,
                  reward_weights: dict[str, float], micro_batch_size: int, num_minibatches: int = 1,
                  ppo_epochs: int = 1, tree_prune: TreePruneConfig | None = None):  # fmt: skip

@@ -38,7 +38,7 @@ from diffusion_rl.algorithms.base import (
     UpdatePosition,
     loss_names,
 )
-from diffusion_rl.algorithms.rollout_correction import Anchor, make_correction
+from diffusion_rl.algorithms.rollout_correction import Anchor, make_correction, recomputed_forwards
 from diffusion_rl.algorithms.tree_credit import TreeCredit
 from diffusion_rl.config.fields import Range, check, opt
 from diffusion_rl.config.plugins import STEP_TYPES
@@ -213,6 +213,11 @@ class PolicyGradient(Algorithm):
         """K = max(1, int(W · timestep_fraction)) of the window's W stochastic steps (module docstring)."""
         w = sampling.window
         return trained_step_count(sampling.num_steps - 1 if w.kind == "all" else w.size, algorithm.timestep_fraction)
+
+    @classmethod
+    def calls_before_update(cls, algorithm, sampling) -> int:
+        """The decoupled correction's old log-probs: every trained step recomputed once, before the epochs."""
+        return cls.trained_calls(algorithm, sampling) * recomputed_forwards(algorithm.rollout_correction)
 
     def __init__(self, section, spec, **context):
         super().__init__(section, spec, **context)

@@ -225,6 +225,12 @@ class Decoupled(Correction):
         return Anchor(old_log_probs, old_means, corrected.weights_BW, metrics)
 
 
+def recomputed_forwards(cfg: RolloutCorrectionConfig) -> int:
+    """Forwards without gradient per trained step of a sample that the correction runs once per update: 1 where
+    the old policy is recomputed (decoupled), 0 where the rollout is the anchor."""
+    return int(cfg.mode == "decoupled")
+
+
 def make_correction(cfg: RolloutCorrectionConfig) -> Correction | None:
     """The collaborator of algorithm.rollout_correction (module docstring); None for bypass without rejection."""
     if cfg.mode == "decoupled":

@@ -263,10 +263,14 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     micro_batches = math.ceil(calls / micro)
     recomputed = checkpointed / plan.blocks  # the share of a forward the backward runs again
     per_micro = cost.train_flops + recomputed * cost.forward_flops
+    # no-grad micro-batches an update runs once before its epochs (the decoupled correction's old policy)
+    before = math.ceil(rows * algorithm.calls_before_update(cfg.algorithm, cfg.sampling) / micro)
     update_flops = micro_batches * (per_micro + algorithm.frozen_calls(settings) * cost.forward_flops)
-    update_bytes = micro_batches * 2 * weights
+    update_flops += before * cost.forward_flops
+    update_bytes = (2 * micro_batches + before) * weights
     forwards = algorithm.frozen_calls(settings) + recomputed
     update_traffic = micro_batches * (cost.train_traffic + forwards * cost.forward_traffic)
+    update_traffic += before * cost.forward_traffic
     optimizer_steps = t.num_minibatches * t.ppo_epochs
     state = optimized * (master + 3 * master)  # weights, gradient, two AdamW moments
     optimizer_bytes = optimizer_steps * 2 * state / (gpus if sharded else 1)  # read and write once
