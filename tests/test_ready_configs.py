@@ -50,6 +50,14 @@ def test_ready_configs_keep_their_recipes_numbers():
     assert (flux.sampling.num_steps, flux.sampling.guidance, flux.sampling.noise_level, flux.model.dtype) == (
         6, 3.5, 0.9, "bf16"
     )  # fmt: skip
+    # flow_grpo pads T5 to 128 tokens (train_sd3.py:625, train_sd3_fast.py:631, train_flux.py:622 at 9745241)
+    assert [c.model.max_sequence_length for c in (ocr, fast, flux)] == [128, 128, 128]
+    # train_flux.py:411-429: r 64, α 128, our flux preset without the single blocks' proj_mlp
+    from diffusion_rl.models.families.flux import FLUX_LORA_TARGETS
+
+    assert (flux.model.lora.rank, flux.model.lora.alpha) == (64, 128)
+    assert sorted(flux.model.lora.target_modules) == sorted(set(FLUX_LORA_TARGETS) - {"proj_mlp"})
+    assert (ocr.val.before_train, fast.val.before_train, flux.val.before_train) == (True, True, True)  # epoch 0
     qwen = load(str(ROOT / "configs/qwen_image_ocr_lora.yaml"))
     assert (qwen.sampling.noise_level, qwen.sampling.guidance, qwen.sampling.window.size, qwen.sampling.window.hi) == (
         1.2, 4.0, 2, 5
@@ -85,8 +93,11 @@ def test_video_and_edit_configs_keep_their_recipes_numbers():
         6, 2.5, 0.9, 21, 48
     )  # fmt: skip
     assert [(r.name, r.weight) for r in kontext.rewards] == [("source_preservation", 0.5), ("geneval", 0.5)]
-    # both read their condition images as their pipelines do at inference (~1 MP), not at the 512² output size
-    assert (edit.model.condition_size, kontext.model.condition_size) == ("pipeline", "pipeline")
+    # both read their condition images at the 512² output size, as flow_grpo trains them (train_flux_kontext.py:582;
+    # its Qwen-Image-Edit-Plus pipeline's calculate_dimensions(512 * 512, ...)), not at their pipelines' ~1 MP
+    assert (edit.model.condition_size, kontext.model.condition_size) == ("output", "output")
+    assert (kontext.model.max_sequence_length, kontext.model.lora.rank, kontext.model.lora.alpha) == (128, 64, 128)
+    assert (edit.val.before_train, kontext.val.before_train) == (True, True)  # flow_grpo evaluates at epoch 0
     # Wan 2.2 A14B: the release's (high-noise, low-noise) guidance, wan/configs/wan_{t2v,i2v}_A14B.py
     names = ("wan22_t2v_a14b_ocr_lora", "wan22_i2v_a14b_lora")
     pairs = [load(str(ROOT / f"configs/{name}.yaml")).sampling for name in names]
