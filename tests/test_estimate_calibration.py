@@ -36,8 +36,10 @@ TIME_TOLERANCE = 0.20
 TIME_TOLERANCE_OF = {"wan22_ti2v_lora": 0.30}  # the docstring says why
 MEMORY_TOLERANCE = 0.35
 # the ready configs' settings as each part ran (run 6, 2abb2af), where they moved to flow_grpo's since: T5 text of 256
-# (SD3.5) and 512 (FLUX.1) tokens, FLUX.1's LoRA r 32 α 64 on the family preset
+# (SD3.5) and 512 (FLUX.1) tokens, FLUX.1's LoRA r 32 α 64 on the family preset, Wan 2.1's LoRA on the family preset
+# (attention and feed-forward; flow_grpo's is on attention alone)
 AS_MEASURED = {
+    "wan21_lora": ["model.lora.target_modules=[]"],
     "sd35_lora": ["model.max_sequence_length=256"],
     "sd35_full": ["model.max_sequence_length=256"],
     "flux_lora": [
