@@ -160,7 +160,7 @@ _IMAGE_FUNCTIONS = {
 class RolloutStats:
     """One rollout's image statistics, row by row: each named statistic's values [B] and, when group_diversity is
     watched, the groups' pairwise differences. The guard logs their batch values; an algorithm may read the rows
-    (GARDO's diversity and gate: docs/policy_gradient.md) from the step's scores (`RewardResult.image_stats`)."""
+    (GARDO's diversity and gate: docs/gardo.md) from the step's scores (`RewardResult.image_stats`)."""
 
     values: dict[str, np.ndarray]  # image statistic → float64 [B]
     group_index: np.ndarray  # [B]

@@ -25,7 +25,7 @@ c_k is read off the step function itself (∂μ/∂v as the difference of its me
 coefficient of exactly the step the rollout took. The authors divide by the mean of c over the batch the update
 trains (their batch mixes steps, one per prompt); ours holds one step, where that mean would make every w_i 1, so
 c̄ is the mean over the schedule: a constant of the run, the same reweighting across steps, another overall scale.
-docs/policy_gradient.md ("Flash-GRPO") lists each convention with its place in the authors' code.
+docs/flash_grpo.md lists each convention with its place in the authors' code.
 Metrics: flow_grpo's, and flash/rectify_weight (the mean of w_i).
 """
 

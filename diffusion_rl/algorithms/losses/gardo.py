@@ -11,7 +11,7 @@ once, by the guard: `RewardResult.image_stats`, guard/stats.py):
     u_i      = mean over the judges J of rank_J(i) − rank_R(i)     ranks over the batch's scored rows, 1 = best:
                R the total reward; a judge is a reward by name (higher is better) or `guard` (the row's `drift`
                from the guard's baselines: lower is better). u_i > 0: the reward ranks i above its judges
-               (the paper's sign; the authors' released scripts gate −u_i: docs/policy_gradient.md, "GARDO")
+               (the paper's sign; the authors' released scripts gate −u_i: docs/gardo.md)
     β_t      = the gated share, kept in [gate_min, gate_max]: × (1 + gate_rate) when the mean of this step's
                u ≥ 0 exceeds every one of the last `gate_window` steps', × (1 − gate_rate) when it is below all
     g_i      = 1 if u_i > the (1 − β_t) quantile of the step's u ≥ 0 (linear), else 0
@@ -27,7 +27,7 @@ so the KL term is kl_beta times the mean of kl_i over the step's gated rows. Aft
 reference is reset to the trained policy when the mean kl_i over the update's gated rows (all workers) exceeded
 `kl_threshold`, or when more than `reset_every` steps passed since the last reset; it starts as the initial
 policy. The reference, the last reset's step and the gate's history are in every checkpoint, so a resumed run
-resets at the same steps to the same reference. docs/policy_gradient.md ("GARDO") lists each convention with its
+resets at the same steps to the same reference. docs/gardo.md lists each convention with its
 place in the authors' code and our deviations. Metrics: flow_grpo's, gardo/kl_gated (per pass: the mean kl_i over
 its gated rows), gardo/kl_measured and gardo/reset (per update), gardo/diversity_weight, gardo/gate_share (β_t),
 gardo/gated_fraction.
