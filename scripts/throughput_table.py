@@ -9,8 +9,9 @@ The check measured micro-batch × minibatches images per step, not a config's wh
 parts.py), so a row scales the measured GPU seconds per image — the rollout's and the update's, `timing/generate` +
 `timing/update` — to the config's images per GPU (data.prompts_per_step × data.group_size over engine.num_workers):
 s/step = images per GPU × seconds per image, img/GPU/s = 1 / seconds per image, MFU = the step's FLOPs over those
-seconds and the GPU's dense bf16 peak. Left out of those seconds: the reward model, the text encoders (the check
-runs neither), FSDP's communication across GPUs and Ray's traffic.
+seconds and the GPU's dense bf16 peak. A config that moved since its part ran is scaled as it was measured, the
+overrides that give it back (benchmarks/gpu_check/as_measured.py) named in its row. Left out of those seconds: the
+reward model, the text encoders (the check runs neither), FSDP's communication across GPUs and Ray's traffic.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # as benchmarks/gpu_check.py finds its parts
+from gpu_check.as_measured import AS_MEASURED  # noqa: E402
+
 RECORD = ROOT / "benchmarks" / "results" / "gpu_check_h200.json"
 DOCS = (ROOT / "docs" / "gpu.md", ROOT / "benchmarks" / "RESULTS.md")
 START = "<!-- throughput table: written by `python scripts/throughput_table.py --write` from gpu_check_h200.json -->"
@@ -84,9 +88,10 @@ def rows(record: dict) -> tuple[list[str], dict[str, dict]]:
         if not part or part.get("status") != "ok":
             continue
         result = part["result"]
-        images, gpus = config_shape(result["config"], result["overrides"])
+        overrides = list(dict.fromkeys([*AS_MEASURED.get(name, []), *result["overrides"]]))  # the config as measured
+        images, gpus = config_shape(result["config"], overrides)
         f = figures[name] = throughput(result, images, gpus, peak)
-        shape = ", ".join(result["overrides"]) or "as shipped"
+        shape = ", ".join(overrides) or "as shipped"
         commit = runs[part["run"]].split()[0]
         out.append(f"| {result['config']} ({shape}) | {images} on {gpus} | {f['images_per_gpu']:g} | "
                    f"{result['images_per_step']} | {f['seconds_per_image']:.2f} | {f['seconds_per_step']:,.0f} | "

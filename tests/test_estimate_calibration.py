@@ -28,6 +28,7 @@ from diffusion_rl.estimate.estimator import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # as benchmarks/gpu_check.py finds its parts
+from gpu_check.as_measured import AS_MEASURED  # noqa: E402
 from gpu_check.parts import PROMPT_TOKENS, RUNS, Context, run_config  # noqa: E402
 
 RECORDS = json.loads((ROOT / "benchmarks/results/gpu_check_h200.json").read_text())["merged"]["parts"]
@@ -35,17 +36,6 @@ MEASURED = sorted(name for name in RUNS if RECORDS.get(name, {}).get("status") =
 TIME_TOLERANCE = 0.20
 TIME_TOLERANCE_OF = {"wan22_ti2v_lora": 0.30}  # the docstring says why
 MEMORY_TOLERANCE = 0.35
-# the ready configs' settings as each part ran (run 6, 2abb2af), where they moved to flow_grpo's since: T5 text of 256
-# (SD3.5) and 512 (FLUX.1) tokens, FLUX.1's LoRA r 32 α 64 on the family preset, Wan 2.1's LoRA on the family preset
-# (attention and feed-forward; flow_grpo's is on attention alone)
-AS_MEASURED = {
-    "wan21_lora": ["model.lora.target_modules=[]"],
-    "sd35_lora": ["model.max_sequence_length=256"],
-    "sd35_full": ["model.max_sequence_length=256"],
-    "flux_lora": [
-        "model.max_sequence_length=512", "model.lora.rank=32", "model.lora.alpha=64", "model.lora.target_modules=[]"
-    ],
-}  # fmt: skip
 
 
 def test_the_records_are_the_h200_check_the_calibration_cites():
@@ -59,8 +49,7 @@ def test_the_estimate_of_each_measured_step_is_within_the_calibrated_tolerance(n
     run, measured = RUNS[name], RECORDS[name]["result"]
     checkpointing = measured.get("gradient_checkpointing")  # as it ran, should the ready config change since
     extra = [] if checkpointing is None else [f"model.gradient_checkpointing={checkpointing}"]
-    extra += AS_MEASURED.get(name, [])
-    cfg = run_config(Context(dry_run=False, work=tmp_path), run, extra)
+    cfg = run_config(Context(dry_run=False, work=tmp_path), run, extra, as_was=AS_MEASURED.get(name, []))
     assert cfg.data.prompts_per_step * cfg.data.group_size == measured["images_per_step"]
     device = DEVICES[RECORDS["device"]["result"]["table_entry"]]
     r = estimate(cfg, from_shipped(run.arch), device, 1, config_name=run.config, prompt_tokens=PROMPT_TOKENS)

@@ -76,13 +76,17 @@ def test_video_and_edit_configs_keep_their_recipes_numbers():
     assert (wan.algorithm.settings.clip_range, wan.algorithm.advantage.global_std, wan.rewards[0].frames) == (
         1e-3, False, "mean"
     )  # fmt: skip
-    dance = load(str(ROOT / "configs/wan22_ti2v_5b_dance_lora.yaml"))  # Pref-GRPO's Wan LoRA settings
-    assert (dance.sampling.sde_type, dance.sampling.noise_level, dance.sampling.share_initial_noise) == (
-        "dance_sde", 0.3, True
+    dance = load(str(ROOT / "configs/wan22_ti2v_5b_dance_lora.yaml"))  # verl-omni's run_wan22_5b_t2v_hpsv3_auto.sh
+    d, w = dance.sampling, dance.sampling.window
+    assert (d.height, d.width, d.num_frames, d.num_steps, d.guidance) == (704, 1280, 9, 10, 5.0)
+    assert (d.sde_type, d.noise_level, d.share_initial_noise, w.kind, w.size, w.lo, w.hi) == (
+        "dance_sde", 1.2, True, "random", 2, 0, 5
     )  # fmt: skip
-    assert (dance.model.lora.rank, dance.model.lora.alpha, dance.train.lr, dance.algorithm.timestep_fraction) == (
-        64, 128, 2e-5, 0.6
-    )  # fmt: skip
+    assert (dance.data.prompts_per_step, dance.data.group_size, dance.train.num_minibatches) == (64, 8, 4)
+    assert (dance.train.weight_decay, dance.train.total_steps, dance.algorithm.timestep_fraction) == (1e-4, 120, 1.0)
+    correction = dance.algorithm.rollout_correction
+    assert (correction.mode, correction.is_kind, dance.model.max_sequence_length) == ("decoupled", "none", 1024)
+    assert (dance.model.lora.rank, dance.model.lora.alpha, dance.train.lr) == (64, 128, 3e-4)  # ours: LoRA
     edit = load(str(ROOT / "configs/qwen_image_edit_2509_lora.yaml"))  # flow_grpo's repairany_qwenimage_edit_plus_fast
     w = edit.sampling.window
     assert (edit.sampling.num_steps, edit.sampling.noise_level, w.kind, w.size, w.hi) == (10, 0.9, "random", 4, 5)

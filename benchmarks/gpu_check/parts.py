@@ -105,14 +105,15 @@ RUNS = {
         dry=("sampling.window.hi=2",),
     ),
     "flux2_klein_lora": ModelRun("flux2_klein_pickscore_lora.yaml", "FLUX.2-klein-4B", "flux2"),
-    # DanceGRPO in text-to-video mode at wan21_lora's short clip: 17 frames (5 latent frames) of the ready config's
-    # 33 at its 352×640, two videos (the config's micro-batch of 1, one optimizer step)
+    # DanceGRPO in text-to-video mode, the ready config's clip as shipped (verl-omni's: 9 frames at 704×1280, 10
+    # steps, a window of 2), two videos in one optimizer step (the config's 4 mini-batches need 4 × its micro-batch;
+    # run 10 measured the config before it moved: benchmarks/gpu_check/as_measured.py)
     "wan22_ti2v_lora": ModelRun(
         "wan22_ti2v_5b_dance_lora.yaml",
         "Wan2.2-TI2V-5B-Diffusers",
         "wan",
-        ("sampling.num_frames=17",),
-        dry=("sampling.num_frames=5",),
+        ("train.num_minibatches=1",),
+        dry=("sampling.num_frames=5", "sampling.window.hi=3"),
         rows=2,
         preset="ti2v",
     ),  # fmt: skip
@@ -178,13 +179,14 @@ def reset_peaks() -> None:
 
 
 # -- building a run -----------------------------------------------------------------------------------------------
-def run_config(ctx: Context, run: ModelRun, extra: list[str], rows: int | None = None):
-    """The ready config with the check's overrides; `rows` per step (default micro_batch × num_minibatches)."""
+def run_config(ctx: Context, run: ModelRun, extra: list[str], rows: int | None = None, as_was: list[str] = ()):
+    """The ready config with the check's overrides; `rows` per step (default micro_batch × num_minibatches);
+    `as_was`: overrides that give back the config as a part once measured it (as_measured.py), before the part's."""
     dry = [*DRY, *run.dry, f"log.peak_tflops={ctx.device_entry().peak_tflops}"] if ctx.dry_run else []
-    base = load(ROOT / "configs" / run.config, [*run.overrides, *dry])
+    base = load(ROOT / "configs" / run.config, [*as_was, *run.overrides, *dry])
     rows = rows or run.rows or base.train.micro_batch_size * base.train.num_minibatches
     overrides = [
-        *run.overrides, *dry,
+        *as_was, *run.overrides, *dry,
         f"run.dir={tempfile.mkdtemp(dir=ctx.work)}", f"model.device={ctx.device_type}", "model.embedding_cache=null",
         f"data.train={ROOT / 'configs/prompts/quickstart.txt'}", "data.prompts_per_step=1", f"data.group_size={rows}",
         "rewards=[{name: jpeg_compressibility}]", "val.prompts=null", "val.every=0", "val.before_train=false",
