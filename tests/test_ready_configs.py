@@ -209,6 +209,19 @@ def test_qwen_image_2512_config_is_qwen_images_recipe_on_the_new_weights():
     )
 
 
+@pytest.mark.parametrize(
+    "name, shift", [("wan21_i2v_lora", 3.0), ("wan21_flf2v_lora", 16.0), ("wan22_i2v_a14b_lora", 5.0)]
+)
+def test_wan_image_to_video_configs_take_flow_grpos_wan_step_at_their_checkpoints_shift(name, shift):
+    from diffusion_rl.config import load
+    from diffusion_rl.models.families.wan import shifted_sigma_schedule
+
+    cfg = load(str(ROOT / f"configs/{name}.yaml"))
+    sigmas = shifted_sigma_schedule(cfg.sampling.num_steps, shift, 1000).float()
+    assert cfg.sampling.sde_type == "sde_linear"
+    assert cfg.sampling.noise_level == round(float(sigmas[1]), 4)
+
+
 @pytest.mark.parametrize("name, shift", [("wan21_t2v_1_3b_ocr_lora", 3.0), ("wan22_t2v_a14b_ocr_lora", 12.0)])
 def test_wan_ocr_configs_take_flow_grpos_wan_step_lora_targets_ema_and_no_first_validation(name, shift):
     from diffusion_rl.config import load

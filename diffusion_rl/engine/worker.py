@@ -49,6 +49,7 @@ from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.loader import load_model, resolve_device
 from diffusion_rl.models.policies import DEFAULT
 from diffusion_rl.sampling.rollout import SamplerSettings, sample_images, training_rollout
+from diffusion_rl.sampling.sde import sde_linear_advice
 from diffusion_rl.sampling.trajectory import Generated, Trajectory
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.seeding import seed_for
@@ -183,6 +184,11 @@ class PolicyWorker:
         # FSDP2 replaces the parameters by sharded ones: after every policy exists, before the optimizer and EMA
         self.parallel = parallel if parallel is not None else SingleDevice()
         self.parallel.prepare(self.model)
+        advice = sde_linear_advice(
+            s.sde_type, s.noise_level, self.model.sigma_schedule(s.num_steps, s.height, s.width, self.settings.frames)
+        )
+        if advice and self.trains and self.parallel.rank == 0:  # one line per run, not one per worker
+            logger.warning(advice)
         if self.trains:
             self.algorithm.sum_over_workers = self.parallel.sum
         self.optimizer: OptimizerStepper | None = None

@@ -98,6 +98,21 @@ def check_sigmas(sigmas: Sequence[float] | Tensor, sde_type: str) -> None:
         raise ValueError(f"the sde step needs sigma <= 1 (its std has 1 - sigma under a root), got {max(values):g}")
 
 
+def sde_linear_advice(sde_type: str, noise_level: float, sigmas: Sequence[float] | Tensor) -> str | None:
+    """One line when `sde_linear`'s noise_level is not its schedule's σ_max = sigmas[1], the value flow_grpo's Wan
+    step uses (the shift in a checkpoint's scheduler config and the step count move it); None otherwise."""
+    if sde_type != "sde_linear" or len(sigmas) < 2:
+        return None
+    sigma_max = float(sigmas[1])
+    if abs(noise_level - sigma_max) <= 5e-4:
+        return None
+    return (
+        f"sampling.noise_level={noise_level:g} with sde_type=sde_linear: flow_grpo's Wan step scales its noise by "
+        f"this schedule's sigma_max = sigmas[1] = {sigma_max:.4f}; set sampling.noise_level={sigma_max:.4f} to "
+        "match it (a different level is a choice of yours)"
+    )
+
+
 def _prepare(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor,
              prev_sample: Tensor | None) -> _Inputs:  # fmt: skip
     """The inputs: tensors in fp32, sigma and sigma_next per row [B]. Only their shapes are checked here (every step

@@ -313,3 +313,14 @@ def test_video_latents_step_elementwise_and_average_over_channels_frames_rows_an
     both = STEP_TYPES.get(name)(x, v, sigma, sigma_next, 0.7, generator=generators)
     alone = STEP_TYPES.get(name)(x[1:], v[1:], sigma[1:], sigma_next[1:], 0.7, generator=[make_generator(2)])
     assert torch.equal(both.prev_sample[1:], alone.prev_sample)
+
+
+def test_sde_linear_advice_names_the_schedules_sigma_max_when_the_noise_level_is_elsewhere():
+    from diffusion_rl.sampling.sde import sde_linear_advice
+
+    sigmas = [1.0, 0.9966, 0.99, 0.0]  # sigmas[1]: flow_grpo's σ_max for its Wan step
+    line = sde_linear_advice("sde_linear", 0.9819, sigmas)
+    assert line is not None and "sampling.noise_level=0.9966" in line and "0.9819" in line
+    assert sde_linear_advice("sde_linear", 0.9968, sigmas) is None  # within 5e-4: the config's rounding
+    assert sde_linear_advice("sde", 0.7, sigmas) is None  # only sde_linear's level is a σ
+    assert sde_linear_advice("sde_linear", 0.5, [1.0]) is None  # no step: nothing to say

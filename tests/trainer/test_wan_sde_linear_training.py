@@ -3,6 +3,7 @@ reference: the update replays the rollout's log-probs exactly, the KL term is li
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from .conftest import trained_weights
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_video_quickstart_trains_with_the_sde_linear_step_and_a_kl(make_trainer, tmp_path):
+def test_the_video_quickstart_trains_with_the_sde_linear_step_and_a_kl(make_trainer, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
     wan = save_tiny(tmp_path / "wan", "wan", "base", seed=0)  # flow_shift 3, as Wan2.1-T2V-1.3B
     trainer = make_trainer(f"model.path={wan}", "sampling.num_frames=5", "sampling.num_steps=6",
                            "sampling.sde_type=sde_linear", "sampling.noise_level=0.9",
@@ -28,5 +30,8 @@ def test_the_video_quickstart_trains_with_the_sde_linear_step_and_a_kl(make_trai
     assert rows[0]["ratio_min"] == rows[0]["ratio_max"] == 1.0  # on-policy, before any optimizer step
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["kl_ref"]) for r in rows)
     assert rows[-1]["kl_ref"] > 0  # the policy has left the reference
+    # 0.9 is not this schedule's σ_max: 6 steps on linspace(1, 0.001, 6) give 0.8002 before the shift, and shift 3
+    # makes it 3·0.8002 / (1 + 2·0.8002) = 0.9232(6) — said in one line
+    assert caplog.text.count("set sampling.noise_level=0.9233 to match it") == 1
     after = trained_weights(trainer)
     assert any(not torch.equal(before[k], after[k]) for k in before)
