@@ -122,9 +122,9 @@ class Algorithm(ABC):
         return 1
 
     @classmethod
-    def frozen_calls(cls, settings) -> int:
+    def frozen_calls(cls, algorithm: AlgorithmConfig, sampling: SamplingConfig) -> float:
         """Forwards without gradient (reference, old or EMA policies) per trained call."""
-        return int(cls.needs_reference(settings))
+        return int(cls.needs_reference(algorithm.settings))
 
     @classmethod
     def calls_before_update(cls, algorithm, sampling) -> int:

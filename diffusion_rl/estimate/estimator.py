@@ -265,10 +265,11 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     per_micro = cost.train_flops + recomputed * cost.forward_flops
     # no-grad micro-batches an update runs once before its epochs (the decoupled correction's old policy)
     before = math.ceil(rows * algorithm.calls_before_update(cfg.algorithm, cfg.sampling) / micro)
-    update_flops = micro_batches * (per_micro + algorithm.frozen_calls(settings) * cost.forward_flops)
+    no_grad = algorithm.frozen_calls(cfg.algorithm, cfg.sampling)  # forwards without gradient per trained call
+    update_flops = micro_batches * (per_micro + no_grad * cost.forward_flops)
     update_flops += before * cost.forward_flops
     update_bytes = (2 * micro_batches + before) * weights
-    forwards = algorithm.frozen_calls(settings) + recomputed
+    forwards = no_grad + recomputed
     update_traffic = micro_batches * (cost.train_traffic + forwards * cost.forward_traffic)
     update_traffic += before * cost.forward_traffic
     optimizer_steps = t.num_minibatches * t.ppo_epochs

@@ -162,4 +162,4 @@ def test_what_estimate_counts(over, reference, frozen):
 
     settings = DgpoSettings(**over)
     assert Dgpo.needs_reference(settings) is reference
-    assert Dgpo.frozen_calls(settings) == frozen
+    assert Dgpo.frozen_calls(SimpleNamespace(settings=settings), None) == frozen

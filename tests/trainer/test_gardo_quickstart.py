@@ -31,7 +31,8 @@ def test_the_quickstart_config_loads_as_gardo():
     cfg = load(CONFIG)
     s = cfg.algorithm.settings
     assert cfg.algorithm.spec.name == "gardo" and s.kl_beta == 0.04 and s.reset_every == 15 and s.diversity
-    assert cfg.algorithm.spec.algorithm.frozen_calls(s) == 1 and not cfg.algorithm.spec.algorithm.needs_reference(s)
+    algorithm = cfg.algorithm.spec.algorithm
+    assert algorithm.frozen_calls(cfg.algorithm, cfg.sampling) == 1 and not algorithm.needs_reference(s)
 
 
 @pytest.mark.parametrize(

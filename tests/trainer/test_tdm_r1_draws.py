@@ -141,3 +141,38 @@ def test_the_reward_forwards_run_on_the_rows_whose_step_trains_it(trained, rewar
         assert any(0 < n < 4 * G for n in counts), counts
     else:
         assert counts == [0 if reward_steps == 0 else 4 * G] * 2
+
+
+@pytest.mark.parametrize("reward_guidance", [1.0, 4.5])
+def test_estimate_counts_the_forwards_the_loss_runs(trained, reward_guidance, monkeypatch):
+    """`estimate` counts TDM-R1's update as 3 trained calls and 3·frozen_calls frozen ones per row and trained step;
+    the loss runs 10 row-forwards per row (a guided call is a CFG pair: two), and on a row whose step trains the
+    reward φ at reward_guidance (a pair above 1) and the teacher; over the uniformly drawn steps a share
+    reward_steps / T of the rows do."""
+    from types import SimpleNamespace
+
+    from diffusion_rl.algorithms.preference.tdm_r1 import TdmR1
+
+    algorithm, units, at = trained
+    T = algorithm.sampler.num_steps
+    monkeypatch.setattr(algorithm.settings, "reward_guidance", reward_guidance)
+    reward_forwards = 3 if reward_guidance > 1 else 2
+    for reward_steps in (0, 2, 4):
+        monkeypatch.setattr(algorithm.settings, "reward_steps", reward_steps)
+        for k in (0, 1):
+            steps = _steps(algorithm, _forwards(algorithm, units, k, at)[THETA][1])
+            row_forwards, velocity = [], algorithm.model.velocity
+
+            def count(x, sigma, cond, guidance, velocity=velocity, row_forwards=row_forwards):
+                row_forwards.append(x.shape[0] * (2 if guidance is not None and guidance > 1 else 1))
+                return velocity(x, sigma, cond, guidance)
+
+            algorithm.model.velocity = count
+            try:
+                algorithm.loss(units, k, at)
+            finally:
+                del algorithm.model.velocity
+            reward_rows = sum(j < reward_steps for j in steps)
+            assert sum(row_forwards) == 10 * len(steps) + reward_forwards * reward_rows, (reward_steps, k)
+        counted = TdmR1.frozen_calls(SimpleNamespace(settings=algorithm.settings), SimpleNamespace(num_steps=T))
+        assert 3 + 3 * counted == pytest.approx(10 + reward_forwards * reward_steps / T)

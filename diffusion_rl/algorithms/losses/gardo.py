@@ -193,8 +193,8 @@ class Gardo(PolicyGradient):
         return False  # its reference is its own named policy, not the frozen start
 
     @classmethod
-    def frozen_calls(cls, settings) -> int:
-        return int(settings.kl_beta > 0)  # the reference's forward per trained call
+    def frozen_calls(cls, algorithm, sampling) -> int:
+        return int(algorithm.settings.kl_beta > 0)  # the reference's forward per trained call
 
     def __init__(self, section, spec, **context):
         super().__init__(section, spec, **context)

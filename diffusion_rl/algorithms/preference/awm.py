@@ -187,8 +187,9 @@ class Awm(ForwardProcess):
         return algorithm.settings.train_timesteps
 
     @classmethod
-    def frozen_calls(cls, settings) -> int:
-        return int(settings.ema_beta > 0) + super().frozen_calls(settings)  # the EMA's velocity, the reference's
+    def frozen_calls(cls, algorithm, sampling) -> int:
+        # the EMA's velocity, and the reference's
+        return int(algorithm.settings.ema_beta > 0) + super().frozen_calls(algorithm, sampling)
 
     def attach(self, model) -> None:
         super().attach(model)

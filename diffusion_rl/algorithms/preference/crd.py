@@ -157,7 +157,8 @@ class Crd(GroupProcess):
         return algorithm.settings.timesteps(sampling.num_steps)
 
     @classmethod
-    def frozen_calls(cls, settings) -> int:
+    def frozen_calls(cls, algorithm, sampling) -> int:
+        settings = algorithm.settings
         guided = settings.reference_guidance is not None and settings.reference_guidance > 1  # two rows a call
         kl = int(settings.kl_beta > 0) * (2 if guided else 1)
         shared = settings.kl_beta > 0 and not settings.old_reference and not guided  # one reference forward for both

@@ -137,7 +137,8 @@ class Dgpo(GroupProcess):
         return algorithm.settings.train_timesteps
 
     @classmethod
-    def frozen_calls(cls, settings) -> int:
+    def frozen_calls(cls, algorithm, sampling) -> int:
+        settings = algorithm.settings
         guided = settings.reference_guidance is not None and settings.reference_guidance > 1  # two rows a call
         return int(cls.needs_reference(settings)) * (2 if guided else 1) + int(keeps_old(settings))
 

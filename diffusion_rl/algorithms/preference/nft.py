@@ -214,8 +214,8 @@ class Nft(ForwardProcess):
         return max(1, int(sampling.num_steps * algorithm.settings.timestep_fraction))
 
     @classmethod
-    def frozen_calls(cls, settings) -> int:
-        return 1 + super().frozen_calls(settings)  # the `old` adapter's velocity, and the reference's with a KL
+    def frozen_calls(cls, algorithm, sampling) -> int:
+        return 1 + super().frozen_calls(algorithm, sampling)  # the `old` adapter's velocity; the reference's with a KL
 
     def attach(self, model) -> None:
         super().attach(model)

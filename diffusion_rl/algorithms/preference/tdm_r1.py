@@ -169,10 +169,14 @@ class TdmR1(GroupProcess):
         return 3 * algorithm.settings.train_steps  # θ, ψ and φ with gradient at each trained step
 
     @classmethod
-    def frozen_calls(cls, settings) -> float:
-        # per row and trained step: ψ's teacher 1; φ's teacher and φ_old 2; θ's ψ 1, teacher cond + CFG pair 3,
-        # φ's CFG pair 2 and teacher 1 on a reward step (7 otherwise; counted as a reward step) — per trained call
-        return 10 / 3
+    def frozen_calls(cls, algorithm, sampling) -> float:
+        # per row and trained step: ψ's teacher 1; φ's teacher and φ_old 2; θ's ψ 1, teacher cond + CFG pair 3; and on
+        # a reward step (j < reward_steps, a share reward_steps / T of the uniformly drawn steps) φ at reward_guidance
+        # (a CFG pair above 1) and the teacher — per trained call (three of them a step)
+        s = algorithm.settings
+        reward_share = min(s.reward_steps, sampling.num_steps) / sampling.num_steps
+        reward_forwards = (2 if s.reward_guidance > 1 else 1) + 1
+        return (7 + reward_forwards * reward_share) / 3
 
     @classmethod
     def optimizer_groups(cls, settings) -> tuple[OptimizerGroup, ...]:
