@@ -11,7 +11,7 @@ samples/step_*/ (per-image validation files), rollouts/ and config.yaml. Writes 
                      quantity that is 0 throughout (e.g. the clip fraction of an on-policy run) gets no panel
     algorithm.png    the update's relative weight change, the share of groups whose rewards did not spread (no
                      advantage), and the algorithm's own metrics (its loss's prefixes: `LossSpec.metric_prefixes`)
-    timing.png       seconds per phase (generate, reward, advantage, update, checkpoint, validate, …) per step
+    timing.png       seconds per phase (generate, reward, prepare, update, checkpoint, validate, …) per step
     report.md        best validation step, guard alerts, first and final numbers, wall time split by phase
     report.html      all of the above on one self-contained page, with the validation images of each prompt across
                      steps and the latest rollouts (evaluation/html_report.py)

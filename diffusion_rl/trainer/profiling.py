@@ -4,7 +4,7 @@ Steps are numbered as in metrics.jsonl: the first training step is 1. For each p
 `<run.dir>/profile/`:
 
     step_XXXXXX.trace.json     Chrome trace (open in https://ui.perfetto.dev or chrome://tracing); the phases
-                               (generate, reward, advantage, update) appear as `phase/<name>` ranges
+                               (generate, reward, prepare, update) appear as `phase/<name>` ranges
     step_XXXXXX.top_ops.txt    operators sorted by self time (also logged)
     step_XXXXXX.memory.pickle  with profile.memory on a CUDA device: the allocator's history over the step
                                (drag into https://pytorch.org/memory_viz)
