@@ -33,7 +33,8 @@ class LogConfig:
     )
     flops: bool = opt(
         True,
-        "Count each step's FLOPs exactly (FlopCounterMode on the first rollout and update of each shape, cached) and "
+        "Count each step's FLOPs exactly (torch's flop formulas in a dispatch mode, on the first rollout and update "
+        "of each shape, cached) and "
         "log perf/flops_per_step, perf/images_per_s, perf/images_per_device_s and perf/mfu.",
     )
     weight_change: Literal["auto", "on", "off"] = opt(
