@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.errors import UserError, did_you_mean
+from diffusion_rl.errors import RunStopped, UserError, did_you_mean
 from diffusion_rl.registry import Registry
 from diffusion_rl.rewards.user_fn import is_user_function_spec, load_user_function
 
@@ -46,8 +46,9 @@ def is_group_reward(fn: Any) -> bool:
     return getattr(fn, "group", False) is True and callable(getattr(fn, "score_group", None))
 
 
-class RewardOutputError(TypeError):
-    """A reward returned something that breaks the contract (wrong type, dtype or shape). A bug, not a failed sample."""
+class RewardOutputError(RunStopped):
+    """A reward returned something that breaks the contract (wrong type, dtype or shape). A bug, not a failed sample:
+    it stops the run (the CLI prints one line; a training run adds its last healthy checkpoint)."""
 
 
 def make_reward(name: str, **kwargs: Any) -> RewardFn:
