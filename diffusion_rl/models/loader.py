@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from diffusion_rl.config.model import device_problem
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.attention import DEFAULT_BACKEND, set_attention_backend
 from diffusion_rl.models.base import FlowModel, freeze
@@ -50,11 +51,19 @@ def detect_pipeline(path: Path) -> tuple[str, str]:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device model.device names, or a UserError when it is no device or one this machine lacks."""
+    problem = device_problem(name)
+    if problem is not None:
+        raise UserError(f"model.device {problem}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"model.device={name} but no CUDA device is available; use model.device=cpu")
-    return torch.device(name)
+    if device.type == "cuda" and device.index is not None and device.index >= (count := torch.cuda.device_count()):
+        have = "1 CUDA device (cuda:0)" if count == 1 else f"{count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        raise UserError(f"model.device={name} but this machine has {have}")
+    return device
 
 
 def text_encoder_names(path: Path) -> list[str]:
