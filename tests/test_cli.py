@@ -232,6 +232,37 @@ def test_a_damaged_model_directory_is_one_line_naming_the_file(tiny_model_dir, t
     assert f"cannot load the model in {model}: {model / named.split(':')[0]}:" in line and named.split(": ")[1] in line
 
 
+@pytest.mark.parametrize(
+    ("entry", "named"),
+    [
+        (["evilmod", "X"], "component 'scheduler' names the library 'evilmod'; a model directory may name diffusers or "
+         "transformers only (no other module is imported for it)"),
+        (["diffusers", "NoSuchScheduler"], "component 'scheduler': diffusers has no class 'NoSuchScheduler'"),
+        ("FlowMatchEulerDiscreteScheduler", "component 'scheduler' is 'FlowMatchEulerDiscreteScheduler', not "
+         "[library, class]"),
+    ],
+)  # fmt: skip
+def test_a_model_index_naming_a_module_or_class_that_cannot_load_is_one_line(
+    tiny_model_dir, tmp_path, capsys, monkeypatch, entry, named
+):
+    import json
+    import shutil
+
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    index = json.loads((model / "model_index.json").read_text())
+    index["scheduler"] = entry
+    (model / "model_index.json").write_text(json.dumps(index))
+    (tmp_path / "evilmod.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass X: pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable, were anything to import it
+    assert main(["sample", "--model", str(model), "--prompt", "a", *FAST_SAMPLE]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(
+        f"diffusion-rl: error: cannot load the model in {model}: {model / 'model_index.json'}: {named}"
+    )
+    assert not (tmp_path / "ran").exists()
+
+
 def test_config_show_redacts_an_inline_api_key(capsys):
     argv = ["config", "show", QUICKSTART, "rewards.0.name=vlm", "rewards.0.kwargs={api_key: sk-1, api_key_env: null}"]
     assert main(argv) == 0

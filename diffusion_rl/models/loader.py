@@ -15,7 +15,7 @@ from diffusion_rl.models.attention import DEFAULT_BACKEND, set_attention_backend
 from diffusion_rl.models.base import FlowModel, freeze
 from diffusion_rl.models.compiling import compile_blocks_on
 from diffusion_rl.models.hub import model_dir
-from diffusion_rl.models.load_errors import raise_if_damaged
+from diffusion_rl.models.load_errors import raise_if_bad_index, raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
 from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
 from diffusion_rl.models.registry import family_named, family_of_pipeline
@@ -45,7 +45,7 @@ def detect_pipeline(path: Path) -> tuple[str, str]:
         )
     try:
         class_name = json.loads(index.read_text())["_class_name"]
-    except (json.JSONDecodeError, KeyError) as e:
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, not an object, no class
         raise UserError(f"{index}: cannot read the pipeline class ({e})") from e
     return family_of_pipeline(class_name, str(index)).name, class_name
 
@@ -110,6 +110,7 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
             f"set model.family=auto or point model.path at a {cfg.family} model"
         )
     family = family_named(detected)
+    raise_if_bad_index(path)  # before diffusers looks up the module a component names
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
     import diffusers
 
