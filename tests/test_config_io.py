@@ -176,6 +176,14 @@ def test_override_typo_gets_suggestion_and_names_the_override():
     assert "unknown config key 'train.lr_rate' (did you mean 'train.lr'?)" in message
 
 
+def test_an_override_whose_value_is_not_yaml_is_one_line_naming_where():
+    message = _error(apply_overrides, {"rewards": [{"name": "clip"}]}, ["rewards.0.kwargs={bad"])
+    assert message == (
+        "command-line override 'rewards.0.kwargs={bad': YAML syntax error in the value at line 1, column 5: "
+        "expected ',' or '}', but got '<stream end>' (while parsing a flow mapping)"
+    )
+
+
 # --- errors -----------------------------------------------------------------------------------------------------
 
 

@@ -154,7 +154,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         try:
             value = load_yaml_text(raw)
         except yaml.YAMLError as e:
-            raise UserError(f"command-line override {override!r}: cannot parse the value as YAML ({e})") from None
+            raise UserError(f"command-line override {override!r}: {_yaml_error_message('the value', e)}") from None
         node: Any = result
         for depth, part in enumerate(parts):
             last = depth == len(parts) - 1
