@@ -255,6 +255,15 @@ def test_missing_file_names_the_path(tmp_path):
     assert _error(load_config, Sample, path) == f"config file not found: {path}"
 
 
+def test_a_missing_base_file_names_the_config_that_names_it_and_where_it_looked(tmp_path):
+    (tmp_path / "sub").mkdir()
+    path = _write(tmp_path / "sub", "base: quickstart.yaml\nmodel: m\n")
+    assert _error(load_config, Sample, path) == (
+        f"{path}: 'base: quickstart.yaml' names a config file that does not exist: {tmp_path / 'sub/quickstart.yaml'} "
+        "(a base path is relative to the folder of the file that names it)"
+    )
+
+
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
     path = _write(tmp_path, "model: m\ntrain:\n  lr: [1, 2\n  steps: 3\n")
     message = _error(load_config, Sample, path)

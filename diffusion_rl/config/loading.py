@@ -213,6 +213,9 @@ def read_yaml_config(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> di
     base_path = os.path.join(os.path.dirname(path), base)
     if os.path.abspath(base_path) in _seen:
         raise UserError(f"{path}: '{BASE_KEY}: {base}' makes a cycle of config files")
+    if not os.path.exists(base_path):
+        raise UserError(f"{path}: '{BASE_KEY}: {base}' names a config file that does not exist: {base_path} (a base "
+                        "path is relative to the folder of the file that names it)")  # fmt: skip
     return _deep_merge(read_yaml_config(base_path, (*_seen, os.path.abspath(path))), data)
 
 
