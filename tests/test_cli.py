@@ -159,12 +159,31 @@ def test_sample_past_the_models_position_table_suggests_a_size_that_fits(tiny_mo
 # ---- errors of the environment: one line naming the path and the cause (exit status 1) ----
 
 
-def test_a_run_dir_that_cannot_be_created_is_one_line_naming_it(train_argv, tmp_path, capsys):
+@pytest.mark.parametrize("under", [False, True])
+def test_a_run_dir_that_is_or_is_under_a_file_is_one_line_before_the_model_loads(
+    train_argv, tmp_path, capsys, monkeypatch, under
+):
+    import diffusion_rl.models.loader as loader
+
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    assert main(train_argv(f"run.dir={blocker / 'run'}", "train.total_steps=0")) == 1
-    line = _one_error_line(capsys)
-    assert f"{blocker / 'run'}" in line and ("Not a directory" in line or "File exists" in line)
+    run_dir = blocker / "run" if under else blocker
+    assert main(train_argv(f"run.dir={run_dir}", "train.total_steps=0")) == 2
+    assert _one_error_line(capsys) == (
+        f"diffusion-rl: error: run.dir {run_dir}: {blocker} is a file, not a folder; give run.dir a folder"
+    )
+
+
+def test_an_eval_out_that_is_a_file_is_one_line(tiny_model_dir, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    argv = ["eval", "--model", str(tiny_model_dir), "--prompts", str(ROOT / "configs/prompts/val.txt"), "--reward",
+            "jpeg_compressibility", "--out", str(blocker), *FAST_SAMPLE]  # fmt: skip
+    assert main(argv) == 2
+    assert _one_error_line(capsys) == (
+        f"diffusion-rl: error: --out {blocker}: {blocker} is a file, not a folder; give --out a folder"
+    )
 
 
 def test_a_read_only_run_dir_is_one_line_naming_it(train_argv, tmp_path, capsys, monkeypatch):
