@@ -452,3 +452,17 @@ def test_a_redacted_config_loads_back(tmp_path):
     back = load_config(Config, path)
     assert back.rewards[0].kwargs == {"base_url": "http://x", "api_key": REDACTED}
     assert back.model == cfg.model and back.sampling == cfg.sampling
+
+
+def test_changed_settings_lists_each_differing_leaf_in_the_new_trees_order():
+    from diffusion_rl.config.convert import changed_settings
+
+    before = {"model": {"lora": {"enabled": False, "rank": 32}}, "rewards": [{"name": "a"}], "gone": 1}
+    after = {"rewards": [{"name": "b"}], "model": {"lora": {"enabled": True, "rank": 32}, "new": "x"}}
+    assert changed_settings(before, after) == [
+        'rewards ([{"name": "a"}] → [{"name": "b"}])',
+        "model.lora.enabled (false → true)",
+        'model.new (null → "x")',
+        "gone (1 → null)",
+    ]
+    assert changed_settings(before, before) == []
