@@ -91,18 +91,18 @@ def refuse_what_cannot_fit(cfg) -> None:
     from diffusion_rl.estimate.architectures import architecture_for
     from diffusion_rl.estimate.devices import device_named
     from diffusion_rl.estimate.estimator import GIB, estimate
+    from diffusion_rl.models.loader import resolve_device
 
     e = cfg.engine
     ray = e.kind == "ray"
     if ray and (e.address is not None or e.gpus_per_worker > 0):
         return  # the cluster's devices, not this process's (which must not open CUDA): `estimate --gpu NAME` says
-    cuda = not ray and (
-        cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and torch.cuda.is_available())
-    )
+    # a CUDA device this machine lacks is one line here, before anything is created
+    local = None if ray else resolve_device(cfg.model.device)
+    cuda = local is not None and local.type == "cuda"
     workers = e.num_workers if ray else 1  # a local Ray cluster's CPU workers share this machine's RAM
     if cuda:
-        index = torch.device(cfg.model.device).index if cfg.model.device.startswith("cuda:") else None
-        props = torch.cuda.get_device_properties(index or 0)
+        props = torch.cuda.get_device_properties(local.index or 0)
         capacity, what, sharing = props.total_memory, f"the GPU ({props.name})", 1
     else:
         capacity, what = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's RAM"
@@ -260,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="optional dotted key=value overrides, e.g. train.total_steps=10")  # fmt: skip
     p.set_defaults(fn=cmd_train)
 
+    from diffusion_rl.config.model import device_flag
     from diffusion_rl.config.plugins import FAMILIES
     from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES
     from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--condition-size", default=None, choices=["output", "pipeline"],
                    help="an editing family's --image at the output size or its pipeline's (default: with --checkpoint "
                    "the run's model.condition_size, else output)")  # fmt: skip
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", type=device_flag)
     p.add_argument("--out", default="grid.png", help="the sheet: .png (a video family: the same name, .webp)")
     p.add_argument("--checkpoint", default=None, help="apply a training checkpoint (step_NNNNNN or run directory)")
     p.add_argument("--no-ema", action="store_true", help="with --checkpoint: the trained weights even if an EMA exists")

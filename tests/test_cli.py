@@ -159,12 +159,31 @@ def test_sample_past_the_models_position_table_suggests_a_size_that_fits(tiny_mo
 # ---- errors of the environment: one line naming the path and the cause (exit status 1) ----
 
 
-def test_a_run_dir_that_cannot_be_created_is_one_line_naming_it(train_argv, tmp_path, capsys):
+@pytest.mark.parametrize("under", [False, True])
+def test_a_run_dir_that_is_or_is_under_a_file_is_one_line_before_the_model_loads(
+    train_argv, tmp_path, capsys, monkeypatch, under
+):
+    import diffusion_rl.models.loader as loader
+
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    assert main(train_argv(f"run.dir={blocker / 'run'}", "train.total_steps=0")) == 1
-    line = _one_error_line(capsys)
-    assert f"{blocker / 'run'}" in line and ("Not a directory" in line or "File exists" in line)
+    run_dir = blocker / "run" if under else blocker
+    assert main(train_argv(f"run.dir={run_dir}", "train.total_steps=0")) == 2
+    assert _one_error_line(capsys) == (
+        f"diffusion-rl: error: run.dir {run_dir}: {blocker} is a file, not a folder; give run.dir a folder"
+    )
+
+
+def test_an_eval_out_that_is_a_file_is_one_line(tiny_model_dir, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    argv = ["eval", "--model", str(tiny_model_dir), "--prompts", str(ROOT / "configs/prompts/val.txt"), "--reward",
+            "jpeg_compressibility", "--out", str(blocker), *FAST_SAMPLE]  # fmt: skip
+    assert main(argv) == 2
+    assert _one_error_line(capsys) == (
+        f"diffusion-rl: error: --out {blocker}: {blocker} is a file, not a folder; give --out a folder"
+    )
 
 
 def test_a_read_only_run_dir_is_one_line_naming_it(train_argv, tmp_path, capsys, monkeypatch):
@@ -230,6 +249,37 @@ def test_a_damaged_model_directory_is_one_line_naming_the_file(tiny_model_dir, t
     assert main(["sample", "--model", str(model), "--prompt", "a", *FAST_SAMPLE]) == 2
     line = _one_error_line(capsys)
     assert f"cannot load the model in {model}: {model / named.split(':')[0]}:" in line and named.split(": ")[1] in line
+
+
+@pytest.mark.parametrize(
+    ("entry", "named"),
+    [
+        (["evilmod", "X"], "component 'scheduler' names the library 'evilmod'; a model directory may name diffusers or "
+         "transformers only (no other module is imported for it)"),
+        (["diffusers", "NoSuchScheduler"], "component 'scheduler': diffusers has no class 'NoSuchScheduler'"),
+        ("FlowMatchEulerDiscreteScheduler", "component 'scheduler' is 'FlowMatchEulerDiscreteScheduler', not "
+         "[library, class]"),
+    ],
+)  # fmt: skip
+def test_a_model_index_naming_a_module_or_class_that_cannot_load_is_one_line(
+    tiny_model_dir, tmp_path, capsys, monkeypatch, entry, named
+):
+    import json
+    import shutil
+
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    index = json.loads((model / "model_index.json").read_text())
+    index["scheduler"] = entry
+    (model / "model_index.json").write_text(json.dumps(index))
+    (tmp_path / "evilmod.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass X: pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable, were anything to import it
+    assert main(["sample", "--model", str(model), "--prompt", "a", *FAST_SAMPLE]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(
+        f"diffusion-rl: error: cannot load the model in {model}: {model / 'model_index.json'}: {named}"
+    )
+    assert not (tmp_path / "ran").exists()
 
 
 def test_config_show_redacts_an_inline_api_key(capsys):

@@ -176,6 +176,14 @@ def test_override_typo_gets_suggestion_and_names_the_override():
     assert "unknown config key 'train.lr_rate' (did you mean 'train.lr'?)" in message
 
 
+def test_an_override_whose_value_is_not_yaml_is_one_line_naming_where():
+    message = _error(apply_overrides, {"rewards": [{"name": "clip"}]}, ["rewards.0.kwargs={bad"])
+    assert message == (
+        "command-line override 'rewards.0.kwargs={bad': YAML syntax error in the value at line 1, column 5: "
+        "expected ',' or '}', but got '<stream end>' (while parsing a flow mapping)"
+    )
+
+
 # --- errors -----------------------------------------------------------------------------------------------------
 
 
@@ -245,6 +253,15 @@ def test_post_init_value_error_becomes_user_error_with_section():
 def test_missing_file_names_the_path(tmp_path):
     path = tmp_path / "nope.yaml"
     assert _error(load_config, Sample, path) == f"config file not found: {path}"
+
+
+def test_a_missing_base_file_names_the_config_that_names_it_and_where_it_looked(tmp_path):
+    (tmp_path / "sub").mkdir()
+    path = _write(tmp_path / "sub", "base: quickstart.yaml\nmodel: m\n")
+    assert _error(load_config, Sample, path) == (
+        f"{path}: 'base: quickstart.yaml' names a config file that does not exist: {tmp_path / 'sub/quickstart.yaml'} "
+        "(a base path is relative to the folder of the file that names it)"
+    )
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
@@ -435,3 +452,17 @@ def test_a_redacted_config_loads_back(tmp_path):
     back = load_config(Config, path)
     assert back.rewards[0].kwargs == {"base_url": "http://x", "api_key": REDACTED}
     assert back.model == cfg.model and back.sampling == cfg.sampling
+
+
+def test_changed_settings_lists_each_differing_leaf_in_the_new_trees_order():
+    from diffusion_rl.config.convert import changed_settings
+
+    before = {"model": {"lora": {"enabled": False, "rank": 32}}, "rewards": [{"name": "a"}], "gone": 1}
+    after = {"rewards": [{"name": "b"}], "model": {"lora": {"enabled": True, "rank": 32}, "new": "x"}}
+    assert changed_settings(before, after) == [
+        'rewards ([{"name": "a"}] → [{"name": "b"}])',
+        "model.lora.enabled (false → true)",
+        'model.new (null → "x")',
+        "gone (1 → null)",
+    ]
+    assert changed_settings(before, before) == []

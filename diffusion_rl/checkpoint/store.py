@@ -33,7 +33,7 @@ from diffusion_rl.checkpoint.paths import (
     resolve_checkpoint,
     step_dir_name,
 )
-from diffusion_rl.utils.files import set_aside
+from diffusion_rl.utils.files import refuse_file_in_the_way, set_aside
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ class CheckpointManager:
 
     def __init__(self, run_dir: str | os.PathLike[str], keep_last: int = 0) -> None:
         self.run_dir = Path(run_dir)
+        refuse_file_in_the_way(self.run_dir, "run.dir")
         self.dir = self.run_dir / CHECKPOINTS_DIR
         refuse_link(self.dir)  # its checkpoints would be refused when read: set run.dir on the other volume instead
         self.keep_last = keep_last

@@ -7,6 +7,8 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
+    from diffusion_rl.config.model import device_flag
+
     p = subparsers.add_parser(
         "doctor",
         help="check a model directory: family, parameter counts, dtype, a memory estimate, one sample image",
@@ -17,7 +19,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--model", required=True, help="a diffusers model directory, or a Hub id owner/name")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="weights dtype")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", type=device_flag)
     p.add_argument("--height", type=int, default=None, help="image height (default: the model's native size)")
     p.add_argument("--width", type=int, default=None, help="image width (default: the model's native size)")
     p.add_argument("--frames", type=int, default=1, help="video frames per sample (a video family: 4k + 1)")

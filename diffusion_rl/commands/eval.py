@@ -16,6 +16,7 @@ FALLBACK = {"steps": 20, "guidance": 4.5, "guidance_low_noise": None, "height": 
 
 
 def register(subparsers) -> None:
+    from diffusion_rl.config.model import device_flag
     from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES  # the registries' names: no list kept here
     from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 
@@ -71,7 +72,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="images per forward pass and reward call")
     p.add_argument("--sheet-prompts", type=int, default=16, help="prompts shown on the contact sheets")
     p.add_argument("--no-ema", action="store_true", help="use the trained weights even when the run kept an EMA")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", type=device_flag)
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
     p.add_argument("--max-sequence-length", type=int, default=None)
     p.add_argument("--condition-size", default=None, choices=["output", "pipeline"],

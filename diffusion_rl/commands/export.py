@@ -11,6 +11,8 @@ logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
+    from diffusion_rl.config.model import device_flag
+
     p = subparsers.add_parser(
         "export",
         help="write a checkpoint's weights for diffusers — a LoRA folder (load_lora_weights) or, with --merge, a model "
@@ -31,7 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--merge", action="store_true", help="merge into the transformer and write a full diffusers model")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="weights dtype (default: the run's)")
-    p.add_argument("--device", default="cpu", help="where to merge (cpu needs no GPU memory)")
+    p.add_argument("--device", default="cpu", type=device_flag, help="where to merge (cpu needs no GPU memory)")
     p.add_argument("--no-ema", action="store_true", help="export the trained weights even when the run kept an EMA")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(fn=cmd_export)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
 import types
 import typing
@@ -300,6 +301,22 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+def changed_settings(before: Any, after: Any, path: str = "") -> list[str]:
+    """'key (old → new)' for each setting that differs between two `to_dict` trees, in the order of `after`'s keys
+    (values as YAML writes them, cut at 40 characters; a list that differs is one setting)."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        keys = [*after, *(k for k in before if k not in after)]
+        return [c for k in keys for c in changed_settings(before.get(k), after.get(k), join_key(path, k))]
+    if before == after:
+        return []
+
+    def text(value: Any) -> str:
+        shown = json.dumps(value, default=str)
+        return shown if len(shown) <= 40 else shown[:37] + "..."
+
+    return [f"{path} ({text(before)} → {text(after)})"]
 
 
 def walk(cls: type, prefix: str = "", seen: tuple = ()) -> Iterator[tuple[str, dataclasses.Field, Any]]:

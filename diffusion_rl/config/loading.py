@@ -154,7 +154,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         try:
             value = load_yaml_text(raw)
         except yaml.YAMLError as e:
-            raise UserError(f"command-line override {override!r}: cannot parse the value as YAML ({e})") from None
+            raise UserError(f"command-line override {override!r}: {_yaml_error_message('the value', e)}") from None
         node: Any = result
         for depth, part in enumerate(parts):
             last = depth == len(parts) - 1
@@ -213,6 +213,9 @@ def read_yaml_config(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> di
     base_path = os.path.join(os.path.dirname(path), base)
     if os.path.abspath(base_path) in _seen:
         raise UserError(f"{path}: '{BASE_KEY}: {base}' makes a cycle of config files")
+    if not os.path.exists(base_path):
+        raise UserError(f"{path}: '{BASE_KEY}: {base}' names a config file that does not exist: {base_path} (a base "
+                        "path is relative to the folder of the file that names it)")  # fmt: skip
     return _deep_merge(read_yaml_config(base_path, (*_seen, os.path.abspath(path))), data)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -11,6 +13,23 @@ from diffusion_rl.errors import did_you_mean
 from diffusion_rl.utils.hub_ids import names_hub_repo
 
 DEFAULT_BACKEND = "sdpa"  # the transformer's attention as diffusers builds it (models/attention.py)
+_DEVICE = re.compile(r"auto|(cpu|cuda)(:\d+)?")  # cpu:N: the CPU under another name (a test's "moved" model)
+
+
+def device_problem(name: str) -> str | None:
+    """Why `name` is no device model.device (or a --device flag) takes, or None; whether this machine has it is
+    models/loader.py's resolve_device's question."""
+    if _DEVICE.fullmatch(name):
+        return None
+    return f"'{name}' is not a device: auto, cpu, cuda or cuda:N"
+
+
+def device_flag(value: str) -> str:
+    """argparse type of the --device flags: the name, or the flag's one-line error."""
+    problem = device_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def backend_names() -> list[str]:
@@ -117,6 +136,7 @@ class ModelConfig:
     )
 
     def __post_init__(self):
+        check(device_problem(self.device) is None, f"model.device {device_problem(self.device)}")
         check(
             self.revision is None or (self.revision.strip() == self.revision != ""),
             f"model.revision {self.revision!r}: a commit hash, branch or tag without spaces, or null for main",

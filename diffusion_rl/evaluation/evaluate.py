@@ -55,7 +55,7 @@ from diffusion_rl.sampling.sde import STEP_TYPE_NAMES
 from diffusion_rl.sampling.window import default_window
 from diffusion_rl.tracking.media import sample_sheet, save_sample
 from diffusion_rl.utils.digest import file_sha256
-from diffusion_rl.utils.files import naming
+from diffusion_rl.utils.files import naming, refuse_file_in_the_way
 from diffusion_rl.utils.seeding import seed_for
 
 logger = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ def _none_if_nan(value: float) -> float | None:
 
 def prepare_output(out: Path, force: bool) -> None:
     """Create `out`; an earlier evaluation there is an error, or removed (only its own files) with force."""
+    refuse_file_in_the_way(out, "--out")
     earlier = [name for name in OUTPUT_FILES if (out / name).exists()]
     if earlier and not force:
         raise UserError(f"{out} holds an earlier evaluation ({', '.join(earlier)}); pass --force to replace it")

@@ -4,7 +4,10 @@ diffusers and transformers report a damaged directory as a long traceback whose 
 (a truncated text encoder: "Error while deserializing header: incomplete metadata, file not fully covered") or
 the component ("Error no file named config.json found in directory …/vae"). After a failed `from_pretrained`,
 `raise_if_damaged` looks through the directory for the first missing or unreadable file and raises a UserError
-that names it and says what to do.
+that names it and says what to do. `raise_if_bad_index` checks model_index.json's components before any loading: each is
+[library, class] of diffusers or transformers (a model directory must not choose the code that loads it: diffusers
+takes any module already imported, and refuses others with a traceback); a class its library lacks is named after a
+failed load.
 """
 
 from __future__ import annotations
@@ -16,12 +19,21 @@ from diffusion_rl.errors import UserError
 
 _WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
 _FIX = "download the model again or re-save it with save_pretrained"
+_LIBRARIES = ("diffusers", "transformers")  # what a component may name: no other module is imported for it
+
+
+def raise_if_bad_index(path: Path) -> None:
+    """Before loading: a UserError naming model_index.json's first component that is not [library, class] of
+    diffusers or transformers (reading the classes waits for a failed load: `damaged_file`)."""
+    problem = _index_problem(path, classes=False)
+    if problem is not None:
+        raise UserError(f"cannot load the model in {path}: {problem}")
 
 
 def raise_if_damaged(path: Path, error: Exception) -> None:
     """Raise a one-line UserError for a failed load of the model directory `path` when a file of it is missing or
     damaged, or when the load failed reading a file (OSError); return otherwise (the caller re-raises `error`)."""
-    problem = damaged_file(path)
+    problem = _index_problem(path, classes=True) or damaged_file(path)
     if problem is not None:
         raise UserError(f"cannot load the model in {path}: {problem}; {_FIX}") from error
     if isinstance(error, OSError):
@@ -46,6 +58,46 @@ def damaged_file(path: Path) -> str | None:
         if problem is not None:
             return problem
     return None
+
+
+def _index_problem(path: Path, classes: bool) -> str | None:
+    """'model_index.json: what is wrong' for its first component entry (a list) that is not [library, class] of
+    diffusers or transformers (or [null, null]); with `classes` (after a failed load), also one whose library has no
+    such class, or a component folder's entry that is no list."""
+    index_file = path / "model_index.json"
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # damaged_file names it
+    if not isinstance(index, dict):
+        return f"{index_file}: not a JSON object of components"
+    for name, spec in index.items():
+        if name.startswith("_") or not (isinstance(spec, list) or (classes and (path / name).is_dir())):
+            continue  # metadata (_class_name, …) or a pipeline setting (Wan 2.2's boundary_ratio: 0.875)
+        if not (isinstance(spec, list) and len(spec) == 2):  # a setting is no list; a folder's entry is one
+            return f"{index_file}: component '{name}' is {spec!r}, not [library, class]"
+        library, class_name = spec
+        if library is None and class_name is None:
+            continue  # an optional component the pipeline does not have
+        if library not in _LIBRARIES:
+            return (
+                f"{index_file}: component '{name}' names the library {library!r}; a model directory may name "
+                "diffusers or transformers only (no other module is imported for it)"
+            )
+        if classes and not _has_class(library, class_name):
+            return f"{index_file}: component '{name}': {library} has no class {class_name!r}"
+    return None
+
+
+def _has_class(library: str, class_name: object) -> bool:
+    import importlib
+
+    if not isinstance(class_name, str):
+        return False
+    try:
+        return getattr(importlib.import_module(library), class_name, None) is not None
+    except Exception:  # a class whose own import fails (a missing extra): not this check's to name
+        return True
 
 
 def _component_problem(folder: Path) -> str | None:

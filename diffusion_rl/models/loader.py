@@ -9,12 +9,13 @@ from pathlib import Path
 
 import torch
 
+from diffusion_rl.config.model import device_problem
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.attention import DEFAULT_BACKEND, set_attention_backend
 from diffusion_rl.models.base import FlowModel, freeze
 from diffusion_rl.models.compiling import compile_blocks_on
 from diffusion_rl.models.hub import model_dir
-from diffusion_rl.models.load_errors import raise_if_damaged
+from diffusion_rl.models.load_errors import raise_if_bad_index, raise_if_damaged
 from diffusion_rl.models.policies import LoraSettings
 from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
 from diffusion_rl.models.registry import family_named, family_of_pipeline
@@ -44,17 +45,25 @@ def detect_pipeline(path: Path) -> tuple[str, str]:
         )
     try:
         class_name = json.loads(index.read_text())["_class_name"]
-    except (json.JSONDecodeError, KeyError) as e:
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, not an object, no class
         raise UserError(f"{index}: cannot read the pipeline class ({e})") from e
     return family_of_pipeline(class_name, str(index)).name, class_name
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device model.device names, or a UserError when it is no device or one this machine lacks."""
+    problem = device_problem(name)
+    if problem is not None:
+        raise UserError(f"model.device {problem}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"model.device={name} but no CUDA device is available; use model.device=cpu")
-    return torch.device(name)
+    if device.type == "cuda" and device.index is not None and device.index >= (count := torch.cuda.device_count()):
+        have = "1 CUDA device (cuda:0)" if count == 1 else f"{count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        raise UserError(f"model.device={name} but this machine has {have}")
+    return device
 
 
 def text_encoder_names(path: Path) -> list[str]:
@@ -101,6 +110,7 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
             f"set model.family=auto or point model.path at a {cfg.family} model"
         )
     family = family_named(detected)
+    raise_if_bad_index(path)  # before diffusers looks up the module a component names
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
     import diffusers
 

@@ -32,11 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from diffusion_rl.errors import UserError, did_you_mean
+from diffusion_rl.errors import RunStopped, UserError, did_you_mean
 from diffusion_rl.registry import Registry
-from diffusion_rl.rewards.user_fn import is_user_function_spec, load_user_function
+from diffusion_rl.rewards.user_fn import check_user_call, is_user_function_spec, load_user_function
 
 RewardFn = Callable[[np.ndarray, list[str], list[dict[str, Any]]], Any]
+REWARD_ARGUMENTS = ("images", "prompts", "metadata")  # how every scoring call calls a reward (and score_group)
 
 REWARDS: Registry[Callable[..., RewardFn]] = Registry("reward", plugins=("diffusion_rl.rewards",))
 
@@ -46,8 +47,9 @@ def is_group_reward(fn: Any) -> bool:
     return getattr(fn, "group", False) is True and callable(getattr(fn, "score_group", None))
 
 
-class RewardOutputError(TypeError):
-    """A reward returned something that breaks the contract (wrong type, dtype or shape). A bug, not a failed sample."""
+class RewardOutputError(RunStopped):
+    """A reward returned something that breaks the contract (wrong type, dtype or shape). A bug, not a failed sample:
+    it stops the run (the CLI prints one line; a training run adds its last healthy checkpoint)."""
 
 
 def make_reward(name: str, **kwargs: Any) -> RewardFn:
@@ -59,6 +61,10 @@ def make_reward(name: str, **kwargs: Any) -> RewardFn:
     """
     if is_user_function_spec(name):
         fn = load_user_function(name)
+        if is_group_reward(fn):  # an instance: its score_group is what is called, with no kwargs bound
+            check_user_call(name, fn.score_group, REWARD_ARGUMENTS, {}, f"{name.rpartition(':')[2]}.score_group")
+        else:
+            check_user_call(name, fn, REWARD_ARGUMENTS, kwargs)
         return functools.partial(fn, **kwargs) if kwargs else fn
     factory = REWARDS.get(name)
     _check_kwargs(name, factory, kwargs)

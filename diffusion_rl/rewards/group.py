@@ -31,7 +31,7 @@ import numpy as np
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import REWARDS, RewardOutputError, check_reward_output, is_group_reward, make_reward
-from diffusion_rl.rewards.user_fn import is_user_function_spec, load_user_function
+from diffusion_rl.rewards.user_fn import check_user_call, is_user_function_spec, load_user_function
 
 Preference = Callable[[np.ndarray, np.ndarray, list[str], list[dict[str, Any]]], Any]
 _SPEC_KEYS = ("name", "kwargs")
@@ -64,6 +64,7 @@ def _preference(value: Any, who: str) -> tuple[str, Preference]:
     name, kwargs = _spec(value, who, "preference")
     if is_user_function_spec(name):
         fn = load_user_function(name)
+        check_user_call(name, fn, ("images_a", "images_b", "prompts", "metadata"), kwargs)
         return name, (lambda a, b, p, m: fn(a, b, p, m, **kwargs)) if kwargs else fn
     judge = make_reward(name, **kwargs)
     compare = getattr(judge, "compare", None)

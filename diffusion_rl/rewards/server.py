@@ -154,6 +154,8 @@ def server_from_args(args: argparse.Namespace):
         raise UserError(f"serve-reward: --kwargs is not valid JSON ({e}): {args.kwargs!r}") from None
     if not isinstance(kwargs, dict):
         raise UserError(f"serve-reward: --kwargs must be a JSON object like '{{\"key\": 1}}', got {args.kwargs!r}")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"serve-reward: --port must be in [0, 65535] (0 picks a free one), got {args.port}")
     positive = {
         "--read-timeout-s": args.read_timeout_s,
         "--request-timeout-s": args.request_timeout_s,

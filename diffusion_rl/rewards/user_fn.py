@@ -9,7 +9,7 @@ from typing import Any
 from diffusion_rl.errors import UserError
 from diffusion_rl.user_code import is_user_function_spec, load_user_code
 
-__all__ = ["is_user_function_spec", "load_user_function", "user_functions_named"]
+__all__ = ["check_user_call", "is_user_function_spec", "load_user_function", "user_functions_named"]
 
 # a whole string naming code: "package.module:function" or "path/to/file.py:function" (not a URL, not host:port)
 _CODE_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*|\S*\.py:[A-Za-z_]\w*")
@@ -26,6 +26,25 @@ def user_functions_named(value: Any, is_name: bool = False) -> list[str]:
     if isinstance(value, (list, tuple)):
         return [spec for v in value for spec in user_functions_named(v)]
     return []
+
+
+def check_user_call(spec: str, fn: Callable[..., Any], arguments: tuple[str, ...], kwargs: dict[str, Any],
+                    called: str = "") -> None:  # fmt: skip
+    """A UserError, when the reward is built, if the user function `fn` (named `spec`) cannot be called as
+    `called`(*arguments, **kwargs) — the way every scoring call will call it — rather than a TypeError on every
+    sample of the first step, after the model has loaded and sampled."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call itself will tell
+        return
+    try:
+        signature.bind(*arguments, **kwargs)
+    except TypeError as e:
+        called = called or spec.rpartition(":")[2]
+        shown = ", ".join([*arguments, *(f"{k}=…" for k in kwargs)])
+        raise UserError(
+            f"user reward '{spec}' cannot be called as {called}({shown}) ({e}); it takes {signature}"
+        ) from None
 
 
 def load_user_function(spec: str) -> Callable[..., Any]:

@@ -1,6 +1,8 @@
 """What a run is set up from, read once by the trainer: its prompts (the training set or the pairs of an offline
 dataset, and the validation prompts when something scores them), the texts it encodes, and the narrow spec its
-workers are built from (`WorkerSpec`, engine/spec.py). `diffusion-rl prepare embeddings` reads the same texts."""
+workers are built from (`WorkerSpec`, engine/spec.py). `diffusion-rl prepare embeddings` reads the same texts. And
+how a run's config differs from the one a checkpoint was saved with (`changed_since`), for a resume that cannot load
+it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from pathlib import Path
 
 from diffusion_rl.algorithms.base import AlgorithmInputs
 from diffusion_rl.config import Config
+from diffusion_rl.config.convert import changed_settings
+from diffusion_rl.config.loading import load_yaml_text, to_yaml
+from diffusion_rl.config.secrets import redact_secrets
 from diffusion_rl.data.pairs import PreferencePair, load_pairs
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.engine.spec import WorkerSpec
@@ -31,6 +36,27 @@ class RunPrompts:
         missing one is the empty text, as the sampler gives it)."""
         records = self.records + self.val_records
         return list(dict.fromkeys(text for r in records for text in (r.prompt, r.negative_prompt or "")))
+
+
+def changed_since(saved_config: Path, cfg: Config, most: int = 4) -> str:
+    """'; this config differs from the one it was saved with in KEY (old → new), …: …' for the checkpoint config
+    file `saved_config` (as the trainer wrote it) against `cfg` (run.* aside: where a run lives is no setting of what
+    it trains), or '' when it cannot be read or nothing differs."""
+    try:
+        saved = load_yaml_text(saved_config.read_bytes())
+    except Exception:  # noqa: BLE001 - a hint to an error being raised; a damaged file is verify_checkpoint's to name
+        return ""
+    if not isinstance(saved, dict):
+        return ""
+    now = load_yaml_text(to_yaml(redact_secrets(cfg)))  # as it would be written: same types, same redactions
+    changes = [c for c in changed_settings(saved, now) if not c.startswith("run.")]
+    if not changes:
+        return ""
+    shown = ", ".join(changes[:most]) + (f" and {len(changes) - most} more" if len(changes) > most else "")
+    return (
+        f"; this config differs from the one it was saved with in {shown}: resume with its settings, or start over "
+        "with run.resume=never"
+    )
 
 
 def load_run_prompts(cfg: Config) -> RunPrompts:

@@ -56,7 +56,7 @@ from diffusion_rl.tracking.media import log_sheet, sample_sheet, save_sample
 from diffusion_rl.tracking.val_images import write_validation_images
 from diffusion_rl.trainer.galleries import ROLLOUTS_DIR, validation_caption, write_rollout_dump
 from diffusion_rl.trainer.profiling import StepProfiler
-from diffusion_rl.trainer.setup import load_run_prompts, worker_spec
+from diffusion_rl.trainer.setup import changed_since, load_run_prompts, worker_spec
 from diffusion_rl.trainer.sources import Collected, RolloutDiverged, make_source
 from diffusion_rl.trainer.timing import PhaseTimer, StepMetrics
 from diffusion_rl.utils.files import naming
@@ -409,6 +409,9 @@ class Trainer:
         state = read_state(path)  # verified against its manifest first, on the driver only
         if state["step"] != step_of(path):
             raise UserError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
-        self.engine.load(path, state["engine"])
+        try:
+            self.engine.load(path, state["engine"])
+        except UserError as e:  # a checkpoint that does not fit this run: which of its settings it was saved without
+            raise UserError(f"{e}{changed_since(path / CONFIG_FILE, self.cfg)}") from None
         self._load_plain_state(state)
         logger.info("resumed from %s (step %d)", path, self.step)

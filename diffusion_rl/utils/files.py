@@ -22,6 +22,17 @@ def naming(path: str | os.PathLike[str]) -> Iterator[None]:
         raise OSError(e.errno, e.strerror or str(e), os.fspath(path)) from e
 
 
+def refuse_file_in_the_way(directory: str | os.PathLike[str], what: str) -> None:
+    """A UserError when the folder `directory`, or the nearest of its parents that exists, is a file: `what` (the
+    key or flag that names it) could not be written there. Before any work, rather than mkdir's error at the end."""
+    from diffusion_rl.errors import UserError
+
+    directory = Path(directory)
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"{what} {directory}: {existing} is a file, not a folder; give {what} a folder")
+
+
 def set_aside(directory: str | os.PathLike[str]) -> Path:
     """Move everything in `directory` into a new folder beside it, `<name>.before-<YYYYmmdd-HHMMSS>` (`-2`, … when
     taken), and return that folder: a fresh start in `directory` then finds it empty and loses nothing. The directory

@@ -89,3 +89,50 @@ def test_a_missing_or_unknown_reward_kwarg_is_named_as_such():
     assert str(unknown.value).startswith("reward 'clip_score': unknown kwargs pth (did you mean 'path'?); accepted: ")
     with pytest.raises(UserError, match=r"^reward 'jpeg_compressibility': unknown kwargs quality, scale; accepted: "):
         make_reward("jpeg_compressibility", scale=2, quality=1)
+
+
+SIGNATURES = textwrap.dedent(
+    """
+    def two(images, prompts):
+        return images.mean(axis=(1, 2, 3))
+
+    def any_extra(images, prompts, metadata=None, **options):
+        return images.mean(axis=(1, 2, 3))
+
+    class Group:
+        group = True
+
+        def score_group(self, images):
+            return images.mean(axis=(1, 2, 3))
+
+        def __call__(self, images, prompts, metadata):
+            return images.mean(axis=(1, 2, 3))
+
+    group = Group()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("fn", "kwargs", "message"),
+    [
+        ("two", {}, r"cannot be called as two\(images, prompts, metadata\) \(too many positional arguments\); "
+                    r"it takes \(images, prompts\)"),
+        ("brightness", {"scael": 2}, r"cannot be called as brightness\(images, prompts, metadata, scael=…\) "
+                                     r"\(got an unexpected keyword argument 'scael'\); it takes \(images, prompts, "
+                                     r"metadata, scale=1.0\)"),
+        ("group", {}, r"cannot be called as group.score_group\(images, prompts, metadata\)"),
+    ],
+)  # fmt: skip
+def test_a_user_function_that_cannot_take_a_rewards_arguments_is_refused_when_built(tmp_path, fn, kwargs, message):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(USER_CODE + SIGNATURES)
+    with pytest.raises(UserError, match=f"^user reward '{path}:{fn}' {message}"):
+        make_reward(f"{path}:{fn}", **kwargs)
+
+
+def test_a_user_function_with_defaults_and_keyword_catch_alls_builds(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(USER_CODE + SIGNATURES)
+    reward = make_reward(f"{path}:any_extra", anything=1)
+    np.testing.assert_allclose(reward(_images(), ["", ""], [{}, {}]), [10.0, 200.0])

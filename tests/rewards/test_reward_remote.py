@@ -290,6 +290,16 @@ def test_main_rejects_bad_kwargs(capsys):
     assert "--kwargs must be a JSON object" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_a_port_outside_0_65535_is_one_line_before_the_reward_is_built(port, capsys, monkeypatch):
+    import diffusion_rl.rewards as rewards
+
+    monkeypatch.setattr(rewards, "make_reward", lambda *a, **k: pytest.fail("the reward was built"))
+    assert main(["--reward", "jpeg_incompressibility", "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: serve-reward: --port must be in [0, 65535] (0 picks a free one), got {port}", err
+
+
 def test_a_missing_or_wrong_token_is_a_start_up_error_naming_the_401(local_server, monkeypatch):
     url = local_server(_mean_brightness, token="s3cret")
     monkeypatch.delenv("DIFFUSION_RL_REWARD_TOKEN", raising=False)

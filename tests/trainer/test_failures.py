@@ -214,3 +214,14 @@ def test_a_diverging_learning_rate_stops_with_latest_on_a_finite_checkpoint(trai
     assert len(rows) < 8  # it stopped
     # no sample with NaN latents was ever scored as a real one
     assert all(r["reward/failed_fraction"] >= r["sampling/nonfinite_fraction"] for r in rows)
+
+
+def test_a_reward_breaking_its_output_contract_stops_the_run_in_one_line(train_argv, user_reward, tmp_path, capsys):
+    from diffusion_rl.cli import main
+
+    spec = user_reward("return np.zeros(1, dtype=np.float32)  # one score for the whole batch")
+    assert main(train_argv(f"rewards.0.name={spec}", "train.total_steps=1")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # no traceback
+    assert err[0].startswith(f"diffusion-rl: stopped: reward '{spec}' returned shape (1,) for a batch of 4")
+    assert err[0].endswith("latest checkpoint (the last healthy one): none")

@@ -122,3 +122,20 @@ def test_a_diverged_run_resumed_at_a_lower_lr_finishes_at_that_lr(train_argv, tm
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert all(r["lr"] == pytest.approx(1e-4, rel=1e-12) for r in rows[resumed_at:])  # the lr actually used
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["lr"] == 1e-4
+
+
+def test_a_resume_that_cannot_load_the_checkpoint_names_the_settings_changed_since(train_argv, tmp_path, capsys):
+    from diffusion_rl.cli import main
+
+    argv = train_argv("train.save_every=1")  # full fine-tuning
+    assert main([*argv, "train.total_steps=1"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "train.total_steps=2", "model.lora.enabled=true", "train.lr=1e-4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    assert err[0].startswith(f"diffusion-rl: error: checkpoint {checkpoint} is damaged or not ours: Missing key")
+    assert err[0].endswith(
+        "; this config differs from the one it was saved with in model.lora.enabled (false → true), train.total_steps "
+        "(1 → 2), train.lr (0.001 → 0.0001): resume with its settings, or start over with run.resume=never"
+    )
