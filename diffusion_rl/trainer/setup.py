@@ -39,9 +39,9 @@ class RunPrompts:
 
 
 def changed_since(saved_config: Path, cfg: Config, most: int = 4) -> str:
-    """'; this config differs from the one it was saved with in KEY (old → new), …: …' for the checkpoint config
-    file `saved_config` (as the trainer wrote it) against `cfg` (run.* aside: where a run lives is no setting of what
-    it trains), or '' when it cannot be read or nothing differs."""
+    """'KEY (old → new), …' for the settings in which `cfg` differs from the checkpoint config file `saved_config` (as
+    the trainer wrote it; run.* aside: where a run lives is no setting of what it trains), or '' when it cannot be
+    read or nothing differs."""
     try:
         saved = load_yaml_text(saved_config.read_bytes())
     except Exception:  # noqa: BLE001 - a hint to an error being raised; a damaged file is verify_checkpoint's to name
@@ -52,11 +52,7 @@ def changed_since(saved_config: Path, cfg: Config, most: int = 4) -> str:
     changes = [c for c in changed_settings(saved, now) if not c.startswith("run.")]
     if not changes:
         return ""
-    shown = ", ".join(changes[:most]) + (f" and {len(changes) - most} more" if len(changes) > most else "")
-    return (
-        f"; this config differs from the one it was saved with in {shown}: resume with its settings, or start over "
-        "with run.resume=never"
-    )
+    return ", ".join(changes[:most]) + (f" and {len(changes) - most} more" if len(changes) > most else "")
 
 
 def load_run_prompts(cfg: Config) -> RunPrompts:

@@ -411,7 +411,13 @@ class Trainer:
             raise UserError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
         try:
             self.engine.load(path, state["engine"])
-        except UserError as e:  # a checkpoint that does not fit this run: which of its settings it was saved without
-            raise UserError(f"{e}{changed_since(path / CONFIG_FILE, self.cfg)}") from None
+        except UserError as e:  # a checkpoint that does not fit this run: the settings it was saved with, first
+            changed = changed_since(path / CONFIG_FILE, self.cfg)
+            if not changed:
+                raise
+            raise UserError(
+                f"checkpoint {path} was saved with another config: this one differs in {changed}; resume with its "
+                f"settings, or start over with run.resume=never (loading it: {e})"
+            ) from None
         self._load_plain_state(state)
         logger.info("resumed from %s (step %d)", path, self.step)
