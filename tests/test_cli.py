@@ -49,6 +49,15 @@ def test_sample_with_a_missing_model_is_a_one_line_error(tmp_path, capsys):
     assert "does not exist" in line and "init-tiny" in line
 
 
+@pytest.mark.parametrize("what", ["empty folder", "file"])
+def test_doctor_on_a_folder_or_file_that_is_no_model_names_the_flag_it_came_from(tmp_path, capsys, what):
+    path = tmp_path / "not_a_model"
+    path.mkdir() if what == "empty folder" else path.write_text("x")
+    assert main(["doctor", "--model", str(path)]) == 2
+    line = _one_error_line(capsys)
+    assert str(path) in line and "model.path (a command's --model)" in line
+
+
 def test_sample_sde_needs_two_steps(tiny_model_dir, capsys):
     argv = ["sample", "--model", str(tiny_model_dir), "--prompt", "a", "--steps", "1", "--sde-type", "sde"]
     assert main(argv) == 2

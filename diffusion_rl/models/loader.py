@@ -36,12 +36,15 @@ def detect_pipeline(path: Path) -> tuple[str, str]:
             f"model directory '{path}' does not exist (create the tiny one with `diffusion-rl init-tiny {path}`)"
         )
     if not path.is_dir():
-        raise UserError(f"model path '{path}' is a file; point model.path at a diffusers model directory")
+        raise UserError(
+            f"model path '{path}' is a file; point model.path (a command's --model) at a diffusers model directory"
+        )
     if not index.is_file():
         found = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
         raise UserError(
             f"'{path}' is not a diffusers model directory: no model_index.json (found: {found}). "
-            "Point model.path at a directory saved with `save_pretrained` or downloaded from the hub."
+            "Point model.path (a command's --model) at a directory saved with `save_pretrained` or downloaded from the "
+            "hub."
         )
     try:
         class_name = json.loads(index.read_text())["_class_name"]
