@@ -37,7 +37,10 @@ class DataConfig:
 class RewardSpec:
     name: str = opt("jpeg_incompressibility", "Registered reward name, or module:function / file.py:function.")
     label: str | None = opt(None, "Name in metrics and logs; default: name; must be unique.")
-    weight: float = opt(1.0, "Weight in the weighted sum (finite, ≥ 0; 0 = scored and logged only).")
+    weight: float = opt(
+        1.0, "Weight in the weighted sum (0 = scored and logged only; to minimise a score, use a reward that negates "
+        "it).", within=Range(0, 1e6),
+    )  # fmt: skip
     required: bool = opt(True, "A failure of this reward fails the sample; false: left out and renormalised.")
     kwargs: dict[str, Any] = opt(dict, "Keyword arguments for the reward.", factory=True)
     frames: Literal["mean", "min", "first", "last"] = opt(

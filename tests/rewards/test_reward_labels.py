@@ -30,10 +30,7 @@ def test_a_negative_or_non_finite_weight_is_a_config_error_naming_the_key(tmp_pa
     with pytest.raises(UserError) as info:
         load(path)
     got = {"-0.5": "-0.5", ".nan": "nan", ".inf": "inf", "-.inf": "-inf"}[bad]
-    assert str(info.value) == (
-        f"{path}: invalid config at top level: rewards.1.weight must be a finite number ≥ 0, got {got}; to "
-        "minimise a score, use a reward that negates it"
-    )
+    assert str(info.value) == f"{path}: config key 'rewards.1.weight' must be in [0, 1000000], got {got}"
 
 
 def test_a_bad_weight_is_a_one_line_cli_error(tmp_path, capsys):
@@ -41,7 +38,17 @@ def test_a_bad_weight_is_a_one_line_cli_error(tmp_path, capsys):
     assert main(["config", "show", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("diffusion-rl: error: ")
-    assert "rewards.0.weight must be a finite number ≥ 0, got -1.0" in err[0]
+    assert "config key 'rewards.0.weight' must be in [0, 1000000], got -1" in err[0]
+
+
+@pytest.mark.parametrize("key", ["rewards.0.weight", "val.rewards.0.weight"])
+def test_a_bad_weight_from_the_command_line_is_the_overrides_error(tmp_path, capsys, key):
+    path = _config_file(tmp_path, "- {name: jpeg_incompressibility}")
+    overrides = ["val.rewards=[{name: jpeg_incompressibility}]"] if key.startswith("val.") else []
+    assert main(["config", "show", str(path), *overrides, f"{key}=.nan"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"diffusion-rl: error: command-line override '{key}=.nan': config key '{key}' must be in [0, "
+                   "1000000], got nan"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
