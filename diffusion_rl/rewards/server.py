@@ -25,6 +25,7 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -95,6 +96,20 @@ def make_server(
         return RewardServer(scorer, host, port, settings)
     except OSError as e:
         scorer.close()
+        raise UserError(f"serve-reward: cannot listen on {host}:{port} ({e}); pick another --port") from None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A UserError when (host, port) cannot be listened on now (taken, or an address not on this machine); port 0
+    is always free. The server binds again later: this only spares loading a reward for a port it cannot have."""
+    if port == 0:
+        return
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no obstacle
+            probe.bind((host, port))
+    except OSError as e:
         raise UserError(f"serve-reward: cannot listen on {host}:{port} ({e}); pick another --port") from None
 
 
@@ -172,6 +187,7 @@ def server_from_args(args: argparse.Namespace):
     limits = Limits(int(args.max_body_mb * 1024 * 1024), args.max_image_pixels, args.max_request_pixels)
     settings = ServerSettings(limits, args.token or os.environ.get(TOKEN_ENV) or None, args.read_timeout_s,
                               args.request_timeout_s, args.max_connections, args.max_open_connections)  # fmt: skip
+    check_port_free(args.host, args.port)  # before the reward's model loads (minutes, for a large one)
     reward_fn = framewise(make_reward(args.reward, **kwargs), args.frames, args.reward)  # videos, frame by frame
     return make_server(reward_fn, args.host, args.port, args.max_batch, args.max_wait_ms, args.reward,
                        allow_no_token=args.allow_no_token, max_queue=args.max_queue,

@@ -300,6 +300,24 @@ def test_a_port_outside_0_65535_is_one_line_before_the_reward_is_built(port, cap
     assert err.strip() == f"error: serve-reward: --port must be in [0, 65535] (0 picks a free one), got {port}", err
 
 
+def test_a_port_in_use_is_one_line_before_the_reward_is_built(capsys, monkeypatch):
+    import socket
+
+    import diffusion_rl.rewards as rewards
+
+    monkeypatch.setattr(rewards, "make_reward", lambda *a, **k: pytest.fail("the reward was built"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--reward", "jpeg_incompressibility", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: serve-reward: cannot listen on 127.0.0.1:{port} (") and err.endswith(
+        "); pick another --port"
+    ), err
+    assert len(err.splitlines()) == 1
+
+
 def test_a_missing_or_wrong_token_is_a_start_up_error_naming_the_401(local_server, monkeypatch):
     url = local_server(_mean_brightness, token="s3cret")
     monkeypatch.delenv("DIFFUSION_RL_REWARD_TOKEN", raising=False)
