@@ -7,7 +7,7 @@ Sections, in order (each a <section id=...>, listed in the page's navigation):
     validation   for each validation prompt, its images at every validated step side by side (fixed seeds: the
                  same sample of a prompt in every column), with their rewards
     rollouts     the latest rollout dumps: each group's images with reward and advantage, as text
-    policy       KL, clip fraction, grad norm, loss (panels that are all zero are left out, and named)
+    policy       KL, clip fraction, grad norm, loss (a metric the same at every step is left out, and named)
     timing       seconds per phase, summed over the run, and per step
     config       the run's config.yaml
 """
@@ -291,7 +291,7 @@ def _policy(d: ReportData) -> str:
         parts.append(_img(d.plots["algorithm"], "the update's size and the algorithm's own metrics"))
     if d.omitted_policy:
         parts.append(
-            f'<p class="note">Not drawn, all zero in this run: {_esc(", ".join(d.omitted_policy))} (an on-policy run '
+            f'<p class="note">Not drawn, the same at every step: {_esc(", ".join(d.omitted_policy))} (an on-policy run '
             "has ratio 1: no clipping, no KL to the rollout policy).</p>"
         )
     return _section("policy", "Policy", "".join(parts) or '<p class="note">Nothing logged.</p>')

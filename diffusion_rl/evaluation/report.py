@@ -32,7 +32,7 @@ from diffusion_rl.evaluation.html_report import ReportData, alert_summary, load_
 from diffusion_rl.evaluation.summary import markdown_table
 from diffusion_rl.guard.plots import plot_guard
 from diffusion_rl.tracking import plot_metrics, read_metrics
-from diffusion_rl.tracking.plots import metric_series, plan_panels
+from diffusion_rl.tracking.plots import constant_value, metric_series, plan_panels
 from diffusion_rl.utils.files import naming
 
 REPORT_DIR = "report"
@@ -146,15 +146,15 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
         - {k for r in rows for k in r if k.startswith("reward/source/")}
     )
     update_keys = [*POLICY_KEYS, *algorithm_keys(rows)]
-    drawn_policy = [p.key for p in plan_panels(rows, update_keys, skip_all_zero=True)]
+    drawn_policy = [p.key for p in plan_panels(rows, update_keys, skip_constant=True)]
     logged_policy = [p.key for p in plan_panels(rows, update_keys)]
     plots = {
         "reward": plot_metrics(rows, out / "reward.png", ["reward/mean", *(per_reward if len(per_reward) > 1 else [])]),
         "validation": plot_metrics(rows, out / "validation.png", ["val/reward/mean", "val/reward/best@n"]),
         "before_after": plot_before_after(run_dir / "samples", out / "before_after.png"),
         "guard": plot_guard(rows, guard_summary, guard_alerts, out / "guard.png"),
-        "policy": plot_metrics(rows, out / "policy.png", POLICY_KEYS, skip_all_zero=True),
-        "algorithm": plot_metrics(rows, out / "algorithm.png", update_keys[len(POLICY_KEYS) :], skip_all_zero=True),
+        "policy": plot_metrics(rows, out / "policy.png", POLICY_KEYS, skip_constant=True),
+        "algorithm": plot_metrics(rows, out / "algorithm.png", update_keys[len(POLICY_KEYS) :], skip_constant=True),
         "timing": plot_timing(rows, out / "timing.png"),
     }
 
@@ -206,9 +206,9 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     shown = [f"![{name}]({path.name})" for name, path in plots.items() if path is not None]
     if shown:
         lines += ["## Plots", "", *shown, ""]
-    omitted = [k for k in logged_policy if k not in drawn_policy]
+    omitted = [f"{k} {constant_value(rows, k):g}" for k in logged_policy if k not in drawn_policy]
     if omitted:
-        lines += [f"Not drawn (0 at every step): {', '.join(omitted)}.", ""]
+        lines += [f"Not drawn (the same at every step): {', '.join(omitted)}.", ""]
     lines += ["The same on one page, with validation images and rollouts: report.html.", ""]
     path = out / "report.md"
     with naming(path):

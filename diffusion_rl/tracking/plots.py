@@ -3,8 +3,9 @@
 What is drawn (see `plan_panels`): one panel per key with a finite value; every logged point, raw; and a trailing
 mean only over a dense training series (not `val/...`, which is logged every few steps: averaging 5 validations
 would blend the start of a run into its end) and only when it has more than twice the window of points. The
-smoothed line's legend says what it is ("trailing mean of 5 steps"). With `skip_all_zero`, a key whose values are
-all exactly 0 (e.g. the clip fraction and KLs of an on-policy run) gets no panel: it carries no information.
+smoothed line's legend says what it is ("trailing mean of 5 steps"). With `skip_constant`, a key whose values are
+all exactly 0, or one value at every one of several steps (the clip fraction and KLs of an on-policy run, its ratio
+of 1), gets no panel: it carries no information (`constant_value` says which value, for a note).
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ def metric_series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarr
     return steps, values
 
 
+def constant_value(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The value `key` has at every step it is logged, when that is 0, or one value over several steps; else None."""
+    return _constant(metric_series(rows, key)[1])
+
+
+def _constant(values: np.ndarray) -> float | None:
+    if len(values) and not np.any(values):
+        return 0.0
+    if len(values) > 1 and np.all(values == values[0]):
+        return float(values[0])
+    return None
+
+
 @dataclass
 class Panel:
     key: str
@@ -52,14 +66,14 @@ class Panel:
 
 
 def plan_panels(
-    rows: Sequence[Mapping[str, Any]], keys: Sequence[str], smooth: int = 5, skip_all_zero: bool = False
+    rows: Sequence[Mapping[str, Any]], keys: Sequence[str], smooth: int = 5, skip_constant: bool = False
 ) -> list[Panel]:
-    """The panels `plot_metrics` draws, in order (module docstring): keys without data, and with `skip_all_zero`
-    keys whose values are all 0, are left out."""
+    """The panels `plot_metrics` draws, in order (module docstring): keys without data, and with `skip_constant`
+    keys with one value throughout (`constant_value`), are left out."""
     panels = []
     for key in keys:
         steps, values = metric_series(rows, key)
-        if not len(values) or (skip_all_zero and not np.any(values)):
+        if not len(values) or (skip_constant and _constant(values) is not None):
             continue
         dense = not key.startswith("val/") and smooth > 1 and len(values) > 2 * smooth
         panels.append(Panel(key, steps, values, smooth if dense else 0))
@@ -90,7 +104,7 @@ def plot_metrics(
     out_png: str | os.PathLike[str],
     keys: Sequence[str] = ("reward/mean", "val/reward/mean"),
     smooth: int = 5,
-    skip_all_zero: bool = False,
+    skip_constant: bool = False,
 ) -> Path | None:
     """One subplot per panel of `plan_panels`; when there is none, nothing is written and None is returned."""
     # A bare Figure drawn by the Agg canvas: works headless, and unlike pyplot with matplotlib.use("Agg") it
@@ -98,7 +112,7 @@ def plot_metrics(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    panels = plan_panels(rows, keys, smooth, skip_all_zero)
+    panels = plan_panels(rows, keys, smooth, skip_constant)
     if not panels:
         return None
 

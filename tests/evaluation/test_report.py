@@ -30,6 +30,12 @@ def test_report_writes_plots_and_a_summary_of_a_finished_run(trained_run, capsys
     for phase in ("generate", "reward", "update", "validate", "checkpoint"):
         assert re.search(rf"\| {phase} +\| [0-9.]+ +\| [0-9.]+% ", text), phase
     assert "![timing](timing.png)" in text
+    # the update metrics left out are named with the one value each had at every step (an on-policy step: KL 0)
+    note = re.search(r"Not drawn \(the same at every step\): (.*)\.\n", text)
+    assert note, text
+    for item in note.group(1).split(", "):
+        key, value = item.rsplit(" ", 1)
+        assert {r[key] for r in rows if key in r} == {float(value)}, item
 
 
 def test_report_on_a_directory_without_metrics_is_a_one_line_error(tmp_path, capsys):

@@ -41,18 +41,23 @@ def test_validation_points_are_drawn_raw_and_only_dense_training_curves_are_smoo
     assert short[0].smooth == 0
 
 
-def test_all_zero_panels_are_skipped_on_request():
-    from diffusion_rl.tracking.plots import plan_panels
+def test_constant_panels_are_skipped_on_request_and_their_value_named():
+    from diffusion_rl.tracking.plots import constant_value, plan_panels
 
-    rows = [{"step": s, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.5 + s} for s in range(1, 5)]
-    keys = ["approx_kl", "clip_fraction", "grad_norm"]
+    rows = [{"step": s, "clip_fraction": 0.0, "ratio_mean": 1.0, "grad_norm": 0.5 + s} for s in range(1, 5)]
+    keys = ["ratio_mean", "clip_fraction", "grad_norm"]
     assert [p.key for p in plan_panels(rows, keys)] == keys
-    assert [p.key for p in plan_panels(rows, keys, skip_all_zero=True)] == ["grad_norm"]
+    assert [p.key for p in plan_panels(rows, keys, skip_constant=True)] == ["grad_norm"]
+    assert [constant_value(rows, k) for k in keys] == [1.0, 0.0, None]
+    # one logged step says nothing of change: drawn unless it is 0
+    one = [{"step": 1, "ratio_mean": 1.0, "clip_fraction": 0.0}]
+    assert [p.key for p in plan_panels(one, keys, skip_constant=True)] == ["ratio_mean"]
+    assert constant_value(one, "ratio_mean") is None and constant_value(one, "clip_fraction") == 0.0
 
 
 def test_policy_plot_has_one_panel_per_informative_key(tmp_path):
     rows = [{"step": s, "clip_fraction": 0.0, "grad_norm": 0.5 + s, "loss": 0.1 * s} for s in range(1, 5)]
-    few = plot_metrics(rows, tmp_path / "few.png", ["clip_fraction", "grad_norm", "loss"], skip_all_zero=True)
+    few = plot_metrics(rows, tmp_path / "few.png", ["clip_fraction", "grad_norm", "loss"], skip_constant=True)
     all_ = plot_metrics(rows, tmp_path / "all.png", ["clip_fraction", "grad_norm", "loss"])
     assert Image.open(few).size[1] < Image.open(all_).size[1]  # 2 stacked panels instead of 3
 
