@@ -105,11 +105,19 @@ def plot_timing(rows: Sequence[Mapping[str, Any]], out_png: Path) -> Path | None
 
 
 def algorithm_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """UPDATE_KEYS, then every logged metric under a registered loss's own prefix (`awm/…`, `dppo/…`), sorted."""
+    """UPDATE_KEYS, then every logged metric under a registered loss's own prefix (`awm/…`, `dppo/…`), sorted; not
+    one whose series is a policy panel's already (AWM's policy loss is the loss when it has no KL)."""
     from diffusion_rl.config.plugins import LOSSES
 
     prefixes = {prefix for _, spec in LOSSES.items() for prefix in spec.metric_prefixes}
-    return [*UPDATE_KEYS, *sorted({k for row in rows for k in row if k.partition("/")[0] in prefixes})]
+    own = sorted({k for row in rows for k in row if k.partition("/")[0] in prefixes})
+    drawn = [metric_series(rows, key) for key in POLICY_KEYS]
+    repeats = {k for k in own if any(_same(metric_series(rows, k), series) for series in drawn)}
+    return [*UPDATE_KEYS, *(k for k in own if k not in repeats)]
+
+
+def _same(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
+    return len(a[0]) > 0 and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def _summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:

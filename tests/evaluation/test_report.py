@@ -74,3 +74,8 @@ def test_the_algorithm_panel_holds_the_update_size_and_the_loss_s_own_metrics_on
     # awm and tdm_r1 by their names; flow_dppo's, flash_grpo's and dpo's metrics by the prefixes they register
     expected = ["awm/mse", "dppo/kl_max", "flash/rectify_weight", "pairs/count", "tdm_r1/fake_error"]
     assert algorithm_keys(rows) == [*UPDATE_KEYS, *expected]
+    # a loss metric whose series the policy panel draws already (AWM's policy loss is the loss without a KL): once
+    rows = [{"step": s, "loss": 0.1 * s, "awm/policy_loss": 0.1 * s, "awm/mse": 1.0 + s} for s in (1, 2)]
+    assert algorithm_keys(rows) == [*UPDATE_KEYS, "awm/mse"]
+    rows[1]["awm/policy_loss"] = 0.3  # not the same series: drawn
+    assert algorithm_keys(rows) == [*UPDATE_KEYS, "awm/mse", "awm/policy_loss"]
