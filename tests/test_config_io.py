@@ -466,3 +466,20 @@ def test_changed_settings_lists_each_differing_leaf_in_the_new_trees_order():
         "gone (1 → null)",
     ]
     assert changed_settings(before, before) == []
+
+
+def test_a_config_without_run_dir_runs_in_a_directory_named_after_it(tmp_path):
+    """Not in the default's (another config's run, which run.resume=auto would resume): runs/<the file's name>; a
+    run.dir of its own, of its base or on the command line wins."""
+    from diffusion_rl.config import Config, load
+
+    mine = tmp_path / "my_run.yaml"
+    mine.write_text("train: {lr: 0.001}\n")
+    assert load(str(mine)).run.dir == "runs/my_run"
+    assert load(str(mine), ["run.dir=elsewhere"]).run.dir == "elsewhere"
+    (tmp_path / "empty.yaml").write_text("")
+    assert load(str(tmp_path / "empty.yaml")).run.dir == "runs/empty"
+    (tmp_path / "base.yaml").write_text("run: {dir: runs/base_dir}\n")
+    (tmp_path / "derived.yaml").write_text("base: base.yaml\ntrain: {lr: 0.001}\n")
+    assert load(str(tmp_path / "derived.yaml")).run.dir == "runs/base_dir"
+    assert load(None).run.dir == Config().run.dir == "runs/default"

@@ -15,7 +15,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunConfig:
-    dir: str = opt("runs/quickstart", "Run directory: checkpoints, metrics.jsonl, samples, TensorBoard logs.")
+    dir: str = opt(
+        "runs/default", "Run directory: checkpoints, metrics.jsonl, samples, TensorBoard logs. A config file that sets "
+        "none (nor its base) runs in runs/<the file's name>.",
+    )  # fmt: skip
     seed: int = opt(0, "Seed of every random draw (noise, data order, windows, timestep picks).")
     resume: str = opt(
         "auto",
