@@ -128,6 +128,16 @@ def fast_overrides(model_dir, run_dir) -> list[str]:
 
 
 @pytest.fixture
+def model_must_not_load(monkeypatch):
+    """Fails the test when anything loads a model. The loader's first step is patched, not `load_model` itself: a
+    module imported while a patch of `load_model` is on would keep the stand-in for good (`from … import
+    load_model`), and one imported before would call the real one past it."""
+    import diffusion_rl.models.loader as loader
+
+    monkeypatch.setattr(loader, "model_dir", lambda *a, **k: pytest.fail("the model was loaded"))
+
+
+@pytest.fixture
 def make_config(tiny_model_dir, tmp_path):
     """make_config(*overrides, config=quickstart) → a Config that trains the tiny model fast in tmp_path."""
 

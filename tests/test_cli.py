@@ -170,11 +170,8 @@ def test_sample_past_the_models_position_table_suggests_a_size_that_fits(tiny_mo
 
 @pytest.mark.parametrize("under", [False, True])
 def test_a_run_dir_that_is_or_is_under_a_file_is_one_line_before_the_model_loads(
-    train_argv, tmp_path, capsys, monkeypatch, under
+    train_argv, tmp_path, capsys, model_must_not_load, under
 ):
-    import diffusion_rl.models.loader as loader
-
-    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     run_dir = blocker / "run" if under else blocker

@@ -29,10 +29,9 @@ def test_a_model_device_that_is_no_device_is_refused_when_the_config_loads(devic
 
 
 @pytest.mark.parametrize("command", ["sample", "doctor", "eval", "export"])
-def test_a_device_flag_that_is_no_device_is_refused_before_the_model_loads(command, tmp_path, capsys, monkeypatch):
-    import diffusion_rl.models.loader as loader
-
-    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+def test_a_device_flag_that_is_no_device_is_refused_before_the_model_loads(
+    command, tmp_path, capsys, model_must_not_load
+):
     needed = {"sample": ["--model", "m", "--prompt", "a"], "doctor": ["--model", "m"], "export": ["--checkpoint", "c",
               "--out", "o"], "eval": ["--model", "m", "--prompts", "p.txt", "--out", "o"]}  # fmt: skip
     with pytest.raises(SystemExit) as exit_:

@@ -30,11 +30,8 @@ def one_error_line(capsys) -> str:
     ],
 )
 def test_sample_flags_out_of_their_config_keys_range_are_refused_before_the_model_loads(
-    flags, message, tiny_model_dir, capsys, monkeypatch
+    flags, message, tiny_model_dir, capsys, model_must_not_load
 ):
-    import diffusion_rl.models.loader as loader
-
-    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert main(["sample", "--model", str(tiny_model_dir), "--prompt", "a", *flags]) == 2
     assert message in one_error_line(capsys)
 
