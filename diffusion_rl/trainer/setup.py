@@ -38,10 +38,16 @@ class RunPrompts:
         return list(dict.fromkeys(text for r in records for text in (r.prompt, r.negative_prompt or "")))
 
 
+# the settings that decide what a checkpoint holds: the trained weights and adapters (model.*), the named policies
+# and optimizer groups of the loss (algorithm.*), the EMA's copy (train.ema.*). A longer run or another rate is not why
+# a checkpoint fails to load.
+_CHECKPOINT_SETTINGS = ("model.", "algorithm.", "train.ema.")
+
+
 def changed_since(saved_config: Path, cfg: Config, most: int = 4) -> str:
-    """'KEY (old → new), …' for the settings in which `cfg` differs from the checkpoint config file `saved_config` (as
-    the trainer wrote it; run.* aside: where a run lives is no setting of what it trains), or '' when it cannot be
-    read or nothing differs."""
+    """'KEY (old → new), …' for the settings that decide what a checkpoint holds (`_CHECKPOINT_SETTINGS`) in which
+    `cfg` differs from the checkpoint config file `saved_config` (as the trainer wrote it), or '' when it cannot be
+    read or none differs."""
     try:
         saved = load_yaml_text(saved_config.read_bytes())
     except Exception:  # noqa: BLE001 - a hint to an error being raised; a damaged file is verify_checkpoint's to name
@@ -49,7 +55,7 @@ def changed_since(saved_config: Path, cfg: Config, most: int = 4) -> str:
     if not isinstance(saved, dict):
         return ""
     now = load_yaml_text(to_yaml(redact_secrets(cfg)))  # as it would be written: same types, same redactions
-    changes = [c for c in changed_settings(saved, now) if not c.startswith("run.")]
+    changes = [c for c in changed_settings(saved, now) if c.startswith(_CHECKPOINT_SETTINGS)]
     if not changes:
         return ""
     return ", ".join(changes[:most]) + (f" and {len(changes) - most} more" if len(changes) > most else "")
