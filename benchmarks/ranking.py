@@ -64,7 +64,7 @@ from learning import (  # noqa: E402
     validation_point,
     write_json,
 )
-from ranking_rates import log_factor, selection_grid  # noqa: E402
+from ranking_rates import log_factor, parse_lrs, selection_grid  # noqa: E402
 from ranking_table import choices, choose_lr, load_shards  # noqa: E402
 
 from diffusion_rl.errors import UserError  # noqa: E402
@@ -91,21 +91,6 @@ VAL_N_SUBSET = 4  # intermediate points: 78 × 4 = 312 images, SE ≈ 0.017
 VAL_FRACTIONS = (0.25, 0.5, 0.75)  # intermediate validation points, as fractions of the budget
 OUT = ROOT / "benchmarks/results/ranking"
 CLAIM_POLL_S = 30.0  # how often a process waiting for another's base-model validation looks for it
-
-
-def parse_lrs(spec: str, base: float) -> list[float]:
-    """'/3,x1,x3,1e-4' → rates: an 'x' token multiplies the config's rate, a '/' token divides it, a number is a
-    rate; 3 significant digits (they name the result files)."""
-    rates = []
-    for token in (t.strip() for t in spec.split(",") if t.strip()):
-        if token[0] in "x/":
-            rate = base * float(token[1:]) if token[0] == "x" else base / float(token[1:])
-        else:
-            rate = float(token)
-        rates.append(float(f"{rate:.3g}"))
-    if len(set(rates)) != len(rates):
-        sys.exit(f"--lrs {spec}: the rates {rates} repeat")
-    return rates
 
 
 def run_for_flops(trainer, budget: float, point, base: dict, fractions=VAL_FRACTIONS, val_n: int = VAL_N,

@@ -1,4 +1,4 @@
-"""The ranking's learning-rate selection: a log grid of rates, extended past an end while the best rate sits there.
+"""The ranking's learning-rate selection: the --lrs rates, a log grid grown past an end while the best rate is there.
 
 An algorithm's rate is the one with the highest selection reward (training reward over each run's last third,
 averaged over the selection seeds; ranking_table.choose_lr). A rate chosen at an end of its grid may only say that
@@ -9,12 +9,29 @@ has a neighbour on both sides or `max_extensions` rates were added (then the tab
 
 from __future__ import annotations
 
+import sys
+
 RATIO_TOLERANCE = 0.02  # rates are rounded to 3 significant digits (they name files): ×3 steps differ by < 0.2 %
 
 
 def rounded(rate: float) -> float:
     """3 significant digits: the form rates take in file names and the table."""
     return float(f"{rate:.3g}")
+
+
+def parse_lrs(spec: str, base: float) -> list[float]:
+    """'/3,x1,x3,1e-4' → rates: an 'x' token multiplies the config's rate, a '/' token divides it, a number is a
+    rate; 3 significant digits (they name the result files)."""
+    rates = []
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        if token[0] in "x/":
+            rate = base * float(token[1:]) if token[0] == "x" else base / float(token[1:])
+        else:
+            rate = float(token)
+        rates.append(rounded(rate))
+    if len(set(rates)) != len(rates):
+        sys.exit(f"--lrs {spec}: the rates {rates} repeat")
+    return rates
 
 
 def log_factor(rates: list[float]) -> float:
