@@ -16,7 +16,8 @@ Shards (a paired design): shard s runs every algorithm at seed s. The selection 
 training reward (the mean over each run's last third of compute, averaged over the selection shards; validation is
 never read). While that best rate is an end of the grid, the grid grows by one rate past it at its own factor, up to
 --extend rates (ranking_rates.py), so a chosen rate is bracketed or the table says it is not. The other shards run
-each algorithm at its chosen rate, so they wait for the selection shards; the table reads the report shards only
+each algorithm at its chosen rate, so they wait for the selection shards (an algorithm whose every selection run
+failed has no rate, and they leave it out, saying so); the table reads the report shards only
 (the selection shards' runs chose the rate). --set overrides every config, --pg-set only the policy-gradient ones
 that train every SDE step (the recipe's training window; a config with its own window keeps it). Every finished run
 is kept at <out>/runs/shard_<s>/<algorithm>_lr<rate>.json
@@ -37,6 +38,7 @@ files; the wall-clock ratio (benchmarks/ranking_wallclock.py) is measured apart.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -222,8 +224,8 @@ class Benchmark:
             if not isinstance(before, dict):
                 raise UserError(f"{kept} is empty or not the settings of the runs in {self.out} ({before}): restore "
                                 "it, or give another --out-dir")  # fmt: skip
-            if before != self.settings:
-                changed = sorted(k for k in self.settings if before.get(k) != self.settings[k])
+            if before != self.settings:  # a key either side lacks (--shape-weight left out) differs too
+                changed = sorted(k for k in {*before, *self.settings} if before.get(k) != self.settings.get(k))
                 sys.exit(f"{self.out} holds runs made with other settings ({', '.join(changed)} differ: {kept}); "
                          "give another --out-dir, or delete it to start again")  # fmt: skip
         elif not self.args.plan:
@@ -236,9 +238,16 @@ class Benchmark:
         return self.out / "runs" / f"shard_{s}"
 
     def chosen_lrs(self) -> dict[str, float | None]:
-        """algorithm → its rate chosen on the selection shards' files (None until all of them are finished)."""
+        """algorithm → its rate chosen on the selection shards' files (None until all of them are finished). Once they
+        are, an algorithm with no rate (every selection run failed: no_rate) is left out: there is nothing to report."""
         picked = choices([s for s in load_shards(self.out) if s["shard"] in self.select_seeds])
-        return {name: picked.get(name, {}).get("chosen_lr") for name in self.configs}
+        lrs = {name: picked.get(name, {}).get("chosen_lr") for name in self.configs}
+        return {name: lr for name, lr in lrs.items() if name not in self.no_rate()}
+
+    def no_rate(self) -> list[str]:
+        """The algorithms whose every selection run failed, once the selection shards are all finished."""
+        picked = choices([s for s in load_shards(self.out) if s["shard"] in self.select_seeds])
+        return [name for name in self.configs if picked.get(name, {}).get("no_rate")]
 
     def selection_means(self, name: str) -> dict[float, float | None]:
         """rate → the mean selection reward of algorithm `name`'s runs at it, for the rates finished on every
@@ -286,6 +295,8 @@ class Benchmark:
             holder = claim(held)
             if holder is None:
                 try:
+                    if path.is_file():  # measured by the process that held it until a moment ago
+                        break
                     logger.info("shard %d: base-model validation (%d per prompt)", s, self.args.val_n)
                     base = {**point(0, self.args.val_n), "base_model_sha256": self.model_hash()}
                     write_json(path, base)
@@ -350,6 +361,9 @@ class Benchmark:
             seeds = ", ".join(map(str, self.select_seeds))
             sys.exit(f"shard {s} runs each algorithm at its chosen rate: finish the selection shards {seeds} first "
                      f"({len(waiting)} algorithms have no rate)")  # fmt: skip
+        for name in self.no_rate():
+            logger.warning("shard %d: %s has no rate (every run of its selection failed: %s): not run", s, name,
+                           ", ".join(str(t) for t in self.select_seeds))  # fmt: skip
         self.check_kept_model(s)
         seen: set[tuple[str, float]] = set()
         while new := [run for run in runs if run not in seen]:  # a selection grid grows as its runs finish
@@ -364,8 +378,14 @@ class Benchmark:
         if s in self.select_seeds and not all(final for _, final in self.selection_grids().values()):
             sys.exit(f"shard {s}: its runs are kept; the rate grids wait for the other selection shards "
                      f"({', '.join(str(t) for t in self.select_seeds if t != s)}) before they are final")  # fmt: skip
-        if claim(self.kept_dir(s) / "gather.claim"):
+        gathering = self.kept_dir(s) / "gather.claim"
+        if claim(gathering):
             sys.exit(f"shard {s}: another process is gathering the shard file")
+        if self.shard_file(s).is_file():  # gathered by another process just now: its kept runs are gone
+            gathering.unlink()
+            with contextlib.suppress(OSError):
+                self.kept_dir(s).rmdir()  # the claim made it again
+            sys.exit(f"shard {s} is finished: {self.shard_file(s)}")
         return self.gather(s, runs)
 
     def run_kept(self, s: int, name: str, lr: float) -> None:
@@ -380,6 +400,8 @@ class Benchmark:
             logger.info("shard %d: %s lr %.3g is running in %s", s, name, lr, holder)
             return
         try:
+            if kept.is_file():  # kept by the process that held it until a moment ago
+                return
             write_json(kept, self.run_one(s, name, lr))
         finally:  # kept, or interrupted: either way no longer held
             held.unlink()
@@ -454,6 +476,8 @@ class Benchmark:
                 lines.append(f"  {name:<14} lr {rate:<22} {state}")
         for name, why in self.skipped.items():
             lines.append(f"skipped: {name}: {why}")
+        for name in self.no_rate():
+            lines.append(f"no rate: {name}: every selection run failed (the report shards leave it out)")
         lines.append(f"{total_todo} runs to do: {total_todo * self.budget:.4g} training FLOPs")
         finished = load_shards(self.out)
         runs = sum(len(shard["runs"]) for shard in finished)

@@ -49,8 +49,9 @@ def choose_lr(by_lr: dict[float, list[dict]]) -> tuple[float | None, dict[str, f
 
 
 def choices(shards: list[dict]) -> dict[str, dict]:
-    """algorithm → {chosen_lr, selection_reward_by_lr, at_an_end} from the selection shards (chosen_lr None until
-    all exist; at_an_end: the chosen rate is the lowest or highest one tried, so the grid did not bracket it)."""
+    """algorithm → {chosen_lr, selection_reward_by_lr, at_an_end, no_rate} from the selection shards (chosen_lr None
+    until all exist; at_an_end: the chosen rate is the lowest or highest one tried, so the grid did not bracket it;
+    no_rate: they all exist and every run of the algorithm failed, so it has no rate and no report run)."""
     select = shards[0]["settings"]["select_seeds"] if shards else []
     done = [s for s in shards if s["shard"] in select]
     runs = [r for s in done for r in s["runs"]]
@@ -61,8 +62,10 @@ def choices(shards: list[dict]) -> dict[str, dict]:
             if r["algorithm"] == name:
                 by_lr.setdefault(r["lr"], []).append(r)
         chosen, means = choose_lr(by_lr)
-        chosen = chosen if len(done) == len(select) else None
-        out[name] = {"chosen_lr": chosen, "selection_reward_by_lr": means, "at_an_end": at_an_end(chosen, list(by_lr))}
+        finished = len(done) == len(select)
+        chosen = chosen if finished else None
+        out[name] = {"chosen_lr": chosen, "selection_reward_by_lr": means, "at_an_end": at_an_end(chosen, list(by_lr)),
+                     "no_rate": finished and chosen is None}  # fmt: skip
     return out
 
 
@@ -167,7 +170,11 @@ def markdown(summary: dict) -> list[str]:
                      f"{paired} | {seeds} | {match} | {wall} |")  # fmt: skip
     for name, a in algorithms.items():
         if name not in ranked:
-            state = "rate not chosen yet" if a["chosen_lr"] is None else "no finished run at its rate"
+            state = (
+                "no rate: every selection run failed"
+                if a.get("no_rate")
+                else ("rate not chosen yet" if a["chosen_lr"] is None else "no finished run at its rate")
+            )
             tried = ", ".join(f"{lr}: {v:.4f}" for lr, v in a["selection_reward_by_lr"].items() if v is not None)
             lines.append(f"| – | {a['title']} | | {state} (training reward by rate so far: {tried or '–'}) | | | | |")
     alerted = [name for name in ranked if algorithms[name].get("guard_alerted")]

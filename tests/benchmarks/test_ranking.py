@@ -1,6 +1,7 @@
 """The ranking at equal compute (benchmarks/ranking.py): the FLOP budget, shards that resume, the plan, the table."""
 
 import json
+import shutil
 import socket
 
 import pytest
@@ -242,6 +243,57 @@ def test_a_shard_leaves_runs_held_by_another_process_and_the_last_one_gathers(ra
     ranking.main(argv)  # nothing left to run: this process gathers
     assert calls == ["flow_grpo"]
     assert [r["algorithm"] for r in json.loads((tmp_path / "shard_0.json").read_text())["runs"]] == ["flow_grpo", "nft"]
+
+
+def test_a_run_or_base_validation_kept_by_its_holder_just_before_this_process_claims_it_is_not_redone(
+        ranking, shapes_model, tmp_path, monkeypatch):  # fmt: skip
+    """The other process keeps its result and drops its claim between this one's look for the result and its claim:
+    the claim succeeds, and the result is there."""
+    benchmark = bench(ranking, shapes_model, tmp_path, "--only", "flow_grpo")
+    real = ranking.claim
+
+    def kept_meanwhile(path):  # the holder writes its result, then lets go of the claim
+        ranking.write_json(path.with_suffix(".json"), {"theirs": True})
+        return real(path)
+
+    monkeypatch.setattr(ranking, "claim", kept_meanwhile)
+    monkeypatch.setattr(ranking.Benchmark, "run_one", lambda *a: pytest.fail("a kept run ran again"))
+    benchmark.run_kept(0, "flow_grpo", 3e-5)
+    run = tmp_path / "runs/shard_0/flow_grpo_lr3e-05"
+    assert (
+        json.loads(run.with_suffix(".json").read_text()) == {"theirs": True} and not run.with_suffix(".claim").exists()
+    )
+    assert benchmark.base_validation(0, "k", lambda *a: pytest.fail("measured again")) == {"theirs": True}
+    assert not (tmp_path / "runs/shard_0/base_k.claim").exists()
+
+
+def test_a_shard_gathered_by_another_process_just_before_this_one_claims_it_stops_cleanly(
+        ranking, shapes_model, tmp_path, monkeypatch):  # fmt: skip
+    argv = ["--shard", "0", "--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo",
+            "--lrs", "x1", "--budget-flops", "3e10", *SMALL]  # fmt: skip
+    monkeypatch.setattr(ranking.Benchmark, "run_one", lambda self, s, name, lr: {
+        "algorithm": name, "lr": lr, "base_model_sha256": self.model_hash(), "process_cpu_seconds": 1.0,
+        "wall_seconds": 1.0})  # fmt: skip
+    real = ranking.claim
+
+    def gathered_meanwhile(path):  # the other process writes the shard file and removes the kept runs, claim and all
+        if path.name == "gather.claim":
+            (tmp_path / "shard_0.json").write_text("{}")
+            shutil.rmtree(path.parent)
+        return real(path)
+
+    monkeypatch.setattr(ranking, "claim", gathered_meanwhile)
+    with pytest.raises(SystemExit, match="shard 0 is finished"):
+        ranking.main(argv)
+    assert (tmp_path / "shard_0.json").read_text() == "{}" and not (tmp_path / "runs/shard_0").exists()
+
+
+def test_settings_that_differ_by_a_key_left_out_name_it(ranking, tmp_path, monkeypatch):
+    monkeypatch.setattr(ranking, "ensure_base_model", lambda *a: {})
+    argv = ["--shard", "0", "--model", str(tmp_path / "none"), "--out-dir", str(tmp_path), "--only", "flow_grpo"]
+    ranking.Benchmark(ranking.parse_args([*argv, "--shape-weight", "0.5"]))  # writes settings.json with shape_weight
+    with pytest.raises(SystemExit, match=r"\(shape_weight differ"):
+        ranking.Benchmark(ranking.parse_args(argv))  # --shape-weight forgotten
 
 
 def test_a_process_sharing_a_shard_waits_for_the_base_validation_another_is_measuring(ranking, shapes_model, tmp_path,

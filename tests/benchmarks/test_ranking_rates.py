@@ -135,3 +135,38 @@ def test_a_plan_before_any_shard_is_timed_by_a_pilot_record_of_flow_grpo(ranking
     path.write_text(json.dumps(record))
     per_run, _ = wallclock.pilot_seconds_per_run(path, 1e13, 50, lambda: measured.append(1) or [9e10, 2e11])
     assert per_run == pytest.approx(500 + 2.5) and measured == [1]
+
+
+def test_an_algorithm_whose_every_selection_run_failed_is_left_out_of_the_report_shards(
+        ranking, load_benchmark, shapes_model, tmp_path, monkeypatch):  # fmt: skip
+    """NFT fails at every rate (e.g. a config that breaks at the recipe): once the selection shard is finished, the
+    report shard runs Flow-GRPO at its rate and leaves NFT out, saying so, instead of waiting for a rate that can
+    never be chosen; the plan and the table say it has none."""
+    ran = []
+
+    def made_up(self, s, name, lr):
+        ran.append((s, name, lr))
+        record = {"algorithm": name, "lr": lr, "seed": s, "base_model_sha256": self.model_hash(),
+                  "process_cpu_seconds": 1.0, "wall_seconds": 1.0}  # fmt: skip
+        if name == "nft":
+            return {**record, "error": "RuntimeError: broken"}
+        return {
+            **record,
+            "selection_reward": {1e-5: 0.4, 3e-5: 0.5, 9e-5: 0.45}.get(lr),
+            "curve": [{"fraction": 0.0, "val_reward": 0.4}, {"fraction": 1.0, "val_reward": 0.5}],
+            "val_reward_end": 0.5,
+        }
+
+    monkeypatch.setattr(ranking.Benchmark, "run_one", made_up)
+    argv = ["--model", str(shapes_model), "--out-dir", str(tmp_path), "--only", "flow_grpo,nft", "--select-seeds",
+            "0", "--lrs", "1e-5,3e-5,9e-5", "--shards", "2"]  # fmt: skip
+    ranking.main(["--shard", "0", *argv])
+    assert sorted(n for _, n, _ in ran) == ["flow_grpo"] * 3 + ["nft"] * 3  # NFT's grid: final, nothing to grow to
+    ranking.main(["--shard", "1", *argv])
+    assert ran[-1] == (1, "flow_grpo", 3e-5) and len(ran) == 7
+    assert [r["algorithm"] for r in json.loads((tmp_path / "shard_1.json").read_text())["runs"]] == ["flow_grpo"]
+    plan = ranking.Benchmark(ranking.parse_args(["--plan", *argv])).plan(2)
+    assert "no rate: nft: every selection run failed (the report shards leave it out)" in plan
+    table = load_benchmark("ranking_table")
+    rows = table.markdown(table.summarise(table.load_shards(tmp_path)))
+    assert rows[-1].startswith("| – | nft | | no rate: every selection run failed")
