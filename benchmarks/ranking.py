@@ -66,7 +66,7 @@ from learning import (  # noqa: E402
     validation_point,
     write_json,
 )
-from ranking_rates import log_factor, parse_lrs, selection_grid  # noqa: E402
+from ranking_rates import grid_centre, log_factor, parse_lrs, selection_grid  # noqa: E402
 from ranking_table import choices, choose_lr, load_shards  # noqa: E402
 
 from diffusion_rl.errors import UserError  # noqa: E402
@@ -181,7 +181,7 @@ class Benchmark:
             if why:
                 self.skipped[name] = why
             else:
-                self.configs[name] = (path, parse_lrs(args.lrs, cfg.train.lr))
+                self.configs[name] = (path, parse_lrs(args.lrs, grid_centre(path, cfg)))
         try:  # the rates as each algorithm runs them: a mix of factors and rates is checked as it resolves
             for _, lrs in self.configs.values() if args.extend else ():
                 if len(lrs) > 1:

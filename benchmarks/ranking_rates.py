@@ -19,6 +19,15 @@ def rounded(rate: float) -> float:
     return float(f"{rate:.3g}")
 
 
+def grid_centre(path, cfg) -> float:
+    """The rate an algorithm's grid is laid around: the task's train.lr (after --set), but for a config that keeps
+    its LoRA adapters where the task fine-tunes every weight (TDM-R1 trains three), its own config's train.lr: an
+    adapter's rate sits ~100× above a full fine-tune's, out of reach of a grid around the other's."""
+    from diffusion_rl.config import load
+
+    return load(str(path)).train.lr if cfg.model.lora.enabled else cfg.train.lr
+
+
 def parse_lrs(spec: str, base: float) -> list[float]:
     """'/3,x1,x3,1e-4' → rates: an 'x' token multiplies the config's rate, a '/' token divides it, a number is a
     rate; 3 significant digits (they name the result files)."""

@@ -125,6 +125,18 @@ def test_parse_lrs_and_the_rate_is_chosen_on_training_reward_never_validation(ra
     assert means == {"1e-05": pytest.approx(0.41), "0.0001": pytest.approx(0.48), "0.001": None}
 
 
+def test_a_config_that_keeps_its_lora_adapters_lays_its_grid_around_its_own_rate(ranking, shapes_model, tmp_path):
+    """The task fine-tunes every weight at --set train.lr; TDM-R1 keeps its LoRA adapters (it refuses full
+    fine-tuning), whose rate (its config's 1e-2) sits far above: its grid is laid around that one."""
+    from diffusion_rl.config import load
+
+    b = bench(ranking, shapes_model, tmp_path, "--only", "flow_grpo,tdm_r1", "--lrs", "/3,x1,x3", "--set",
+              "train.lr=1e-4")  # fmt: skip
+    assert b.configs["flow_grpo"][1] == pytest.approx([3.33e-5, 1e-4, 3e-4], rel=2e-3)
+    own = load(str(b.configs["tdm_r1"][0])).train.lr
+    assert own == 1e-2 and b.configs["tdm_r1"][1] == pytest.approx([own / 3, own, own * 3], rel=2e-3)
+
+
 def run(name, lr, seed, selection, curve):
     config = "configs/quickstart_flow_grpo.yaml" if name == "flow_grpo" else f"configs/quickstart_{name}.yaml"
     return {"algorithm": name, "config": config, "lr": lr, "seed": seed, "selection_reward": selection,
