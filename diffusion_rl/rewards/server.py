@@ -96,7 +96,11 @@ def make_server(
         return RewardServer(scorer, host, port, settings)
     except OSError as e:
         scorer.close()
-        raise UserError(f"serve-reward: cannot listen on {host}:{port} ({e}); pick another --port") from None
+        raise cannot_listen(host, port, e) from None
+
+
+def cannot_listen(host: str, port: int, error: OSError) -> UserError:
+    return UserError(f"serve-reward: cannot listen on {host}:{port} ({error}); pick another --port")
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -110,7 +114,7 @@ def check_port_free(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no obstacle
             probe.bind((host, port))
     except OSError as e:
-        raise UserError(f"serve-reward: cannot listen on {host}:{port} ({e}); pick another --port") from None
+        raise cannot_listen(host, port, e) from None
 
 
 def serve(server, name: str) -> None:
