@@ -31,7 +31,7 @@ from diffusion_rl.config.data import DataConfig, RewardSpec
 from diffusion_rl.config.engine import EngineConfig
 from diffusion_rl.config.fields import check, opt
 from diffusion_rl.config.guard import GuardConfig
-from diffusion_rl.config.loading import load_config, read_yaml_config
+from diffusion_rl.config.loading import config_from_data, read_yaml_config
 from diffusion_rl.config.log import LogConfig, ProfileConfig
 from diffusion_rl.config.model import ModelConfig
 from diffusion_rl.config.sampling import SamplingConfig, check_window
@@ -76,11 +76,11 @@ def load(path: str | None, overrides: list[str] = ()) -> Config:
     """The config in YAML file `path` (None: the defaults) with `overrides`. A file that sets no run.dir (nor does
     its base) runs in runs/<its name> (my_run.yaml: runs/my_run), never in another config's run directory."""
     overrides = list(overrides)
-    if path is not None:
-        run = read_yaml_config(path).get("run")
-        if not (isinstance(run, dict) and "dir" in run):
-            overrides.insert(0, f"run.dir=runs/{Path(path).stem}")  # the user's own run.dir=… (later) wins
-    return load_config(Config, path, overrides)
+    data = read_yaml_config(path) if path is not None else {}
+    run = data.get("run")
+    if path is not None and not (isinstance(run, dict) and "dir" in run):
+        overrides.insert(0, f"run.dir=runs/{Path(path).stem}")  # the user's own run.dir=… (later) wins
+    return config_from_data(Config, data, path, overrides)
 
 
 def check_val(cfg: Config) -> None:

@@ -232,7 +232,12 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 
 def load_config(cls: type[T], path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> T:
     """Read YAML ``path`` (with its ``base`` files; nothing when None), apply ``overrides``, build ``cls``."""
-    data: Any = read_yaml_config(path) if path is not None else {}
+    return config_from_data(cls, read_yaml_config(path) if path is not None else {}, path, overrides)
+
+
+def config_from_data(cls: type[T], data: dict[str, Any], path: str | os.PathLike | None, overrides: Sequence[str]) -> T:
+    """``cls`` from the mapping a config file ``path`` held (None: no file) with ``overrides``; an error names the
+    override, else the file, it came from."""
     data = apply_overrides(data, overrides)
     try:
         return from_dict(cls, data)
