@@ -240,14 +240,17 @@ class Benchmark:
     def chosen_lrs(self) -> dict[str, float | None]:
         """algorithm → its rate chosen on the selection shards' files (None until all of them are finished). Once they
         are, an algorithm with no rate (every selection run failed: no_rate) is left out: there is nothing to report."""
-        picked = choices([s for s in load_shards(self.out) if s["shard"] in self.select_seeds])
-        lrs = {name: picked.get(name, {}).get("chosen_lr") for name in self.configs}
-        return {name: lr for name, lr in lrs.items() if name not in self.no_rate()}
+        picked, left_out = self._picked()
+        return {name: picked.get(name, {}).get("chosen_lr") for name in self.configs if name not in left_out}
 
     def no_rate(self) -> list[str]:
         """The algorithms whose every selection run failed, once the selection shards are all finished."""
+        return self._picked()[1]
+
+    def _picked(self) -> tuple[dict[str, dict], list[str]]:
+        """ranking_table.choices of the selection shards' files, read once, and the algorithms with no rate."""
         picked = choices([s for s in load_shards(self.out) if s["shard"] in self.select_seeds])
-        return [name for name in self.configs if picked.get(name, {}).get("no_rate")]
+        return picked, [name for name in self.configs if picked.get(name, {}).get("no_rate")]
 
     def selection_means(self, name: str) -> dict[float, float | None]:
         """rate → the mean selection reward of algorithm `name`'s runs at it, for the rates finished on every
