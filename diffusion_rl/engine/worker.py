@@ -315,33 +315,35 @@ class PolicyWorker:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
         alg, parallel, train = self.algorithm, self.parallel, self.spec.train
-        shape = ("update", traj.batch_size[0], plan and (plan.pad_to, plan.padding_only))  # FLOPs counted per shape
-        with parallel.training(), self.flops.count(shape):
-            units, out = alg.begin(batch, step)
+        padding = plan and (plan.pad_to, plan.padding_only)
+        with parallel.training():
+            with self.flops.count(("begin", traj.batch_size[0], padding)):  # FLOPs counted once per shape
+                units, out = alg.begin(batch, step)
             if plan is not None:  # several workers take as many passes; rows sampled ahead report their staleness
                 units, out = plan.pad(units), {**plan.staleness(step, traj), **out}
             out["train/units"] = float(parallel.sum(int(units.weight.sum())))
             U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
             passes, rows_of_pass = [], []
-            for epoch in range(train.ppo_epochs):
-                for m in range(M):
-                    rows = minibatch_rows(U, M, m, units.weight.device)  # units.device is None (made without one)
-                    # the units that carry weight, over all workers: each scales by that global count, so the
-                    # summed gradients are the global mean
-                    n = parallel.sum(int(units.weight[rows].sum()))
-                    if n == 0:
-                        continue
-                    micros = rows.split(alg.micro_size)
-                    for i, micro in enumerate(micros):
-                        chunk = units[micro]
-                        for k in range(K):
-                            parallel.sync_gradients(last_before_step=(i, k) == (len(micros) - 1, K - 1))
-                            loss = alg.loss(chunk, k, UpdatePosition(epoch, m, step))
-                            (loss.loss * (len(micro) / (n * K))).backward()
-                            if chunk.weight.any():  # a pass of padding units only trains nothing and reports nothing
-                                passes.append({"loss": loss.loss.detach(), **loss.metrics})
-                                rows_of_pass.append(len(micro))
-                    self.optimizer.step()
+            with self.flops.count(("update", U, K, padding)):  # the units, not the rows: DPO's pairs vary
+                for epoch in range(train.ppo_epochs):
+                    for m in range(M):
+                        rows = minibatch_rows(U, M, m, units.weight.device)  # units.device is None (made without one)
+                        # the units that carry weight, over all workers: each scales by that global count, so the
+                        # summed gradients are the global mean
+                        n = parallel.sum(int(units.weight[rows].sum()))
+                        if n == 0:
+                            continue
+                        micros = rows.split(alg.micro_size)
+                        for i, micro in enumerate(micros):
+                            chunk = units[micro]
+                            for k in range(K):
+                                parallel.sync_gradients(last_before_step=(i, k) == (len(micros) - 1, K - 1))
+                                loss = alg.loss(chunk, k, UpdatePosition(epoch, m, step))
+                                (loss.loss * (len(micro) / (n * K))).backward()
+                                if chunk.weight.any():  # padding units only: they train and report nothing
+                                    passes.append({"loss": loss.loss.detach(), **loss.metrics})
+                                    rows_of_pass.append(len(micro))
+                        self.optimizer.step()
             parallel.settle()
             # the passes' metrics each by its declared rule (diffusion_rl/metrics.py), then the algorithm's, optimizer's
             out.update({**reduce_metrics(passes, rows_of_pass), **alg.end(step), **self.optimizer.metrics()})

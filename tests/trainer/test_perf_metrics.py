@@ -83,6 +83,28 @@ def test_logged_flops_equal_a_count_of_the_whole_step(make_trainer):
         assert metrics["perf/images_per_device_s"] == metrics["perf/images_per_s"]
 
 
+def test_logged_flops_follow_a_dpo_step_whose_pairs_change(make_trainer, user_reward):
+    """DPO trains one pair per group whose rewards are not all tied, so its update's cost changes from step to step
+    with the same rollout: each step's logged FLOPs still equal a count of that whole step (the update is counted
+    by its units, not by its rows)."""
+    first_group_tied = user_reward("""
+        CALLS[0] += 1
+        r = np.array([float(image.mean()) for image in images], dtype=np.float32)
+        if CALLS[0] == 1:
+            r[:4] = 0.0  # the first group of the first call: tied, no pair
+        return r
+    """)
+    dpo = ROOT / "configs/quickstart_dpo.yaml"
+    trainer = make_trainer(f"rewards.0.name={first_group_tied}", "val.every=0", "val.before_train=false", config=dpo)
+    pairs = []
+    for step in range(2):
+        with FlopCounter() as outer:
+            metrics = trainer.train_step(step)
+        pairs.append(metrics["pairs/count"])
+        assert metrics["perf/flops_per_step"] == pytest.approx(outer.total, rel=1e-9)
+    assert pairs[0] < pairs[1], pairs
+
+
 def test_flops_off_logs_throughput_only(make_trainer):
     metrics = make_trainer("log.flops=false").train_step(0)
     assert "perf/flops_per_step" not in metrics and "perf/mfu" not in metrics
