@@ -315,16 +315,15 @@ class PolicyWorker:
             raise RuntimeError(f"update: {targets.batch_size[0]} targets for the {traj.batch_size[0]} rows here")
         batch = TrainBatch(traj=traj, targets=targets.to(traj.device), batch_size=traj.batch_size)
         alg, parallel, train = self.algorithm, self.parallel, self.spec.train
-        padding = plan and (plan.pad_to, plan.padding_only)
         with parallel.training():
-            with self.flops.count(("begin", traj.batch_size[0], padding)):  # FLOPs counted once per shape
+            with self.flops.count(("begin", traj.batch_size[0])):  # FLOPs counted once per shape (engine/flops.py)
                 units, out = alg.begin(batch, step)
             if plan is not None:  # several workers take as many passes; rows sampled ahead report their staleness
                 units, out = plan.pad(units), {**plan.staleness(step, traj), **out}
             out["train/units"] = float(parallel.sum(int(units.weight.sum())))
             U, M, K = units.batch_size[0], train.num_minibatches, alg.chunks(units)
             passes, rows_of_pass = [], []
-            with self.flops.count(("update", U, K, padding)):  # the units, not the rows: DPO's pairs vary
+            with self.flops.count(("update", U, K)):  # by the units, not the rows: DPO's pairs vary by step
                 for epoch in range(train.ppo_epochs):
                     for m in range(M):
                         rows = minibatch_rows(U, M, m, units.weight.device)  # units.device is None (made without one)
