@@ -62,20 +62,14 @@ def _setup_logging(verbose: bool) -> None:
 
 def cmd_train(args) -> None:
     from diffusion_rl.config import load
+    from diffusion_rl.tracking.console import run_summary
     from diffusion_rl.trainer import make_trainer
 
     cfg = load(args.config, args.overrides)
     refuse_what_cannot_fit(cfg)
     trainer = make_trainer(cfg)
-    rows = trainer.train()
-    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
-    vals = [r["val/reward/mean"] for r in rows if r.get("val/reward/mean") is not None]
-    if rewards:  # one step's batch is a few prompts: its mean swings with them, so a tenth of the run each end
-        k = max(1, len(rewards) // 10)
-        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-        logger.info("reward/mean: first %d step(s) %.5g, last %d %.5g", k, first, k, last)
-    if len(vals) >= 2:
-        logger.info("val/reward/mean: before %.5g, after %.5g", vals[0], vals[-1])
+    for line in run_summary(trainer.train()):
+        logger.info("%s", line)
     logger.info("run directory: %s", cfg.run.dir)
     ended = trainer.guard.ending()  # last: what the guard did, and how to go on
     if ended:

@@ -105,3 +105,27 @@ class ConsoleTracker:
 
     def close(self) -> None:
         pass
+
+
+def run_summary(rows: Sequence[Mapping[str, float]]) -> list[str]:
+    """The lines a finished run closes with: the training reward over its first and last tenth of steps, each as a
+    mean ± its standard error over those steps (a step's batch is a few prompts and its mean swings with them: a
+    change within the errors is noise), then the validation reward before and after (fixed prompts and seeds)."""
+    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
+    vals = [r["val/reward/mean"] for r in rows if r.get("val/reward/mean") is not None]
+    lines = []
+    if rewards:
+        k = max(1, len(rewards) // 10)
+        ends = [_mean_and_error(rewards[:k]), _mean_and_error(rewards[-k:])]
+        first, last = (f"{mean:.5g}" + (f" ± {error:.2g}" if k > 1 else "") for mean, error in ends)
+        lines.append(f"reward/mean: first {k} step(s) {first}, last {k} {last}")
+    if len(vals) >= 2:
+        lines.append(f"val/reward/mean: before {vals[0]:.5g}, after {vals[-1]:.5g}")
+    return lines
+
+
+def _mean_and_error(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of `values` and its standard error (sample standard deviation / √n; 0 for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0)

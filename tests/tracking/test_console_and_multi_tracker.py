@@ -5,6 +5,7 @@ import pytest
 
 from diffusion_rl.errors import UserError
 from diffusion_rl.tracking import ConsoleTracker, JsonlTracker, MultiTracker, TensorBoardTracker, make_trackers
+from diffusion_rl.tracking.console import run_summary
 
 
 class _Recorder:
@@ -132,3 +133,22 @@ def test_the_trainer_draws_a_bar_only_on_a_terminal_and_the_console_lines_take_i
     assert not bar_shown(True)
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)
     assert bar_shown(True) and not bar_shown(False)
+
+
+def test_run_summary_gives_each_end_of_the_training_reward_with_its_standard_error():
+    # 20 steps: a tenth is 2 steps. First two 0.2 and 0.4: mean 0.3, sd √0.02 = 0.1414, error 0.1414/√2 = 0.1.
+    # Last two 0.5 and 0.5: mean 0.5, error 0. Validation at steps 0 and 20 only; a row without a reward is skipped.
+    rewards = [0.2, 0.4] + [0.3] * 16 + [0.5, 0.5]
+    rows = [{"step": 0, "val/reward/mean": 0.41}] + [{"step": i + 1, "reward/mean": r} for i, r in enumerate(rewards)]
+    rows[-1]["val/reward/mean"] = 0.4567891
+    assert run_summary(rows) == [
+        "reward/mean: first 2 step(s) 0.3 ± 0.1, last 2 0.5 ± 0",
+        "val/reward/mean: before 0.41, after 0.45679",
+    ]
+
+
+def test_run_summary_of_a_short_run_has_no_error_and_no_validation_line():
+    assert run_summary([{"step": 1, "reward/mean": 0.25}, {"step": 2, "reward/mean": None}]) == [
+        "reward/mean: first 1 step(s) 0.25, last 1 0.25"
+    ]
+    assert run_summary([]) == []
