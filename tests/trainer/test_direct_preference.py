@@ -186,6 +186,42 @@ def test_crd_with_the_reference_as_baseline_keeps_no_old_policy(make_trainer):
     assert "crd/old_decay" not in rows[0] and rows[0]["kl_ref"] == 0
 
 
+@pytest.mark.parametrize(
+    ("options", "frozen"),
+    [((), 3), (("algorithm.crd.reference_guidance=null",), 2),
+     (("algorithm.crd.old_reference=false", "algorithm.crd.reference_guidance=null"), 1),
+     (("algorithm.crd.old_reference=false", "algorithm.crd.reference_guidance=1.0"), 2),
+     (("algorithm.crd.kl_beta=0",), 1)],
+    ids=["defaults", "conditional-kl", "reference-shared", "reference-at-guidance-1", "no-kl"],
+)  # fmt: skip
+def test_crd_estimate_counts_the_forwards_its_loss_runs(make_trainer, options, frozen, monkeypatch):
+    """Row-forwards per row of a CRD update: the trained one, the baseline (`old`, or the reference when
+    old_reference is off), and the KL's reference (a CFG pair at reference_guidance > 1), which the baseline reuses
+    only when both are the reference's conditional prediction (reference_guidance null): 1 + frozen_calls."""
+    from diffusion_rl.algorithms.preference.crd import Crd
+
+    trainer = make_trainer("train.total_steps=1", CRD_SHORT, *options, config=CONFIGS["crd"])
+    algorithm, model = trainer.engine.algorithm, trainer.engine.model
+    rows_in_loss, forwards, velocity, loss = [], [], model.velocity, algorithm.loss
+
+    def counted_velocity(x, sigma, cond, guidance):
+        forwards.append(x.shape[0] * (2 if guidance is not None and guidance > 1 else 1))
+        return velocity(x, sigma, cond, guidance)
+
+    def counted_loss(units, k, at):
+        monkeypatch.setattr(model, "velocity", counted_velocity)
+        try:
+            rows_in_loss.append(units.batch_size[0] * trainer.cfg.data.group_size)
+            return loss(units, k, at)
+        finally:
+            monkeypatch.setattr(model, "velocity", velocity)
+
+    monkeypatch.setattr(algorithm, "loss", counted_loss)
+    trainer.train_step(0)
+    assert rows_in_loss and sum(forwards) == (1 + frozen) * sum(rows_in_loss)
+    assert 1 + Crd.frozen_calls(trainer.cfg.algorithm, trainer.cfg.sampling) == 1 + frozen
+
+
 def test_dpo_takes_no_step_when_every_group_ties(make_trainer, user_reward, weights):
     constant = user_reward("return np.full(len(images), 0.5, dtype=np.float32)")
     trainer = make_trainer(f"rewards.0.name={constant}", "train.total_steps=1", config=CONFIGS["dpo"])

@@ -161,7 +161,9 @@ class Crd(GroupProcess):
         settings = algorithm.settings
         guided = settings.reference_guidance is not None and settings.reference_guidance > 1  # two rows a call
         kl = int(settings.kl_beta > 0) * (2 if guided else 1)
-        shared = settings.kl_beta > 0 and not settings.old_reference and not guided  # one reference forward for both
+        # one reference forward for both only when both are its conditional prediction (`loss`): at guidance 1 a
+        # guidance-distilled model's prediction is another function
+        shared = settings.kl_beta > 0 and not settings.old_reference and settings.reference_guidance is None
         return 1 + kl - int(shared)
 
     def attach(self, model) -> None:
