@@ -318,6 +318,11 @@ class FlowModel(ABC):
         than the one sampled."""
         return float(guidance) if self.guidance_embeds else 1.0
 
+    def ignores_guidance(self) -> bool:
+        """Whether `velocity` is one function at every guidance: a step-distilled, CFG-free model (FLUX.2-klein),
+        which has neither an unconditional prediction nor a guidance input."""
+        return False
+
     def pipeline_call_settings(self, guidance: float, low_noise: float | None) -> dict:
         """The keywords of the family's diffusers pipeline that sample as we do at `guidance` (and the low-noise
         expert's `low_noise`), with our text length: what a model card's snippet passes (checkpoint/model_card.py, which

@@ -79,3 +79,34 @@ def test_full_fine_tuning_and_the_reduced_forms_keys_are_refused():
         load(CONFIG, ["model.lora.enabled=false"])
     with pytest.raises(UserError, match=r"algorithm\.tdm_r1\.push"):
         load(CONFIG, ["algorithm.tdm_r1.push=1.0"])
+
+
+def test_on_a_step_distilled_klein_cfg_settings_are_refused_and_the_teacher_runs_one_forward(
+    make_trainer, flux2_model_dir, monkeypatch, tmp_path
+):
+    """FLUX.2-klein (step-distilled) ignores guidance: φ's CFG and the teacher's CFG direction do not exist there.
+    Asking for them is one line naming the key; without them every forward of the update is conditional (the
+    teacher's 'guided' half is its conditional forward, not a second call)."""
+    klein = (
+        f"model.path={flux2_model_dir}",
+        "model.lora.enabled=true",
+        "sampling.guidance=1",
+        "train.total_steps=1",
+        f"run.dir={tmp_path}",
+    )
+    # the quickstart's own: reward_guidance 1, cfg_reward_scale 0 (a random model's CFG is no teacher's direction)
+    with pytest.raises(UserError, match=r"algorithm\.tdm_r1\.reward_guidance=4\.5: this model runs no CFG"):
+        make_trainer(*klein, "algorithm.tdm_r1.reward_guidance=4.5", config=CONFIG)
+    with pytest.raises(UserError, match=r"algorithm\.tdm_r1\.cfg_reward_scale=3\.5: .* set 0"):
+        make_trainer(*klein, "algorithm.tdm_r1.cfg_reward_scale=3.5", config=CONFIG)
+    trainer = make_trainer(*klein, config=CONFIG)
+    model, guided = trainer.engine.model, []
+    velocity = model.velocity
+
+    def recorded(x, sigma, cond, guidance):
+        guided.append(guidance is not None and guidance > 1)
+        return velocity(x, sigma, cond, guidance)
+
+    monkeypatch.setattr(model, "velocity", recorded)
+    trainer.train_step(0)
+    assert guided and not any(guided)

@@ -11,7 +11,8 @@ once, by the guard: `RewardResult.image_stats`, guard/stats.py):
     u_i      = mean over the judges J of rank_J(i) − rank_R(i)     ranks over the batch's scored rows, 1 = best:
                R the total reward; a judge is a reward by name (higher is better) or `guard` (the row's `drift`
                from the guard's baselines: lower is better). u_i > 0: the reward ranks i above its judges
-               (the paper's sign; the authors' released scripts gate −u_i: docs/gardo.md)
+               (the paper's sign; the authors' released scripts gate −u_i, `gate_rows: reward_below_judges`:
+               docs/gardo.md)
     β_t      = the gated share, kept in [gate_min, gate_max]: × (1 + gate_rate) when the mean of this step's
                u ≥ 0 exceeds every one of the last `gate_window` steps', × (1 − gate_rate) when it is below all
     g_i      = 1 if u_i > the (1 − β_t) quantile of the step's u ≥ 0 (linear), else 0
@@ -36,6 +37,7 @@ gardo/gated_fraction.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 import torch
@@ -67,6 +69,11 @@ class GardoSettings(ClippedLossSettings):
         "What the reward's ranking is compared with: reward names (their scores, higher is better) and/or "
         "'guard' (each image's drift from the guard's baselines, lower is better).",
         factory=True,
+    )
+    gate_rows: Literal["reward_above_judges", "reward_below_judges"] = opt(
+        "reward_above_judges",
+        "Which disagreement is gated: rows the reward ranks above its judges (the paper's aim: the reward's least "
+        "trusted wins), or below them (the sign of the authors' released scripts; docs/gardo.md).",
     )
     gate_share: float = opt(0.1, "Starting share of the rows with u ≥ 0 that are gated (β).", within=SHARE)
     gate_min: float = opt(0.02, "Smallest gated share.", within=SHARE)
@@ -220,6 +227,7 @@ class Gardo(PolicyGradient):
         if s.kl_beta > 0:
             judges = [-stats.drift if j == GUARD_JUDGE else scored.per_reward[j] for j in s.gate_judges]
             u = disagreement(np.asarray(scored.total, dtype=np.float64), [np.asarray(j, np.float64) for j in judges])
+            u = u if s.gate_rows == "reward_above_judges" else -u
             gated = gate(u, self.gate_share.update(u, s))
             kept = (targets.advantages != 0).numpy() if self.section.drop_zero_advantage else np.ones_like(gated)
             weights, share = gate_weights(gated, kept)

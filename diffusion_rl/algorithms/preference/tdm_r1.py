@@ -25,8 +25,9 @@ optimizer steps once per mini-batch):
   `reward_min_sigma`; φ's and the teacher's forwards there run on those rows only).
 
 algorithms/preference/tdm_r1_terms.py holds the formulas. Per row and trained step the chunk runs 13 forwards (10 on
-a row whose step does not train the reward), 3 with gradient (θ, ψ, φ): the teacher's CFG pair costs one forward
-more than theirs, as `velocity` returns the guided velocity only, and its conditional half is computed beside it.
+a row whose step does not train the reward), 3 with gradient (θ, ψ, φ), as many as theirs: the teacher's CFG pair
+costs one forward more (`velocity` returns the guided velocity only; its conditional half is computed beside it),
+their θ one more (run without and with gradient). On a model that ignores guidance the pair is one forward.
 Every draw (steps, j', τ, ε) comes from a generator seeded by (run seed, step, epoch, and the row's group or sample;
 all but the steps' permutation also the chunk), drawn on the host, so a resumed run and any number of workers draw
 the same, and which rows train the reward is known without reading the device.
@@ -52,6 +53,7 @@ from diffusion_rl.algorithms.preference.tdm_r1_terms import (
     x0_of,
 )
 from diffusion_rl.config.fields import MAX_STEPS, Range, check, opt
+from diffusion_rl.errors import UserError
 from diffusion_rl.utils.seeding import make_generator
 
 FAKE, SURROGATE, SURROGATE_OLD = "fake", "surrogate", "surrogate_old"
@@ -187,6 +189,14 @@ class TdmR1(GroupProcess):
         )
 
     def attach(self, model) -> None:
+        s = self.settings
+        if model.ignores_guidance():  # a step-distilled, CFG-free model: no unconditional prediction to guide with
+            for key, wanted, why in (("reward_guidance", 1, "the surrogate's reward is its conditional prediction"),
+                                     ("cfg_reward_scale", 0, "the teacher's CFG direction is 0")):  # fmt: skip
+                value = getattr(s, key)
+                if value != wanted:
+                    raise UserError(f"algorithm.tdm_r1.{key}={value:g}: this model runs no CFG (step-distilled, "
+                                    f"guidance ignored), so {why}: set {wanted}")  # fmt: skip
         super().attach(model)
         policies = model.policies
         policies.add(FAKE, trained=True, start=None)
@@ -216,9 +226,11 @@ class TdmR1(GroupProcess):
 
     @torch.no_grad()
     def _teacher_pair(self, x: torch.Tensor, t: torch.Tensor, cond, guidance: float):
-        """The teacher's conditional velocity and its velocity guided at `guidance`."""
+        """The teacher's conditional velocity and its velocity guided at `guidance` (the same on a model that
+        ignores guidance: one forward)."""
         with self.model.reference():
-            return self.velocity(x, t, cond), self.model.velocity(x, t, cond, guidance)
+            v = self.velocity(x, t, cond)
+            return v, (v if self.model.ignores_guidance() else self.model.velocity(x, t, cond, guidance))
 
     def loss(self, units: GroupUnits, k: int, at: UpdatePosition) -> LossOutput:
         s = self.settings

@@ -5,7 +5,7 @@ the draw of the σ it is re-noised to, and the three networks' losses. "L" is Lu
 Notation: σ' the σ of a state y (a rollout's state after a step: σ_{j+1}); τ > σ' the σ it is re-noised to; ε ~ N(0, I);
 a network's x0-prediction at (x, σ) is x − σ·v; means are over every element of a row unless said otherwise.
 
-    renoise:  x_τ = α·y + β·ε,  α = (1 − τ)/(1 − σ'),  β = √(τ² − (σ'·α)²)      the forward process from σ' to τ (L1271)
+    renoise:  x_τ = α·y + β·ε,  α = (1 − τ)/(1 − σ'),  β = √(τ² − (σ'·α)²)   forward process σ' → τ (L1352-1355)
     fake score ψ:  ‖(x_τ − m)/τ − v_ψ(x_τ)‖² + c_ψ·‖v_T(x_τ) − v_ψ(x_τ)‖²          m the generator's x0 at x_j (L1345)
     surrogate φ:   at a recorded state y' and its re-noised x, target u = −y'/(1 − σ') + ε/β·(τ + σ'²·α/(1 − σ'))
                    (`target_v_dgpo`), e = mean (u − v_φ)², e_old and e_T the same for φ_old and the teacher;

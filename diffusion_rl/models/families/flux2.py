@@ -205,6 +205,9 @@ class Flux2Model(PackedLatentModel):
     def forwards_per_evaluation(self, guidance: float) -> int:
         return 2 if self.true_cfg(guidance) else 1
 
+    def ignores_guidance(self) -> bool:
+        return self.distilled
+
     def true_cfg(self, guidance: float) -> bool:
         if self.distilled and guidance > 1.0:
             warn_guidance_ignored(float(guidance))
