@@ -68,6 +68,7 @@ class ReportData:
     plots: dict[str, Path | None]  # reward, validation, before_after, guard, policy, timing
     best_val: tuple[int, float, str] | None = None  # step, value, checkpoint note
     omitted_policy: list[str] = field(default_factory=list)
+    loss_note: str | None = None  # a loss ~0 by construction (report.zero_loss_note)
     timing_total: float = 0.0
     timing_phases: dict[str, float] = field(default_factory=dict)
     timing_steps: int = 0
@@ -294,6 +295,8 @@ def _policy(d: ReportData) -> str:
             f'<p class="note">Not drawn, the same at every step: {_esc(", ".join(d.omitted_policy))} (an on-policy run '
             "has ratio 1: no clipping, no KL to the rollout policy).</p>"
         )
+    if d.loss_note:
+        parts.append(f'<p class="note">{_esc(d.loss_note)}</p>')
     return _section("policy", "Policy", "".join(parts) or '<p class="note">Nothing logged.</p>')
 
 

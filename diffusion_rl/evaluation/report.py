@@ -141,6 +141,17 @@ def _summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     return table
 
 
+def zero_loss_note(rows: Sequence[Mapping[str, Any]], scale: float = 1e-6) -> str | None:
+    """A line for a loss that stays within ±`scale` of 0 at every step, which reads as "nothing trains" and is the
+    rule for an on-policy policy-gradient loss; None otherwise."""
+    values = [v for _, v in _values(rows, "loss")]
+    if not values or max(abs(v) for v in values) >= scale:
+        return None
+    return (f"loss stays within ±{max(abs(v) for v in values):.1e} of 0: on-policy the ratio is 1 and the group's "
+            "advantages have mean 0, so the loss is ~0 by construction; its gradient, not its value, trains "
+            "(grad_norm).")  # fmt: skip
+
+
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
     """Write the plots, report.md and report.html for the run in `run_dir`; returns the path of report.md."""
     run_dir = Path(run_dir)
@@ -217,6 +228,9 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     omitted = [f"{k} {constant_value(rows, k):g}" for k in logged_policy if k not in drawn_policy]
     if omitted:
         lines += [f"Not drawn (the same at every step): {', '.join(omitted)}.", ""]
+    loss_note = zero_loss_note(rows) if "loss" in drawn_policy else None
+    if loss_note:
+        lines += [loss_note, ""]
     lines += ["The same on one page, with validation images and rollouts: report.html.", ""]
     path = out / "report.md"
     with naming(path):
@@ -228,6 +242,7 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
         plots=plots,
         best_val=best_val,
         omitted_policy=omitted,
+        loss_note=loss_note,
         timing_total=total,
         timing_phases=phases,
         timing_steps=n_timed,

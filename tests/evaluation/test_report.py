@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -79,3 +80,16 @@ def test_the_algorithm_panel_holds_the_update_size_and_the_loss_s_own_metrics_on
     assert algorithm_keys(rows) == [*UPDATE_KEYS, "awm/mse"]
     rows[1]["awm/policy_loss"] = 0.3  # not the same series: drawn
     assert algorithm_keys(rows) == [*UPDATE_KEYS, "awm/mse", "awm/policy_loss"]
+
+
+def test_a_loss_that_stays_at_zero_is_said_to_be_zero_by_construction(tmp_path):
+    from diffusion_rl.evaluation.report import write_report, zero_loss_note
+
+    flat = [{"step": s, "loss": (-1) ** s * 2e-9, "grad_norm": 0.1} for s in (1, 2, 3)]
+    assert zero_loss_note(flat).startswith("loss stays within ±2.0e-09 of 0: on-policy the ratio is 1")
+    assert zero_loss_note([{"step": 1, "loss": 2e-9}, {"step": 2, "loss": 0.3}]) is None  # it moves: nothing to say
+    assert zero_loss_note([{"step": 1, "grad_norm": 0.1}]) is None
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flat))
+    md = write_report(tmp_path).read_text()
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "~0 by construction" in md and "~0 by construction" in html
