@@ -162,8 +162,10 @@ class PairwiseWinRate:
             return win_rates(beats)
         first, second = np.triu_indices(size, k=1)
         p = self._ask(images, prompts, metadata, first, second)
-        if self.both_orders:
-            p = (p + 1.0 - self._ask(images, prompts, metadata, second, first)) / 2
+        if self.both_orders:  # the two orders' mean; where one failed (NaN), the other's verdict alone
+            both = np.stack([p, 1.0 - self._ask(images, prompts, metadata, second, first)])
+            answered = np.isfinite(both).sum(axis=0)
+            p = np.where(answered > 0, np.nansum(both, axis=0) / np.maximum(answered, 1), np.nan)
         beats[first, second] = p
         beats[second, first] = 1.0 - p
         return win_rates(beats)

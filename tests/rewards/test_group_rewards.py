@@ -110,6 +110,20 @@ def test_both_orders_averages_out_a_position_bias(user_fn):
     np.testing.assert_allclose(fair.score_group(images, ["p"] * 3, [{}] * 3), [0.5, 0.5, 0.5])
 
 
+def test_with_both_orders_a_pair_one_order_failed_keeps_the_other_verdict(user_fn):
+    path = user_fn(
+        """
+        def fails_when_the_darker_is_first(images_a, images_b, prompts, metadata):
+            a, b = images_a[:, 0, 0, 0].astype(float), images_b[:, 0, 0, 0].astype(float)
+            return np.where(a < b, np.nan, 0.8).astype(np.float32)  # the brighter one, when shown first
+        """
+    )
+    reward = make_reward("pairwise_win_rate", preference=f"{path}:fails_when_the_darker_is_first", both_orders=True)
+    # every pair: the (darker, brighter) order fails; the (brighter, darker) order says the brighter wins with 0.8
+    # win rates: darkest 0.2 against both; middle 0.8 and 0.2; brightest 0.8 against both
+    np.testing.assert_allclose(reward.score_group(_images([1, 2, 3]), ["p"] * 3, [{}] * 3), [0.2, 0.5, 0.8])
+
+
 def test_a_group_of_one_scores_one_half(pixel_reward):
     for name in ("rank", "pairwise_win_rate"):
         reward = make_reward(name, reward=f"{pixel_reward}:pixel")
