@@ -7,6 +7,9 @@ Read from the loss's forwards on the tiny model (configs/quickstart_tdm_r1.yaml:
 `velocity` call's rows and σ's, in the loss's order — θ at x_j (σ_j), the teacher and ψ at x_τ (τ), the teacher, φ_old
 and φ at the recorded state (τ''), ψ and the teacher's pair at x_τ (τ), then, for the rows that train the reward, φ and
 the teacher at x_τ' (τ').
+
+And the input the loss builds for the formulas (tdm_r1_terms.py `TdmR1Input`), every tensor of it, against a plain
+loop, on a known network: each policy's velocity a simple function of its inputs with its own constants.
 """
 
 from __future__ import annotations
@@ -176,3 +179,192 @@ def test_estimate_counts_the_forwards_the_loss_runs(trained, reward_guidance, mo
             assert sum(row_forwards) == 10 * len(steps) + reward_forwards * reward_rows, (reward_steps, k)
         counted = TdmR1.frozen_calls(SimpleNamespace(settings=algorithm.settings), SimpleNamespace(num_steps=T))
         assert 3 + 3 * counted == pytest.approx(10 + reward_forwards * reward_steps / T)
+
+
+# The loss's wiring on a known network: each policy's velocity a simple function of its inputs, its own constants
+# (a, b, d, e): v = a·x + b·σ + (g − 1)·d·x + e·c, c a row's mean pooled text embedding and g the guidance (a CFG pair
+# v_u + g·(v_c − v_u) with v_c − v_u = d·x). The trained policies' a requires gradient, so a forward with gradient
+# leaves its output attached. "reference" is the teacher (the base, adapters off).
+POLICY_CONSTANTS = {
+    "default": (0.9, 0.3, 0.2, 0.5),
+    "fake": (-0.4, 0.7, -0.3, 0.25),
+    "surrogate": (0.6, -0.5, 0.45, -0.35),
+    "surrogate_old": (-0.7, 0.2, 0.15, 0.6),
+    "reference": (0.35, 0.8, -0.55, -0.2),
+}
+TRAINED_POLICIES = ("default", "fake", "surrogate")
+
+
+def _row_text(cond) -> torch.Tensor:
+    """c: each row's mean pooled text embedding, [B] float64."""
+    return cond["pooled_prompt_embeds"].double().flatten(1).mean(dim=1)
+
+
+def _known_velocity(name: str, x: torch.Tensor, sigma, c: torch.Tensor, guidance: float, grad_a=None) -> torch.Tensor:
+    a, b, d, e = POLICY_CONSTANTS[name]
+    a = a if grad_a is None else grad_a
+    column = [-1, *[1] * (x.ndim - 1)]
+    sigma = torch.as_tensor(sigma, dtype=x.dtype).expand(x.shape[0]).view(column)
+    return a * x + b * sigma + (guidance - 1) * d * x + e * c.to(x.dtype).view(column)
+
+
+@pytest.fixture
+def known_network(trained):
+    """The algorithm's model, its `velocity` the known one of the active policy (`using` and `reference` tracked)."""
+    import contextlib
+
+    algorithm = trained[0]
+    model, active = algorithm.model, ["default"]
+    using, reference = model.using, model.reference
+    grad_a = {name: torch.tensor(POLICY_CONSTANTS[name][0], requires_grad=True) for name in TRAINED_POLICIES}
+
+    @contextlib.contextmanager
+    def entered(name, inner):
+        active.append(name)
+        try:
+            with inner:
+                yield
+        finally:
+            active.pop()
+
+    def velocity(x, sigma, cond, guidance):
+        name = active[-1]
+        return _known_velocity(name, x.float(), sigma, _row_text(cond), guidance, grad_a.get(name)).float()
+
+    model.velocity = velocity
+    model.using = lambda name: entered(name, using(name))
+    model.reference = lambda: entered("reference", reference())
+    try:
+        yield algorithm
+    finally:
+        del model.velocity, model.using, model.reference  # the class's again
+
+
+def _expected_input(algorithm, units, k: int, at: UpdatePosition):
+    """The chunk's TdmR1Input by a plain loop over its rows, in float64, from the trajectory's states and σ's, the
+    draws (which j, j', uniforms; the ε's generators) and the known network."""
+    from diffusion_rl.utils.seeding import make_generator
+
+    s, T, sigmas = algorithm.settings, algorithm.sampler.num_steps, algorithm.sigmas.double().tolist()
+    U, G = units.advantages.shape
+    traj = units.traj.reshape(U * G)
+    latents, final, cond = traj.latents.double(), traj.final_latents.double(), traj.cond
+    text = _row_text(cond)
+    samples, groups = traj.ids.sample_index.tolist(), traj.ids.group_index.tolist()
+    draws = algorithm._draws(at, k, groups[::G])
+    g_cond = algorithm.model.conditional_guidance(algorithm.sampler.guidance)
+
+    def eps(tag: str, key: int) -> torch.Tensor:
+        g = make_generator(algorithm.seed, at.step, tag, at.epoch, k, key)
+        return torch.randn(tuple(latents.shape[2:]), generator=g).double()
+
+    def v(name: str, x: torch.Tensor, sigma: float, n: int, guidance: float = g_cond) -> torch.Tensor:
+        return _known_velocity(name, x[None], sigma, text[n : n + 1], guidance)[0]
+
+    def tau_of(sigma_next: float, u: float, lowest: float) -> float:  # uniform on the σ scale shifted by 3
+        lo = max(sigma_next, lowest)
+        start = min(lo / (3 - 2 * lo) + 0.02, 1.0)
+        w = u * (1 - start) + start
+        return max(3 * w / (1 + 2 * w), lo)
+
+    def coefficients(sigma_next: float, tau: float) -> tuple[float, float]:
+        alpha = (1 - tau) / (1 - sigma_next)
+        return alpha, max(tau**2 - (sigma_next * alpha) ** 2, 0.0) ** 0.5
+
+    rows = {name: [] for name in ("v_fake", "v_teacher_fake", "x_fake", "m", "tau", "v_surrogate", "v_old",
+                                  "v_teacher_rec", "target", "fake_x0", "teacher_x0", "guided_x0", "direction",
+                                  "reward_x0", "reward_ref_x0")}  # fmt: skip
+    reward_rows, recorded_steps = [], []
+    for n in range(U * G):
+        j, jp, (u_tau, u_reward, u_surrogate) = draws.steps[n // G], draws.recorded[n // G], draws.uniforms[n // G]
+        x, sigma, sigma_next = latents[n, j], sigmas[j], sigmas[j + 1]
+        v_theta = v("default", x, sigma, n)
+        m, y = x - sigma * v_theta, x + (sigma_next - sigma) * v_theta
+        tau = tau_of(sigma_next, float(u_tau), 0.0)
+        alpha, beta = coefficients(sigma_next, tau)
+        x_fake = alpha * y + beta * eps("tdm_r1_fake_noise", samples[n])
+        rows["v_fake"].append(v("fake", x_fake, tau, n))
+        rows["v_teacher_fake"].append(v("reference", x_fake, tau, n))
+        rows["x_fake"].append(x_fake)
+        rows["m"].append(m)
+        rows["tau"].append(torch.tensor(tau, dtype=torch.float64))
+        # the surrogate: the state after step j' (index j' + 1; after the last step, the final latents)
+        r = jp + 1
+        recorded_steps.append(r)
+        y_rec, sigma_rec = (latents[n, r] if r < T else final[n]), sigmas[r]
+        tau_rec = tau_of(sigma_rec, float(u_surrogate), s.surrogate_min_sigma)
+        alpha, beta = coefficients(sigma_rec, tau_rec)
+        e = eps("tdm_r1_surrogate_noise", groups[n])
+        x_rec = alpha * y_rec + beta * e
+        rows["v_surrogate"].append(v("surrogate", x_rec, tau_rec, n))
+        rows["v_old"].append(v("surrogate_old", x_rec, tau_rec, n))
+        rows["v_teacher_rec"].append(v("reference", x_rec, tau_rec, n))
+        rows["target"].append(-y_rec / (1 - sigma_rec) + e / beta * (tau_rec + sigma_rec**2 * alpha / (1 - sigma_rec)))
+        # the generator: x0's at another re-noising of y to τ
+        alpha, beta = coefficients(sigma_next, tau)
+        x_tau = alpha * y + beta * eps("tdm_r1_kl_noise", samples[n])
+        cond_x0 = x_tau - tau * v("reference", x_tau, tau, n)
+        guided_x0 = x_tau - tau * v("reference", x_tau, tau, n, s.teacher_guidance)
+        rows["fake_x0"].append(x_tau - tau * v("fake", x_tau, tau, n))
+        rows["teacher_x0"].append(cond_x0)
+        rows["guided_x0"].append(guided_x0)
+        rows["direction"].append((guided_x0 - cond_x0) / (s.teacher_guidance - 1))
+        if j < s.reward_steps:  # the reward at y re-noised to τ' with the group's ε
+            reward_rows.append(n)
+            tau_r = tau_of(sigma_next, float(u_reward), s.reward_min_sigma)
+            alpha, beta = coefficients(sigma_next, tau_r)
+            x_r = alpha * y + beta * eps("tdm_r1_reward_noise", groups[n])
+            rows["reward_x0"].append(x_r - tau_r * v("surrogate", x_r, tau_r, n, s.reward_guidance))
+            rows["reward_ref_x0"].append(x_r - tau_r * v("reference", x_r, tau_r, n))
+    expected = {name: torch.stack(values) for name, values in rows.items() if values}
+    expected["time_weight"] = torch.tensor([(jp + 1) / T for jp in draws.recorded], dtype=torch.float64)
+    return expected, reward_rows, recorded_steps
+
+
+def test_the_loss_builds_its_input_from_the_trajectory_and_the_networks(known_network, trained, monkeypatch):
+    """Every tensor of the TdmR1Input the loss hands to the formulas, on the known network, against a plain loop:
+    x_j and σ_j of the trained step, the generator's Euler step y = x_j + (σ' − σ_j)·v_θ and m = x_j − σ_j·v_θ, the
+    re-noisings x = α·y + β·ε to each τ, the recorded state after step j' (index j' + 1; the final latents after the
+    last) and its σ, x0 = x − σ·v of each network, the teacher's CFG direction (x0_guided − x0_cond)/(g − 1), and
+    which tensors carry the gradient (θ's m, ψ's and φ's velocities) and which do not."""
+    algorithm, units, at = trained
+    for key, value in (("reward_guidance", 2.5), ("surrogate_min_sigma", 0.55), ("reward_min_sigma", 0.3)):
+        monkeypatch.setattr(algorithm.settings, key, value)  # the quickstart's 1, 0, 0 would hide their wiring
+    U, G = units.advantages.shape
+    seen, close = [], dict(rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(algorithm, "loss_fn", lambda inp, settings: seen.append(inp))
+    recorded_last, reward_counts = set(), []
+    for k in (0, 1):
+        seen.clear()
+        algorithm.loss(units, k, at)
+        (got,) = seen
+        expected, reward_rows, recorded = _expected_input(algorithm, units, k, at)
+        f, sur, gen = got.fake, got.surrogate, got.generator
+        pairs = {
+            "v_fake": f.v_fake, "v_teacher_fake": f.v_teacher, "x_fake": f.x_tau, "m": f.x0, "tau": f.tau,
+            "v_surrogate": sur.v_surrogate.flatten(0, 1), "v_old": sur.v_old.flatten(0, 1),
+            "v_teacher_rec": sur.v_teacher.flatten(0, 1), "target": sur.target.flatten(0, 1),
+            "time_weight": sur.time_weight, "fake_x0": gen.fake_x0, "teacher_x0": gen.teacher_x0,
+            "guided_x0": gen.teacher_guided_x0, "direction": gen.teacher_guidance_dir,
+        }  # fmt: skip
+        for name, tensor in pairs.items():
+            actual = tensor.detach().double()
+            torch.testing.assert_close(actual, expected[name], **close, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(gen.x0.detach().double(), expected["m"], **close)
+        assert sur.v_surrogate.shape[:2] == (U, G) and torch.equal(sur.advantages, units.advantages)
+        assert torch.equal(got.weights, units.weight)
+        if reward_rows:
+            assert gen.reward_rows.tolist() == reward_rows
+            torch.testing.assert_close(gen.reward_x0.double(), expected["reward_x0"], **close)
+            torch.testing.assert_close(gen.reward_ref_x0.double(), expected["reward_ref_x0"], **close)
+        else:
+            assert gen.reward_x0 is None
+        # the gradient reaches θ through m, ψ and φ through their velocities; nothing else carries it
+        assert gen.x0.requires_grad and f.v_fake.requires_grad and sur.v_surrogate.requires_grad
+        detached = [f.v_teacher, f.x_tau, f.x0, sur.v_old, sur.v_teacher, sur.target, gen.fake_x0, gen.teacher_x0,
+                    gen.teacher_guided_x0, gen.teacher_guidance_dir, gen.reward_x0, gen.reward_ref_x0]  # fmt: skip
+        assert not any(t is not None and t.requires_grad for t in detached)
+        recorded_last.update(r == algorithm.sampler.num_steps for r in recorded)
+        reward_counts.append(len(reward_rows))
+    # the chunks cover a recorded state before the last step and the final latents, and reward rows among others
+    assert recorded_last == {True, False} and any(0 < n < U * G for n in reward_counts), (recorded_last, reward_counts)
