@@ -144,10 +144,10 @@ def _summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 def zero_loss_note(rows: Sequence[Mapping[str, Any]], scale: float = 1e-6) -> str | None:
     """A line for a loss that stays within ±`scale` of 0 at every step, which reads as "nothing trains" and is the
     rule for an on-policy policy-gradient loss; None otherwise."""
-    values = [v for _, v in _values(rows, "loss")]
-    if not values or max(abs(v) for v in values) >= scale:
+    largest = max((abs(v) for _, v in _values(rows, "loss")), default=None)
+    if largest is None or largest >= scale:
         return None
-    return (f"loss stays within ±{max(abs(v) for v in values):.1e} of 0: on-policy the ratio is 1 and the group's "
+    return (f"loss stays within ±{largest:.1e} of 0: on-policy the ratio is 1 and the group's "
             "advantages have mean 0, so the loss is ~0 by construction; its gradient, not its value, trains "
             "(grad_norm).")  # fmt: skip
 
