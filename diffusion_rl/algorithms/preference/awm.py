@@ -15,7 +15,7 @@ Weightings w(mse, t): "uniform" mse; "t" t * mse; "ghuber" t * ((mse + 1e-10)^p 
 
 log p_old is computed by the caller with awm_log_p on a no_grad pass of the policy that sampled (same x_t, same
 eps); on-policy it equals log p_theta in value, so the ratio is 1 and the loss is advantage-weighted matching.
-AWM's reference recipes use clip_range 1 (the config default 1e-4 is Flow-GRPO's and would clip nearly every row).
+AWM's reference recipes use clip_range 1 (the config default; Flow-GRPO's 1e-4 would clip nearly every row).
 The KL terms are the plain velocity gaps ("Uniform" in AWM's reference), not divided by a step variance.
 
 Metrics: awm/ratio_mean, awm/clip_fraction (|ratio - 1| > clip_range), awm/mse (mean mse_theta),
