@@ -95,7 +95,8 @@ def tree_credit(
 
 
 def _extreme_leaves(r_B: torch.Tensor, group_B: torch.Tensor, keep: int) -> torch.Tensor:
-    """bool [B]: per group, the ⌈keep/2⌉ highest and ⌊keep/2⌋ lowest valid rewards (ties: the earlier row)."""
+    """bool [B]: per group, the ⌈keep/2⌉ highest and ⌊keep/2⌋ lowest valid rewards (ties: the later row among the
+    highest, the earlier among the lowest)."""
     kept = torch.zeros_like(r_B, dtype=torch.bool)
     for g in group_B.unique():
         rows = torch.nonzero((group_B == g) & torch.isfinite(r_B)).flatten()
