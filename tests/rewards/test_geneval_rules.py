@@ -119,3 +119,22 @@ def test_geneval_metadata_as_the_benchmark_writes_it():
     ]:
         with pytest.raises(UserError, match=message):
             parse_metadata(bad)
+
+
+def test_count_credit_grades_a_clause_short_of_its_count():
+    # "three red circles": the include clause and the exclude clause (no 4th circle); n circles found, all red
+    spec = SceneSpec((ShapeGroup("red", "circle", 3),))
+    metadata = parse_metadata(scene_metadata(spec))
+    for n, graded in ((0, (0 + 1) / 2), (1, (1 / 3 + 1) / 2), (2, (2 / 3 + 1) / 2), (3, 1.0)):
+        found = detections_of(spec, 0)
+        found["circle"] = found["circle"][:n]
+        verdict = evaluate(metadata, found)
+        assert verdict.graded == pytest.approx(graded), n
+        assert verdict.fraction == (1.0 if n == 3 else 0.5)  # without count credit a near miss scores as a blank
+
+
+def test_strict_and_count_credit_are_refused_together_before_the_detector_loads(tmp_path):
+    from diffusion_rl.rewards.geneval import GenEvalReward
+
+    with pytest.raises(UserError, match="strict .* and count_credit .* exclude each other"):
+        GenEvalReward(str(tmp_path / "no_detector_here"), strict=True, count_credit=True)

@@ -1,8 +1,9 @@
 """`geneval`: a GenEval-style compositional reward (object presence, count, colour, relative position).
 
 OWLv2 detects the classes a prompt's GenEval metadata names (detector.py); GenEval's rules judge the detections
-(rules.py). The score is the share of the metadata's clauses that hold (include and exclude clauses alike), or
-with `strict: true` GenEval's own 0/1 verdict. A sample without GenEval metadata fails (NaN), with the reason logged.
+(rules.py). The score is the share of the metadata's clauses that hold (include and exclude clauses alike), with
+`count_credit: true` a clause short of its count earning part of its point, or with `strict: true` GenEval's own 0/1
+verdict. A sample without GenEval metadata fails (NaN), with the reason logged.
 ShapesWorld scenes convert to GenEval metadata with `shapes.scene_metadata`.
 """
 
@@ -32,6 +33,7 @@ class GenEvalReward:
         nms_iou: float = 0.5,
         max_objects: int = 16,
         strict: bool = False,
+        count_credit: bool = False,
         device: str | None = None,
         dtype: str = "float32",
         batch_size: int = 8,
@@ -43,6 +45,8 @@ class GenEvalReward:
         nms_iou: boxes overlapping a more confident one of the class by more than this are dropped.
         max_objects: detections kept per class.
         strict: GenEval's verdict (1 when every clause holds, else 0) instead of the share of clauses.
+        count_credit: an include clause short of its count earns n / count of its point for its n detections (a
+            near miss scores above a blank image, as in flow_grpo's reward server's count score).
         """
         from diffusion_rl.rewards.geneval.detector import OwlDetector
 
@@ -51,11 +55,13 @@ class GenEvalReward:
                 "geneval: need 0 < threshold, counting_threshold < 1 and 0 < nms_iou ≤ 1; got "
                 f"{threshold}, {counting_threshold}, {nms_iou}"
             )
+        if strict and count_credit:
+            raise UserError("geneval: strict (a 0/1 verdict) and count_credit (partial credit) exclude each other")
         if max_objects < 1 or batch_size < 1:
             raise UserError(f"geneval: max_objects and batch_size must be ≥ 1, got {max_objects}, {batch_size}")
         self.detector = OwlDetector(detector_path, device, dtype)
         self.settings = (threshold, counting_threshold, nms_iou, max_objects)
-        self.strict, self.batch_size = strict, batch_size
+        self.strict, self.count_credit, self.batch_size = strict, count_credit, batch_size
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
         scores = np.full(len(images), np.nan, dtype=np.float32)
@@ -76,5 +82,6 @@ class GenEvalReward:
             found = self.detector.detect(images[chunk], [specs[i] for i in chunk], *self.settings)
             for i, detections in zip(chunk, found):
                 verdict = evaluate(specs[i], detections)
-                scores[i] = float(verdict.correct) if self.strict else verdict.fraction
+                scores[i] = (float(verdict.correct) if self.strict
+                             else verdict.graded if self.count_credit else verdict.fraction)  # fmt: skip
         return scores

@@ -135,22 +135,31 @@ class Verdict:
     satisfied: int  # clauses that hold
     total: int  # include + exclude clauses
     reasons: list[str] = field(default_factory=list)
+    count_credit: float = 0.0  # Σ n / count over the include clauses short of their count (n detections)
 
     @property
     def fraction(self) -> float:
         return self.satisfied / self.total
+
+    @property
+    def graded(self) -> float:
+        """`fraction`, where an include clause short of its count earns n / count for its n detections of the class:
+        1 − |n − count| / count, flow_grpo's reward server's count score, for the n < count that fail here (an
+        extra object fails the exclude clause instead)."""
+        return (self.satisfied + self.count_credit) / self.total
 
 
 def evaluate(spec: GenEvalSpec, detections: Mapping[str, Sequence[Detection]]) -> Verdict:
     """GenEval's verdict on detections grouped by class, each list most confident first (module docstring)."""
     reasons: list[str] = []
     matched: list[Sequence[Detection] | None] = []
-    satisfied = 0
+    satisfied, count_credit = 0, 0.0
     for clause in spec.include:
         found = list(detections.get(clause.cls, []))[: clause.count]
         ok = len(found) >= clause.count
         if not ok:
             reasons.append(f"expected {clause.cls}>={clause.count}, found {len(found)}")
+            count_credit += len(found) / clause.count  # all of them: fewer than count
         if ok and clause.color is not None:
             colors = [d.color for d in found]
             if colors.count(clause.color) < clause.count:
@@ -180,4 +189,4 @@ def evaluate(spec: GenEvalSpec, detections: Mapping[str, Sequence[Detection]]) -
         else:
             satisfied += 1
     total = len(spec.include) + len(spec.exclude)
-    return Verdict(satisfied == total, satisfied, total, reasons)
+    return Verdict(satisfied == total, satisfied, total, reasons, count_credit)
