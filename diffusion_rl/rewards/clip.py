@@ -50,6 +50,7 @@ class ClipEncoder:
         processor_repo: str | None = None,
     ):
         """repo, processor_repo (default: repo): where the model and the processor come from (named in messages)."""
+        import torch
         from transformers import AutoTokenizer, CLIPModel
 
         torch_dtype, torch_device = check_settings(dtype, batch_size, device, "CLIP reward")
@@ -58,7 +59,7 @@ class ClipEncoder:
         if processor_path:
             processor_dir = _existing_dir(processor_path, "processor_path", processor_repo or repo)
         try:
-            model = CLIPModel.from_pretrained(model_dir, dtype=torch_dtype)
+            model = CLIPModel.from_pretrained(model_dir, dtype=torch.float32)  # cast in _adopt, after logit_scale
             tokenizer = AutoTokenizer.from_pretrained(processor_dir)
         except (OSError, ValueError) as e:
             raise UserError(f"CLIP reward: cannot load a CLIP model and tokenizer from {model_dir} ({e})") from None
@@ -74,6 +75,7 @@ class ClipEncoder:
 
     def _adopt(self, model, tokenizer, processor, device, dtype, batch_size: int) -> None:
         self.device, self.dtype, self.batch_size = device, dtype, batch_size
+        self.logit_scale = float(model.logit_scale.exp())  # before the cast: bf16 would make PickScore's 100 a 99
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.tokenizer, self.processor = tokenizer, processor
         self.max_length = min(self.tokenizer.model_max_length, self.model.config.text_config.max_position_embeddings)
@@ -219,10 +221,9 @@ def pickscore(
 ):
     """Reward = exp(logit_scale) · cos(image, prompt) (about 20–23 for PickScore_v1 on typical images)."""
     encoder = ClipEncoder(path, device, batch_size, dtype, processor_path, repo=PICKSCORE, processor_repo=CLIP_H14)
-    logit_scale = float(encoder.model.logit_scale.exp())
 
     def reward(images: np.ndarray, prompts: list[str], metadata: list[dict]) -> np.ndarray:
-        return (logit_scale * encoder.cosines(images, prompts)).cpu().numpy().astype(np.float32)
+        return (encoder.logit_scale * encoder.cosines(images, prompts)).cpu().numpy().astype(np.float32)
 
     return reward
 

@@ -29,9 +29,11 @@ checkpoint lacks, is an error naming it. How the mapping was checked: tests/rewa
 state dict with these key names, compares every converted tensor with its source, and compares the reward with
 a forward pass computed by hand from the open_clip tensors (no transformers code on that side).
 
-Preprocessing is HPSv2's: the longer side resized to the model's image size (PIL bicubic), centred on a black
-square, scaled to [0, 1] and normalised with OpenAI CLIP's mean and std. The tokenizer is open_clip's ViT-H-14
-BPE, which is the CLIP tokenizer of laion/CLIP-ViT-H-14-laion2B-s32B-b79K (`tokenizer_path`), padded to 77.
+Preprocessing is HPSv2's: the longer side resized to the model's image size, centred on a black square, scaled to
+[0, 1] and normalised with OpenAI CLIP's mean and std; HPSv2 resizes the float tensor (torch bicubic), this the uint8
+image (PIL bicubic): ~0.001 apart per pixel. The tokenizer is open_clip's ViT-H-14 BPE, which is the CLIP tokenizer
+of laion/CLIP-ViT-H-14-laion2B-s32B-b79K (`tokenizer_path`), padded to the batch's longest prompt (the same as
+HPSv2's 77 under the causal mask).
 """
 
 from __future__ import annotations

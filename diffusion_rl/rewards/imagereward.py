@@ -192,6 +192,7 @@ class ImageReward:
         state = load_state(file, "imagereward")
         self.model = build_model(state, json.loads(config_file.read_text()), vision_heads)
         self.model.to(device=self.device, dtype=self.dtype)
+        self.model.head.float()  # the MLP on the [CLS] feature runs in fp32 at any dtype, as the authors' does
         try:
             self.tokenizer = BertTokenizer.from_pretrained(
                 _existing_dir(tokenizer_path, "tokenizer_path", "google-bert/bert-base-uncased", "imagereward")

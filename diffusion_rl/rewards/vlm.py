@@ -151,6 +151,7 @@ class VlmJudge:
             mode = PRESETS[preset]["mode"]
             template = TEMPLATES[preset] if template is None else template
             dimensions = PRESETS[preset].get("dimensions") if dimensions is None else dimensions
+        self.dimension_range = PRESETS[preset].get("dimension_range") if preset is not None else None
         mode = "score" if mode is None else mode
         if mode not in MODES:
             raise UserError(f"vlm: unknown mode {mode!r}; known: {', '.join(MODES)}")
@@ -252,7 +253,7 @@ class VlmJudge:
             if self.mode == "pairwise":
                 return parse_preference(answer), None
             if self.dimensions:
-                return parse_dimensions(answer, self.dimensions), None
+                return parse_dimensions(answer, self.dimensions, self.dimension_range), None
             return parse_score(answer) / self.scale, None
         except (HttpError, AnswerError) as e:
             return np.nan, str(e)

@@ -38,14 +38,14 @@ TEMPLATES = {
     "hpsv3": "How well does this image match the following prompt, and how much would people like it?\n{prompt}",
 }
 PRESETS: dict[str, dict[str, Any]] = {
-    "unifiedreward": {"mode": "score", "dimensions": list(UNIFIEDREWARD_DIMENSIONS)},
+    "unifiedreward": {"mode": "score", "dimensions": list(UNIFIEDREWARD_DIMENSIONS), "dimension_range": (1.0, 5.0)},
     "unifiedreward_pairwise": {"mode": "pairwise"},
     "hpsv3": {"mode": "reward_model"},
 }
 
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 _DIMENSION = re.compile(
-    r"([A-Za-z][A-Za-z ]*?)\s+Score\s*\((\d+(?:\.\d+)?)\s*-\s*(\d+(?:\.\d+)?)\)\s*:\s*([-+]?\d+(?:\.\d+)?)"
+    r"([A-Za-z][A-Za-z ]*?)\s+Score\s*(?:\((\d+(?:\.\d+)?)\s*-\s*(\d+(?:\.\d+)?)\))?\s*:\s*([-+]?\d+(?:\.\d+)?)"
 )
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _VERDICT = re.compile(r"image\s*([12])\s*is\s*better", re.IGNORECASE)
@@ -59,15 +59,22 @@ def without_thinking(answer: str) -> str:
     return _THINKING.sub("", answer)
 
 
-def parse_dimensions(answer: str, dimensions: list[str]) -> float:
-    """Mean over `dimensions` of (value − lo) / (hi − lo) from lines "<Name> Score (lo-hi): value"; AnswerError when
-    one is missing or out of its range."""
+def parse_dimensions(answer: str, dimensions: list[str], default_range: tuple[float, float] | None = None) -> float:
+    """Mean over `dimensions` of (value − lo) / (hi − lo) from lines "<Name> Score (lo-hi): value" (a line may say
+    more before the name, "The Alignment Score"; without "(lo-hi)" the range is `default_range`, the judge's own
+    scale, when there is one); AnswerError when one is missing or out of its range."""
     found: dict[str, float] = {}
     for name, lo, hi, value in _DIMENSION.findall(without_thinking(answer)):
-        lo_f, hi_f, value_f = float(lo), float(hi), float(value)
+        if not lo and default_range is None:
+            continue  # no range to normalise by
+        lo_f, hi_f = (float(lo), float(hi)) if lo else default_range
+        value_f = float(value)
         if hi_f <= lo_f or not lo_f <= value_f <= hi_f:
-            raise AnswerError(f"'{name.strip()} Score ({lo}-{hi}): {value}' is out of its range")
-        found.setdefault(name.strip().lower(), (value_f - lo_f) / (hi_f - lo_f))
+            raise AnswerError(f"'{name.strip()} Score ({lo_f:g}-{hi_f:g}): {value}' is out of its range")
+        words = name.strip().lower()
+        for d in dimensions:  # the line's name ends with the dimension's ("The Alignment" for "Alignment")
+            if words == d.lower() or words.endswith(" " + d.lower()):
+                found.setdefault(d.lower(), (value_f - lo_f) / (hi_f - lo_f))
     missing = [d for d in dimensions if d.lower() not in found]
     if missing:
         raise AnswerError(f"no '{missing[0]} Score (lo-hi): value' line in the answer {answer[:200]!r}")

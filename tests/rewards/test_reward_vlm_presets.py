@@ -115,6 +115,14 @@ def test_parse_dimensions_and_pooling_by_hand():
     )
     with pytest.raises(AnswerError, match="out of its range"):
         parse_dimensions("Alignment Score (1-5): 7", ["Alignment"])
+    # lines that name no range, or say more before the name: the judge's own scale, when the caller knows it
+    answer = "The Alignment Score (1-5): 4\nCoherence Score: 3\nStyle Score: 5"
+    dims = ["Alignment", "Coherence", "Style"]
+    assert parse_dimensions(answer, dims, (1.0, 5.0)) == pytest.approx((3 / 4 + 2 / 4 + 4 / 4) / 3)
+    with pytest.raises(AnswerError, match="no 'Coherence Score"):
+        parse_dimensions(answer, dims)  # no scale to read a bare "Coherence Score: 3" by
+    with pytest.raises(AnswerError, match=r"'Style Score \(1-5\): 6' is out of its range"):
+        parse_dimensions("Style Score: 6", ["Style"], (1.0, 5.0))
     assert parse_pooling({"data": [{"data": [[0.1, 0.2], [2.5, 0.4]]}]}) == 2.5  # per token: the last
     with pytest.raises(AnswerError):
         parse_pooling({"data": []})
