@@ -52,6 +52,11 @@ class QwenImageModel(PackedLatentModel):
     frozen_components = ("text_encoder", "vae")
 
     def configure(self) -> None:
+        if self.pipeline.transformer.config.get("guidance_embeds"):  # the pipeline would pass its guidance_scale
+            raise UserError(
+                "this Qwen-Image checkpoint's transformer/config.json sets guidance_embeds: true: a guidance-distilled "
+                "Qwen-Image is not supported here (no released one is)"
+            )
         self.max_sequence_length = min(self.max_sequence_length, MAX_TEXT_TOKENS)
         self.latent_channels = self.pipeline.transformer.config.in_channels // 4
         self.vae_scale = 2 ** len(self.vae.temperal_downsample)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from diffusion_rl.errors import UserError
 from diffusion_rl.models.base import (
     JOINT_ATTENTION_LORA_TARGETS,
     FlowModel,
@@ -25,6 +26,11 @@ class SD3Model(FlowModel):
     frozen_components = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 
     def configure(self) -> None:
+        if self._scheduler_config.get("use_dynamic_shifting"):  # SD3's pipeline would compute μ from the tokens
+            raise UserError(
+                "this SD3 checkpoint's scheduler/scheduler_config.json sets use_dynamic_shifting: true, not supported "
+                "here: SD3 sampling uses the scheduler's fixed shift, as every SD3 / SD3.5 release sets"
+            )
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.timestep_scale = float(self._scheduler_config.num_train_timesteps)  # SD3 timestep = 1000·σ
 
