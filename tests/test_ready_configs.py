@@ -238,3 +238,30 @@ def test_wan_ocr_configs_take_flow_grpos_wan_step_lora_targets_ema_and_no_first_
     assert {t.split(".", 1)[1] for t in targets} == {"to_q", "to_k", "to_v", "to_out.0"}
     ema = cfg.train.ema
     assert (ema.enabled, ema.decay, ema.update_every, ema.warmup, cfg.val.before_train) == (True, 0.9, 8, True, False)
+
+
+OCR_TEXTS = [f"OPEN {i}" for i in range(40)]  # enough for a val share of 0.05 to be 2 prompts
+PREPARE_LINE = "#   diffusion-rl prepare ocr "  # a complete command on a comment line of its own
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if PREPARE_LINE in p.read_text())
+)
+def test_ready_configs_prepare_ocr_commands_run_and_write_the_configs_data_files(name, tmp_path, monkeypatch):
+    import shlex
+
+    from diffusion_rl.config import load
+    from diffusion_rl.data.prompts import load_prompts
+
+    lines = [line[len("#   ") :] for line in (ROOT / "configs" / name).read_text().splitlines()]
+    commands = [shlex.split(line, comments=True)[1:] for line in lines if line.startswith(PREPARE_LINE[len("#   ") :])]
+    monkeypatch.chdir(tmp_path)
+    for argv in commands:  # each command's input (the first path) stands in for flow_grpo's prompt file
+        inputs = [a for a in argv[2:] if not a.startswith("-")][:1]
+        for path in inputs:
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_text("".join(f'A sign that says "{t}"\n' for t in OCR_TEXTS))
+        assert main(argv) == 0, f"{name}: `diffusion-rl {' '.join(argv)}` failed"
+    cfg = load(str(ROOT / "configs" / name))
+    for path in (cfg.data.train, cfg.val.prompts):
+        assert {r.ground_truth for r in load_prompts(path)} <= set(OCR_TEXTS), (name, path)
