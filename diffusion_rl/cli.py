@@ -213,6 +213,12 @@ def cmd_prepare_ocr(args) -> None:
     logger.info("prepared %s", result)
 
 
+def cmd_prepare_geneval(args) -> None:
+    from diffusion_rl.rewards.geneval.prepare import prepare_geneval
+
+    logger.info("prepared %d GenEval prompts in %s", prepare_geneval(args.input, args.out), args.out)
+
+
 def cmd_prepare_edit(args) -> None:
     from diffusion_rl.data.edit_prepare import run_prepare_edit_from_args
 
@@ -323,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = prepare.add_parser("ocr", help="OCR prompts (text to render between double quotes) → jsonl/parquet rows")
     add_prepare_ocr_arguments(p)
     p.set_defaults(fn=cmd_prepare_ocr)
+    p = prepare.add_parser("geneval", help="GenEval metadata (prompt, tag, include, exclude) → prompt records")
+    p.add_argument("input", help="GenEval-format metadata .jsonl (prompt, tag, include, exclude per line)")
+    p.add_argument("out", help="prompt records: .jsonl or .parquet")
+    p.set_defaults(fn=cmd_prepare_geneval)
     p = prepare.add_parser("edit", help="a folder of {prompt, image} edits → verl-style parquet with the images inside")
     add_prepare_edit_arguments(p)
     p.set_defaults(fn=cmd_prepare_edit)
