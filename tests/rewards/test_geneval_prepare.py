@@ -38,10 +38,11 @@ def test_geneval_rows_become_prompt_records_with_their_clauses_as_metadata(tmp_p
 
 @pytest.mark.parametrize(
     ("line", "message"),
-    [("not json", r"rows\.jsonl:2: not JSON"),
-     (json.dumps({"tag": "single_object", "include": []}), r"rows\.jsonl:2: a row is a JSON object with a non-empty"),
+    [("not json", r"rows\.jsonl, line 2: invalid JSON"),
+     (json.dumps({"tag": "single_object", "include": []}), r"rows\.jsonl, line 2: a row needs a non-empty 'prompt'"),
      (json.dumps({"prompt": "a cat", "include": [{"class": "cat", "count": 0}]}),
-      r"rows\.jsonl:2: GenEval metadata: include\[0\]\.count must be an integer ≥ 1, got 0")],
+      r"rows\.jsonl, line 2: GenEval metadata: include\[0\]\.count must be an integer ≥ 1, got 0"),
+     (json.dumps({"prompt": "a cat", "includes": []}), r"rows\.jsonl, line 2: unknown key 'includes'")],
 )  # fmt: skip
 def test_a_bad_row_is_one_error_naming_its_line_and_nothing_is_written(tmp_path, line, message):
     source = tmp_path / "rows.jsonl"

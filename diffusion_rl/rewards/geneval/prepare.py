@@ -4,20 +4,21 @@ GenEval's `evaluation_metadata.jsonl` and flow_grpo's `dataset/geneval/{train,te
 object per line: the prompt and, beside it, the clauses the `geneval` reward checks (`tag`, `include`, `exclude`).
 A prompt record keeps what a reward reads under `metadata`, so each row becomes {prompt, data_source: "geneval",
 metadata: the row without its prompt}. Every row's clauses are checked as the reward will read them
-(rules.py `parse_metadata`) before anything is written; a row that is not a JSON object with a
+(rules.py `parse_metadata`) before anything is written; a row that is not a JSON object of those keys with a
 non-empty prompt, or whose clauses the reward cannot read, is one error naming the file and line.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from diffusion_rl.data.prompts import PromptRecord, write_prompts
+from diffusion_rl.data.prompts import PromptRecord, read_jsonl, write_prompts
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.geneval.rules import parse_metadata
 
 GENEVAL_DATA_SOURCE = "geneval"
+GENEVAL_KEYS = ("prompt", "tag", "include", "exclude")
+EXAMPLE = '{"tag": "counting", "include": [{"class": "cat", "count": 2}], "prompt": "a photo of two cats"}'
 
 
 def prepare_geneval(input_path: str | Path, out_path: str | Path) -> int:
@@ -26,21 +27,14 @@ def prepare_geneval(input_path: str | Path, out_path: str | Path) -> int:
     if not source.is_file():
         raise UserError(f"prepare geneval: {source} is not a file")
     records = []
-    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"prepare geneval: {source}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-            raise UserError(f"{where}: a row is a JSON object with a non-empty 'prompt'")
+    for row, where in read_jsonl(source, GENEVAL_KEYS, EXAMPLE):
+        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise UserError(f"prepare geneval: {where}: a row needs a non-empty 'prompt'; e.g. {EXAMPLE}")
         metadata = {key: value for key, value in row.items() if key != "prompt"}
         try:
             parse_metadata(metadata)
         except UserError as e:
-            raise UserError(f"{where}: {e}") from None
+            raise UserError(f"prepare geneval: {where}: {e}") from None
         records.append(PromptRecord(row["prompt"], data_source=GENEVAL_DATA_SOURCE, metadata=metadata))
     if not records:
         raise UserError(f"prepare geneval: {source} holds no rows")
