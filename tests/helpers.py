@@ -38,3 +38,22 @@ def check_generated(path: Path, text: str, command: str) -> None:
         raise AssertionError(f"{path.name} is stale: run the tests outside CI, or {command}, and commit it")
     path.write_text(text, encoding="utf-8")
     warnings.warn(f"{path} was stale and is regenerated: commit it", stacklevel=2)
+
+
+def euler_on(sigmas):
+    """diffusers' flow-matching Euler scheduler stepping on the σ points `sigmas` (σ_0 … σ_{N−1}, 0) whatever step count
+    a pipeline asks for: FlowMatchEulerDiscreteScheduler at shift 1 (no shift) given them as `sigmas=`, as WanPipeline
+    calls set_timesteps(N) without. A pipeline with it runs our sampler's Euler steps on the points we give."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    points = [float(s) for s in sigmas]
+    if points[-1] != 0.0:
+        raise ValueError(f"the σ points must end at 0, got {points[-1]}")
+
+    class EulerOnPoints(FlowMatchEulerDiscreteScheduler):
+        def set_timesteps(self, num_inference_steps=None, device=None, **_):
+            if num_inference_steps not in (None, len(points) - 1):
+                raise ValueError(f"{num_inference_steps} steps asked of {len(points) - 1} σ points")
+            super().set_timesteps(len(points) - 1, device=device, sigmas=points[:-1])
+
+    return EulerOnPoints(num_train_timesteps=1000, shift=1.0)

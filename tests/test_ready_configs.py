@@ -214,10 +214,10 @@ def test_qwen_image_2512_config_is_qwen_images_recipe_on_the_new_weights():
 )
 def test_wan_image_to_video_configs_take_flow_grpos_wan_step_at_their_checkpoints_shift(name, shift):
     from diffusion_rl.config import load
-    from diffusion_rl.models.families.wan import shifted_sigma_schedule
+    from diffusion_rl.models.families.wan import unipc_flow_sigmas
 
     cfg = load(str(ROOT / f"configs/{name}.yaml"))
-    sigmas = shifted_sigma_schedule(cfg.sampling.num_steps, shift, 1000).float()
+    sigmas = unipc_flow_sigmas(cfg.sampling.num_steps, shift, 1000).float()
     assert cfg.sampling.sde_type == "sde_linear"
     assert cfg.sampling.noise_level == round(float(sigmas[1]), 4)
 
@@ -225,11 +225,11 @@ def test_wan_image_to_video_configs_take_flow_grpos_wan_step_at_their_checkpoint
 @pytest.mark.parametrize("name, shift", [("wan21_t2v_1_3b_ocr_lora", 3.0), ("wan22_t2v_a14b_ocr_lora", 12.0)])
 def test_wan_ocr_configs_take_flow_grpos_wan_step_lora_targets_ema_and_no_first_validation(name, shift):
     from diffusion_rl.config import load
-    from diffusion_rl.models.families.wan import WAN_LORA_TARGETS, shifted_sigma_schedule
+    from diffusion_rl.models.families.wan import WAN_LORA_TARGETS, unipc_flow_sigmas
 
     cfg = load(str(ROOT / f"configs/{name}.yaml"))
     # flow_grpo's Wan step: std_dev_t = σ_max·σ with σ_max = sigmas[1] of the run's schedule (σ_min = sigmas[-1] = 0)
-    sigmas = shifted_sigma_schedule(cfg.sampling.num_steps, shift, 1000).float()
+    sigmas = unipc_flow_sigmas(cfg.sampling.num_steps, shift, 1000).float()
     assert cfg.sampling.sde_type == "sde_linear" and float(sigmas[-1]) == 0.0
     assert cfg.sampling.noise_level == round(float(sigmas[1]), 4)
     # train_wan2_1.py's LoRA: to_q, to_k, to_v, to_out.0 (and add_* projections the T2V model has not): attention only

@@ -40,21 +40,41 @@ def test_video_latents_have_the_vae_layout_and_sizes_are_checked(family_dirs, lo
     assert ti2v.latent_shape(32, 32, 5) == (4, 2, 4, 4)
 
 
-def test_sigma_schedule_is_the_shifted_flow_matching_grid(family_dirs, load):
+def test_sigma_schedule_is_the_checkpoints_unipc_flow_sigma_points(family_dirs, load):
     model = load(family_dirs["wan"])
     shift = 3.0  # the tiny Wan 2.1's flow_shift, as Wan2.1-T2V-1.3B's
     assert model.shift == shift
 
-    def shifted(s):
+    def shifted(s):  # shifted once
         return shift * s / (1 + (shift - 1) * s)
 
-    # the flow-matching Euler grid: N evenly spaced from 1 to the shifted smallest training σ (1/1000), then shifted
-    low = shifted(1 / 1000)
-    grid = [1 - i * (1 - low) / 3 for i in range(4)]
-    expected = [shifted(s) for s in grid] + [0.0]
+    # UniPC's flow sigmas: 5 times evenly spaced from 1 to 1/1000, the last dropped, shifted, then 0
+    expected = [shifted(1 - i * 0.999 / 4) for i in range(4)] + [0.0]
     assert model.sigma_schedule(4, 32, 32, 9).tolist() == pytest.approx(expected, abs=1e-6)
+    # 10 steps by hand: u_9 = 1 − 9·0.999/10 = 0.1009, σ_9 = 0.3027 / 1.2018 = 0.25187 (the flow-matching Euler
+    # scheduler's shift-3 grid, shifted twice, ends at 0.0089: a last step all but wasted)
+    assert float(model.sigma_schedule(10, 32, 32, 9)[9]) == pytest.approx(0.3027 / 1.2018, abs=1e-6)
     ti2v = load(family_dirs["wan_ti2v"])
     assert ti2v.shift == 5.0
+    # shift 5, 4 steps: u = 1, 0.75025, 0.5005, 0.25075 → 1, 0.93758, 0.83361, 0.62594, 0
+    assert ti2v.sigma_schedule(4, 32, 32, 5).tolist() == pytest.approx([1, 0.93758, 0.83361, 0.62594, 0], abs=1e-5)
+
+
+@pytest.mark.parametrize("steps, shift", [(1, 3.0), (4, 5.0), (10, 3.0), (20, 3.0), (20, 12.0), (20, 16.0), (7, 1.0)])
+def test_wan_sigma_points_are_diffusers_unipc_flow_sigmas(steps, shift):
+    """UniPCMultistepScheduler as the Wan checkpoints configure it, bit for bit but for σ_0, which UniPC lowers to
+    1 − 1e-6 (its multistep update takes log(1 − σ)); ours starts at 1."""
+    from diffusers import UniPCMultistepScheduler
+
+    from diffusion_rl.models.families.wan import unipc_flow_sigmas
+
+    scheduler = UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=shift, prediction_type="flow_prediction",
+                                        final_sigmas_type="zero", num_train_timesteps=1000)  # fmt: skip
+    scheduler.set_timesteps(steps)
+    ours = unipc_flow_sigmas(steps, shift, 1000).float()
+    assert ours.shape == scheduler.sigmas.shape and float(ours[0]) == 1.0 and float(ours[-1]) == 0.0
+    assert torch.equal(ours[1:], scheduler.sigmas[1:])
+    assert float(scheduler.sigmas[0]) == pytest.approx(1 - 1e-6, abs=1e-7)
 
 
 def test_guided_velocity_is_cfg_of_two_forwards_at_timestep_1000_sigma(family_dirs, load):

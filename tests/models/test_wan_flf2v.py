@@ -15,6 +15,7 @@ from PIL import Image
 from diffusion_rl.errors import UserError
 from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
+from tests.helpers import euler_on
 
 PROMPTS = ["the circle rolls left", "a square falls"]
 FRAMES = np.random.default_rng(0).integers(0, 256, (2, 2, 32, 32, 3), dtype=np.uint8)  # [row, first/last, H, W, 3]
@@ -56,10 +57,8 @@ def test_the_video_condition_with_a_last_frame_is_the_pipelines(wan_flf2v_model_
 def _pipeline_latents(model, noise, guidance: float, text_tokens: int, rows=FRAMES) -> torch.Tensor:
     """WanImageToVideoPipeline(last_image=…)'s own sampling of PROMPTS (negative: "") from our initial noise and our σ
     grid, its text encoded by itself at `text_tokens`, one row per call (the pipeline takes one image pair a call)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     pipe = model.pipeline
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=model.shift)
+    pipe.scheduler = euler_on(model.sigma_schedule(4, 32, 32, 5))  # diffusers' Euler steps on our (UniPC's) σ points
     videos = []
     for i, (first, last) in enumerate(rows):
         r = slice(i, i + 1)

@@ -20,6 +20,7 @@ from diffusion_rl.estimate.architectures import from_shipped
 from diffusion_rl.models.tiny import build_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
 from diffusion_rl.sampling.window import SdeWindow
+from tests.helpers import euler_on
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["the circle rolls left", "a square falls"]
@@ -73,12 +74,10 @@ def test_the_video_condition_is_the_pipelines_mask_and_first_frame_latents(wan_i
 
 
 def _pipeline_latents(model, noise, guidance: float, text_tokens: int) -> torch.Tensor:
-    """WanImageToVideoPipeline's own sampling of PROMPTS (negative: "") from our initial noise and our σ grid (its
-    flow-matching Euler scheduler with the model's shift), its text encoded by itself at `text_tokens`."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
+    """WanImageToVideoPipeline's own sampling of PROMPTS (negative: "") from our initial noise with diffusers'
+    flow-matching Euler scheduler on our σ points (UniPC's), its text encoded by itself at `text_tokens`."""
     pipe = model.pipeline
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=model.shift)
+    pipe.scheduler = euler_on(model.sigma_schedule(4, 32, 32, 5))
     rows = [slice(i, i + 1) for i in range(len(FIRST))]  # the pipeline takes one image per call
     return torch.cat([pipe(image=Image.fromarray(FIRST[r][0]), prompt=PROMPTS[r], negative_prompt="", latents=noise[r],
                            height=32, width=32, num_frames=5, num_inference_steps=4, guidance_scale=guidance,

@@ -14,6 +14,7 @@ from diffusion_rl.cli import main
 from diffusion_rl.models.guidance import Guidance
 from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.sampling.rollout import SamplerSettings, anonymous_ids, initial_noise, rollout
+from tests.helpers import euler_on
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs/quickstart_flow_grpo.yaml")
@@ -26,12 +27,11 @@ def a14b_dir(tmp_path_factory):
 
 
 def test_our_ode_with_a_low_noise_guidance_gives_wan_pipelines_guidance_scale_2_video(a14b_dir, load):
-    """Same noise and prompts, 4 Euler steps on the shift-12 grid (t = 1000, 961 on the high-noise expert, 861, 126 on
+    """Same noise and prompts, 4 Euler steps on the shift-12 grid (t = 1000, 973, 923 on the high-noise expert, 801 on
     the low-noise one): ours at guidance 4 / low-noise 3 is WanPipeline's guidance_scale=4, guidance_scale_2=3 with
-    the flow-matching Euler scheduler (fp32 latents within atol 1e-5: the same operations, CFG batched here, two
-    forwards there), and not its guidance_scale_2=4, which ours reproduces with the low-noise scale null."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
+    diffusers' flow-matching Euler scheduler on our σ points (fp32 latents within atol 1e-5: the same operations, CFG
+    batched here, two forwards there), and not its guidance_scale_2=4, which ours reproduces with the low-noise scale
+    null."""
     model = load(a14b_dir)
     settings = SamplerSettings(num_steps=4, guidance=4.0, height=32, width=32, frames=5, guidance_low_noise=3.0)
     noise = initial_noise(model, settings, [3, 4])
@@ -42,7 +42,7 @@ def test_our_ode_with_a_low_noise_guidance_gives_wan_pipelines_guidance_scale_2_
                        ids=anonymous_ids(PROMPTS)).final_latents  # fmt: skip
 
     pipe = model.pipeline
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=model.shift)
+    pipe.scheduler = euler_on(model.sigma_schedule(4, 32, 32, 5))
 
     def diffusers(guidance_scale_2: float | None) -> torch.Tensor:
         return pipe(prompt=PROMPTS, negative_prompt=NEGATIVE, height=32, width=32, num_frames=5, num_inference_steps=4,
@@ -56,11 +56,10 @@ def test_our_ode_with_a_low_noise_guidance_gives_wan_pipelines_guidance_scale_2_
 
 
 def test_image_to_video_a14b_gives_wan_image_to_video_pipelines_guidance_scale_2_video(tmp_path_factory, load):
-    """Wan 2.2 I2V-A14B (boundary 900; shift 5, 4 steps: t = 1000, 910 high-noise, 717, 24 low-noise) at 4 / 2 against
+    """Wan 2.2 I2V-A14B (boundary 900; shift 5, 4 steps: t = 1000, 938 high-noise, 834, 626 low-noise) at 4 / 2 against
     WanImageToVideoPipeline's guidance_scale=4, guidance_scale_2=2, one first frame per call (1e-4: the same
     operations but for the pixels' scaling and the timestep's rounding, as tests/models/test_wan_i2v.py)."""
     import numpy as np
-    from diffusers import FlowMatchEulerDiscreteScheduler
     from PIL import Image
 
     model = load(save_tiny(tmp_path_factory.mktemp("tiny_wan_i2v_a14b"), "wan_i2v", "a14b", seed=0))
@@ -69,7 +68,7 @@ def test_image_to_video_a14b_gives_wan_image_to_video_pipelines_guidance_scale_2
     cond = model.encode_prompts(PROMPTS, NEGATIVE, [[first[0]], [first[1]]])
     ours = rollout(model, cond, settings, None, init_seeds=[1, 2], noise_seeds=[1, 2], ids=anonymous_ids(PROMPTS))
     noise, pipe = initial_noise(model, settings, [1, 2]), model.pipeline
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=model.shift)
+    pipe.scheduler = euler_on(model.sigma_schedule(4, 32, 32, 5))
 
     def diffusers(guidance_scale_2: float) -> torch.Tensor:
         rows = [slice(i, i + 1) for i in range(2)]  # the pipeline takes one image per call

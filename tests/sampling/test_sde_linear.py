@@ -18,7 +18,7 @@ import torch
 from diffusion_rl.algorithms.policy_gradient import PolicyLossInput, kl_to_reference
 from diffusion_rl.config import load
 from diffusion_rl.config.plugins import STEP_TYPES
-from diffusion_rl.models.families.wan import shifted_sigma_schedule
+from diffusion_rl.models.families.wan import unipc_flow_sigmas
 from diffusion_rl.utils.seeding import make_generator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,9 +51,10 @@ def test_worked_example():
 
 def test_matches_flow_grpo_over_the_wan_schedule_with_its_sigma_max():
     # Wan2.1-T2V-1.3B's 20 steps at flow_shift 3 (the recipe's); noise_level = σ_max = sigmas[1], σ_min = sigmas[-1]
-    sigmas = shifted_sigma_schedule(20, 3.0, 1000).float()
+    sigmas = unipc_flow_sigmas(20, 3.0, 1000).float()
     sigma_max, sigma_min = float(sigmas[1]), float(sigmas[-1])
-    assert sigma_min == 0.0 and sigma_max == pytest.approx(0.981875, abs=1e-6)
+    # u_1 = 1 − 0.999/20 = 0.95005, shifted 3·0.95005 / (1 + 2·0.95005) = 2.85015 / 2.9001
+    assert sigma_min == 0.0 and sigma_max == pytest.approx(2.85015 / 2.9001, abs=1e-6)
     gen = torch.Generator().manual_seed(0)
     x, v = torch.randn(2, 2, 2, 1, 3, generator=gen), torch.randn(2, 2, 2, 1, 3, generator=gen)  # [B, C, F, H, W]
     for j in range(20):

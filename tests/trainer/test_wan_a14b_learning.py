@@ -2,8 +2,8 @@
 experts trained as one network: the validation reward's gain over run.seed 0, 1, 2 (the video quickstart's JPEG
 size of every frame; 2 prompts × 4 videos of 5 frames at 32×32 a step, CFG 4.5, lr 1e-2), with
 
-- Flow-GRPO, whose calls at one step share a timestep: a call runs one expert (10 steps on the shifted grid,
-  t = 1000, 990, 977, 961, 939, 908 on the high-noise expert, 861, 783, 624, 126 on the low-noise one);
+- Flow-GRPO, whose calls at one step share a timestep: a call runs one expert (10 steps on UniPC's flow σ points,
+  t = 1000, 991, 980, 966, 947, 923, 889 on the high-noise expert, 838, 751, 574 on the low-noise one);
 - DiffusionNFT, which draws a time per sample: a call's rows go to both experts, each on its own.
 
 Measured gains (2026-11-26, AMD EPYC without AMX, load 5–6 from other jobs; one byte of JPEG is 2e-6): Flow-GRPO

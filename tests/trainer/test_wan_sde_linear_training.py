@@ -30,8 +30,8 @@ def test_the_video_quickstart_trains_with_the_sde_linear_step_and_a_kl(make_trai
     assert rows[0]["ratio_min"] == rows[0]["ratio_max"] == 1.0  # on-policy, before any optimizer step
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["kl_ref"]) for r in rows)
     assert rows[-1]["kl_ref"] > 0  # the policy has left the reference
-    # 0.9 is not this schedule's σ_max: 6 steps on linspace(1, 0.001, 6) give 0.8002 before the shift, and shift 3
-    # makes it 3·0.8002 / (1 + 2·0.8002) = 0.9232(6) — said in one line
-    assert caplog.text.count("set sampling.noise_level=0.9233 to match it") == 1
+    # 0.9 is not this schedule's σ_max: UniPC's 6 flow σ points put u_1 = 1 − 0.999/6 = 0.8335 before the shift, and
+    # shift 3 makes it 3·0.8335 / (1 + 2·0.8335) = 0.93757 — said in one line
+    assert caplog.text.count("set sampling.noise_level=0.9376 to match it") == 1
     after = trained_weights(trainer)
     assert any(not torch.equal(before[k], after[k]) for k in before)

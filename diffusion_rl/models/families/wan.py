@@ -14,9 +14,10 @@ where the first frame's tokens get 0); in text-to-video every token has the same
 per sample gives, so we pass that.
 
 σ schedule: the checkpoints ship a UniPC multistep scheduler on flow sigmas with a fixed `flow_shift`. RL needs
-single steps with a Gaussian log-density, so we take the same shifted time, σ' = s·σ / (1 + (s − 1)·σ), on the
-flow-matching Euler grid (diffusers' FlowMatchEulerDiscreteScheduler with shift s) and step it with our ODE/SDE
-steps, as the other families do.
+single steps with a Gaussian log-density, so we sample on that scheduler's σ points (`unipc_flow_sigmas`: its grid
+shifted once by the checkpoint's flow_shift, not the flow-matching Euler scheduler's, whose σ_min is shifted before
+its points are shifted again) and step them with our ODE/SDE steps, as the other families do: the solver differs
+from the pipeline's, the points do not.
 
 Wan 2.2 A14B: two transformers of one architecture, `transformer` for timesteps ≥ boundary_ratio · 1000 and
 `transformer_2` below (the pipeline's switch); trained as one network (models/experts.py), LoRA on both, each
@@ -66,13 +67,18 @@ def uint8_to_video(video_BFHW3: torch.Tensor) -> torch.Tensor:
     return video_BFHW3.permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
 
 
-def shifted_sigma_schedule(num_steps: int, shift: float, num_train_timesteps: int) -> torch.Tensor:
-    """σ_0 = 1 > … > σ_T = 0 of the flow-matching Euler scheduler with a fixed `shift` (as SD3's)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=num_train_timesteps, shift=shift)
-    scheduler.set_timesteps(num_steps, device="cpu")
-    return scheduler.sigmas
+def unipc_flow_sigmas(num_steps: int, flow_shift: float, num_train_timesteps: int) -> torch.Tensor:
+    """σ_0 = 1 > … > σ_{N−1} > σ_N = 0, float64 [N + 1]: the σ points of the Wan checkpoints' scheduler,
+    UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=s, final_sigmas_type="zero").set_timesteps(N), as
+    diffusers 0.42 computes them: N + 1 times evenly spaced from 1 to 1/T, the last dropped,
+    u_k = 1 − k·(1 − 1/T)/N for k = 0 … N − 1, each shifted once, σ_k = s·u_k / (1 + (s − 1)·u_k), then σ_N = 0.
+    E.g. s = 3, N = 10: u_9 = 0.1009, σ_9 = 0.3027/1.2018 = 0.2519. UniPC lowers σ_0 to 1 − 1e-6 (against
+    log(1 − σ) = −inf in its multistep update; our Euler and SDE steps need no guard, so σ_0 stays 1); diffusers
+    0.33 (flow_grpo's pin) spaced u from 1 − 1/T to (1 − 1/T)/N instead, each 1/T lower than these."""
+    k = torch.arange(num_steps, dtype=torch.float64)
+    u = 1 - k * (1 - 1 / num_train_timesteps) / num_steps
+    sigmas = flow_shift * u / (1 + (flow_shift - 1) * u)
+    return torch.cat([sigmas, sigmas.new_zeros(1)])
 
 
 class WanModel(FlowModel):
@@ -171,7 +177,7 @@ class WanModel(FlowModel):
 
     def _build_sigma_schedule(self, num_steps: int, height: int, width: int, frames: int) -> torch.Tensor:
         self.latent_shape(height, width, frames)  # the size check; the shift is fixed
-        return shifted_sigma_schedule(num_steps, self.shift, int(self.timestep_scale))
+        return unipc_flow_sigmas(num_steps, self.shift, int(self.timestep_scale))
 
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype) -> dict:
