@@ -28,7 +28,8 @@ def test_nft_on_two_experts_takes_the_same_steps_on_two_sharded_workers(
     first, second = zip(local_rows, ray_rows)
     rows_close(*first, rel=1e-4, abs=1e-7)  # step 1: the same samples and the same update's metrics
     # step 2 samples with weights that differ by the gradient halves' summation order (~1e-9, which Adam's first
-    # step scales up to ~1e-6, tests/engine/test_ray_engine.py NFT+LoRA): the rewards still agree bit for bit, the
-    # temporal-consistency statistics (a std of small per-frame differences) only to ~2e-4
-    assert second[0]["reward/mean"] == second[1]["reward/mean"]
+    # step scales up to ~1e-6, tests/engine/test_ray_engine.py NFT+LoRA): a video's JPEG size may move by a byte or
+    # so (on Wan's UniPC σ points the mean reward differs by 2e-7 of its 2.6e-3: 0.1 byte of 1.3 kB), the
+    # temporal-consistency statistics (a std of small per-frame differences) by ~2e-4
+    assert second[0]["reward/mean"] == pytest.approx(second[1]["reward/mean"], rel=1e-3)
     assert max_difference(local.engine.model.policies.trainable_state_dict(), weights) <= 1e-5
