@@ -113,10 +113,10 @@ OLD_DECAY_KINDS: dict[str, tuple[int, float, float]] = {
 def old_decay(step: int, kind: str, fixed: float | None = None) -> float:
     """DiffusionNFT's decay d of the "old" adapter after `step` completed trainer steps.
 
-    kind is one of OLD_DECAY_KINDS, or "fixed" with `fixed` the constant d in [0, 1]. "delayed_linear_to_0_999" (the
-    default here; DiffusionNFT's `decay_type = 2`, which its SD3 OCR recipe takes, with β 0.1; its other recipes
-    take `decay_type = 1`, "linear_to_0_5", with β 1): the old adapter tracks the policy exactly for the first 75
-    steps, then lags more and more (d = 0.1875 at step 100, 0.9375 at step 200, 0.999 from step 209 on).
+    kind is one of OLD_DECAY_KINDS, or "fixed" with `fixed` the constant d in [0, 1]. DiffusionNFT's default recipe
+    takes "linear_to_0_5" (its `decay_type = 1`, with β 1; the default here), its SD3 OCR recipe
+    "delayed_linear_to_0_999" (`decay_type = 2`, with β 0.1): the old adapter tracks the policy exactly for the first
+    75 steps, then lags more and more (d = 0.1875 at step 100, 0.9375 at step 200, 0.999 from step 209 on).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -170,7 +170,7 @@ class NftSettings(LossSettings):
         1, "Update the `old` adapter (which samples) every N training steps.", within=Range(1, MAX_COUNT)
     )
     old_decay: Literal["copy", "linear_to_0_5", "delayed_linear_to_0_999", "fixed"] = opt(
-        "delayed_linear_to_0_999",
+        "linear_to_0_5",  # DiffusionNFT's default recipe (decay_type 1, with β 1); its SD3 OCR recipe: delayed, β 0.1
         "d of old ← d·old + (1 − d)·θ after `step` completed steps: copy (0), linear_to_0_5 (min(0.001·step, 0.5)), "
         "delayed_linear_to_0_999 (0 before step 75, then min(0.0075·(step − 75), 0.999)), fixed (old_decay_value).",
     )
