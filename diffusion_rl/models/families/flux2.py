@@ -209,9 +209,9 @@ class Flux2Model(PackedLatentModel):
         return self.distilled
 
     def true_cfg(self, guidance: float) -> bool:
-        if self.distilled and guidance > 1.0:
+        if self.ignores_guidance() and guidance > 1.0:
             warn_guidance_ignored(float(guidance))
-        return not self.distilled and not self.guidance_embeds and guidance > 1.0
+        return not self.ignores_guidance() and not self.guidance_embeds and guidance > 1.0
 
     def velocity(self, latents, sigma, cond: TensorDict, guidance: float) -> torch.Tensor:
         B, h, w, K = latents.shape
