@@ -122,6 +122,11 @@ class Algorithm(ABC):
         return 1
 
     @classmethod
+    def trained_share(cls, algorithm: AlgorithmConfig, group_size: int) -> float:
+        """The share of a step's samples the update trains (`estimate`): every one by default."""
+        return 1.0
+
+    @classmethod
     def frozen_calls(cls, algorithm: AlgorithmConfig, sampling: SamplingConfig) -> float:
         """Forwards without gradient (reference, old or EMA policies) per trained call."""
         return int(cls.needs_reference(algorithm.settings))

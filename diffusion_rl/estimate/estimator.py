@@ -259,7 +259,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     peak = (plan.fixed + memory["activations"]) / GIB
 
     # -- the update's time, with the checkpointed blocks' forward recomputed ---------------------------------------
-    calls = rows * algorithm.trained_calls(cfg.algorithm, cfg.sampling) * t.ppo_epochs  # rows × trained steps
+    trained_rows = rows * algorithm.trained_share(cfg.algorithm, cfg.data.group_size)  # DPO: a pair per group
+    calls = trained_rows * algorithm.trained_calls(cfg.algorithm, cfg.sampling) * t.ppo_epochs  # × trained steps
     micro_batches = math.ceil(calls / micro)
     recomputed = checkpointed / plan.blocks  # the share of a forward the backward runs again
     per_micro = cost.train_flops + recomputed * cost.forward_flops

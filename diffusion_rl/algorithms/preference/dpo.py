@@ -185,6 +185,10 @@ class Dpo(ForwardProcess):
     def needs_reference(cls, settings) -> bool:
         return True  # the loss is relative to the reference's errors
 
+    @classmethod
+    def trained_share(cls, algorithm, group_size: int) -> float:
+        return min(1.0, 2 / group_size)  # one pair per group: its best and its worst sample
+
     def prepare(self, scored, group_index: torch.Tensor) -> tuple[Targets, dict[str, float]]:
         """One pair per group (best vs worst valid reward), stored per row so that it survives splitting the batch."""
         pairs = online_pairs(torch.from_numpy(scored.total), group_index)
