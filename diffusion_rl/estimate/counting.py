@@ -180,11 +180,13 @@ def transformer_inputs(arch: Architecture, s: Shapes, dtype: torch.dtype) -> dic
     """The keyword arguments the family's adapter gives the transformer for `s`, as meta tensors (its meta_inputs)."""
     latent = ((s.frames - 1) // arch.temporal_scale + 1, s.height // arch.vae_scale, s.width // arch.vae_scale)
     adapter = family_named(arch.family).adapter
-    sources = {}
+    extra = {}
     if adapter.edits:  # only an editing family reads condition images
         height, width = s.source_size or (s.height, s.width)
-        sources = {"sources": s.sources, "source_latent": (1, height // arch.vae_scale, width // arch.vae_scale)}
-    return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype, **sources)
+        extra = {"sources": s.sources, "source_latent": (1, height // arch.vae_scale, width // arch.vae_scale)}
+    if arch.image_encoder is not None:  # Wan 2.1 I2V / FLF2V: the transformer cross-attends to the frame's tokens
+        extra["image_tokens"] = arch.image_encoder.positions
+    return adapter.meta_inputs(arch.transformer_config, s.batch, latent, s.text, dtype, **extra)
 
 
 @dataclass(frozen=True)

@@ -193,3 +193,30 @@ def test_estimated_update_flops_of_every_algorithm_agree_with_the_counted(make_t
     # share (reward_steps / T), one step's draws a few more or fewer (test_tdm_r1_draws.py counts them exactly)
     high = 1.1 if name == "tdm_r1" else 1.0
     assert 0.94 <= expected / counted <= high, f"{name}: estimated {expected:.4g}, counted {counted:.4g}"
+
+
+@pytest.mark.parametrize(
+    ("name", "fixture"),
+    [("edit", "flux_kontext_model_dir"), ("video", "wan_model_dir"), ("i2v", "wan_i2v_model_dir")],
+)
+def test_estimated_flops_of_the_edit_and_video_quickstarts_agree_with_the_counted(request, monkeypatch, tmp_path,
+                                                                                  name, fixture):  # fmt: skip
+    """The same for the quickstarts on other families, rollout and update: condition images (Kontext), frames (Wan)
+    and the first frame's CLIP tokens that Wan 2.1 I2V cross-attends to (the estimate's meta forward once gave the
+    tiny model the real encoder's 257 tokens for its 17: 29 % over)."""
+    from diffusion_rl.config import load
+    from diffusion_rl.trainer import make_trainer
+
+    monkeypatch.chdir(ROOT)  # the quickstarts name their data files relative to the repository
+    overrides = [f"run.dir={tmp_path}", f"model.path={request.getfixturevalue(fixture)}", "log.flops=true",
+                 "val.before_train=false", "engine.num_threads=1"]  # fmt: skip
+    trainer = make_trainer(load(ROOT / f"configs/quickstart_{name}.yaml", overrides))
+    trainer.train_step(0)
+    cache = trainer.engine.flops.cache
+    rollout = sum(v for k, v in cache.items() if k[0] == "generate")
+    update = sum(v for k, v in cache.items() if k[0] in ("begin", "update"))
+    r = estimate(trainer.cfg, architecture_for(trainer.cfg.model), DEVICES["h100"], 1)
+    # on these small tiny models the estimate is 8 % under the edit's and the I2V's counted rollout and update
+    # (not explained yet; 1 % on the quickstarts' own base presets), within 2 % for text-to-video: a 29 % slip fails
+    assert 0.9 <= r.flops_rollout / rollout <= 1.02, (name, r.flops_rollout, rollout)
+    assert 0.9 <= r.flops_update / update <= 1.0, (name, r.flops_update, update)

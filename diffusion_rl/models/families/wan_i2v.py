@@ -63,7 +63,6 @@ from diffusion_rl.models.families.wan import WAN_LORA_TARGETS, WanModel, uint8_t
 from diffusion_rl.models.registry import ModelFamily, register_family
 
 MASK_CHANNELS = 4  # Wan 2.1 I2V's mask: one channel per frame the VAE folds into a latent frame
-CLIP_IMAGE_TOKENS = 257  # the real image encoder's (ViT-H/14 at 224 px: 16² patches and the class token)
 CONDITIONS_KEPT = 64  # video conditions (images × frame count) kept between velocity calls
 # diffusers' WanAttnProcessor (0.42.1) takes all but the last 512 tokens of the cross-attention's context as image
 # tokens in a block with add_k_proj ("the context length of the text encoder, hardcoded"): not in the config
@@ -244,11 +243,13 @@ class WanI2VModel(WanModel):
 
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
-                    sources: int = 1, source_latent: tuple[int, int, int] | None = None) -> dict:  # fmt: skip
+                    sources: int = 1, source_latent: tuple[int, int, int] | None = None,
+                    image_tokens: int = 0) -> dict:  # fmt: skip
+        """image_tokens: the image encoder's tokens per image (ViT-H/14 at 224 px: 257; estimate's Architecture)."""
         inputs = super().meta_inputs(config, batch, latent, text, dtype)  # in_channels: the first frame's included
         if config.get("image_dim"):  # FLF2V: two images' tokens per row, which the transformer views as one sequence
             paired = config.get("pos_embed_seq_len")
-            images, tokens = (2, paired // 2) if paired else (1, CLIP_IMAGE_TOKENS)
+            images, tokens = (2, paired // 2) if paired else (1, image_tokens)
             inputs["encoder_hidden_states_image"] = on_meta(images * batch, tokens, config["image_dim"], dtype=dtype)
         return inputs
 
