@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -126,6 +127,5 @@ def run_summary(rows: Sequence[Mapping[str, float]]) -> list[str]:
 
 def _mean_and_error(values: Sequence[float]) -> tuple[float, float]:
     """The mean of `values` and its standard error (sample standard deviation / √n; 0 for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0)
+    error = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return statistics.fmean(values), error
