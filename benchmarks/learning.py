@@ -6,8 +6,10 @@
 The ranking over seeds, at equal compute, is benchmarks/ranking.py; it builds on this file's task setup.
 
 Each run, task `shapes` (default):
-1. The base model is the ShapesWorld model of `diffusion-rl pretrain configs/shapes_pretrain.yaml` at --model;
-   when that directory holds no pretrained model, it is pretrained first (7.5 minutes on 2 idle cores).
+1. The base model is the ShapesWorld model at --model; when that directory holds none, the package's shipped one is
+   copied there (`diffusion-rl init-tiny DIR --preset shapes`: the same bits on every machine, so runs made on
+   different machines start from one model; `diffusion-rl pretrain configs/shapes_pretrain.yaml` rebuilds it bit for
+   bit only on the CPU it was made on).
 2. Each algorithm config (configs/quickstart_flow_grpo.yaml is Flow-GRPO, every configs/quickstart_<name>.yaml another
    algorithm; configs that need an offline dataset, and the editing and video ones, are skipped) trains the base
    model on the ShapesWorld training prompts with the `shapes_geneval` reward, keeping its own algorithm settings.
@@ -100,20 +102,18 @@ def algorithm_configs(only: list[str] | None) -> dict[str, Path]:
     return found
 
 
-def ensure_base_model(model_dir: Path, threads: int) -> dict:
+def ensure_base_model(model_dir: Path) -> dict:
+    """The ShapesWorld model's info at `model_dir`, copying the package's shipped model there when it holds none."""
+    from diffusion_rl.errors import UserError
+    from diffusion_rl.models.tiny.shipped import copy_shipped
     from diffusion_rl.pretrain.model import INFO_FILE, read_model_info
 
     if not (model_dir / INFO_FILE).is_file():
-        from diffusion_rl.pretrain.config import load_pretrain_config
-        from diffusion_rl.pretrain.trainer import PretrainTrainer
-
-        logger.info("no ShapesWorld model at %s: pretraining it (configs/shapes_pretrain.yaml)", model_dir)
-        cfg = load_pretrain_config(
-            str(ROOT / "configs/shapes_pretrain.yaml"),
-            [f"run.out={model_dir}", f"run.dir={model_dir.parent / (model_dir.name + '_pretrain_run')}",
-             f"run.num_threads={threads}"],
-        )  # fmt: skip
-        PretrainTrainer(cfg).train()
+        if model_dir.is_dir() and any(model_dir.iterdir()):  # never write into a folder of someone else's files
+            raise UserError(f"--model {model_dir} holds files and no ShapesWorld model ({INFO_FILE}): give a new or "
+                            "empty directory, or one holding the model")  # fmt: skip
+        logger.info("no ShapesWorld model at %s: copying the shipped one there", model_dir)
+        copy_shipped("sd3", "shapes", model_dir)
     return read_model_info(model_dir)
 
 
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = info = None
     if args.task == "shapes":
         model_dir = Path(args.model).resolve()
-        info = ensure_base_model(model_dir, args.threads)
+        info = ensure_base_model(model_dir)
     configs = algorithm_configs(args.only.split(",") if args.only else None)
     reward = SHAPES_REWARD if info is not None else "the config's reward"
     results = single_runs(args, configs, work_dir, model_dir, info)
@@ -388,7 +388,7 @@ def start_shapes_benchmark(script: str, stem: str, args, argv: list[str] | None)
     setup_logging(args.threads)
     os.chdir(ROOT)
     model_dir = Path(args.model).resolve()
-    info = ensure_base_model(model_dir, args.threads)
+    info = ensure_base_model(model_dir)
     out = ROOT / "benchmarks/results" / (stem + (f"_{args.label}" if args.label else "") + ".json")
     header = {"command": " ".join([f"python benchmarks/{script}", *(argv or sys.argv[1:])]),
               "machine": {**machine(), "load_average_before": [round(x, 2) for x in os.getloadavg()]}}  # fmt: skip

@@ -199,7 +199,7 @@ class Benchmark:
             self.settings["shape_weight"] = args.shape_weight
         if args.plan or args.shard is not None:
             self.check_settings()  # before any work: settings.json of other settings, or unreadable, stops here
-        self.info = None if args.plan else ensure_base_model(self.model_dir, args.threads)  # may pretrain it
+        self.info = None if args.plan else ensure_base_model(self.model_dir)  # may copy the shipped one
 
     def namespace(self, seed: int, extra: list[str], name: str | None = None):
         """The overrides of algorithm `name`'s runs at `seed`: --set, its --pg-set where they apply, the held-out
@@ -515,7 +515,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shards", type=int, default=SHARDS,
                         help="shards (seeds) in all: --plan lists them, --shard takes 0 … N − 1")  # fmt: skip
     parser.add_argument("--model", default=str(ROOT / "models/shapes"),
-                        help="the ShapesWorld base model dir (pretrained there when absent or empty)")  # fmt: skip
+                        help="the ShapesWorld base model dir (the shipped one copied there when empty)")  # fmt: skip
     parser.add_argument("--only", default=None, help="comma-separated algorithm names (default: all)")
     parser.add_argument("--out-dir", default=str(OUT), help="shard files, kept runs and the table")
     parser.add_argument("--budget-flops", type=float, default=BUDGET_FLOPS, help="training FLOPs per run")

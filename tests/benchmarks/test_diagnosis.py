@@ -22,7 +22,7 @@ def test_thirds_average_each_third_and_leave_a_missing_metric_out(diagnosis):
 
 
 def test_a_run_keeps_every_steps_update_metrics(diagnosis, load_benchmark, shapes_model, tmp_path):
-    info = load_benchmark("learning").ensure_base_model(shapes_model, threads=2)
+    info = load_benchmark("learning").ensure_base_model(shapes_model)
     args = argparse.Namespace(seed=0, threads=2, steps=2, set=["sampling.num_steps=3", "data.group_size=2",
                                                                 "data.prompts_per_step=2"])  # fmt: skip
     rows = diagnosis.run("flow_grpo", ROOT / "configs/quickstart_flow_grpo.yaml", args, shapes_model, info, tmp_path)

@@ -64,7 +64,7 @@ def test_the_recorded_group_gradients_average_to_the_plain_update_gradient(noise
     from diffusion_rl.trainer import make_trainer
     from diffusion_rl.trainer.timing import PhaseTimer
 
-    info = learning.ensure_base_model(shapes_model, threads=2)
+    info = learning.ensure_base_model(shapes_model)
     small = ["sampling.num_steps=3", "val.n=1", "data.group_size=2", "data.prompts_per_step=2"]
     args = argparse.Namespace(seed=0, threads=2, set=small, groups=2, step=0, label="", work=str(tmp_path))
     measured = noise.measure("flow_grpo", ROOT / "configs/quickstart_flow_grpo.yaml", args, shapes_model, info)

@@ -20,8 +20,20 @@ def test_every_quickstart_config_is_an_algorithm(learning):
     assert list(learning.algorithm_configs(["fast"])) == ["fast"]
 
 
+def test_a_missing_base_model_is_the_shipped_one_copied_not_pretrained(learning, tmp_path, monkeypatch):
+    """Every machine starts from the same bits (a pretraining differs across CPUs): the ranking's kept runs name it."""
+    from diffusion_rl.models.tiny.shipped import shipped_dir
+    from diffusion_rl.utils.digest import file_sha256
+
+    monkeypatch.setattr("diffusion_rl.pretrain.trainer.PretrainTrainer.train", lambda self: pytest.fail("pretrained"))
+    info = learning.ensure_base_model(tmp_path / "shapes")
+    weights = "transformer/diffusion_pytorch_model.safetensors"
+    assert file_sha256(tmp_path / "shapes" / weights) == file_sha256(shipped_dir("sd3", "shapes") / weights)
+    assert info["size"] == 32
+
+
 def test_a_budgeted_run_validates_at_start_and_end_and_plots(learning, shapes_model, tmp_path):
-    info = learning.ensure_base_model(shapes_model, threads=2)
+    info = learning.ensure_base_model(shapes_model)
     assert info["size"] == 32
     args = argparse.Namespace(seed=0, threads=2, set=["data.prompts_per_step=1", "data.group_size=2",
                                                       "val.n=1", "val.num_steps=2", "sampling.num_steps=3"],

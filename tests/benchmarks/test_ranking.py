@@ -407,11 +407,11 @@ def test_an_empty_or_broken_settings_file_is_one_line_before_any_work(ranking, t
     assert f"{tmp_path / 'settings.json'} is empty or not the settings of the runs in {tmp_path}" in err
 
 
-def test_a_model_folder_of_other_files_is_not_pretrained_into(ranking, tmp_path, capsys):
+def test_a_model_folder_of_other_files_is_not_written_into(ranking, tmp_path, capsys):
     model = tmp_path / "mine"
     model.mkdir()
     (model / "notes.txt").write_text("mine")
     argv = ["--shard", "0", "--model", str(model), "--out-dir", str(tmp_path / "out"), "--only", "flow_grpo"]
     err = one_line_exit(capsys, lambda: ranking.main(argv))
-    assert f"ranking.py: error: run.out {model} holds files and no pretrained model" in err
-    assert [p.name for p in model.iterdir()] == ["notes.txt"] and not (tmp_path / "mine_pretrain_run").exists()
+    assert f"ranking.py: error: --model {model} holds files and no ShapesWorld model (shapes.json)" in err
+    assert [p.name for p in model.iterdir()] == ["notes.txt"]
