@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,9 +18,9 @@ from diffusion_rl.cli import main
 from diffusion_rl.config import load
 from diffusion_rl.estimate.architectures import Architecture, Encoder, architecture_for, from_shipped, shipped
 from diffusion_rl.estimate.counting import (
-    DecodeCost,
     PeakLive,
     Shapes,
+    VaeCost,
     counting_traffic,
     transformer_cost,
     vae_decode_cost,
@@ -294,7 +295,7 @@ def test_every_ready_config_estimates_without_weights(config, monkeypatch, tmp_p
             if key in arch.transformer_config:
                 arch.transformer_config[key] = 1
         arch.transformer_config.pop("dual_attention_layers", None)
-    monkeypatch.setattr(estimator, "vae_decode_cost", lambda *a, **k: DecodeCost(1.0, 1.0, 1))  # video VAEs: slow
+    monkeypatch.setattr(estimator, "vae_decode_cost", lambda *a, **k: VaeCost(1.0, 1.0, 1))  # video VAEs: slow
     r = estimate(cfg, arch, DEVICES["h100"], cfg.engine.num_workers if cfg.engine.kind == "ray" else 1)
     assert r.step_seconds > 0 and r.peak_memory_gib_per_gpu > 0 and r.flops_update > 0
 
@@ -380,15 +381,16 @@ def test_memory_parts_by_hand():
     ema4 = estimate(load(QUICKSTART, [*lora_overrides(), *with_ema]), arch, DEVICES["h100"], 4)
     assert ema4.memory_gib["ema"] == pytest.approx(adapters * 4 / 4 / gib)
     one = vae_decode_cost(arch, 64, 64, 1, torch.float32).peak_bytes
-    assert r.memory_gib["decode"] == pytest.approx(8 * one / gib)
+    assert r.memory_gib["vae_working_set"] == pytest.approx(8 * one / gib)
     chunked = estimate(load(QUICKSTART, ["sampling.score_chunks=2"]), arch, DEVICES["h100"], 1)
-    assert chunked.memory_gib["decode"] == pytest.approx(4 * one / gib)
+    assert chunked.memory_gib["vae_working_set"] == pytest.approx(4 * one / gib)
     many = estimate(load(QUICKSTART, ["data.group_size=20"]), arch, DEVICES["h100"], 1)  # 40 rows, 16 at a time
-    assert many.memory_gib["decode"] == pytest.approx(16 * one / gib)
+    assert many.memory_gib["vae_working_set"] == pytest.approx(16 * one / gib)
 
 
 def test_the_rollout_decodes_its_rows_sixteen_at_a_time_in_order():
-    from diffusion_rl.sampling.rollout import DECODE_ROWS, decode_in_chunks
+    from diffusion_rl.models.condition import VAE_ROWS
+    from diffusion_rl.sampling.rollout import decode_in_chunks
 
     class Model:
         calls: ClassVar[list[int]] = []
@@ -398,8 +400,48 @@ def test_the_rollout_decodes_its_rows_sixteen_at_a_time_in_order():
             return latents * 2
 
     latents = torch.arange(40.0)[:, None]
-    assert DECODE_ROWS == 16
+    assert VAE_ROWS == 16
     assert torch.equal(decode_in_chunks(Model(), latents), latents * 2) and Model.calls == [16, 16, 8]
+
+
+def test_condition_images_are_encoded_once_each_sixteen_at_a_time_and_found_by_their_rows():
+    from diffusion_rl.models.condition import condition_latents
+
+    calls = []
+
+    def encode(pixels):  # uint8 [N, H, W, 3] → one number per image: its first pixel
+        calls.append(len(pixels))
+        return pixels[:, 0, 0, 0].float()
+
+    images = [np.full((2, 2, 3), i, dtype=np.uint8) for i in range(40)]
+    rows = [[images[i % 40], images[(7 * i) % 40]] for i in range(80)]  # 80 rows of 2, 40 distinct images
+    latents = condition_latents(encode, rows)
+    assert calls == [16, 16, 8]  # each distinct image once
+    expected = torch.tensor([[i % 40, (7 * i) % 40] for i in range(80)], dtype=torch.float32)
+    assert torch.equal(latents, expected)
+
+
+def test_the_estimate_counts_the_condition_images_encode_once_per_prompt(monkeypatch):
+    """An edit's source image through the VAE encoder once per prompt, whatever the group size (a group shares its
+    prompt's images): 4 prompts × 4 and 2 prompts × 8 sample the same 16 rows, so their rollouts differ by two prompts'
+    encoding (text and, with images, the source), and by the encode of two sources more with images than without."""
+    from diffusion_rl.estimate.counting import vae_encode_cost
+
+    monkeypatch.chdir(ROOT)  # the quickstart names its data relative to the repository
+
+    def two_prompts_more(*overrides):
+        def rollout(prompts, group):
+            cfg = load(ROOT / "configs/quickstart_edit.yaml", [f"data.prompts_per_step={prompts}",
+                                                               f"data.group_size={group}", *overrides])  # fmt: skip
+            return estimate(cfg, architecture_for(cfg.model), DEVICES["h100"], 1).flops_rollout
+
+        return rollout(4, 4) - rollout(2, 8)
+
+    arch = architecture_for(load(ROOT / "configs/quickstart_edit.yaml").model)
+    one = vae_encode_cost(arch, 32, 32, 1).flops  # the model reads its sources at the output size, 32²
+    assert one > 0
+    with_images, without = two_prompts_more(), two_prompts_more("data.train=prompts.txt")  # a .txt holds no images
+    assert with_images - without == pytest.approx(2 * one, rel=1e-9)
 
 
 def lora_overrides() -> list[str]:

@@ -168,12 +168,12 @@ def from_components(name: str, family: str, components: dict[str, dict], source:
                         experts, image)  # fmt: skip
 
 
-def from_model_dir(path: Path, name: str | None = None) -> Architecture:
+def from_model_dir(path: Path, name: str | None = None, family: str = "auto") -> Architecture:
     """The architecture in a diffusers model directory (its model_index.json and components' config.json), named
-    `name` (default: the directory's)."""
-    from diffusion_rl.models.loader import detect_family
+    `name` (default: the directory's), as model.family `family` loads it (Wan 2.2 TI2V: wan_i2v reads it too)."""
+    from diffusion_rl.models.loader import resolve_pipeline
 
-    family = detect_family(path)
+    family = resolve_pipeline(path, family)[0]
     components = {}
     for sub in sorted(p for p in path.iterdir() if (p / "config.json").is_file()):
         components[sub.name] = json.loads((sub / "config.json").read_text())
@@ -235,9 +235,9 @@ def architecture_for(model_cfg, arch: str | None = None) -> Architecture:
         except UserError as e:
             uncached = e
         else:
-            return from_model_dir(snapshot, model_cfg.path)
+            return from_model_dir(snapshot, model_cfg.path, model_cfg.family)
     if (path / "model_index.json").is_file():
-        return from_model_dir(path)
+        return from_model_dir(path, family=model_cfg.family)
     if model_cfg.tiny_to_create:
         return from_tiny(model_cfg.tiny_family, model_cfg.tiny_to_create)
     by_lower = {k.lower(): k for k in known}

@@ -316,24 +316,37 @@ class PeakLive(TorchDispatchMode):
 
 
 @dataclass(frozen=True)
-class DecodeCost:
-    flops: float  # decoding one sample
+class VaeCost:
+    flops: float  # one sample's decode, or one condition's encode
     traffic: float  # bytes its memory-bound ops move
-    peak_bytes: int  # the most its intermediate tensors hold at once (beyond the latents and the weights)
+    peak_bytes: int  # the most its intermediate tensors hold at once (beyond its input and the weights)
+
+
+def _vae_call_cost(arch: Architecture, call: str, shape: tuple[int, ...], dtype) -> VaeCost:
+    vae = in_dtype(build_on_meta(arch.vae_class, arch.vae_config), dtype)
+    x = torch.empty(*shape, device=META, dtype=dtype)
+    with FlopCounterMode(display=False) as counter, torch.no_grad(), counting_traffic() as traffic, PeakLive() as live:
+        getattr(vae, call)(x)
+    return VaeCost(float(counter.get_total_flops()), float(traffic.bytes), live.peak)
+
+
+def _video_vae(arch: Architecture) -> bool:
+    return "temperal_downsample" in arch.vae_config  # (sic: diffusers' spelling)
 
 
 @counted_once
-def vae_decode_cost(arch: Architecture, height: int, width: int, frames: int, dtype=torch.bfloat16) -> DecodeCost:
+def vae_decode_cost(arch: Architecture, height: int, width: int, frames: int, dtype=torch.bfloat16) -> VaeCost:
     """FLOPs, memory-bound traffic and working memory of decoding one sample's latents, counted on the meta device."""
-    vae = in_dtype(build_on_meta(arch.vae_class, arch.vae_config), dtype)
     h, w = height // arch.vae_scale, width // arch.vae_scale
     c = arch.vae_config
     channels = c.get("latent_channels") or c.get("z_dim")
-    if "temperal_downsample" in c:
-        f = (frames - 1) // arch.temporal_scale + 1
-        z = torch.empty(1, channels, f, h, w, device=META, dtype=dtype)
-    else:
-        z = torch.empty(1, channels, h, w, device=META, dtype=dtype)
-    with FlopCounterMode(display=False) as counter, torch.no_grad(), counting_traffic() as traffic, PeakLive() as live:
-        vae.decode(z)
-    return DecodeCost(float(counter.get_total_flops()), float(traffic.bytes), live.peak)
+    f = ((frames - 1) // arch.temporal_scale + 1,) if _video_vae(arch) else ()
+    return _vae_call_cost(arch, "decode", (1, channels, *f, h, w), dtype)
+
+
+@counted_once
+def vae_encode_cost(arch: Architecture, height: int, width: int, frames: int, dtype=torch.bfloat16) -> VaeCost:
+    """The same for encoding one condition: an image, or a video VAE's `frames` frames (Wan I2V's given frames with
+    the zeros between them)."""
+    f = (frames,) if _video_vae(arch) else ()
+    return _vae_call_cost(arch, "encode", (1, 3, *f, height, width), dtype)

@@ -37,13 +37,13 @@ from diffusion_rl.config.fields import Range
 from diffusion_rl.data.prompts import condition_images_in
 from diffusion_rl.errors import UserError
 from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture, image_sizes_of
-from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost
+from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost, vae_encode_cost
 from diffusion_rl.estimate.devices import Device
 from diffusion_rl.models.checkpointing import CheckpointPlan, checked_count
+from diffusion_rl.models.condition import VAE_ROWS
 from diffusion_rl.models.guidance import Guidance, refuse_low_noise_without_experts, runs_cfg
 from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.registry import family_named
-from diffusion_rl.sampling.rollout import DECODE_ROWS
 from diffusion_rl.sampling.tree import TreeSpec
 from diffusion_rl.utils.dtypes import DTYPES
 
@@ -166,24 +166,34 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     # -- FLOPs and bytes per GPU, per phase ---------------------------------------------------------------------
     weights = cost.params * wbytes  # one expert's: what a call streams
     held = arch.experts * weights
-    prompts = math.ceil(cfg.data.prompts_per_step / gpus) + 1  # distinct texts per GPU: its prompts and the negative
+    # the rollout's encode_prompts takes each distinct text, and each distinct condition image, once: per GPU its
+    # prompts (a group shares its prompt and images) and the negative
+    prompts = math.ceil(cfg.data.prompts_per_step / gpus)
     text_flops = 0.0
     for enc in arch.text_encoders:
         padded = m.max_sequence_length  # T5 and FLUX.2's Qwen3 and Mistral-3 read the padded text
         tokens = {"clip": enc.positions or CLIP_TOKENS, "t5": padded, "qwen3": padded, "mistral3": padded}.get(
             enc.kind, QWEN_TEMPLATE_TOKENS + min(prompt_tokens, m.max_sequence_length)
         )
-        if enc.vision and sources:  # an edit's condition images through Qwen2.5-VL's vision tower
+        texts = prompts + 1
+        if enc.vision and sources:  # Qwen-Image-Edit: each prompt and its negative with the images, vision tower too
             flops, vision_tokens = enc.vision_flops(*CONDITION_SIZE)
-            text_flops += rows * sources * flops
+            texts = 2 * prompts
+            text_flops += texts * sources * flops
             tokens += sources * vision_tokens
-        text_flops += prompts * enc.forward_flops(tokens)
+        text_flops += texts * enc.forward_flops(tokens)
     text_bytes = sum(enc.weight_params for enc in arch.text_encoders) * wbytes
-    image = arch.image_encoder  # Wan 2.1 I2V: each sample's frame through CLIP once, in the rollout's encode
+    image = arch.image_encoder  # Wan 2.1 I2V: each prompt's frame through CLIP once, in the rollout's encode
     image_bytes = image.weight_params * wbytes if image else 0
     if image is not None:  # FLF2V reads two frames' tokens in one sequence (pos_embed_seq_len 514 = 2 × 257)
         frames = max(1, (arch.transformer_config.get("pos_embed_seq_len") or 0) // image.positions)
-        text_flops += rows * frames * image.forward_flops(image.positions)
+        text_flops += prompts * frames * image.forward_flops(image.positions)
+    # an editing family's condition images (Wan I2V: its given frames) through the VAE's encoder, once per prompt
+    encodes = [vae_encode_cost(arch, h, w, f, dtype) for f, h, w in family.adapter.condition_encodes(
+        arch.transformer_config, sources, s.num_frames, source_size)]  # fmt: skip
+    text_flops += prompts * sum(c.flops for c in encodes)
+    encode_traffic = prompts * sum(c.traffic for c in encodes)
+    vae_read = vae_params * wbytes if encodes else 0
 
     # transformer evaluations per image: T, or a tree's NFE_tree / N (its shared steps are taken once per node)
     tree = TreeSpec.of(s.tree)
@@ -220,9 +230,12 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     trajectory = rows * (stored * latent_numel + cond_per_row)
     frozen = 0 if m.offload_frozen else 1  # model.offload_frozen: on the device only for their calls, not the update
     ema = trainable * 4 / shard if t.ema.enabled else 0  # engine/ema.py: an fp32 copy of the trained parameters
-    # the VAE decodes a generate call's rows DECODE_ROWS at a time; the caching allocator keeps the blocks of that
-    # working set reserved beside the update's activations (nothing returns them while the device has room)
-    decoding = min(math.ceil(rows / s.score_chunks), DECODE_ROWS) * decode.peak_bytes
+    # the VAE decodes a generate call's rows VAE_ROWS at a time, and encodes its prompts' distinct condition images
+    # as many at a time at most; the caching allocator keeps the blocks of the larger working set reserved beside the
+    # update's activations (nothing returns them while the device has room)
+    per_call = math.ceil(rows / s.score_chunks)
+    decoding = min(per_call, VAE_ROWS) * decode.peak_bytes
+    encoding = min(min(prompts, per_call) * len(encodes), VAE_ROWS) * max((c.peak_bytes for c in encodes), default=0)
     memory = {
         "transformer": transformer_mem,
         "trainable_state": train_state,
@@ -232,7 +245,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         "vae": frozen * vae_params * wbytes,
         **({"image_encoder": frozen * image_bytes} if image else {}),
         "trajectories": trajectory,
-        "decode": decoding,
+        "vae_working_set": max(decoding, encoding),
         "activations": 0.0,  # below: with the blocks model.gradient_checkpointing checkpoints
         "context": CONTEXT_GIB * GIB,
     }
@@ -282,7 +295,7 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
         return (max(flops / (device.peak_tflops * 1e12), weights_moved / bandwidth) + traffic / bandwidth) / efficiency
 
     phases = {
-        "encode_prompts": seconds(text_flops, text_bytes + image_bytes),
+        "encode_prompts": seconds(text_flops, text_bytes + image_bytes + vae_read, encode_traffic),
         "rollout": seconds(rollout_flops, rollout_bytes, rollout_traffic),
         "decode": seconds(decode_flops, rows * vae_params * wbytes, rows * decode.traffic),
         "update": seconds(update_flops, update_bytes, update_traffic),

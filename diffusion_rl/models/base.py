@@ -171,6 +171,13 @@ class FlowModel(ABC):
         `model.condition_size` (`sizing`): `output` the output size, `pipeline` the pipeline's size."""
         return cls.pipeline_condition_size(height, width) if sizing == "pipeline" else (height, width)
 
+    @classmethod
+    def condition_encodes(cls, config: dict, sources: int, frames: int,
+                          size: tuple[int, int]) -> list[tuple[int, int, int]]:  # fmt: skip
+        """What the VAE encodes of one prompt's `sources` condition images read at `size`, as (frames, height,
+        width) per call (`estimate` counts them; `config`: the transformer's): an editing family each image alone."""
+        return [(1, *size)] * sources
+
     def fit_conditions(self, rows, height: int, width: int) -> ConditionImages | None:
         """Rows of `ConditionImage`s (data/condition_images.py) as the uint8 arrays `encode_prompts` takes, fitted
         to `condition_size` for an output of height × width; None when no row has one."""

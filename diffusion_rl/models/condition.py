@@ -55,9 +55,12 @@ def distinct_images(images: Sequence[Sequence[np.ndarray]]) -> tuple[list[np.nda
     return unique, torch.tensor(index, dtype=torch.long).reshape(len(images), -1)
 
 
+VAE_ROWS = 16  # images the VAE encodes or decodes at once: its working set grows with them (~0.4 GiB per 512² image)
+
+
 def condition_latents(encode, images: Sequence[Sequence[np.ndarray]]) -> torch.Tensor:
     """[B, k, …]: each row's condition images through `encode` (uint8 [N, H, W, 3] → latents [N, …]), each distinct
-    image encoded once."""
+    image encoded once, VAE_ROWS at a time (48 edit prompts' sources at 1024² at once would hold ~100 GiB)."""
     unique, index = distinct_images(images)
-    latents = encode(torch.from_numpy(np.stack(unique)))
+    latents = torch.cat([encode(chunk) for chunk in torch.from_numpy(np.stack(unique)).split(VAE_ROWS)])
     return latents[index.to(latents.device)]

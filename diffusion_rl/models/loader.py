@@ -98,21 +98,28 @@ def load_text_encoders(model: FlowModel, path: str | Path) -> None:
     logger.info("loaded the text encoders of %s", path)
 
 
+def resolve_pipeline(path: Path, family: str) -> tuple[str, str]:
+    """(family, diffusers pipeline class) that load the model directory `path` under model.family `family`: auto,
+    what its model_index.json names; a family that reads another's checkpoints too (models/registry.py: `loads_also`)
+    when the user chose it; UserError when it names another family."""
+    detected, pipeline_class = detect_pipeline(path)
+    chosen = family_named(family) if family != "auto" else None
+    if chosen is not None and chosen.name != detected and pipeline_class in chosen.loads_also:
+        return chosen.name, chosen.pipeline
+    if family not in ("auto", detected):
+        raise UserError(
+            f"model.family={family} but {path / 'model_index.json'} holds a {detected} pipeline; "
+            f"set model.family=auto or point model.path at a {family} model"
+        )
+    return detected, pipeline_class
+
+
 def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     """Build the FlowModel for a `ModelConfig` (see diffusion_rl.config). `text_encoders=False`: without them (the
     prompt-embedding cache may need none; `load_text_encoders` adds them later)."""
     path = model_dir(cfg.path, getattr(cfg, "revision", None))  # a folder, or a Hub id's snapshot in the cache
-    detected, pipeline_class = detect_pipeline(path)  # also fails early and clearly on a bad directory
-    chosen = family_named(cfg.family) if cfg.family != "auto" else None
-    if chosen is not None and chosen.name != detected and pipeline_class in chosen.loads_also:
-        # a checkpoint two families read (models/registry.py: loads_also); the user chose, and it loads as theirs
-        detected, pipeline_class = chosen.name, chosen.pipeline
-    if cfg.family not in ("auto", detected):
-        raise UserError(
-            f"model.family={cfg.family} but {path / 'model_index.json'} holds a {detected} pipeline; "
-            f"set model.family=auto or point model.path at a {cfg.family} model"
-        )
-    family = family_named(detected)
+    name, pipeline_class = resolve_pipeline(path, cfg.family)  # also fails early and clearly on a bad directory
+    family = family_named(name)
     raise_if_bad_index(path)  # before diffusers looks up the module a component names
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
     import diffusers

@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDict
 
 from diffusion_rl.config.plugins import STEP_TYPES
+from diffusion_rl.models.condition import VAE_ROWS
 from diffusion_rl.models.guidance import Guidance
 from diffusion_rl.sampling.ode import ODE_SOLVER_NAMES, OdeSolver
 from diffusion_rl.sampling.sde import StepOutput, check_sigmas
@@ -159,13 +160,10 @@ def rollout(model: FlowModel, cond: TensorDict, settings: SamplerSettings, windo
                       batch_size=[B], device=device)  # fmt: skip
 
 
-DECODE_ROWS = 16  # rows the VAE decodes at once: its working set grows with them (~0.4 GiB per 512² SD3/FLUX image)
-
-
 def decode_in_chunks(model: FlowModel, latents: torch.Tensor) -> torch.Tensor:
-    """model.decode of `latents` [B, …], DECODE_ROWS rows at a time (a Ray worker's 144 rows at once would hold
+    """model.decode of `latents` [B, …], VAE_ROWS rows at a time (a Ray worker's 144 rows at once would hold
     ~54 GiB of the VAE's intermediates at 512 px; `diffusion-rl estimate` counts one chunk's)."""
-    return torch.cat([model.decode(rows) for rows in latents.split(DECODE_ROWS)])
+    return torch.cat([model.decode(rows) for rows in latents.split(VAE_ROWS)])
 
 
 @torch.no_grad()

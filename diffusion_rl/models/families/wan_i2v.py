@@ -241,12 +241,31 @@ class WanI2VModel(WanModel):
         """The context the transformer reads: 512 tokens where it reads CLIP image tokens (`text_context`)."""
         return text_context(arch.transformer_config, max_sequence_length) or max_sequence_length
 
+    @staticmethod
+    def _replaces_first_frame(config: dict) -> bool:
+        """Wan 2.2 TI2V: the transformer reads the latents alone (in the channels it writes), the first frame's in
+        place of the noise, and each token its own timestep (the pipeline's `expand_timesteps`)."""
+        return config["in_channels"] == config["out_channels"]
+
+    @classmethod
+    def condition_encodes(cls, config: dict, sources: int, frames: int,
+                          size: tuple[int, int]) -> list[tuple[int, int, int]]:  # fmt: skip
+        """Wan 2.2 TI2V: the first frame alone; Wan 2.1 I2V and 2.2 I2V-A14B: one video of `frames` frames, the given
+        ones with zeros between (`_row_condition`)."""
+        if sources == 0:
+            return []
+        return [(1, *size)] if cls._replaces_first_frame(config) else [(frames, *size)]
+
     @classmethod
     def meta_inputs(cls, config: dict, batch: int, latent: tuple[int, int, int], text: int, dtype,
                     sources: int = 1, source_latent: tuple[int, int, int] | None = None,
                     image_tokens: int = 0) -> dict:  # fmt: skip
         """image_tokens: the image encoder's tokens per image (ViT-H/14 at 224 px: 257; estimate's Architecture)."""
         inputs = super().meta_inputs(config, batch, latent, text, dtype)  # in_channels: the first frame's included
+        if cls._replaces_first_frame(config):  # a timestep per token, as `velocity` gives it (the time embedding's)
+            _, ph, pw = config["patch_size"]
+            tokens = latent[0] * (latent[1] // ph) * (latent[2] // pw)
+            inputs["timestep"] = inputs["timestep"][:, None].expand(batch, tokens)
         if config.get("image_dim"):  # FLF2V: two images' tokens per row, which the transformer views as one sequence
             paired = config.get("pos_embed_seq_len")
             images, tokens = (2, paired // 2) if paired else (1, image_tokens)
