@@ -66,7 +66,7 @@ from diffusion_rl.metrics import reduce_metrics
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.trajectory import Generated
 from diffusion_rl.sampling.window import SdeWindow
-from diffusion_rl.utils.split import split_evenly
+from diffusion_rl.utils.split import chunks_of_shares, split_evenly
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +201,12 @@ class RayEngine:
         return self.engine.max_staleness if self.rollouts is not None else 0
 
     # -- the engine interface ---------------------------------------------------------------------------------
+    def sampling_chunks(self, rows: int, parts: int) -> list[list[int]]:
+        """Each chunk a piece of every sampling actor's rows, so that all of them sample in every chunk (contiguous
+        chunks of contiguously owned rows would leave all but one or two of them idle, and load those with a whole
+        chunk each)."""
+        return chunks_of_shares(rows, len(self.trainers if self.rollouts is None else self.rollouts), parts)
+
     def generate(
         self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
     ) -> Generated:

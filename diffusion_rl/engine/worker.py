@@ -53,6 +53,7 @@ from diffusion_rl.sampling.sde import sde_linear_advice
 from diffusion_rl.sampling.trajectory import Generated, Trajectory
 from diffusion_rl.sampling.window import SdeWindow
 from diffusion_rl.utils.seeding import seed_for
+from diffusion_rl.utils.split import chunks_of_shares
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +225,9 @@ class PolicyWorker:
             raise UserError(f"{keys} do not fit the {self.model.family} model: {problem}")
 
     # -- sampling -------------------------------------------------------------------------------------------
+    def sampling_chunks(self, rows: int, parts: int) -> list[list[int]]:
+        return chunks_of_shares(rows, 1, parts)  # one process samples every row: contiguous chunks
+
     def generate(
         self, prompts: StepPrompts, step: int, window: SdeWindow | None, rows: Sequence[int] | None = None
     ) -> Generated:

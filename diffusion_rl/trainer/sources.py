@@ -34,7 +34,6 @@ from diffusion_rl.rewards import RewardCombiner, RewardResult
 from diffusion_rl.rewards.combine import with_unscored_rows
 from diffusion_rl.sampling.window import SdeWindow, window_for_step
 from diffusion_rl.trainer.timing import PhaseTimer
-from diffusion_rl.utils.split import split_evenly
 
 logger = logging.getLogger(__name__)
 
@@ -76,16 +75,18 @@ class OnlineRollouts:
         prompts = make_step_prompts(self.records, self.sampler, step, self.cfg.data.group_size)
         s = self.cfg.sampling  # the rewards see an edit's sources as the model did: fitted to the output size
         metadata = with_condition_images(prompts.metadata, prompts.condition_images, s.height, s.width)
-        parts, pending = [], []
+        parts, pending, sampled = [], [], []  # sampled: the usable rows in the order they were sampled and scored
+        chunks = [rows for rows in self.engine.sampling_chunks(len(prompts), s.score_chunks) if rows]
         with timer("generate"):
-            for rows in filter(None, split_evenly(range(len(prompts)), s.score_chunks)):  # non-empty chunks
+            for rows in chunks:
                 parts.append(part := self.engine.generate(prompts, step, window, rows=rows))
                 ok = [row for row, usable in zip(rows, part.finite.tolist()) if usable]
+                sampled += ok
                 if ok:  # scored in the background while the next chunk samples
                     pending.append(self.pool.submit(self.rewards.score, part.images[part.finite].numpy(),
                                    [prompts.prompts[i] for i in ok], [metadata[i] for i in ok]))  # fmt: skip
-        made = torch.cat(parts)
-        images, ok = made.images.numpy(), np.flatnonzero(made.finite.numpy())
+        made = torch.cat(parts)[torch.from_numpy(np.argsort(np.concatenate(chunks)))]  # in row order
+        images, ok = made.images.numpy(), np.asarray(sampled, dtype=np.int64)
         if len(ok) == 0:
             raise RolloutDiverged(f"step {step + 1}: the latents of every sample came out NaN/inf: the policy has "
                                   "diverged (lower train.lr and resume)")  # fmt: skip
@@ -96,7 +97,8 @@ class OnlineRollouts:
         if len(ok) < len(prompts):
             logger.warning("step %d: %d of %d samples came out NaN/inf and are failed unscored", step + 1,
                            len(prompts) - len(ok), len(prompts))  # fmt: skip
-            scored = with_unscored_rows(scored, ok, metadata)
+        if len(ok) < len(prompts) or np.any(np.diff(ok) < 0):  # scored out of row order (several samplers' chunks)
+            scored = with_unscored_rows(scored, ok, metadata)  # each row's scores at its row
         scored.metrics["sampling/nonfinite_fraction"] = 1.0 - len(ok) / len(prompts)
         # transformer forwards per image the rollout took (CFG counts 2; a tree's shared nodes split among leaves)
         scored.metrics["rollout/nfe_per_image"] = float(made.nfe.numpy().mean())

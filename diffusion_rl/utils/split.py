@@ -17,3 +17,10 @@ def split_evenly(items: Sequence, parts: int) -> list[list]:
         out.append(list(items[start:end]))
         start = end
     return out
+
+
+def chunks_of_shares(n: int, owners: int, parts: int) -> list[list[int]]:
+    """Rows 0 … n − 1, owned in `owners` contiguous shares (`split_evenly`), cut into `parts` chunks of which each
+    holds an even piece of every share: every owner samples in every chunk. One owner: `parts` contiguous pieces."""
+    pieces = [split_evenly(share, parts) for share in split_evenly(range(n), owners)]
+    return [[row for share in pieces for row in share[c]] for c in range(parts)]

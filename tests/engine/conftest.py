@@ -11,14 +11,17 @@ import torch
 
 from diffusion_rl.trainer.trainer import Trainer
 
-# Ray settings of every Ray test run: one CPU per worker, short timeouts
-RAY = ("engine.kind=ray", "engine.cpus_per_worker=1", "engine.collective_timeout_s=60", "engine.start_timeout_s=120")
+# Ray settings of every Ray test run: one CPU per worker, short timeouts, and the batch sampled in one chunk: each
+# chunk is spread over every sampling worker (engine/ray.py `sampling_chunks`), so 2 workers sample their 2 rows
+# each in one call, as the local engine's 2 chunks of 2 rows (EQUAL); a test of one rollout actor asks for 2 chunks
+RAY = ("engine.kind=ray", "engine.cpus_per_worker=1", "engine.collective_timeout_s=60", "engine.start_timeout_s=120",
+       "sampling.score_chunks=1")  # fmt: skip
 # lr 1e-4: Adam's first step moves a weight by ~lr whatever its gradient, so a gradient within float noise of 0
 # (summed in another order over 2 workers) can move by up to lr·(its relative noise); 1e-4 keeps that below 1e-5.
 # The same arithmetic as 2 workers with cpus_per_worker=1, so that the images (and the JPEG rewards, which one
 # pixel off by 1 moves by bytes) are bit-identical: one torch thread (two split matmuls differently), and the
-# local engine sampling in 2 chunks of 2 rows, the rows each worker samples (a matmul over 2 rows may round
-# differently from one over 4). The update's gradients then differ only by float reduction order.
+# local engine sampling in 2 chunks of 2 rows, the rows each worker samples in one call (RAY) (a matmul over 2 rows
+# may round differently from one over 4). The update's gradients then differ only by float reduction order.
 EQUAL = (
     "train.lr=1e-4",
     "sampling.window.kind=random",

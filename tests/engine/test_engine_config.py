@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.utils.split import split_evenly
+from diffusion_rl.utils.split import chunks_of_shares, split_evenly
 
 
 def test_workers_must_split_the_batch_into_whole_minibatch_shards(make_config):
@@ -53,3 +53,14 @@ def test_rows_are_split_into_contiguous_near_equal_shares():
     assert split_evenly(list(range(8)), 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert split_evenly([4, 5, 6], 2) == [[4, 5], [6]]
     assert split_evenly([7], 3) == [[7], [], []]  # a worker may get no rows (it still joins the all-gather)
+
+
+def test_sampling_chunks_give_every_sampler_a_piece_of_its_rows():
+    # 8 rows on 2 workers (0-3, 4-7) in 2 chunks: each chunk samples on both
+    assert chunks_of_shares(8, 2, 2) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    # one worker: contiguous chunks, as the local engine always sampled
+    assert chunks_of_shares(7, 1, 3) == split_evenly(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    # wan22_ti2v_5b_dance_lora: 512 rows, 8 workers, 16 chunks: 4 rows of every worker a chunk (was 32 of one)
+    first = chunks_of_shares(512, 8, 16)[0]
+    assert first == [row for w in range(8) for row in range(64 * w, 64 * w + 4)]
+    assert sorted(r for c in chunks_of_shares(512, 8, 16) for r in c) == list(range(512))

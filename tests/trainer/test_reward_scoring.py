@@ -28,6 +28,19 @@ def test_chunked_sampling_and_scoring_equals_one_chunk(make_trainer, tmp_path):
     assert scored1.metrics.keys() == scored3.metrics.keys()
 
 
+def test_chunks_spread_over_several_samplers_are_scored_at_their_own_rows(make_trainer, tmp_path):
+    """A Ray engine's chunks hold a piece of every worker's rows (rows 0, 2 then 1, 3 for two workers): the scores
+    and images come back at their rows, as one chunk's do."""
+    (_, _, one), trainer = _first_batch(make_trainer(f"run.dir={tmp_path / 'one'}")), make_trainer()
+    trainer.engine.sampling_chunks = lambda rows, parts: [[0, 2], [1, 3]]
+    plain = trainer.source.collect(0, window_for_step(trainer.cfg.sampling, trainer.cfg.run.seed, 0), PhaseTimer())
+    assert not np.array_equal(one.total[[0, 2, 1, 3]], one.total)  # the rows' scores differ: a mix-up would show
+    assert np.allclose(plain.scored.total, one.total, atol=1e-6)
+    for name in one.per_reward:
+        assert np.allclose(plain.scored.per_reward[name], one.per_reward[name], atol=1e-6)
+    assert plain.scored.metrics.keys() == one.metrics.keys()
+
+
 def test_sum_advantages_normalises_each_reward_then_weights(make_trainer, user_reward):
     first = user_reward("return np.arange(len(images), dtype=np.float32)")
     second = user_reward("return (np.arange(len(images)) % 2).astype(np.float32) * 10")
