@@ -16,6 +16,10 @@ from diffusion_rl.trainer.trainer import Trainer
 # each in one call, as the local engine's 2 chunks of 2 rows (EQUAL); a test of one rollout actor asks for 2 chunks
 RAY = ("engine.kind=ray", "engine.cpus_per_worker=1", "engine.collective_timeout_s=60", "engine.start_timeout_s=120",
        "sampling.score_chunks=1")  # fmt: skip
+# separate rollout actors: one, sampling the 4 rows in 2 chunks of 2, as 2 colocated workers (RAY) and the local
+# engine (EQUAL) do
+SEPARATE = ("engine.rollout=separate", "engine.rollout_workers=1", "engine.cpus_per_rollout_worker=1",
+            "sampling.score_chunks=2")  # fmt: skip
 # lr 1e-4: Adam's first step moves a weight by ~lr whatever its gradient, so a gradient within float noise of 0
 # (summed in another order over 2 workers) can move by up to lr·(its relative noise); 1e-4 keeps that below 1e-5.
 # The same arithmetic as 2 workers with cpus_per_worker=1, so that the images (and the JPEG rewards, which one

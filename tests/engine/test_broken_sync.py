@@ -12,10 +12,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from diffusion_rl.errors import WeightsUnchanged  # noqa: E402
+from tests.engine.conftest import SEPARATE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-SEPARATE = ("engine.rollout=separate", "engine.rollout_workers=1", "engine.cpus_per_rollout_worker=1",
-            "sampling.score_chunks=2")  # one actor: 2 chunks of 2 rows, as test_separate_rollout.py  # fmt: skip
 
 
 def _break_weight_loads():

@@ -9,11 +9,9 @@ pytest.importorskip("ray")
 from diffusion_rl.commands.prepare_embeddings import prepare_embeddings  # noqa: E402
 from diffusion_rl.errors import UserError  # noqa: E402
 from diffusion_rl.trainer.trainer import Trainer  # noqa: E402
+from tests.engine.conftest import SEPARATE  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-SEPARATE = ("engine.rollout=separate", "engine.rollout_workers=1", "engine.cpus_per_rollout_worker=1",
-            "sampling.score_chunks=2")  # one actor: 2 chunks of 2 rows, as test_separate_rollout.py  # fmt: skip
 
 
 def test_trainers_and_rollout_actors_share_one_read_only_cache_file(

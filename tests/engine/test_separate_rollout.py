@@ -14,13 +14,11 @@ pytest.importorskip("ray")
 from diffusion_rl.checkpoint.store import CheckpointManager  # noqa: E402
 from diffusion_rl.errors import RunStopped  # noqa: E402
 from diffusion_rl.tracking import read_metrics  # noqa: E402
+from tests.engine.conftest import SEPARATE  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 ROOT = Path(__file__).resolve().parents[2]
-# one rollout actor samples the 4 rows in 2 chunks of 2, as 2 colocated workers (RAY) and the local engine (EQUAL)
-SEPARATE = ("engine.rollout=separate", "engine.rollout_workers=1", "engine.cpus_per_rollout_worker=1",
-            "sampling.score_chunks=2")  # fmt: skip
 # the quickstart's Flow-GRPO with full fine-tuning, and DiffusionNFT with LoRA, which samples with its `old` adapter
 # (trained on final latents: no window). One thread, 2 chunks of 2 rows: see EQUAL in conftest.py.
 NFT = ("train.lr=1e-4", "engine.num_threads=1", "sampling.score_chunks=2", "model.lora.enabled=true")
