@@ -16,6 +16,7 @@ import torch
 
 from diffusion_rl.cli import main
 from diffusion_rl.config import load
+from diffusion_rl.errors import UserError
 from diffusion_rl.estimate.architectures import Architecture, Encoder, architecture_for, from_shipped, shipped
 from diffusion_rl.estimate.counting import (
     PeakLive,
@@ -520,6 +521,19 @@ def test_capacity_is_shown_as_it_is_with_the_headroom_and_a_warning_when_tight(c
     assert f"headroom           {peak * 0.03:8.2f} (2.9% of the device)" in outputs["tight"]
     assert "WARNING       under 5% of the device's memory is left free" in outputs["tight"]
     assert "(33.3% of the device)" in outputs["roomy"] and "WARNING" not in outputs["roomy"]
+
+
+def test_a_shipped_architecture_is_read_as_model_family_reads_its_checkpoint():
+    """--arch, or a model.path named like a shipped architecture, follows a model directory's rule: Wan 2.2 TI2V under
+    model.family wan_i2v is counted as image-to-video; a family that cannot read it is one line."""
+    cfg = load(str(ROOT / "configs/wan22_ti2v_5b_dance_lora.yaml")).model
+    assert architecture_for(cfg).family == "wan"
+    as_i2v = dataclasses.replace(cfg, family="wan_i2v")
+    assert architecture_for(as_i2v).family == "wan_i2v"
+    assert architecture_for(as_i2v, "Wan2.2-TI2V-5B-Diffusers").family == "wan_i2v"
+    with pytest.raises(UserError, match="model.family=flux but the shipped architecture Wan2.2-TI2V-5B-Diffusers holds "
+                       "a wan pipeline"):  # fmt: skip
+        architecture_for(dataclasses.replace(cfg, family="flux"))
 
 
 def test_two_experts_hold_and_train_twice_the_weights_at_one_experts_flops():

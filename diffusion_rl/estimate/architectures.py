@@ -214,9 +214,15 @@ def shipped_doc(name: str) -> dict:
     return doc
 
 
-def from_shipped(name: str) -> Architecture:
+def from_shipped(name: str, family: str = "auto") -> Architecture:
+    """Shipped architecture `name` as model.family `family` loads it (the rule a model directory follows)."""
+    from diffusion_rl.models.loader import family_for
+    from diffusion_rl.models.registry import family_named
+
     doc = shipped_doc(name)
-    return from_components(doc["name"], doc["family"], doc["components"], doc["source"])
+    pipeline = family_named(doc["family"]).pipeline
+    family = family_for(doc["family"], pipeline, family, f"the shipped architecture {name}")[0]
+    return from_components(doc["name"], family, doc["components"], doc["source"])
 
 
 def architecture_for(model_cfg, arch: str | None = None) -> Architecture:
@@ -227,7 +233,7 @@ def architecture_for(model_cfg, arch: str | None = None) -> Architecture:
     if arch is not None:
         if arch not in known:
             raise UserError(f"--arch: no shipped architecture '{arch}'; shipped: {', '.join(sorted(known))}")
-        return from_shipped(arch)
+        return from_shipped(arch, model_cfg.family)
     path, uncached = Path(model_cfg.path).expanduser(), None
     if names_hub_repo(model_cfg.path) and not path.exists():  # a Hub id: its snapshot when cached (no download)
         try:
@@ -242,7 +248,7 @@ def architecture_for(model_cfg, arch: str | None = None) -> Architecture:
         return from_tiny(model_cfg.tiny_family, model_cfg.tiny_to_create)
     by_lower = {k.lower(): k for k in known}
     if path.name.lower() in by_lower:
-        return from_shipped(by_lower[path.name.lower()])
+        return from_shipped(by_lower[path.name.lower()], model_cfg.family)
     why = uncached or f"model.path '{path}' is not a model directory here"
     raise UserError(f"estimate: {why}; and it names no shipped architecture: pass --arch NAME (shipped: "
                     f"{', '.join(sorted(known))})")  # fmt: skip

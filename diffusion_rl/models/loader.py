@@ -99,16 +99,22 @@ def load_text_encoders(model: FlowModel, path: str | Path) -> None:
 
 
 def resolve_pipeline(path: Path, family: str) -> tuple[str, str]:
-    """(family, diffusers pipeline class) that load the model directory `path` under model.family `family`: auto,
-    what its model_index.json names; a family that reads another's checkpoints too (models/registry.py: `loads_also`)
-    when the user chose it; UserError when it names another family."""
+    """(family, diffusers pipeline class) that load the model directory `path` under model.family `family`
+    (`family_for`'s rule on what its model_index.json names)."""
     detected, pipeline_class = detect_pipeline(path)
+    return family_for(detected, pipeline_class, family, str(path / "model_index.json"))
+
+
+def family_for(detected: str, pipeline_class: str, family: str, where: str) -> tuple[str, str]:
+    """(family, pipeline class) that load a `detected` family's checkpoint (`where` holds it) under model.family
+    `family`: auto, the detected one; a family that reads another's checkpoints too (models/registry.py:
+    `loads_also`) when the user chose it; UserError when it names another family."""
     chosen = family_named(family) if family != "auto" else None
     if chosen is not None and chosen.name != detected and pipeline_class in chosen.loads_also:
         return chosen.name, chosen.pipeline
     if family not in ("auto", detected):
         raise UserError(
-            f"model.family={family} but {path / 'model_index.json'} holds a {detected} pipeline; "
+            f"model.family={family} but {where} holds a {detected} pipeline; "
             f"set model.family=auto or point model.path at a {family} model"
         )
     return detected, pipeline_class
