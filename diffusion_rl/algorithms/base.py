@@ -127,8 +127,10 @@ class Algorithm(ABC):
         return 1.0
 
     @classmethod
-    def frozen_calls(cls, algorithm: AlgorithmConfig, sampling: SamplingConfig) -> float:
-        """Forwards without gradient (reference, old or EMA policies) per trained call."""
+    def frozen_calls(cls, algorithm: AlgorithmConfig, sampling: SamplingConfig, guidance_cost) -> float:
+        """Forwards without gradient (reference, old or EMA policies) per trained call, on a model whose velocity at
+        a guidance scale costs `guidance_cost.forwards(scale)` (models/guidance.py's GuidanceCost, which `estimate`
+        reads from the architecture)."""
         return int(cls.needs_reference(algorithm.settings))
 
     @classmethod

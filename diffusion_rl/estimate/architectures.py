@@ -124,6 +124,7 @@ class Architecture:
     source: str = ""
     experts: int = 1  # transformers of this architecture the model holds (Wan 2.2 A14B: 2, one per call)
     image_encoder: Encoder | None = None  # Wan 2.1 I2V / FLF2V: CLIP reads each sample's frame
+    pipeline_config: dict = field(default_factory=dict)  # model_index.json's settings (FLUX.2-klein: is_distilled)
 
     @property
     def vae_scale(self) -> int:
@@ -150,12 +151,23 @@ def image_sizes_of(arch: Architecture):
     return sizes_from_configs(config, arch.vae_config, arch.vae_scale, step, None, adapter.native_size)
 
 
+def guidance_cost_of(arch: Architecture):
+    """What the architecture's model does with a guidance scale (models/guidance.py's GuidanceCost)."""
+    from diffusion_rl.models.guidance import GuidanceCost
+    from diffusion_rl.models.registry import family_named
+
+    ignored = family_named(arch.family).adapter.ignores_guidance_of(arch.pipeline_config)
+    return GuidanceCost(embedded=bool(arch.transformer_config.get("guidance_embeds")), ignored=ignored)
+
+
 def _class_name(config: dict, fallback: str) -> str:
     return config.get("_class_name") or fallback
 
 
-def from_components(name: str, family: str, components: dict[str, dict], source: str) -> Architecture:
-    """An Architecture from {component: config dict} (diffusers configs carry `_class_name`)."""
+def from_components(name: str, family: str, components: dict[str, dict], source: str,
+                    pipeline: dict | None = None) -> Architecture:  # fmt: skip
+    """An Architecture from {component: config dict} (diffusers configs carry `_class_name`) and the pipeline's own
+    settings (`pipeline`: model_index.json without its components)."""
     missing = [c for c in ("transformer", "vae") if c not in components]
     if missing:
         raise UserError(f"estimate: {source} has no {' or '.join(missing)} config")
@@ -165,7 +177,7 @@ def from_components(name: str, family: str, components: dict[str, dict], source:
     experts = 2 if "transformer_2" in components else 1
     image = image_encoder_of(components["image_encoder"]) if "image_encoder" in components else None
     return Architecture(name, family, _class_name(tr, ""), strip(tr), _class_name(vae, ""), strip(vae), texts, source,
-                        experts, image)  # fmt: skip
+                        experts, image, strip(pipeline or {}))  # fmt: skip
 
 
 def from_model_dir(path: Path, name: str | None = None, family: str = "auto") -> Architecture:
@@ -177,7 +189,9 @@ def from_model_dir(path: Path, name: str | None = None, family: str = "auto") ->
     components = {}
     for sub in sorted(p for p in path.iterdir() if (p / "config.json").is_file()):
         components[sub.name] = json.loads((sub / "config.json").read_text())
-    return from_components(name or path.name, family, components, str(path))
+    index = json.loads((path / "model_index.json").read_text())  # resolve_pipeline read it
+    settings = {k: v for k, v in index.items() if not isinstance(v, list)}  # a component is [library, class]
+    return from_components(name or path.name, family, components, str(path), settings)
 
 
 def from_tiny(family: str, preset: str) -> Architecture:
@@ -192,7 +206,9 @@ def from_tiny(family: str, preset: str) -> Architecture:
             continue
         as_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
         components[name] = {"_class_name": type(module).__name__, **as_dict}
-    return from_components(f"tiny {family} ({preset})", family, components, f"the tiny {family} preset '{preset}'")
+    settings = {k: v for k, v in pipeline.config.items() if not isinstance(v, (list, tuple))}
+    return from_components(f"tiny {family} ({preset})", family, components, f"the tiny {family} preset '{preset}'",
+                           settings)  # fmt: skip
 
 
 def shipped() -> dict[str, Path]:
@@ -222,7 +238,7 @@ def from_shipped(name: str, family: str = "auto") -> Architecture:
     doc = shipped_doc(name)
     pipeline = family_named(doc["family"]).pipeline
     family = family_for(doc["family"], pipeline, family, f"the shipped architecture {name}")[0]
-    return from_components(doc["name"], family, doc["components"], doc["source"])
+    return from_components(doc["name"], family, doc["components"], doc["source"], doc.get("pipeline"))
 
 
 def architecture_for(model_cfg, arch: str | None = None) -> Architecture:

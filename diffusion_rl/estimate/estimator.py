@@ -36,12 +36,18 @@ import torch
 from diffusion_rl.config.fields import Range
 from diffusion_rl.data.prompts import condition_images_in
 from diffusion_rl.errors import UserError
-from diffusion_rl.estimate.architectures import CLIP_TOKENS, QWEN_TEMPLATE_TOKENS, Architecture, image_sizes_of
+from diffusion_rl.estimate.architectures import (
+    CLIP_TOKENS,
+    QWEN_TEMPLATE_TOKENS,
+    Architecture,
+    guidance_cost_of,
+    image_sizes_of,
+)
 from diffusion_rl.estimate.counting import Shapes, build_on_meta, transformer_cost, vae_decode_cost, vae_encode_cost
 from diffusion_rl.estimate.devices import Device
 from diffusion_rl.models.checkpointing import CheckpointPlan, checked_count
 from diffusion_rl.models.condition import VAE_ROWS
-from diffusion_rl.models.guidance import Guidance, refuse_low_noise_without_experts, runs_cfg
+from diffusion_rl.models.guidance import Guidance, refuse_low_noise_without_experts
 from diffusion_rl.models.image_size import size_problem
 from diffusion_rl.models.registry import family_named
 from diffusion_rl.sampling.tree import TreeSpec
@@ -132,11 +138,11 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     rows = math.ceil(images / gpus)  # rows per GPU
     sharded = e.kind == "ray" and gpus > 1
     full = not m.lora.enabled
-    # FLUX.1-dev: guidance is an embedding, one forward; the others run true CFG over a doubled batch (Wan 2.2 A14B:
-    # when either expert's scale is > 1)
+    # FLUX.1-dev: guidance is an embedding, one forward; FLUX.2-klein ignores it; the others run true CFG over a
+    # doubled batch (Wan 2.2 A14B: when either expert's scale is > 1)
     refuse_low_noise_without_experts(s.guidance_low_noise, "sampling.guidance_low_noise", arch.family, arch.experts)
-    guided = runs_cfg(Guidance(s.guidance, s.guidance_low_noise))
-    cfg_factor = 2 if (guided and not arch.transformer_config.get("guidance_embeds")) else 1
+    guidance_cost = guidance_cost_of(arch)
+    cfg_factor = guidance_cost.forwards(Guidance(s.guidance, s.guidance_low_noise))
     train_cfg = cfg_factor if algorithm.guided else 1  # direct preference trains the conditional velocity
     text = family.adapter.text_tokens(arch, m.max_sequence_length, prompt_tokens)
     known = condition_images_in(cfg.data.train) if family.adapter.edits else 0  # an edit's, FLUX.2's references
@@ -279,7 +285,8 @@ def estimate(cfg, arch: Architecture, device: Device, gpus: int, *, config_name:
     per_micro = cost.train_flops + recomputed * cost.forward_flops
     # no-grad micro-batches an update runs once before its epochs (the decoupled correction's old policy)
     before = math.ceil(rows * algorithm.calls_before_update(cfg.algorithm, cfg.sampling) / micro)
-    no_grad = algorithm.frozen_calls(cfg.algorithm, cfg.sampling)  # forwards without gradient per trained call
+    # forwards without gradient per trained call
+    no_grad = algorithm.frozen_calls(cfg.algorithm, cfg.sampling, guidance_cost)
     update_flops = micro_batches * (per_micro + no_grad * cost.forward_flops)
     update_flops += before * cost.forward_flops
     update_bytes = (2 * micro_batches + before) * weights

@@ -130,6 +130,11 @@ class FlowModel(ABC):
         return max_sequence_length
 
     @classmethod
+    def ignores_guidance_of(cls, pipeline_config: dict) -> bool:
+        """Whether a checkpoint whose model_index.json holds `pipeline_config` ignores guidance (`ignores_guidance`)."""
+        return False
+
+    @classmethod
     def text_shapes(cls, arch, max_sequence_length: int, prompt_tokens: int) -> dict[str, tuple[int, ...]]:
         """What `_encode_texts` gives per text at the architecture's sizes: name → shape without the batch (an entry
         named `…_mask` is a bool mask); what stands in for the text encoders where none run (the GPU check)."""

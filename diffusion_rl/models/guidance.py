@@ -10,10 +10,13 @@ As in diffusers' Wan pipelines, a call's rows at t ≥ boundary use the scale, t
 `None` for the low-noise scale means the same scale for both. The unconditional branch runs when either scale is > 1
 (`runs_cfg`); diffusers runs it only when `guidance_scale` > 1 and otherwise ignores `guidance_scale_2`, so the two
 agree wherever diffusers uses guidance_scale_2 at all, and `guidance 1, low-noise 3` guides the low-noise steps here.
-`guided` is the combination every family applies. Imports nothing of the project but its error type.
+`guided` is the combination every family applies; `GuidanceCost` what a model's velocity at a scale costs, as
+`estimate` counts it. Imports nothing of the project but its error type.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -48,6 +51,20 @@ def low_noise_scale(guidance: float) -> float:
 def runs_cfg(guidance: float) -> bool:
     """Whether a velocity call at `guidance` runs the unconditional branch: when either expert's scale is > 1."""
     return max(float(guidance), low_noise_scale(guidance)) > 1.0
+
+
+@dataclass(frozen=True)
+class GuidanceCost:
+    """What a model does with a guidance scale, from its configs alone (`estimate`): `embedded`, the scale is an input
+    of its one forward (guidance-distilled: FLUX.1-dev); `ignored`, one function at every scale (step-distilled and
+    CFG-free: FLUX.2-klein); neither, classifier-free guidance over a doubled batch."""
+
+    embedded: bool = False
+    ignored: bool = False
+
+    def forwards(self, guidance: float) -> int:
+        """Transformer forwards per row of one velocity at `guidance`: 2 with classifier-free guidance, else 1."""
+        return 2 if runs_cfg(guidance) and not (self.embedded or self.ignored) else 1
 
 
 def refuse_low_noise_without_experts(low_noise: float | None, key: str, model: str, experts: int) -> None:

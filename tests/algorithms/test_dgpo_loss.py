@@ -9,6 +9,7 @@ import torch
 
 from diffusion_rl.algorithms.preference.dgpo import DgpoInput, dgpo_timestep_indices
 from diffusion_rl.config.plugins import LOSSES
+from diffusion_rl.models.guidance import GuidanceCost
 
 # U = 2 groups of G = 3 rows, D = 2 elements a row
 V = [[[0.5, -0.2], [0.1, 0.4], [-0.3, 0.9]], [[1.0, 0.0], [0.2, -0.6], [0.7, 0.3]]]
@@ -157,9 +158,13 @@ def test_timestep_indices_are_distinct_and_cover_the_high_noise_end_uniformly():
      ({"ema_reference": True}, False, 1), ({"ema_reference": True, "kl_beta": 0.1}, True, 2)],
 )  # fmt: skip
 def test_what_estimate_counts(over, reference, frozen):
-    """Frozen forwards per trained call: the reference (two rows when guided) and `old` (clip or ema_reference)."""
+    """Frozen forwards per trained call: the reference (two rows when guided with true CFG; one when the model embeds
+    or ignores the scale) and `old` (clip or ema_reference)."""
     from diffusion_rl.algorithms.preference.dgpo import Dgpo, DgpoSettings
 
     settings = DgpoSettings(**over)
     assert Dgpo.needs_reference(settings) is reference
-    assert Dgpo.frozen_calls(SimpleNamespace(settings=settings), None) == frozen
+    assert Dgpo.frozen_calls(SimpleNamespace(settings=settings), None, GuidanceCost()) == frozen
+    pair = int(over.get("reference_guidance", 1) > 1)  # the CFG pair's second row
+    for one_forward in (GuidanceCost(embedded=True), GuidanceCost(ignored=True)):
+        assert Dgpo.frozen_calls(SimpleNamespace(settings=settings), None, one_forward) == frozen - pair

@@ -10,6 +10,7 @@ import torch
 
 from diffusion_rl.algorithms.preference.base import ramped_decay
 from diffusion_rl.data.sampler import make_step_prompts
+from diffusion_rl.models.guidance import GuidanceCost
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.trainer import Trainer
 from tests.helpers import random_pair_file
@@ -219,7 +220,7 @@ def test_crd_estimate_counts_the_forwards_its_loss_runs(make_trainer, options, f
     monkeypatch.setattr(algorithm, "loss", counted_loss)
     trainer.train_step(0)
     assert rows_in_loss and sum(forwards) == (1 + frozen) * sum(rows_in_loss)
-    assert 1 + Crd.frozen_calls(trainer.cfg.algorithm, trainer.cfg.sampling) == 1 + frozen
+    assert 1 + Crd.frozen_calls(trainer.cfg.algorithm, trainer.cfg.sampling, GuidanceCost()) == 1 + frozen
 
 
 def test_dpo_takes_no_step_when_every_group_ties(make_trainer, user_reward, weights):

@@ -17,6 +17,7 @@ import torch
 from diffusion_rl.algorithms.losses.gardo import REFERENCE
 from diffusion_rl.config import load
 from diffusion_rl.errors import UserError
+from diffusion_rl.models.guidance import GuidanceCost
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.trainer.timing import PhaseTimer
 
@@ -32,7 +33,7 @@ def test_the_quickstart_config_loads_as_gardo():
     s = cfg.algorithm.settings
     assert cfg.algorithm.spec.name == "gardo" and s.kl_beta == 0.04 and s.reset_every == 15 and s.diversity
     algorithm = cfg.algorithm.spec.algorithm
-    assert algorithm.frozen_calls(cfg.algorithm, cfg.sampling) == 1 and not algorithm.needs_reference(s)
+    assert algorithm.frozen_calls(cfg.algorithm, cfg.sampling, GuidanceCost()) == 1 and not algorithm.needs_reference(s)
 
 
 @pytest.mark.parametrize(

@@ -86,12 +86,18 @@ def test_on_a_step_distilled_klein_cfg_settings_are_refused_and_the_teacher_runs
 ):
     """FLUX.2-klein (step-distilled) ignores guidance: φ's CFG and the teacher's CFG direction do not exist there.
     Asking for them is one line naming the key; without them every forward of the update is conditional (the
-    teacher's 'guided' half is its conditional forward, not a second call)."""
+    teacher's 'guided' half is its conditional forward, not a second call), and `estimate`, which reads that klein
+    ignores guidance from its model_index.json, counts the row-forwards the step runs: the rollout's T per row, and
+    per row and trained step 3 trained ones and 3·frozen_calls (every step a reward step here: its share is 1)."""
+    from diffusion_rl.algorithms.preference.tdm_r1 import TdmR1
+    from diffusion_rl.estimate.architectures import architecture_for, guidance_cost_of
+
     klein = (
         f"model.path={flux2_model_dir}",
         "model.lora.enabled=true",
         "sampling.guidance=1",
         "train.total_steps=1",
+        "algorithm.tdm_r1.reward_steps=4",
         f"run.dir={tmp_path}",
     )
     # the quickstart's own: reward_guidance 1, cfg_reward_scale 0 (a random model's CFG is no teacher's direction)
@@ -100,13 +106,22 @@ def test_on_a_step_distilled_klein_cfg_settings_are_refused_and_the_teacher_runs
     with pytest.raises(UserError, match=r"algorithm\.tdm_r1\.cfg_reward_scale=3\.5: .* set 0"):
         make_trainer(*klein, "algorithm.tdm_r1.cfg_reward_scale=3.5", config=CONFIG)
     trainer = make_trainer(*klein, config=CONFIG)
-    model, guided = trainer.engine.model, []
+    model, guided, rows = trainer.engine.model, [], []
     velocity = model.velocity
 
     def recorded(x, sigma, cond, guidance):
         guided.append(guidance is not None and guidance > 1)
+        rows.append(x.shape[0])
         return velocity(x, sigma, cond, guidance)
 
     monkeypatch.setattr(model, "velocity", recorded)
     trainer.train_step(0)
     assert guided and not any(guided)
+    cfg = trainer.cfg
+    cost = guidance_cost_of(architecture_for(cfg.model))
+    assert cost.ignored and cost.forwards(4.5) == 1
+    n, T = cfg.data.prompts_per_step * cfg.data.group_size, cfg.sampling.num_steps
+    per_trained_step = 3 + 3 * TdmR1.frozen_calls(cfg.algorithm, cfg.sampling, cost)
+    # 3 trained; ψ's teacher, φ's teacher and φ_old, θ's ψ and the teacher (one forward): 5; the reward's φ, teacher: 2
+    assert per_trained_step == 10
+    assert sum(rows) == n * T + n * cfg.algorithm.settings.train_steps * per_trained_step

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from diffusion_rl.algorithms.base import UpdatePosition
+from diffusion_rl.models.guidance import GuidanceCost
 
 CONFIG = "configs/quickstart_tdm_r1.yaml"
 G = 2  # rows of a group
@@ -177,7 +178,8 @@ def test_estimate_counts_the_forwards_the_loss_runs(trained, reward_guidance, mo
                 del algorithm.model.velocity
             reward_rows = sum(j < reward_steps for j in steps)
             assert sum(row_forwards) == 10 * len(steps) + reward_forwards * reward_rows, (reward_steps, k)
-        counted = TdmR1.frozen_calls(SimpleNamespace(settings=algorithm.settings), SimpleNamespace(num_steps=T))
+        counted = TdmR1.frozen_calls(SimpleNamespace(settings=algorithm.settings), SimpleNamespace(num_steps=T),
+                                     GuidanceCost())  # fmt: skip
         assert 3 + 3 * counted == pytest.approx(10 + reward_forwards * reward_steps / T)
 
 

@@ -200,7 +200,7 @@ class Gardo(PolicyGradient):
         return False  # its reference is its own named policy, not the frozen start
 
     @classmethod
-    def frozen_calls(cls, algorithm, sampling) -> int:
+    def frozen_calls(cls, algorithm, sampling, guidance_cost) -> int:
         return int(algorithm.settings.kl_beta > 0)  # the reference's forward per trained call
 
     def __init__(self, section, spec, **context):

@@ -187,9 +187,9 @@ class Awm(ForwardProcess):
         return algorithm.settings.train_timesteps
 
     @classmethod
-    def frozen_calls(cls, algorithm, sampling) -> int:
+    def frozen_calls(cls, algorithm, sampling, guidance_cost) -> int:
         # the EMA's velocity, and the reference's
-        return int(algorithm.settings.ema_beta > 0) + super().frozen_calls(algorithm, sampling)
+        return int(algorithm.settings.ema_beta > 0) + super().frozen_calls(algorithm, sampling, guidance_cost)
 
     def attach(self, model) -> None:
         super().attach(model)

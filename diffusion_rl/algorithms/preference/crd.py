@@ -157,10 +157,10 @@ class Crd(GroupProcess):
         return algorithm.settings.timesteps(sampling.num_steps)
 
     @classmethod
-    def frozen_calls(cls, algorithm, sampling) -> int:
+    def frozen_calls(cls, algorithm, sampling, guidance_cost) -> int:
         settings = algorithm.settings
-        guided = settings.reference_guidance is not None and settings.reference_guidance > 1  # two rows a call
-        kl = int(settings.kl_beta > 0) * (2 if guided else 1)
+        guidance = 1.0 if settings.reference_guidance is None else settings.reference_guidance
+        kl = int(settings.kl_beta > 0) * guidance_cost.forwards(guidance)  # true CFG: two rows a call
         # one reference forward for both only when both are its conditional prediction (`loss`): at guidance 1 a
         # guidance-distilled model's prediction is another function
         shared = settings.kl_beta > 0 and not settings.old_reference and settings.reference_guidance is None

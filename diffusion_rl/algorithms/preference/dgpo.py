@@ -137,10 +137,11 @@ class Dgpo(GroupProcess):
         return algorithm.settings.train_timesteps
 
     @classmethod
-    def frozen_calls(cls, algorithm, sampling) -> int:
+    def frozen_calls(cls, algorithm, sampling, guidance_cost) -> int:
         settings = algorithm.settings
-        guided = settings.reference_guidance is not None and settings.reference_guidance > 1  # two rows a call
-        return int(cls.needs_reference(settings)) * (2 if guided else 1) + int(keeps_old(settings))
+        guidance = 1.0 if settings.reference_guidance is None else settings.reference_guidance
+        # true CFG: two rows a call
+        return int(cls.needs_reference(settings)) * guidance_cost.forwards(guidance) + int(keeps_old(settings))
 
     def attach(self, model) -> None:
         super().attach(model)

@@ -215,8 +215,9 @@ class Nft(ForwardProcess):
         return max(1, int(sampling.num_steps * algorithm.settings.timestep_fraction))
 
     @classmethod
-    def frozen_calls(cls, algorithm, sampling) -> int:
-        return 1 + super().frozen_calls(algorithm, sampling)  # the `old` adapter's velocity; the reference's with a KL
+    def frozen_calls(cls, algorithm, sampling, guidance_cost) -> int:
+        # the `old` adapter's velocity; the reference's with a KL
+        return 1 + super().frozen_calls(algorithm, sampling, guidance_cost)
 
     def attach(self, model) -> None:
         super().attach(model)

@@ -171,14 +171,16 @@ class TdmR1(GroupProcess):
         return 3 * algorithm.settings.train_steps  # θ, ψ and φ with gradient at each trained step
 
     @classmethod
-    def frozen_calls(cls, algorithm, sampling) -> float:
-        # per row and trained step: ψ's teacher 1; φ's teacher and φ_old 2; θ's ψ 1, teacher cond + CFG pair 3; and on
-        # a reward step (j < reward_steps, a share reward_steps / T of the uniformly drawn steps) φ at reward_guidance
-        # (a CFG pair above 1) and the teacher — per trained call (three of them a step)
+    def frozen_calls(cls, algorithm, sampling, guidance_cost) -> float:
+        # per row and trained step: ψ's teacher 1; φ's teacher and φ_old 2; θ's ψ 1, the teacher's conditional and
+        # guided velocities (true CFG 1 + 2; one forward on a model that ignores guidance); and on a reward step
+        # (j < reward_steps, a share reward_steps / T of the uniformly drawn steps) φ at reward_guidance and the
+        # teacher — per trained call (three of them a step)
         s = algorithm.settings
+        teacher_pair = 1 + (0 if guidance_cost.ignored else guidance_cost.forwards(s.teacher_guidance))
         reward_share = min(s.reward_steps, sampling.num_steps) / sampling.num_steps
-        reward_forwards = (2 if s.reward_guidance > 1 else 1) + 1
-        return (7 + reward_forwards * reward_share) / 3
+        reward_forwards = guidance_cost.forwards(s.reward_guidance) + 1
+        return (4 + teacher_pair + reward_forwards * reward_share) / 3
 
     @classmethod
     def optimizer_groups(cls, settings) -> tuple[OptimizerGroup, ...]:

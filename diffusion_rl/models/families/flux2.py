@@ -140,7 +140,7 @@ class Flux2Model(PackedLatentModel):
     conditions_as_given = {}  # the pipelines keep a reference's size (shrunk above REFERENCE_MAX_PIXELS, as ours)
 
     def configure(self) -> None:
-        self.distilled = bool(self.pipeline.config.get("is_distilled", False))
+        self.distilled = self.ignores_guidance_of(self.pipeline.config)
         self.guidance_embeds = bool(self.pipeline.transformer.config.guidance_embeds)  # FLUX.2-dev
         self.latent_channels = self.pipeline.transformer.config.in_channels // 4
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
@@ -201,6 +201,10 @@ class Flux2Model(PackedLatentModel):
                     timestep=torch.ones(batch, device="meta"), img_ids=on_meta(tokens, 4), txt_ids=on_meta(text, 4),
                     guidance=torch.ones(batch, device="meta") if config.get("guidance_embeds") else None,
                     return_dict=False)  # fmt: skip
+
+    @classmethod
+    def ignores_guidance_of(cls, pipeline_config: dict) -> bool:
+        return bool(pipeline_config.get("is_distilled", False))  # klein: step-distilled, CFG-free
 
     def forwards_per_evaluation(self, guidance: float) -> int:
         return 2 if self.true_cfg(guidance) else 1
