@@ -33,7 +33,7 @@ from diffusion_rl.checkpoint.paths import (
     resolve_checkpoint,
     step_dir_name,
 )
-from diffusion_rl.utils.files import refuse_file_in_the_way, set_aside
+from diffusion_rl.utils.files import new_folder_beside, refuse_file_in_the_way, set_aside
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,27 @@ class CheckpointManager:
                        self.run_dir, aside)  # fmt: skip
         return aside
 
+    def set_aside_later(self, step: int) -> Path | None:
+        """A resume from step `step` of a run directory that holds later checkpoints (an earlier one resumed on
+        purpose): those, which the resumed run's saves would replace, move into `<run.dir>.after-step_NNNNNN-<time>`
+        beside it, with a copy of metrics.jsonl (the resumed run drops its rows after `step`), and `latest` stops
+        naming them; one log line. Returns that folder; None when no checkpoint is later."""
+        later = [path for s, path in self.list() if s > step]
+        if not later:
+            return None
+        aside = new_folder_beside(self.run_dir.resolve(), f"after-{step_dir_name(step)}")
+        (aside / CHECKPOINTS_DIR).mkdir()
+        for path in later:
+            os.rename(path, aside / CHECKPOINTS_DIR / path.name)
+        for name in ("metrics.jsonl", "config.yaml"):
+            if (self.run_dir / name).is_file():
+                shutil.copy2(self.run_dir / name, aside / name)
+        self._point_latest_at_newest()
+        logger.warning("resuming from step %d: the later checkpoints of %s (%s) and a copy of its metrics are moved "
+                       "aside to %s, which this run's saves would replace (delete it when no longer needed)",
+                       step, self.run_dir, ", ".join(p.name for p in later), aside)  # fmt: skip
+        return aside
+
     def point_latest_at(self, checkpoint: Path) -> None:
         """Make `latest` name `checkpoint` (one of this run's), e.g. after the guard rolled the run back to it."""
         if Path(checkpoint).parent.resolve() != self.dir.resolve() or not STEP_DIR.fullmatch(Path(checkpoint).name):
@@ -206,12 +227,16 @@ class CheckpointManager:
         aside = self.dir / f"{BROKEN_PREFIX}{current.name}"
         rename_into_place(current, aside, aside=self.dir / f"{TMP_PREFIX}{aside.name}-{os.getpid()}")
         _fsync_path(self.dir, directory=True)
-        earlier = self.list()
-        if earlier:
-            self._write_latest(earlier[-1][1].name)
+        self._point_latest_at_newest()
+        return aside, self.latest()
+
+    def _point_latest_at_newest(self) -> None:
+        """`latest` names the newest complete checkpoint, or is gone when none is left."""
+        found = self.list()
+        if found:
+            self._write_latest(found[-1][1].name)
         else:
             (self.dir / LATEST_FILE).unlink(missing_ok=True)
-        return aside, self.latest()
 
     def _write_latest(self, name: str) -> None:
         tmp = self.dir / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}"

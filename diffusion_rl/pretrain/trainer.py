@@ -83,6 +83,7 @@ class PretrainTrainer:
         resume_from = self.checkpoints.resolve_resume(cfg.run.resume)
         if resume_from is not None:
             self.load_checkpoint(resume_from)
+            self.checkpoints.set_aside_later(step_of(resume_from))  # an earlier checkpoint resumed on purpose
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(redact_secrets(cfg)))
         self.trackers = make_trackers(

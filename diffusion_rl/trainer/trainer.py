@@ -120,6 +120,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
         if cfg.run.resume == "never" and not cfg.run.val_only and self.checkpoints.set_aside_earlier_run():
             self.guard = RunGuard(cfg.guard, self.run_dir, repeat_key(cfg))  # the earlier run's end went aside too
+        self.resume_from = self.checkpoints.resolve_resume(cfg.run.resume)  # before the model loads: a bad path
         self.algorithm = make_algorithm(cfg)  # its `prepare`: scores → targets, here on the driver
         self.engine = make_engine(cfg.engine, worker_spec(cfg, run_prompts.texts()))
         e = cfg.engine  # devices of a step: the trainers (they count FLOPs), and the rollout actors beside them
@@ -141,12 +142,13 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------------------------
     def train(self) -> list[dict]:
-        cfg = self.cfg
-        resume_from = self.checkpoints.resolve_resume(cfg.run.resume)
+        cfg, resume_from = self.cfg, self.resume_from
         if resume_from is not None:
             self.load_checkpoint(resume_from)
         if cfg.run.val_only:
             return self.validate_only(resume_from)
+        if resume_from is not None:  # an earlier checkpoint resumed on purpose: the later ones are kept aside
+            self.checkpoints.set_aside_later(step_of(resume_from))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with naming(self.run_dir / CONFIG_FILE):
             (self.run_dir / CONFIG_FILE).write_text(to_yaml(redact_secrets(cfg)))  # no inline api_key on disk

@@ -42,14 +42,20 @@ def set_aside(directory: str | os.PathLike[str]) -> Path:
     directory = Path(directory).resolve()
     if Path.cwd().resolve().is_relative_to(directory):
         raise UserError(f"{directory} holds the working directory: a run there cannot start over; give it a folder")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for n in itertools.count(1):
-        aside = directory.with_name(f"{directory.name}.before-{stamp}" + (f"-{n}" if n > 1 else ""))
-        try:
-            aside.mkdir()
-            break
-        except FileExistsError:
-            continue
+    aside = new_folder_beside(directory, "before")
     for entry in sorted(directory.iterdir()):
         os.rename(entry, aside / entry.name)
     return aside
+
+
+def new_folder_beside(directory: Path, label: str) -> Path:
+    """A new empty folder `<name>.<label>-<YYYYmmdd-HHMMSS>` beside `directory` (`-2`, … when taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        folder = directory.with_name(f"{directory.name}.{label}-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")

@@ -117,6 +117,24 @@ def test_resolve_resume_auto_and_never(tmp_path):
     assert manager.resolve_resume("never") is None
 
 
+def test_resuming_an_earlier_checkpoint_moves_the_later_ones_aside_with_a_copy_of_the_metrics(tmp_path):
+    manager = CheckpointManager(tmp_path / "run")
+    for step in (1, 2, 3):
+        manager.save(step, _writer(str(step)))
+    (manager.run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    assert manager.set_aside_later(3) is None and manager.set_aside_later(7) is None  # nothing later: nothing moved
+    aside = manager.set_aside_later(1)
+    assert aside.parent == tmp_path and aside.name.startswith("run.after-step_000001-")
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
+    assert (aside / "checkpoints" / "step_000003" / "state.txt").read_text() == "3"
+    assert (aside / "metrics.jsonl").read_text().count("step") == 3
+    assert [step for step, _ in manager.list()] == [1] and manager.latest() == manager.dir / "step_000001"
+    assert (manager.dir / "latest").read_text().strip() == "step_000001"
+    again = manager.save(2, _writer("2 again"))  # the resumed run's save replaces nothing kept
+    assert (again / "state.txt").read_text() == "2 again"
+    assert (aside / "checkpoints" / "step_000002" / "state.txt").read_text() == "2"
+
+
 def test_resolve_resume_accepts_a_checkpoint_or_run_directory(tmp_path):
     old_run = CheckpointManager(tmp_path / "old_run")
     first = old_run.save(10, _writer("ten"))

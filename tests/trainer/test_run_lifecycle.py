@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
 from diffusion_rl.checkpoint.store import CheckpointManager
+from diffusion_rl.errors import UserError
 from diffusion_rl.models.loader import detect_family
 from diffusion_rl.tracking import read_metrics
 
@@ -86,3 +88,33 @@ def test_rerunning_a_folder_left_without_a_checkpoint_logs_each_step_once(make_t
 
     make_trainer(*overrides).train()  # starts over: the earlier rows are its own again, not kept beside them
     assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
+
+
+def tree_digest(folder) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def test_resuming_an_earlier_checkpoint_on_purpose_keeps_the_later_one(make_trainer, tmp_path):
+    """run.resume at step 1 of a run that reached step 2: the resumed run's step-2 save replaces nothing of the first
+    run; its step_000002 is kept, unchanged, beside the run directory."""
+    options = ("train.total_steps=2", "train.save_every=1", "val.every=0", "val.before_train=false")
+    first = make_trainer(*options, f"run.dir={tmp_path / 'run'}")
+    first.train()
+    before = tree_digest(first.checkpoints.dir / "step_000002")
+    again = make_trainer(*options, f"run.dir={tmp_path / 'run'}", f"run.resume={first.checkpoints.dir / 'step_000001'}")
+    again.train()
+    (aside,) = tmp_path.glob("run.after-step_000001-*")
+    assert tree_digest(aside / "checkpoints" / "step_000002") == before
+    assert [r["step"] for r in read_metrics(aside)] == [1, 2]
+    assert CheckpointManager(tmp_path / "run").latest().name == "step_000002"
+
+
+def test_a_missing_resume_path_is_one_line_before_the_model_loads(make_trainer, tmp_path, monkeypatch):
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the engine (and the model) was built before run.resume was checked")
+
+    monkeypatch.setattr("diffusion_rl.trainer.trainer.make_engine", no_engine)
+    with pytest.raises(UserError, match=r"run\.resume .*nevr: no such directory"):
+        make_trainer(f"run.resume={tmp_path / 'nevr'}")
