@@ -276,6 +276,20 @@ def test_duplicate_yaml_key_is_an_error(tmp_path):
     assert "duplicate key 'lr'" in message and "line 4" in message
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("train:\n  lr: !!float abc\n", "line 2, column 7: 'abc' is not a valid !!float"),
+        ("train:\n  bf16: !!bool maybe\n", "line 2, column 9: 'maybe' is not a valid !!bool"),
+        ("tags: !!set [a]\n", "line 1, column 7: expected a mapping node, but found sequence"),
+        ("tags: {[a]: 1}\n", "line 1, column 8: found unhashable key"),
+    ],
+)
+def test_a_value_pyyaml_fails_to_build_names_file_and_line(tmp_path, text, problem):
+    path = _write(tmp_path, text)
+    assert _error(load_config, Sample, path).startswith(f"YAML syntax error in {path} at {problem}")
+
+
 def test_top_level_must_be_a_mapping(tmp_path):
     message = _error(load_config, Sample, _write(tmp_path, "- a\n- b\n"))
     assert "top level of a config file must be a mapping" in message

@@ -67,6 +67,22 @@ def test_merge_keys_and_a_few_aliases_still_load(tmp_path):
     assert [r.weight for r in cfg.rewards] == [1.0, 0.5] and cfg.val.rewards[0].name == "jpeg_compressibility"
 
 
+def test_lists_nested_past_the_recursion_limit_are_one_line_naming_the_file(tmp_path, capsys):
+    """PyYAML raises RecursionError there, first in the CLI's engine look-up, before the command's own error."""
+    from diffusion_rl.cli import main, requested_engine
+
+    path = tmp_path / "deep.yaml"
+    path.write_text("a: " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(UserError, match=r"deep\.yaml: lists or mappings nested too deeply"):
+        read_yaml_config(path)
+    with pytest.raises(UserError, match=r"command-line override 'x=\[\[\[.*nested too deeply"):
+        apply_overrides({}, ["x=" + "[" * 20000 + "]" * 20000])
+    assert requested_engine(["config", "show", str(path)]) == {}
+    assert main(["config", "show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"diffusion-rl: error: YAML syntax error in {path}: lists")
+
+
 def test_a_config_file_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path):
     path = tmp_path / "huge.yaml"
     with open(path, "w") as f:

@@ -8,6 +8,7 @@ import json
 import logging
 
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils.json_input import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def _reward_choices(args: argparse.Namespace, first_config, checkpoint=None) -> 
         raise UserError("--reward is required when no checkpoint is given (e.g. --reward jpeg_compressibility)")
     if args.reward_kwargs:
         try:
-            given = json.loads(args.reward_kwargs)
+            given = parse_json(args.reward_kwargs)
         except json.JSONDecodeError as e:
             raise UserError(f"--reward-kwargs is not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(given, dict) or not all(isinstance(v, dict) for v in given.values()):

@@ -35,7 +35,8 @@ _TAG = "tag:yaml.org,2002:"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 bool/int/float resolution, an error on duplicate keys and bounded aliases."""
+    """SafeLoader with YAML 1.2 bool/int/float resolution, an error on duplicate keys and bounded aliases; a value
+    PyYAML fails to build (`!!float abc`) is a YAMLError at its line."""
 
     def get_single_node(self) -> yaml.Node | None:
         node = super().get_single_node()
@@ -45,14 +46,24 @@ class _Loader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
-        for key_node, _ in node.value:
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():  # else: super's error (`!!set`)
             if key_node.tag == _TAG + "merge":  # '<<: *base' may legitimately repeat keys of the base
                 continue
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, Hashable) and key in seen:
+            if not isinstance(key, Hashable):  # super's error: a list as a key
+                break
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, LookupError, AttributeError) as e:  # PyYAML's own: `!!float abc`, `!!bool no`
+            tag = node.tag.replace(_TAG, "!!")
+            problem = f"{node.value!r} is not a valid {tag}" if isinstance(node, yaml.ScalarNode) else f"{tag}: {e}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -126,10 +137,19 @@ _Dumper.add_representer(  # numbers on one line ('resolution: [512, 512]'), anyt
 )
 
 
+class _ReadError(yaml.YAMLError):
+    """Malformed input PyYAML failed on with another error (construct_object names most, with their line)."""
+
+
 def load_yaml_text(text: str | bytes) -> Any:
-    """The value of YAML `text` in this dialect, aliases bounded (a YAMLError otherwise): a config's or a
-    command-line value's."""
-    return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
+    """The value of YAML `text` in this dialect, aliases bounded (a YAMLError otherwise, also where PyYAML itself
+    raises another error: `!!float abc`, nesting past the recursion limit): a config's or a command-line value's."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
+    except RecursionError:
+        raise _ReadError("lists or mappings nested too deeply to read; a config needs a few levels") from None
+    except (ValueError, TypeError, LookupError, AttributeError) as e:  # what construct_object does not see
+        raise _ReadError(f"{type(e).__name__}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------

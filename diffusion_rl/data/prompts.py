@@ -31,6 +31,7 @@ from typing import Any
 
 from diffusion_rl.data.condition_images import ConditionImage
 from diffusion_rl.errors import UserError, did_you_mean
+from diffusion_rl.utils.json_input import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ def read_jsonl(path: Path, keys: Sequence[str], example: str, hint: str = "") ->
             continue
         where = f"{path}, line {line_no}"
         try:
-            obj = json.loads(line)
+            obj = parse_json(line)
         except json.JSONDecodeError as e:
             raise UserError(
                 f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected one object per line, e.g. {example}"

@@ -26,6 +26,7 @@ from typing import Any
 
 from diffusion_rl.tracking.val_images import read_validation_images
 from diffusion_rl.utils.files import naming
+from diffusion_rl.utils.json_input import json_lines
 
 MAX_ROLLOUT_DUMPS = 3  # the latest dumps shown (a sheet of 16 images each); the others are named
 MAX_VAL_STEPS = 12  # validation columns shown per prompt (spread over the run, first and last always)
@@ -259,7 +260,7 @@ def _rollouts(d: ReportData) -> str:
         parts.append(f'<p class="note">Latest {MAX_ROLLOUT_DUMPS} of {len(dumps)} dumps; older: {_esc(older)}.</p>')
     parts.insert(0, '<p class="note">Training samples as the policy drew them: r = reward, A = advantage.</p>')
     for folder in dumps[-MAX_ROLLOUT_DUMPS:]:
-        rows = [json.loads(line) for line in (folder / "rollout.jsonl").read_text(encoding="utf-8").splitlines()]
+        rows = [row for _, row in json_lines(folder / "rollout.jsonl", ("group",)) if row is not None]
         parts.append(f"<h3>Step {int(folder.name.removeprefix('step_'))}</h3>")
         groups: dict[int, list[dict[str, Any]]] = {}
         for row in rows:
@@ -370,5 +371,7 @@ def load_guard_files(run_dir: Path) -> tuple[dict[str, Any] | None, list[dict[st
     folder = run_dir / GUARD_DIR
     summary = json.loads((folder / SUMMARY_FILE).read_text()) if (folder / SUMMARY_FILE).is_file() else None
     alerts_file = folder / ALERTS_FILE
-    alerts = [json.loads(x) for x in alerts_file.read_text().splitlines() if x] if alerts_file.is_file() else []
+    keys = ("step", "stat", "value", "baseline", "rule", "threshold")  # what the report shows of an alert
+    alerts = [row for _, row in json_lines(alerts_file, keys)] if alerts_file.is_file() else []
+    alerts = [row for row in alerts if row is not None]
     return summary, alerts

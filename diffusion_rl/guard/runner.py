@@ -42,6 +42,7 @@ from diffusion_rl.errors import UserError
 from diffusion_rl.guard.detector import NOISE_FLOOR, Alert, Detector
 from diffusion_rl.guard.stats import RolloutStats, measure_rollout, shrink, val_drift
 from diffusion_rl.utils.files import naming
+from diffusion_rl.utils.json_input import json_lines
 
 logger = logging.getLogger(__name__)
 
@@ -264,11 +265,12 @@ class RunGuard:
                 (self.dir / name).unlink(missing_ok=True)
             return
         alerts = self.dir / ALERTS_FILE
-        if alerts.is_file():
-            kept = [x for x in alerts.read_text().splitlines() if x and json.loads(x)["step"] <= self._resumed_at]
+        if alerts.is_file():  # a damaged line is kept as it is, and not counted
+            lines = json_lines(alerts, ("step", "stat"))
+            kept = [(x, row) for x, row in lines if row is None or row["step"] <= self._resumed_at]
             with naming(alerts):
-                alerts.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
-            for row in map(json.loads, kept):  # the count goes on from the resumed step
+                alerts.write_text("".join(x + "\n" for x, _ in kept), encoding="utf-8")
+            for row in (row for _, row in kept if row is not None):  # the count goes on from the resumed step
                 self.alert_counts[row["stat"]] = self.alert_counts.get(row["stat"], 0) + 1
                 self.first_alert.setdefault(row["stat"], row["step"])
 

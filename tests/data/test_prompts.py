@@ -93,6 +93,22 @@ def test_jsonl_errors_name_file_and_line(tmp_path, bad_line, expected):
     assert expected in message
 
 
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("[" * 100_000 + "]" * 100_000, "invalid JSON (arrays or objects nested over 100 deep at column 128)"),
+        ('{"n": ' + "1" * 5000 + "}", "invalid JSON (an integer of over 4,300 digits at column 35)"),
+    ],
+    ids=["nested", "long_int"],
+)
+def test_json_that_python_fails_on_otherwise_names_file_and_line(tmp_path, value, expected):
+    """json.loads raises RecursionError and ValueError there, not a JSONDecodeError."""
+    path = write_lines(tmp_path / "bad.jsonl", ['{"prompt": "fine"}', '{"prompt": "a", "metadata": ' + value + "}"])
+    with pytest.raises(UserError) as err:
+        load_prompts(path)
+    assert str(err.value).startswith(f"{path}, line 2: {expected}")
+
+
 # ---- .parquet ----
 
 

@@ -156,3 +156,17 @@ def test_alert_summary_groups_alerts_by_statistic():
         ("brightness", 3, 5, 9, 0.05),
         ("val_drift", 1, 6, 6, 0.3),
     ]
+
+
+def test_a_damaged_alert_or_rollout_line_is_skipped_with_a_warning(tmp_path, caplog):
+    from diffusion_rl.evaluation.html_report import load_guard_files
+    from diffusion_rl.utils.json_input import json_lines
+
+    (tmp_path / "guard").mkdir()
+    good = {"step": 3, "stat": "brightness", "value": 0.1, "baseline": 0.5, "rule": "relative", "threshold": 0.2}
+    (tmp_path / "guard" / "alerts.jsonl").write_text(json.dumps(good) + '\n{"step": [[[\n{"stat": "x"}\n')
+    with caplog.at_level(logging.WARNING):
+        assert load_guard_files(tmp_path) == (None, [good])
+    assert "alerts.jsonl:2 and 1 more: not a JSON object with step, stat, value, baseline, rule" in caplog.text
+    (tmp_path / "rollout.jsonl").write_bytes(b'{"group": 0}\n\xff\n')
+    assert [row for _, row in json_lines(tmp_path / "rollout.jsonl", ("group",))] == [{"group": 0}, None]

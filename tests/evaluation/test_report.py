@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -43,6 +44,23 @@ def test_report_on_a_directory_without_metrics_is_a_one_line_error(tmp_path, cap
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("diffusion-rl: error: no metrics file at") and len(err.splitlines()) == 1
+
+
+def test_report_on_damaged_metrics_skips_each_bad_line_and_value_with_a_warning_naming_it(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(
+        b'{"step": 1, "reward/mean": "abc"}\n{"step": "x"}\n\xff not UTF-8\n'
+        b'{"step": 2, "reward/mean": 0.5}\n{"step": 3, "reward/mean": 0.75}\n'
+    )
+    with caplog.at_level(logging.WARNING):
+        assert main(["report", str(tmp_path)]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"{path}:2: not a metrics row (a JSON object with an integer 'step'); skipping it and 1 more such line: fix "
+        "the line or delete it",
+        f"{path}:1: 'reward/mean' is \"abc\", not a number; skipping it",
+    ]
+    assert re.search(r"\| reward/mean +\| 0\.5 +\| 0\.75 +\|", (tmp_path / "report" / "report.md").read_text())
 
 
 def test_report_out_option_writes_elsewhere(trained_run, tmp_path):

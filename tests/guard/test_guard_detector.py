@@ -152,9 +152,14 @@ def test_a_statistic_out_of_range_is_warned_once_then_reminded_and_summed_up(tmp
     assert metrics["guard/alerts_total"] == 39.0  # what the console line shows
     rows = (tmp_path / "guard/alerts.jsonl").read_text().splitlines()
     assert len(rows) == 39  # every alert is still written
+    with open(tmp_path / "guard/alerts.jsonl", "ab") as file:  # a line damaged, or edited by hand: kept, not counted
+        file.write(b'{"step": 7, "st\xff\n')
     resumed = RunGuard(GuardConfig(min_prompts=1, baseline_steps=2, stats=["brightness"], remind_every=10), tmp_path)
-    resumed.load_state_dict(guard.state_dict(), 42)  # the count goes on from the alerts up to the resumed step
-    assert resumed.on_rollout(43, _dark_images(20), [0, 0, 1, 1])["guard/alerts_total"] == 38.0
+    with caplog.at_level(logging.WARNING):
+        resumed.load_state_dict(guard.state_dict(), 42)  # the count goes on from the alerts up to the resumed step
+        assert resumed.on_rollout(43, _dark_images(20), [0, 0, 1, 1])["guard/alerts_total"] == 38.0
+    assert "alerts.jsonl:40: not a JSON object with step, stat; skipped" in caplog.text
+    assert (tmp_path / "guard/alerts.jsonl").read_text(errors="replace").count("\n") == 38 + 1
 
 
 def test_a_rollback_blames_the_first_step_of_the_mean_that_left_its_range(tmp_path):

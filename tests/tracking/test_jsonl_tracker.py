@@ -1,4 +1,5 @@
 import json
+import logging
 import math
 
 import numpy as np
@@ -67,11 +68,39 @@ def test_partial_last_line_from_a_crash_is_skipped_and_not_appended_to(tmp_path)
     assert read_metrics(path) == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]
 
 
-def test_corrupt_middle_line_is_an_error_naming_the_line(tmp_path):
+DAMAGED = (
+    b'{"step": 1, "loss": 0.5}\n'
+    b"not json\n"
+    b'{"step": 2, "loss": 0.4, "reward/mean": "abc", "kl": [1]}\n'
+    b"\xff\xfe not UTF-8\n"
+    b'{"step": "x"}\n'
+    b'{"step": 3, "deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    b'{"step": 4, "loss": 0.2}\n'
+)
+
+
+def test_a_damaged_line_or_value_is_skipped_with_one_warning_naming_the_first(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
-    with pytest.raises(UserError, match=r"metrics.jsonl:2"):
-        read_metrics(path)
+    path.write_bytes(DAMAGED)
+    with caplog.at_level(logging.WARNING, logger="diffusion_rl.tracking.jsonl"):
+        rows = read_metrics(path)
+    assert rows == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}, {"step": 4, "loss": 0.2}]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}:2: not valid JSON (Expecting value); skipping it and 3 more such lines: fix the line or delete it",
+        f"{path}:3: 'reward/mean' is \"abc\", not a number; skipping it and 1 more such value",
+    ]
+
+
+def test_a_resume_keeps_damaged_lines_as_they_are_and_drops_the_rows_after_its_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(DAMAGED)
+    resumed = JsonlTracker(tmp_path)
+    resumed.resume_from(2)
+    resumed.log_metrics({"loss": 0.3}, step=3)
+    resumed.close()
+    lines = DAMAGED.split(b"\n")
+    assert path.read_bytes() == b"\n".join([*lines[:6], b'{"step": 3, "loss": 0.3}', b""])  # step 4 dropped
+    assert [row["step"] for row in read_metrics(path)] == [1, 2, 3]
 
 
 def test_read_metrics_missing_file_is_a_user_error(tmp_path):
