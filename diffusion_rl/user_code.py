@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -43,7 +44,7 @@ def user_code_refused() -> bool:
 
 def load_user_code(spec: str, kind: str) -> Callable[..., Any]:
     """The callable named by `spec`, a user `kind` ("reward", "loss"); a missing file, module or attribute is a
-    UserError that names it."""
+    UserError that names it, and so is an exception raised importing it (with its file and line)."""
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise UserError(f"user {kind} '{spec}' must look like 'package.module:function' or 'path/to/file.py:function'")
@@ -85,8 +86,10 @@ def _load_file(target: str, kind: str) -> ModuleType:
     sys.modules[module_name] = module
     try:
         module_spec.loader.exec_module(module)
-    except BaseException:
+    except BaseException as e:
         del sys.modules[module_name]
+        if isinstance(e, Exception) and not isinstance(e, UserError):  # Ctrl-C and sys.exit stay what they are
+            raise _import_failed(f"user {kind} file '{target}'", e) from None
         raise
     return module
 
@@ -96,10 +99,26 @@ def _import_module(target: str, kind: str) -> ModuleType:
         return importlib.import_module(target)
     except ModuleNotFoundError as e:
         # Only the module the user named (or a parent package of it) being absent is the user's typo; a missing
-        # dependency inside their module keeps its traceback.
+        # dependency inside their module is a failed import, like any other exception raised there.
         if e.name is not None and (target == e.name or target.startswith(e.name + ".")):
             raise UserError(
                 f"user {kind} module '{target}' not found (is it installed, or on PYTHONPATH?); to load a file, "
                 f"write 'path/to/file.py:function'"
             ) from None
+        raise _import_failed(f"user {kind} module '{target}'", e) from None
+    except UserError:
         raise
+    except Exception as e:
+        raise _import_failed(f"user {kind} module '{target}'", e) from None
+
+
+def _import_failed(what: str, e: Exception) -> UserError:
+    """An exception raised while importing the user's code, as one line: where (file, line) and the cause."""
+    if isinstance(e, SyntaxError):  # where the parser stopped: the user's file or one it imports
+        where, cause = f"{e.filename}, line {e.lineno}", f"SyntaxError: {e.msg}"
+    else:  # the outermost module's top level: the user's line that led to the error
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.name == "<module>"]
+        where = f"{frames[0].filename}, line {frames[0].lineno}" if frames else "where unknown"
+        cause = " ".join(f"{type(e).__name__}: {e}".split())
+    todo = f"install {e.name!r} or fix the import" if isinstance(e, ModuleNotFoundError) and e.name else "fix the code"
+    return UserError(f"{what} failed to import ({where}: {cause}); {todo}")

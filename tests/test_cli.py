@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -255,6 +256,32 @@ def test_a_damaged_model_directory_is_one_line_naming_the_file(tiny_model_dir, t
     assert main(["sample", "--model", str(model), "--prompt", "a", *FAST_SAMPLE]) == 2
     line = _one_error_line(capsys)
     assert f"cannot load the model in {model}: {model / named.split(':')[0]}:" in line and named.split(": ")[1] in line
+
+
+@pytest.mark.parametrize(
+    ("model_dir", "said"),
+    [  # an SD3 transformer's last block is context_pre_only, with a smaller norm: one block fewer changes a shape
+        ("tiny_model_dir", r"transformer/config\.json describes another network than its weights "
+         r"\(transformer_blocks\.\d+\.norm1_context\.linear\.bias: torch\.Size\(\[\d+\]\) by the config, "),
+        # Wan's blocks are all alike: one block fewer, and diffusers would drop the last one's weights with a log line
+        ("wan_model_dir", r"\d+ weights in \S+/transformer have no place in the network its config\.json describes "
+         r"\(e\.g\. blocks\.\d+\."),
+    ],
+)  # fmt: skip
+def test_a_config_that_describes_another_network_than_its_weights_is_one_line(
+    request, tmp_path, capsys, model_dir, said
+):
+    import re
+    import shutil
+
+    model = Path(shutil.copytree(request.getfixturevalue(model_dir), tmp_path / "model"))
+    config = json.loads((model / "transformer/config.json").read_text())
+    (model / "transformer/config.json").write_text(json.dumps({**config, "num_layers": config["num_layers"] - 1}))
+    capsys.readouterr()  # the fixture's own output, when it built the model just now
+    assert main(["sample", "--model", str(model), "--prompt", "a", *FAST_SAMPLE]) == 2
+    line = _one_error_line(capsys)
+    assert f"cannot load the model in {model}: " in line and re.search(said, line), line
+    assert line.endswith("restore the config.json the weights were saved with"), line
 
 
 @pytest.mark.parametrize(

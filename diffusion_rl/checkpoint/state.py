@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import pickle
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +147,19 @@ def load_tensors(tensors: dict, directory: Path) -> None:
         try:
             dcp.load(tensors, storage_reader=SafeReader(directory / DCP_DIR), planner=SafeLoadPlanner())
         except CheckpointException as e:  # each rank's exception with its traceback: the first one's reason is enough
-            reason = next((_first_line(exc) for exc, _ in e.failures.values()), "unknown failure")
-            raise UserError(f"checkpoint {directory} is damaged or not ours: {reason}") from None
+            short = _cut_short(directory / DCP_DIR)
+            reason = next((f"{type(exc).__name__}: {_first_line(exc)}" for exc, _ in e.failures.values()), "unknown")
+            said = f"{', '.join(short)} shorter than dcp/.metadata says (cut short)" if short else reason
+            raise UserError(f"checkpoint {directory} is damaged or not ours: {said}") from None
+
+
+def _cut_short(dcp_dir: Path) -> list[str]:
+    """The dcp/ files that end before the entries the metadata places in them (a copy or a disk cut them short)."""
+    ends: dict[str, int] = {}
+    for info in (SafeReader(dcp_dir).read_metadata().storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    return [f"dcp/{name}" for name, end in sorted(ends.items())
+            if (dcp_dir / name).is_file() and (dcp_dir / name).stat().st_size < end]  # fmt: skip
 
 
 def _first_line(error: BaseException) -> str:
@@ -171,7 +183,11 @@ def read_state(directory: Path) -> dict:
     """state.pt of a verified checkpoint (the trainer's resume reads it first: checkpoint/manifest.py)."""
     verify_checkpoint(directory)
     check_format(directory)
-    path = directory / STATE_FILE
+    return load_state_file(directory / STATE_FILE)
+
+
+def load_state_file(path: Path) -> dict:
+    """A checkpoint's state file (plain data, torch's weights_only loader), with a step; one line when it is not."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -181,6 +197,17 @@ def read_state(directory: Path) -> dict:
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise UserError(f"{path}: not a checkpoint state (no step in it)")
     return state
+
+
+@contextmanager
+def state_fits(path: Path):
+    """Reading a loaded state file's entries back into the run: an entry missing or of another type (a file edited,
+    or written by other code, after it was saved) is one line naming the file, not a traceback."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise UserError(f"{path}: its entries do not read back ({type(e).__name__}: {_first_line(e)}); the file was "
+                        "changed after it was saved: resume from another checkpoint") from None  # fmt: skip
 
 
 def check_format(directory: Path) -> None:

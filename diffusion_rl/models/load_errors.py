@@ -7,12 +7,15 @@ the component ("Error no file named config.json found in directory …/vae"). Af
 that names it and says what to do. `raise_if_bad_index` checks model_index.json's components before any loading: each is
 [library, class] of diffusers or transformers (a model directory must not choose the code that loads it: diffusers
 takes any module already imported, and refuses others with a traceback); a class its library lacks is named after a
-failed load.
+failed load. A config.json that describes another network than its weights is named too: a weight of another shape
+fails the load (`raise_if_damaged`), and weights the network has no place for, which diffusers drops with a log line,
+stop it (`refuse_unused_weights`, for the trained transformers).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from diffusion_rl.errors import UserError
@@ -36,9 +39,47 @@ def raise_if_damaged(path: Path, error: Exception) -> None:
     problem = _index_problem(path, classes=True) or damaged_file(path)
     if problem is not None:
         raise UserError(f"cannot load the model in {path}: {problem}; {_FIX}") from error
+    shape = re.search(r"(\S+) expected shape (torch\.Size\(\[[\d, ]*\]\)), but got (torch\.Size\(\[[\d, ]*\]\))",
+                      str(error))  # fmt: skip
+    if isinstance(error, ValueError) and shape is not None:
+        key, wanted, stored = shape.groups()
+        folder = next((f for f in sorted(path.iterdir()) if key in _stored_keys(f)), path)
+        raise UserError(
+            f"cannot load the model in {path}: {folder / 'config.json'} describes another network than "
+            f"its weights ({key}: {wanted} by the config, {stored} stored); {_CONFIG_FIX}"
+        ) from error
     if isinstance(error, OSError):
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(f"cannot load the model in {path}: {first}") from error
+
+
+_CONFIG_FIX = "restore the config.json the weights were saved with"
+
+
+def refuse_unused_weights(path: Path, pipeline) -> None:
+    """A UserError when a transformer's weight files hold weights its network, as its config.json describes it, has
+    no place for (diffusers drops them with a log line: a smaller network than was saved would train)."""
+    for name in ("transformer", "transformer_2"):  # Wan 2.2 A14B: two
+        module, folder = getattr(pipeline, name, None), path / name
+        if module is None or not folder.is_dir():
+            continue
+        ignored = getattr(module, "_keys_to_ignore_on_load_unexpected", None) or ()
+        unused = sorted(k for k in _stored_keys(folder) - module.state_dict().keys()
+                        if not any(re.search(pattern, k) for pattern in ignored))  # fmt: skip
+        if unused:
+            raise UserError(f"cannot load the model in {path}: {len(unused)} weights in {folder} have no place in the "
+                            f"network its config.json describes (e.g. {unused[0]}); {_CONFIG_FIX}")  # fmt: skip
+
+
+def _stored_keys(folder: Path) -> set[str]:
+    """The tensor names in a component folder's safetensors files (their headers only); none for another format."""
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for file in sorted(folder.glob("*.safetensors")) if folder.is_dir() else ():
+        with safe_open(str(file), "pt") as opened:
+            keys.update(opened.keys())
+    return keys
 
 
 def damaged_file(path: Path) -> str | None:

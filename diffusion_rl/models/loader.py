@@ -15,7 +15,7 @@ from diffusion_rl.models.attention import DEFAULT_BACKEND, set_attention_backend
 from diffusion_rl.models.base import FlowModel, freeze
 from diffusion_rl.models.compiling import compile_blocks_on
 from diffusion_rl.models.hub import model_dir
-from diffusion_rl.models.load_errors import raise_if_bad_index, raise_if_damaged
+from diffusion_rl.models.load_errors import raise_if_bad_index, raise_if_damaged, refuse_unused_weights
 from diffusion_rl.models.policies import LoraSettings
 from diffusion_rl.models.quiet import quiet_loading, quiet_prompt_truncation
 from diffusion_rl.models.registry import family_named, family_of_pipeline
@@ -143,6 +143,7 @@ def load_model(cfg, *, text_encoders: bool = True) -> FlowModel:
     except Exception as e:  # a truncated file, a component without config.json: one line naming the file
         raise_if_damaged(path, e)
         raise
+    refuse_unused_weights(path, pipeline)
     model = model_of_pipeline(pipeline, family, cfg, device, dtype, str(path))
     model.directory = path
     return model

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from diffusion_rl.checkpoint.manifest import verify_checkpoint
 from diffusion_rl.checkpoint.paths import step_dir_name, step_of
+from diffusion_rl.checkpoint.state import load_state_file, state_fits
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config.loading import to_yaml
 from diffusion_rl.config.secrets import redact_secrets
@@ -276,18 +277,19 @@ class PretrainTrainer:
 
     def load_checkpoint(self, path: Path) -> None:
         verify_checkpoint(path)  # its files as saved (checkpoint/manifest.py)
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        state = load_state_file(path / STATE_FILE)
         if state["step"] != step_of(path):
             raise UserError(f"checkpoint {path} holds step {state['step']}, not the step its name says")
         self.vae.load_state_dict(load_file(path / "vae.safetensors"))
         self.transformer.load_state_dict(load_file(path / "transformer.safetensors"))
-        self.vae_optimizer.load_state_dict(state["vae_optimizer"])
-        self.step, self.stats = state["step"], state["stats"]
-        if "flow_optimizer" in state:
-            self.prepare_flow()
-            self.flow_optimizer.load_state_dict(state["flow_optimizer"])
-            self.flow_scheduler.load_state_dict(state["flow_scheduler"])
-            if self.ema is not None and state["ema"] is not None:
-                self.ema.load_state_dict(state["ema"])
-        restore_rng_state(state["rng"])
+        with state_fits(path / STATE_FILE):
+            self.vae_optimizer.load_state_dict(state["vae_optimizer"])
+            self.step, self.stats = state["step"], state["stats"]
+            if "flow_optimizer" in state:
+                self.prepare_flow()
+                self.flow_optimizer.load_state_dict(state["flow_optimizer"])
+                self.flow_scheduler.load_state_dict(state["flow_scheduler"])
+                if self.ema is not None and state["ema"] is not None:
+                    self.ema.load_state_dict(state["ema"])
+            restore_rng_state(state["rng"])
         logger.info("resumed pretraining from %s (step %d)", path, self.step)

@@ -25,8 +25,13 @@ prompt), with the same dtypes and NaN rule as above. The combiner never splits a
 `sampling.score_chunks > 1` the trainer scores group rewards on the whole batch after the last chunk.
 """
 
+import contextlib
 import functools
 import inspect
+import numbers
+import os
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -71,8 +76,17 @@ def make_reward(name: str, **kwargs: Any) -> RewardFn:
     return factory(**kwargs)
 
 
+def check_reward_kwargs(name: str, kwargs: dict[str, Any]) -> None:
+    """make_reward's checks of a registered reward's kwargs, with nothing built: every entry of a config is checked
+    before the first one loads a model (or starts its actors). A user function's are checked when it is loaded."""
+    if not is_user_function_spec(name):
+        _check_kwargs(name, REWARDS.get(name), kwargs)
+
+
 def _check_kwargs(name: str, factory: Callable[..., RewardFn], kwargs: dict[str, Any]) -> None:
-    """A typo in a reward's kwargs is a UserError listing the accepted ones, not a TypeError deep in a factory."""
+    """A typo in a reward's kwargs is a UserError listing the accepted ones, not a TypeError deep in a factory; so is
+    a value of the wrong type for a parameter the factory declares int, float, bool or str (by annotation, else by
+    its default)."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # builtins without a signature: let the call itself complain
@@ -95,6 +109,48 @@ def _check_kwargs(name: str, factory: Callable[..., RewardFn], kwargs: dict[str,
         signature.bind(**kwargs)
     except TypeError as e:  # anything the two checks above do not catch
         raise UserError(f"reward '{name}': kwargs {sorted(kwargs)} do not fit ({e}); accepted: {accepted}") from None
+    with contextlib.suppress(Exception):  # the annotations as types, also under `from __future__ import annotations`
+        signature = inspect.signature(factory, eval_str=True)
+    for key, value in kwargs.items():
+        p = signature.parameters.get(key)  # None: taken by **kwargs, left to the factory
+        allowed = _declared_types(p) if p is not None else None
+        if allowed is not None and not _fits(value, allowed):
+            default = "" if p.default is p.empty else f" (default {p.default!r})"
+            raise UserError(
+                f"reward '{name}': kwargs {key}={value!r} must be {' or '.join(_TYPE_WORDS[t] for t in allowed)}"
+                f"{default}"
+            )
+
+
+_TYPE_WORDS = {int: "an int", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
+
+
+def _declared_types(p: inspect.Parameter) -> tuple[type, ...] | None:
+    """The scalar types (int, float, bool, str, None) a factory's parameter takes, or None when it declares no such
+    type (Any, a list, a mapping, an annotation left a string): that value is left to the factory."""
+    annotation = p.annotation
+    if annotation is p.empty:
+        default = p.default
+        return (type(default),) if type(default) in _TYPE_WORDS and default is not None else None
+    if annotation in _TYPE_WORDS:
+        return (annotation,)
+    if annotation is None:
+        return (type(None),)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        parts = [_declared_types(p.replace(annotation=a)) for a in typing.get_args(annotation)]
+        return None if any(t is None for t in parts) else tuple(t for ts in parts for t in ts)
+    return None
+
+
+def _fits(value: Any, allowed: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # not an int here: `retries: true` is a mistake
+        return bool in allowed
+    return (
+        (int in allowed and isinstance(value, numbers.Integral))
+        or (float in allowed and isinstance(value, numbers.Real))  # an int is a fine number
+        or (str in allowed and isinstance(value, (str, os.PathLike)))  # a path from Python code
+        or (value is None and type(None) in allowed)
+    )
 
 
 def check_reward_output(name: str, scores: Any, batch_size: int) -> np.ndarray:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from diffusion_rl.errors import UserError
-from diffusion_rl.rewards.base import REWARDS, RewardFn
+from diffusion_rl.rewards.base import REWARDS, RewardFn, check_reward_kwargs
 from diffusion_rl.rewards.combine import RewardCombiner, WeightedReward
 from diffusion_rl.rewards.user_fn import is_user_function_spec
 
@@ -28,7 +28,8 @@ def console_rewards(specs: Sequence[Any]) -> list[tuple[str, str]]:
 def build_combiner(specs: Sequence[Any], make_fn: Callable[[Any], RewardFn], where: str = "rewards") -> RewardCombiner:
     """A RewardCombiner of the entries (config RewardSpecs), each keyed by its label (else its name) and built by
     `make_fn(spec)` (in this process, or in Ray actors); an image reward scores videos frame by frame, its frame
-    scores reduced as the entry's `frames` says (WeightedReward.scorer_of)."""
+    scores reduced as the entry's `frames` says (WeightedReward.scorer_of). Every entry's kwargs are checked before
+    any is built."""
     for i, spec in enumerate(specs):
         group = not is_user_function_spec(spec.name) and getattr(REWARDS.get(spec.name), "group", False)
         if group and spec.actors:
@@ -36,5 +37,6 @@ def build_combiner(specs: Sequence[Any], make_fn: Callable[[Any], RewardFn], whe
                 f"{where}.{i}: '{spec.name}' is a group reward and runs in the trainer process (it sees whole groups); "
                 "set actors: 0, and give the reward it wraps its own server (`remote`) if it is heavy"
             )
+        check_reward_kwargs(spec.name, spec.kwargs)  # every entry's, before the first builds (loads a model, actors)
     rewards = [WeightedReward(s.metric_name, s.weight, make_fn(s), s.required, s.timeout_s, s.frames) for s in specs]
     return RewardCombiner(rewards)

@@ -32,10 +32,11 @@ from collections.abc import Sequence
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.base import RewardFn
 from diffusion_rl.rewards.remote import TOKEN_ENV
-from diffusion_rl.rewards.serving.batching import BatchingScorer
+from diffusion_rl.rewards.serving.batching import BatchingScorer, check_batching
 from diffusion_rl.rewards.serving.requests import BadRequest, Limits, parse_score_request
 from diffusion_rl.rewards.serving.settings import ServerSettings
 from diffusion_rl.rewards.video import FRAME_REDUCTIONS, framewise
+from diffusion_rl.utils.json_input import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ def server_from_args(args: argparse.Namespace):
     from diffusion_rl.rewards import make_reward
 
     try:
-        kwargs = json.loads(args.kwargs)
+        kwargs = parse_json(args.kwargs)
     except json.JSONDecodeError as e:
         raise UserError(f"serve-reward: --kwargs is not valid JSON ({e}): {args.kwargs!r}") from None
     if not isinstance(kwargs, dict):
@@ -188,6 +189,7 @@ def server_from_args(args: argparse.Namespace):
     bad = [f"{flag} {value}" for flag, value in positive.items() if not value > 0]
     if bad:
         raise UserError(f"serve-reward: these must be > 0: {', '.join(bad)}")
+    check_batching(args.max_batch, args.max_wait_ms, args.max_queue)  # before the build, not when the scorer starts
     limits = Limits(int(args.max_body_mb * 1024 * 1024), args.max_image_pixels, args.max_request_pixels)
     settings = ServerSettings(limits, args.token or os.environ.get(TOKEN_ENV) or None, args.read_timeout_s,
                               args.request_timeout_s, args.max_connections, args.max_open_connections)  # fmt: skip

@@ -26,7 +26,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from diffusion_rl.algorithms import make_algorithm
 from diffusion_rl.checkpoint.paths import step_dir_name, step_of
-from diffusion_rl.checkpoint.state import CONFIG_FILE, read_state, write_state
+from diffusion_rl.checkpoint.state import CONFIG_FILE, STATE_FILE, read_state, state_fits, write_state
 from diffusion_rl.checkpoint.store import CheckpointManager
 from diffusion_rl.config import Config
 from diffusion_rl.config.loading import to_yaml
@@ -48,6 +48,7 @@ from diffusion_rl.models.tiny import save_tiny
 from diffusion_rl.models.tiny.shipped import shipped_dir
 from diffusion_rl.rewards import RewardCombiner
 from diffusion_rl.rewards.build import build_combiner, console_rewards
+from diffusion_rl.rewards.video import takes_video
 from diffusion_rl.sampling.rollout import SamplerSettings
 from diffusion_rl.sampling.window import window_for_step
 from diffusion_rl.tracking import make_trackers, plot_metrics, read_metrics
@@ -91,7 +92,13 @@ def build_rewards(cfg: Config, specs=None, where: str = "rewards") -> RewardComb
     specs = cfg.rewards if specs is None else specs
     for i, spec in enumerate(specs):  # e.g. a run's own config.yaml given back to `train`
         refuse_redacted(spec.kwargs, f"{where}.{i}.kwargs")
-    return build_combiner(specs, lambda s: make_reward_fn(s, cfg.engine), where)
+    combiner = build_combiner(specs, lambda s: make_reward_fn(s, cfg.engine), where)
+    frames = cfg.sampling.num_frames
+    for reward in combiner.rewards:  # it would fail every sample: before the first is sampled
+        if takes_video(reward.fn) and frames < 2:
+            raise UserError(f"{where}: '{reward.name}' scores videos of at least 2 frames, but this run samples "
+                            f"images (sampling.num_frames={frames}); use it with a video model")  # fmt: skip
+    return combiner
 
 
 class Trainer:
@@ -421,5 +428,6 @@ class Trainer:
                 f"checkpoint {path} was saved with another config: this one differs in {changed}; resume with its "
                 f"settings, or start over with run.resume=never (loading it: {e})"
             ) from None
-        self._load_plain_state(state)
+        with state_fits(path / STATE_FILE):
+            self._load_plain_state(state)
         logger.info("resumed from %s (step %d)", path, self.step)

@@ -99,6 +99,18 @@ def _code_in_state(step: Path, tmp_path: Path) -> None:
     torch.save({"format": 2, "step": 2, "payload": _Payload()}, step / "state.pt")
 
 
+def _edited_state(step: Path, tmp_path: Path) -> None:
+    """state.pt rewritten by hand without its RNG states (its manifest entry then rewritten to match, or gone)."""
+    state = torch.load(step / "state.pt", weights_only=True)
+    del state["rng"]
+    torch.save(state, step / "state.pt")
+
+
+def _cut_a_weights_file(step: Path, tmp_path: Path) -> None:
+    file = step / "dcp" / "__0_0.distcp"
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
 def _no_dcp_metadata(step: Path, tmp_path: Path) -> None:
     (step / "dcp" / ".metadata").unlink()
 
@@ -133,6 +145,8 @@ def test_a_damaged_checkpoint_is_one_line_and_status_2_for_sample_and_resume(
     [
         (_code_in_state, "state.pt: refused to load (it holds more than plain data: "),
         (_no_dcp_metadata, "is not a complete checkpoint: it has no dcp/.metadata"),
+        (_edited_state, "state.pt: its entries do not read back (KeyError: 'rng'); the file was changed after it"),
+        (_cut_a_weights_file, "is damaged or not ours: dcp/__0_0.distcp shorter than dcp/.metadata says (cut short)"),
     ],
 )
 def test_a_damaged_checkpoint_without_manifest_is_still_one_line(

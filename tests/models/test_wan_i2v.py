@@ -28,10 +28,10 @@ FIRST = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8
 ROWS = [[FIRST[0]], [FIRST[1]]]
 
 
-def one_block(name: str):
+def one_block(name: str, family: str = "auto"):
     """A shipped architecture with one of its 40 blocks, to keep estimate fast (the counting is tested in
     tests/test_estimate.py)."""
-    shipped = from_shipped(name)
+    shipped = from_shipped(name, family)
     return dataclasses.replace(shipped, transformer_config={**shipped.transformer_config, "num_layers": 1})
 
 

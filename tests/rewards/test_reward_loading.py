@@ -136,3 +136,70 @@ def test_a_user_function_with_defaults_and_keyword_catch_alls_builds(tmp_path):
     path.write_text(USER_CODE + SIGNATURES)
     reward = make_reward(f"{path}:any_extra", anything=1)
     np.testing.assert_allclose(reward(_images(), ["", ""], [{}, {}]), [10.0, 200.0])
+
+
+@pytest.mark.parametrize(
+    ("code", "line", "cause"),
+    [
+        ("def fn(images, prompts, metadata:\n", 1, "SyntaxError: '(' was never closed); fix the code"),
+        ("import numpy\nimport no_such_package_xyz\n", 2, "ModuleNotFoundError: No module named "
+                                                          "'no_such_package_xyz'); install 'no_such_package_xyz' or "
+                                                          "fix the import"),
+        ("\n\nraise RuntimeError('no GPU here')\n", 3, "RuntimeError: no GPU here); fix the code"),
+    ],
+)  # fmt: skip
+def test_a_user_file_or_module_that_fails_to_import_is_one_line_naming_the_file_line_and_cause(
+    tmp_path, monkeypatch, code, line, cause
+):
+    path = tmp_path / "broken_reward_module_for_test.py"
+    path.write_text(code)
+    with pytest.raises(UserError) as by_file:
+        make_reward(f"{path}:fn")
+    assert str(by_file.value) == f"user reward file '{path}' failed to import ({path}, line {line}: {cause}"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError) as by_module:
+        make_reward("broken_reward_module_for_test:fn")
+    assert str(by_module.value) == (
+        f"user reward module 'broken_reward_module_for_test' failed to import ({path}, line {line}: {cause}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "message"),
+    [
+        ("remote", {"url": "http://127.0.0.1:9", "timeout": "abc"}, "kwargs timeout='abc' must be a number (default "
+                                                                    "120.0)"),
+        ("remote", {"url": "http://127.0.0.1:9", "retries": "x"}, "kwargs retries='x' must be an int (default 3)"),
+        ("remote", {"url": "http://127.0.0.1:9", "retries": True}, "kwargs retries=True must be an int (default 3)"),
+        ("remote", {"url": "http://127.0.0.1:9", "check_health": 1}, "kwargs check_health=1 must be true or false "
+                                                                     "(default True)"),
+        ("remote", {"url": 9}, "kwargs url=9 must be a string"),
+        ("remote", {"url": "http://127.0.0.1:9", "max_failed_batches": 2.5}, "kwargs max_failed_batches=2.5 must be "
+                                                                             "an int or null (default 3)"),
+        ("shapes_geneval", {"shape_weight": "x"}, "kwargs shape_weight='x' must be a number (default 0.0)"),
+        ("motion", {"target": "x"}, "kwargs target='x' must be a number (default 0.05)"),
+        ("imagereward", {"checkpoint": "c", "tokenizer_path": "t", "batch_size": "8"},  # future annotations
+         "kwargs batch_size='8' must be an int (default 16)"),
+    ],
+)  # fmt: skip
+def test_a_reward_kwarg_of_the_wrong_type_is_one_line_naming_the_reward_key_value_and_type(name, kwargs, message):
+    with pytest.raises(UserError) as e:
+        make_reward(name, **kwargs)
+    assert str(e.value) == f"reward '{name}': {message}"
+
+
+def test_a_reward_kwarg_of_a_declared_type_is_accepted_an_int_as_a_number_and_null_where_allowed():
+    assert make_reward("motion", target=1) is not None
+    assert make_reward("shapes_geneval", shape_weight=2, min_area_fraction=0.01) is not None
+    assert make_reward("rank", reward={"name": "motion", "kwargs": {"target": 0.5}}) is not None  # Any: not checked
+    with pytest.raises(UserError, match=r"^reward 'motion': kwargs target=None must be a number"):
+        make_reward("rank", reward={"name": "motion", "kwargs": {"target": None}})  # a nested entry is checked too
+
+
+def test_every_entrys_kwargs_are_checked_before_any_reward_is_built():
+    from diffusion_rl.config.data import RewardSpec
+    from diffusion_rl.rewards.build import build_combiner
+
+    specs = [RewardSpec(name="jpeg_compressibility"), RewardSpec(name="remote", kwargs={"url": "x", "timeout": "1"})]
+    with pytest.raises(UserError, match=r"^reward 'remote': kwargs timeout='1' must be a number"):
+        build_combiner(specs, lambda s: pytest.fail("a reward was built"))

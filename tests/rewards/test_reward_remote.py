@@ -351,3 +351,16 @@ def test_training_with_a_wrong_remote_token_stops_at_start_in_one_line(local_ser
     assert cli_main(train_argv("rewards.0.name=remote", f"rewards.0.kwargs={{url: '{url}', retries: 0}}")) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"diffusion-rl: error: remote: the reward server at {url} refused the request: HTTP 401")
+
+
+@pytest.mark.parametrize(
+    ("flags", "got"), [(["--max-batch", "0"], "0, 20.0, 64"), (["--max-wait-ms", "-1"], "64, -1.0, 64"),
+                       (["--max-queue", "0"], "64, 20.0, 0"), (["--max-wait-ms", "nan"], "64, nan, 64")]
+)  # fmt: skip
+def test_batching_settings_out_of_range_are_one_line_before_the_reward_is_built(flags, got, capsys, monkeypatch):
+    import diffusion_rl.rewards as rewards
+
+    monkeypatch.setattr(rewards, "make_reward", lambda *a, **k: pytest.fail("the reward was built"))
+    assert main(["--reward", "jpeg_incompressibility", "--port", "0", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: serve-reward: need --max-batch >= 1, --max-wait-ms >= 0 and --max-queue >= 1; got {got}"

@@ -148,3 +148,14 @@ def test_a_bad_user_loss_is_one_line_naming_it(user_loss, make_config, spec, mes
     with pytest.raises(UserError) as e:
         make_config(f"algorithm.loss={spec.format(d=folder)}")
     assert message.format(d=folder) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_user_loss_that_fails_to_import_is_one_line_naming_its_file_and_line(tmp_path, make_config, monkeypatch):
+    path = tmp_path / "my_broken_loss.py"
+    path.write_text("import torch\nimport no_such_package_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cause = f"({path}, line 2: ModuleNotFoundError: No module named 'no_such_package_xyz'); install "
+    for spec, what in ((f"{path}:mine", f"file '{path}'"), ("my_broken_loss:mine", "module 'my_broken_loss'")):
+        with pytest.raises(UserError) as e:
+            make_config(f"algorithm.loss={spec}")
+        assert str(e.value).startswith(f"user loss {what} failed to import {cause}") and "\n" not in str(e.value)

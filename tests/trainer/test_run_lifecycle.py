@@ -118,3 +118,13 @@ def test_a_missing_resume_path_is_one_line_before_the_model_loads(make_trainer, 
     monkeypatch.setattr("diffusion_rl.trainer.trainer.make_engine", no_engine)
     with pytest.raises(UserError, match=r"run\.resume .*nevr: no such directory"):
         make_trainer(f"run.resume={tmp_path / 'nevr'}")
+
+
+def test_a_video_reward_on_an_image_run_is_one_line_before_the_model_loads(make_trainer, monkeypatch):
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the engine (and the model) was built before the rewards were checked")
+
+    monkeypatch.setattr("diffusion_rl.trainer.trainer.make_engine", no_engine)
+    with pytest.raises(UserError, match=r"rewards: 'temporal_consistency' scores videos of at least 2 frames, but this "
+                       r"run samples images \(sampling\.num_frames=1\)"):  # fmt: skip
+        make_trainer("rewards.0.name=temporal_consistency")

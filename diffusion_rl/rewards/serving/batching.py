@@ -57,6 +57,15 @@ class BatchStats:
     failed_images: int = 0
 
 
+def check_batching(max_batch: int, max_wait_ms: float, max_queue: int) -> None:
+    """The batcher's settings in range, or UserError; serve-reward checks them before the reward is built."""
+    if not (max_batch >= 1 and max_wait_ms >= 0 and max_queue >= 1):  # `not`: a NaN wait is out of range too
+        raise UserError(
+            f"serve-reward: need --max-batch >= 1, --max-wait-ms >= 0 and --max-queue >= 1; got {max_batch}, "
+            f"{max_wait_ms}, {max_queue}"
+        )
+
+
 class BatchingScorer:
     """Collects jobs from the request handlers and scores them in batches on one worker thread."""
 
@@ -69,11 +78,7 @@ class BatchingScorer:
         max_queue: int = 64,
         timeout_s: float | None = None,
     ):
-        if max_batch < 1 or max_wait_ms < 0 or max_queue < 1:
-            raise UserError(
-                f"serve-reward: need max_batch >= 1, max_wait_ms >= 0 and max_queue >= 1; got {max_batch}, "
-                f"{max_wait_ms}, {max_queue}"
-            )
+        check_batching(max_batch, max_wait_ms, max_queue)
         self.reward_fn, self.name = reward_fn, name
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_ms / 1000, max_queue
         self.timeout_s = timeout_s  # deadline of one reward call (calls.py); None = none
