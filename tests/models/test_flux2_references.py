@@ -182,11 +182,14 @@ def test_estimate_counts_the_reference_tokens(tmp_path, capsys):
     assert inputs["hidden_states"].shape[1] == 128 * 96 + (1168 // 16) * (880 // 16)
     from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
 
-    from diffusion_rl.models.families.flux2 import reference_pixels, reference_tokens
+    from diffusion_rl.models.families.flux2 import Flux2Model, reference_pixels, reference_size, reference_tokens
 
     for height, width in ((1024, 1024), (1040, 1536), (3008, 1008), (512, 768)):  # as the model feeds them
         fed = reference_pixels(np.zeros((height, width, 3), np.uint8), Flux2ImageProcessor(vae_scale_factor=16), 16)
         assert reference_tokens(height // 8, width // 8) == (fed.shape[0] // 16) * (fed.shape[1] // 16)
+        assert reference_size(height, width) == fed.shape[:2]  # what the VAE encodes
+    # so the VAE encodes each reference at that size: 2048 × 1536 ones at 1168 × 880
+    assert Flux2Model.condition_encodes({}, 2, 1, (2048, 1536)) == [(1, 1168, 880)] * 2
     for i in range(2):
         Image.fromarray(references(1, seed=i, size=64)[0]).save(tmp_path / f"{i}.png")
     (tmp_path / "two.jsonl").write_text(json.dumps({"prompt": "put them together", "images": ["0.png", "1.png"]}))

@@ -203,6 +203,11 @@ class Flux2Model(PackedLatentModel):
                     return_dict=False)  # fmt: skip
 
     @classmethod
+    def condition_encodes(cls, config: dict, sources: int, frames: int,
+                          size: tuple[int, int]) -> list[tuple[int, int, int]]:  # fmt: skip
+        return [(1, *reference_size(*size))] * sources  # each alone, shrunk to the pipelines' area cap first
+
+    @classmethod
     def ignores_guidance_of(cls, pipeline_config: dict) -> bool:
         return bool(pipeline_config.get("is_distilled", False))  # klein: step-distilled, CFG-free
 
