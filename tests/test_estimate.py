@@ -334,6 +334,13 @@ def test_a_model_directory_gives_the_same_architecture_as_its_tiny_preset(tiny_m
     as_saved = json.loads(json.dumps(built.transformer_config))  # tuples become lists in config.json
     assert on_disk.transformer_config == {k: v for k, v in as_saved.items() if k in on_disk.transformer_config}
     assert [e.params for e in on_disk.text_encoders] == [e.params for e in built.text_encoders]
+    from diffusion_rl.models.tiny import build_tiny
+
+    # the shipped ShapesWorld preset is read from its files, not built: the same architecture as the pipeline's
+    shipped, pipeline = from_tiny("sd3", "shapes"), build_tiny("sd3", "shapes")
+    as_built = json.loads(json.dumps(dict(pipeline.transformer.config)))
+    assert shipped.transformer_config == {k: v for k, v in as_built.items() if not k.startswith("_")}
+    assert shipped.vae_config["block_out_channels"] == list(pipeline.vae.config.block_out_channels)
 
 
 def test_text_report_and_bad_numbers(capsys):

@@ -195,9 +195,14 @@ def from_model_dir(path: Path, name: str | None = None, family: str = "auto") ->
 
 
 def from_tiny(family: str, preset: str) -> Architecture:
-    """The architecture of a tiny preset (what `create_tiny_if_missing` would write), built in memory."""
+    """The architecture of a tiny preset (what `create_tiny_if_missing` would write): a shipped one's configs as the
+    package holds them (nothing built), another's built in memory."""
     from diffusion_rl.models.tiny import build_tiny
+    from diffusion_rl.models.tiny.shipped import shipped_dir
 
+    shipped = shipped_dir(family, preset)
+    if shipped is not None:
+        return from_model_dir(shipped, f"tiny {family} ({preset})", family)
     pipeline = build_tiny(family, preset)
     components = {}
     for name, module in pipeline.components.items():
