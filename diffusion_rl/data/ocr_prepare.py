@@ -22,6 +22,7 @@ from pathlib import Path
 from diffusion_rl.data.prompts import DEFAULT_DATA_SOURCE, PromptRecord, load_prompts, write_prompts
 from diffusion_rl.data.text_targets import target_text
 from diffusion_rl.errors import UserError
+from diffusion_rl.utils.files import refuse_same_file
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def prepare_ocr(
     """
     input_path = Path(input_path)
     _check_split(val_fraction, val_path)
+    refuse_same_file("prepare ocr", input=input_path, output=out_path, val_output=val_path)
     records, invalid = [], []
     for number, record in _numbered_prompts(input_path):
         target = target_text(record.prompt, {"ground_truth": record.ground_truth})
@@ -95,6 +97,7 @@ def write_synthetic_ocr(
 ) -> PreparedOcr:
     """`synthetic_ocr_prompts(n, seed, max_words)` written like `prepare_ocr` writes its records."""
     _check_split(val_fraction, val_path)
+    refuse_same_file("prepare ocr", output=out_path, val_output=val_path)
     records = [replace(r, negative_prompt=negative_prompt) for r in synthetic_ocr_prompts(n, seed, max_words)]
     return _split_and_write(records, out_path, val_fraction, seed, val_path)
 

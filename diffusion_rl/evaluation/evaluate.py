@@ -170,11 +170,22 @@ def prepare_output(out: Path, force: bool) -> None:
         except (OSError, ValueError, KeyError, TypeError):
             old_columns = []
         for name in old_columns:
-            if name and "/" not in name and ".." not in name and (out / name).is_dir():
-                shutil.rmtree(out / name)
+            folder = _column_folder(out, name)
+            if folder is not None:
+                shutil.rmtree(folder)
         for name in earlier:
             (out / name).unlink()
     out.mkdir(parents=True, exist_ok=True)
+
+
+def _column_folder(out: Path, name) -> Path | None:
+    """The folder an earlier evaluation wrote for its column `name`, when `name` is a plain folder name inside `out`
+    (metrics.json may have been edited: never `out` itself, a parent, a link or a path)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+        return None
+    folder = out / name
+    inside = folder.is_dir() and not folder.is_symlink() and folder.resolve().parent == out.resolve()
+    return folder if inside else None
 
 
 class _ModelSlot:

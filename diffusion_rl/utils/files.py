@@ -59,3 +59,18 @@ def new_folder_beside(directory: Path, label: str) -> Path:
         except FileExistsError:
             continue
     raise AssertionError("unreachable")
+
+
+def refuse_same_file(command: str, **paths: str | os.PathLike[str] | None) -> None:
+    """A UserError when two of `paths` (role → path; None skipped) name one file: writing one would lose the other."""
+    from diffusion_rl.errors import UserError
+
+    seen: dict[Path, str] = {}
+    for role, path in paths.items():
+        if path is None:
+            continue
+        key = Path(path).expanduser().resolve()
+        if key in seen:
+            raise UserError(f"{command}: the {seen[key]} and the {role} are one file ({path}); give the {role} "
+                            "another path")  # fmt: skip
+        seen[key] = role

@@ -8,6 +8,7 @@ from diffusion_rl.data.ocr_prepare import (
     prepare_ocr,
     run_prepare_ocr_from_args,
     synthetic_ocr_prompts,
+    write_synthetic_ocr,
 )
 from diffusion_rl.data.prompts import PromptRecord, load_prompts
 from diffusion_rl.errors import UserError
@@ -165,3 +166,16 @@ def test_an_input_records_own_data_source_is_kept(tmp_path):
     assert [r.data_source for r in load_prompts(tmp_path / "out.jsonl")] == ["signs", "ocr"]
     prepare_ocr(source, tmp_path / "out2.jsonl", data_source="text")
     assert [r.data_source for r in load_prompts(tmp_path / "out2.jsonl")] == ["signs", "text"]
+
+
+def test_an_output_that_is_the_input_or_the_other_output_is_refused_before_writing(tmp_path):
+    """The same path twice would lose a file: the val output written over the train prompts, or the input over."""
+    source = tmp_path / "in.txt"
+    source.write_text('"A" sign\n"B" sign\n"C" sign\n"D" sign\n')
+    with pytest.raises(UserError, match=r"prepare ocr: the output and the val_output are one file \(.*t\.jsonl\)"):
+        prepare_ocr(source, tmp_path / "t.jsonl", val_fraction=0.5, val_path=tmp_path / "t.jsonl")
+    with pytest.raises(UserError, match="prepare ocr: the input and the output are one file"):
+        prepare_ocr(source, source)
+    with pytest.raises(UserError, match="prepare ocr: the output and the val_output are one file"):
+        write_synthetic_ocr(4, tmp_path / "s.jsonl", val_fraction=0.5, val_path=tmp_path / "." / "s.jsonl")
+    assert source.read_text().count("sign") == 4 and not (tmp_path / "t.jsonl").exists()

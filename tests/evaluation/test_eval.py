@@ -249,3 +249,25 @@ def test_a_checkpoint_cannot_choose_loss_code_to_run(trained_run, tiny_model_dir
         _ = cfg.algorithm.spec
     assert main(eval_argv(tiny_model_dir, tmp_path / "eval", ckpt, n=1)) == 0
     assert not (tmp_path / "ran").exists()  # nothing of the file ran
+
+
+@pytest.mark.parametrize("name", [".", "..", "", "a/b", "link", 3])
+def test_force_removes_only_the_earlier_columns_own_folders_whatever_metrics_json_says(tmp_path, name):
+    """metrics.json names the folders --force removes: an edited one naming the output folder itself, a parent, a
+    path or a link removes nothing of the user's."""
+    import json
+
+    from diffusion_rl.evaluation.evaluate import prepare_output
+
+    out = tmp_path / "out"
+    (out / "a" / "b").mkdir(parents=True)
+    (out / "thesis.txt").write_text("mine")
+    (tmp_path / "elsewhere").mkdir()
+    (out / "link").symlink_to(tmp_path / "elsewhere")
+    (out / "col").mkdir()
+    (out / "metrics.json").write_text(json.dumps({"columns": [{"name": name}, {"name": "col"}]}))
+    prepare_output(out, force=True)
+    assert (
+        (out / "thesis.txt").read_text() == "mine" and (out / "a" / "b").is_dir() and (tmp_path / "elsewhere").is_dir()
+    )
+    assert not (out / "col").exists() and not (out / "metrics.json").exists()  # the earlier evaluation's own: gone

@@ -50,3 +50,11 @@ def test_a_bad_row_is_one_error_naming_its_line_and_nothing_is_written(tmp_path,
     with pytest.raises(UserError, match=message):
         prepare_geneval(source, tmp_path / "out.jsonl")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_output_that_is_the_input_is_refused(tmp_path):
+    source = tmp_path / "g.jsonl"
+    source.write_text('{"prompt": "a red cube", "tag": "single_object", "include": [{"class": "cube", "count": 1}]}\n')
+    with pytest.raises(UserError, match="prepare geneval: the input and the output are one file"):
+        prepare_geneval(source, source)
+    assert "red cube" in source.read_text()

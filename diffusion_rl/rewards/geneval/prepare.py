@@ -15,6 +15,7 @@ from pathlib import Path
 from diffusion_rl.data.prompts import PromptRecord, read_jsonl, write_prompts
 from diffusion_rl.errors import UserError
 from diffusion_rl.rewards.geneval.rules import parse_metadata
+from diffusion_rl.utils.files import refuse_same_file
 
 GENEVAL_DATA_SOURCE = "geneval"
 GENEVAL_KEYS = ("prompt", "tag", "include", "exclude")
@@ -26,6 +27,7 @@ def prepare_geneval(input_path: str | Path, out_path: str | Path) -> int:
     source = Path(input_path)
     if not source.is_file():
         raise UserError(f"prepare geneval: {source} is not a file")
+    refuse_same_file("prepare geneval", input=source, output=out_path)
     records = []
     for row, where in read_jsonl(source, GENEVAL_KEYS, EXAMPLE):
         if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
