@@ -139,6 +139,8 @@ def cmd_sample(args) -> None:
     from diffusion_rl.utils.seeding import seed_for
 
     check_flag("--max-sequence-length", args.max_sequence_length, "model.max_sequence_length", ModelConfig)
+    if Path(args.out).suffix.lower() not in ("", ".png", ".webp"):  # it writes <name>.png: never another file
+        raise UserError(f"--out {args.out}: sample writes a .png sheet (a video family's: .webp); name it .png")
     EvalSettings(**{k: v for k, v in _sample_flags(args).items() if v is not None})  # the flags given, before loading
     if args.checkpoint:  # the run's LoRA settings and trained (or EMA) weights on top of --model
         from diffusion_rl.checkpoint.weights import checkpoint_config, load_checkpoint_model, validation_sampling

@@ -65,6 +65,15 @@ def test_sample_sde_needs_two_steps(tiny_model_dir, capsys):
     assert "--steps must be ≥ 2" in _one_error_line(capsys)
 
 
+def test_sample_refuses_an_out_it_would_not_write(tiny_model_dir, tmp_path, capsys):
+    """--out keep.jpg would have written keep.png, over a file of that name: refused before any work."""
+    (tmp_path / "keep.png").write_bytes(b"the user's")
+    out = ["--out", str(tmp_path / "keep.jpg")]
+    assert main(["sample", "--model", str(tiny_model_dir), "--prompt", "a", *FAST_SAMPLE, *out]) == 2
+    assert "keep.jpg: sample writes a .png sheet" in _one_error_line(capsys)
+    assert (tmp_path / "keep.png").read_bytes() == b"the user's"
+
+
 def test_sample_rejects_n_below_one(tiny_model_dir, capsys):
     assert main(["sample", "--model", str(tiny_model_dir), "--prompt", "a", "--n", "0"]) == 2
     assert "--n must be ≥ 1" in _one_error_line(capsys)
