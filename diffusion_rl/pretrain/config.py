@@ -7,6 +7,7 @@ Loaded the same strict way (unknown keys and bad values are errors that name the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -98,6 +99,12 @@ class PretrainEvalConfig:
     num_steps: int = opt(20, "ODE steps per sample.")
     guidance: float = opt(4.5, "Classifier-free guidance.")
     seed: int = opt(1234, "Seed of the evaluation noise (fixed across the run).")
+
+    def __post_init__(self):  # before any training: the end's scores need every one of these
+        check(self.every >= 0, "eval.every must be ≥ 0 (0 = only at the end)")
+        check(self.prompts >= 1 and self.n >= 1, "eval.prompts and eval.n must be ≥ 1")
+        check(self.num_steps >= 1, "eval.num_steps must be ≥ 1 (0 would score the initial noise)")
+        check(math.isfinite(self.guidance) and self.guidance >= 1, "eval.guidance must be a finite number ≥ 1")
 
 
 @dataclass

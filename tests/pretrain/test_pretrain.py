@@ -99,6 +99,12 @@ def test_pretrain_config_errors_name_the_key(tmp_path):
         tiny_config(tmp_path, "flow.stepz=3")
     with pytest.raises(UserError, match="multiple of 8"):
         tiny_config(tmp_path, "model.size=30")
+    # the final scores need them: refused when the config loads, not after all the training
+    for override, said in (("eval.n=0", "eval.prompts and eval.n must be ≥ 1"),
+                           ("eval.num_steps=0", "eval.num_steps must be ≥ 1"),
+                           ("eval.guidance=0.5", "eval.guidance must be a finite number ≥ 1")):  # fmt: skip
+        with pytest.raises(UserError, match=said):
+            tiny_config(tmp_path, override)
     assert main(["pretrain", str(tmp_path / "missing.yaml")]) == 2
 
 
