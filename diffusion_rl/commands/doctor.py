@@ -75,7 +75,9 @@ def condition_sources(model, paths: list[str], height: int, width: int) -> list 
 def cmd_doctor(args) -> None:
     import torch
 
+    from diffusion_rl.config.fields import check_flag
     from diffusion_rl.config.model import LoraConfig, ModelConfig
+    from diffusion_rl.config.sampling import SamplingConfig
     from diffusion_rl.errors import UserError
     from diffusion_rl.models.doctor import dtype_of, estimate_memory, human_bytes, pipeline_components
     from diffusion_rl.models.image_size import image_sizes, require_size
@@ -83,9 +85,14 @@ def cmd_doctor(args) -> None:
     from diffusion_rl.sampling.rollout import SamplerSettings, sample_images
     from diffusion_rl.tracking.media import sample_sheet, save_sample
 
-    for name in ("micro_batch", "steps"):
-        if getattr(args, name) < 1:
+    for name in ("micro_batch", "steps", "rollout_batch"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    # each flag in the range of the config key it stands for, before the model loads (as `sample` checks them)
+    check_flag("--max-sequence-length", args.max_sequence_length, "model.max_sequence_length", ModelConfig)
+    for flag, key in (("--steps", "num_steps"), ("--guidance", "guidance"), ("--height", "height"),
+                      ("--width", "width"), ("--frames", "num_frames")):  # fmt: skip
+        check_flag(flag, getattr(args, flag[2:]), f"sampling.{key}", SamplingConfig)
     if args.lora_rank < 0:
         raise UserError(f"--lora-rank must be ≥ 0 (0 = full fine-tuning), got {args.lora_rank}")
     lora = LoraConfig(enabled=args.lora_rank > 0, rank=max(args.lora_rank, 1), alpha=2 * max(args.lora_rank, 1))

@@ -151,3 +151,17 @@ def test_estimate_reads_a_model_directorys_size_limits_as_the_loaded_model_has_t
     for name, folder in family_dirs.items():
         loaded, unloaded = image_sizes(load(folder)), image_sizes_of(from_model_dir(folder))
         assert (unloaded.multiple, unloaded.largest) == (loaded.multiple, loaded.largest), name
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--max-sequence-length", "0"], "--max-sequence-length must be ≥ 1 (as model.max_sequence_length"),
+        (["--guidance", "nan"], "--guidance must be finite (as sampling.guidance"),
+        (["--rollout-batch", "-4"], "--rollout-batch must be ≥ 1, got -4"),
+        (["--height", "-5"], "--height must be ≥ 1 (as sampling.height"),
+    ],
+)
+def test_doctors_flags_are_checked_before_the_model_loads(tmp_path, capsys, flags, said):
+    assert main(["doctor", "--model", str(tmp_path / "no_model_here"), *flags]) == 2  # before it looks for one
+    assert said in capsys.readouterr().err
