@@ -148,7 +148,7 @@ def load_tensors(tensors: dict, directory: Path) -> None:
             dcp.load(tensors, storage_reader=SafeReader(directory / DCP_DIR), planner=SafeLoadPlanner())
         except CheckpointException as e:  # each rank's exception with its traceback: the first one's reason is enough
             short = _cut_short(directory / DCP_DIR)
-            reason = next((f"{type(exc).__name__}: {_first_line(exc)}" for exc, _ in e.failures.values()), "unknown")
+            reason = next((_first_line(exc) for exc, _ in e.failures.values()), "unknown failure")
             said = f"{', '.join(short)} shorter than dcp/.metadata says (cut short)" if short else reason
             raise UserError(f"checkpoint {directory} is damaged or not ours: {said}") from None
 
